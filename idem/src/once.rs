@@ -1,0 +1,338 @@
+//! The dedup transaction: the key row commits in the same SQLite transaction as the effect.
+//!
+//! Write path (one `BEGIN IMMEDIATE` transaction, so checks and writes are serialized):
+//!
+//! ```text
+//! read meta (schema, highest round) -> stale round? -> read key row
+//!   applied   -> fingerprint check -> replay
+//!   exhausted -> AttemptsExhausted
+//!   otherwise -> SAVEPOINT; apply(tx)
+//!       Ok  -> upsert applied row (keeps counted failures) -> COMMIT
+//!       Err -> ROLLBACK TO savepoint; count the attempt, only if not applied -> COMMIT
+//! COMMIT error -> re-read the whole row (I9): ours -> applied; another's -> replay;
+//!                 absent -> CommitFailed (safe to retry); re-read error -> CommitUnknown
+//! ```
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+use crate::error::{BoxError, is_busy};
+use crate::record::Row_;
+use crate::schema::{meta_in_tx, raise_max_round};
+use crate::seam::Point;
+use crate::{Error, Options, Outcome, key::validate_key};
+
+/// Runs `apply` at most once for `key` and returns its result on every call (I1–I3).
+///
+/// `apply` receives the open write transaction; every write it makes through it commits
+/// together with the key row, or not at all (I1). On a later call the stored result comes back
+/// byte-identical with `applied == false`, and `apply` is not run (I3). `round` is the writer's
+/// fencing epoch, recorded with the key for audit; a round below the highest that already wrote
+/// this database is refused. Uses [`Options::default`]; see [`once_with`].
+///
+/// # Errors
+/// See [`once_with`].
+///
+/// # Examples
+/// ```
+/// let mut conn = rusqlite::Connection::open_in_memory()?;
+/// conn.execute_batch("CREATE TABLE ledger (key TEXT, cents INTEGER)")?;
+/// for _ in 0..3 {
+///     let out = idem::once(&mut conn, "transfer-42", 1, |tx| {
+///         tx.execute("INSERT INTO ledger VALUES ('transfer-42', 500)", [])?;
+///         Ok::<_, rusqlite::Error>(b"ok".to_vec())
+///     })?;
+///     assert_eq!(out.result, b"ok");
+/// }
+/// let rows: i64 = conn.query_row("SELECT count(*) FROM ledger", [], |r| r.get(0))?;
+/// assert_eq!(rows, 1);
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
+pub fn once<F, E>(conn: &mut Connection, key: &str, round: u64, apply: F) -> Result<Outcome, Error>
+where
+    F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E>,
+    E: Into<BoxError>,
+{
+    once_with(conn, key, round, &Options::default(), apply)
+}
+
+/// [`once`] with [`Options`]: fingerprint, attempt limit, result size limit, clock, seams.
+///
+/// # Errors
+/// - [`Error::InvalidKey`], [`Error::InvalidRound`], [`Error::InTransaction`]: bad input;
+///   `apply` is not called.
+/// - [`Error::StaleRound`]: a newer round wrote this database; nothing is written.
+/// - [`Error::FingerprintMismatch`] (I4), [`Error::AttemptsExhausted`]: `apply` not called,
+///   nothing changed.
+/// - [`Error::Apply`], [`Error::ResultTooLarge`]: `apply`'s writes rolled back, the attempt
+///   counted (I5). A panic in `apply` rolls everything back and propagates.
+/// - [`Error::Busy`]: the write lock was not free within the busy timeout; `apply` not called.
+/// - [`Error::CommitFailed`] / [`Error::CommitUnknown`]: see I9; retrying with the key is safe.
+pub fn once_with<F, E>(
+    conn: &mut Connection,
+    key: &str,
+    round: u64,
+    opts: &Options,
+    apply: F,
+) -> Result<Outcome, Error>
+where
+    F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E>,
+    E: Into<BoxError>,
+{
+    validate_key(key)?;
+    let round_i = i64::try_from(round).map_err(|_| Error::InvalidRound { round })?;
+    if !conn.is_autocommit() {
+        return Err(Error::InTransaction);
+    }
+    // Fast path: a replay needs no write lock.
+    if let Some(row) = Row_::read(conn, key)?
+        && row.applied
+    {
+        return replay(key, row, opts);
+    }
+
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| busy_or(key, e))?;
+    let meta = meta_in_tx(&tx).map_err(|e| match e {
+        Error::Sqlite(s) if is_busy(&s) => Error::Busy {
+            key: key.to_owned(),
+            source: s,
+        },
+        other => other,
+    })?;
+    if round < meta.max_round {
+        return Err(Error::StaleRound {
+            key: key.to_owned(),
+            ours: round,
+            highest: meta.max_round,
+        });
+    }
+    // Conflict path: another call may have applied the key since the fast-path read.
+    let existing = Row_::read(&tx, key)?;
+    if let Some(row) = &existing {
+        if row.applied {
+            return replay(key, row.clone(), opts);
+        }
+        if let Some(max) = opts.max_attempts
+            && row.attempts >= i64::from(max)
+        {
+            return Err(Error::AttemptsExhausted {
+                key: key.to_owned(),
+                attempts: u32::try_from(row.attempts).unwrap_or(u32::MAX),
+                last_error: row.last_error.clone().unwrap_or_default(),
+            });
+        }
+    }
+    if round > meta.max_round {
+        raise_max_round(&tx, round_i)?;
+    }
+
+    let attempt = match opts.attempt_id {
+        Some(id) => id.to_vec(),
+        None => random_attempt_id()?,
+    };
+    let now = i64::try_from(opts.clock.now_ms()).unwrap_or(i64::MAX);
+    tx.execute_batch("SAVEPOINT idem_apply")?;
+    if let Some(seam) = &opts.seam {
+        seam.at(Point::BeforeApply).map_err(|e| Error::Apply {
+            key: key.to_owned(),
+            source: Box::new(e),
+        })?;
+    }
+    let applied = apply(&tx);
+    if tx.is_autocommit() {
+        return Err(Error::TransactionEnded {
+            key: key.to_owned(),
+        });
+    }
+    let failure = match applied {
+        Ok(result) if result.len() <= opts.max_result_bytes => {
+            tx.execute_batch("RELEASE idem_apply")?;
+            let ours = Row_ {
+                applied: true,
+                round: round_i,
+                attempt,
+                at_ms: now,
+                result: Some(result),
+                fingerprint: opts.fingerprint.clone(),
+                attempts: existing.as_ref().map_or(0, |r| r.attempts),
+                last_error: existing.and_then(|r| r.last_error),
+            };
+            write_applied(&tx, key, &ours)?;
+            return match commit(tx, opts) {
+                Ok(()) => Ok(outcome_of(key, &ours)),
+                Err(commit_err) => settle(conn, key, &ours, opts, commit_err),
+            };
+        }
+        Ok(result) => Error::ResultTooLarge {
+            key: key.to_owned(),
+            len: result.len(),
+            limit: opts.max_result_bytes,
+        },
+        Err(e) => Error::Apply {
+            key: key.to_owned(),
+            source: e.into(),
+        },
+    };
+    tx.execute_batch("ROLLBACK TO idem_apply; RELEASE idem_apply")?;
+    count_failure(&tx, key, round_i, &attempt, now, &failure)?;
+    // If this COMMIT fails the count is lost, which I5 allows; the caller still learns why
+    // its attempt failed, and nothing of apply's was kept either way.
+    let _ = tx.commit();
+    Err(failure)
+}
+
+fn busy_or(key: &str, e: rusqlite::Error) -> Error {
+    if is_busy(&e) {
+        Error::Busy {
+            key: key.to_owned(),
+            source: e,
+        }
+    } else {
+        Error::Sqlite(e)
+    }
+}
+
+/// A replay: the fingerprint must match (I4), then the stored result comes back (I3).
+fn replay(key: &str, row: Row_, opts: &Options) -> Result<Outcome, Error> {
+    if row.fingerprint != opts.fingerprint {
+        return Err(Error::FingerprintMismatch {
+            key: key.to_owned(),
+        });
+    }
+    Ok(Outcome {
+        key: key.to_owned(),
+        result: row.result.unwrap_or_default(),
+        applied: false,
+        round: u64::try_from(row.round).unwrap_or(0),
+        applied_at_ms: u64::try_from(row.at_ms).unwrap_or(0),
+    })
+}
+
+/// One statement for the key row: insert, or turn a failures-only row into the applied row.
+/// `WHERE applied = 0` means nothing ever turns an applied row back (I5).
+fn write_applied(tx: &Transaction<'_>, key: &str, row: &Row_) -> Result<(), Error> {
+    let changed = tx
+        .prepare_cached(
+            "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, fingerprint, \
+             attempts, last_error) VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, 0, NULL)
+             ON CONFLICT(key) DO UPDATE SET applied = 1, round = excluded.round,
+               attempt = excluded.attempt, at_ms = excluded.at_ms, result = excluded.result,
+               fingerprint = excluded.fingerprint
+             WHERE applied = 0",
+        )?
+        .execute(rusqlite::params![
+            key,
+            row.round,
+            row.attempt,
+            row.at_ms,
+            row.result.as_deref().unwrap_or_default(),
+            row.fingerprint,
+        ])?;
+    if changed != 1 {
+        // Unreachable while we hold the write lock and read the row unapplied; refuse rather
+        // than commit an effect without its key.
+        return Err(Error::Sqlite(rusqlite::Error::StatementChangedRows(
+            changed,
+        )));
+    }
+    Ok(())
+}
+
+/// Counts a failed attempt, only if the key is not applied (I5).
+fn count_failure(
+    tx: &Transaction<'_>,
+    key: &str,
+    round: i64,
+    attempt: &[u8],
+    now: i64,
+    failure: &Error,
+) -> Result<(), Error> {
+    let text = error_chain(failure);
+    tx.prepare_cached(
+        "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, fingerprint, \
+         attempts, last_error) VALUES (?1, 0, ?2, ?3, ?4, NULL, NULL, 1, ?5)
+         ON CONFLICT(key) DO UPDATE SET attempts = attempts + 1, last_error = excluded.last_error,
+           at_ms = excluded.at_ms, round = excluded.round, attempt = excluded.attempt
+         WHERE applied = 0",
+    )?
+    .execute(rusqlite::params![key, round, attempt, now, text])?;
+    Ok(())
+}
+
+/// COMMIT, with the seams that stand in for a COMMIT that failed or landed-but-failed.
+fn commit(tx: Transaction<'_>, opts: &Options) -> Result<(), BoxError> {
+    let seam = opts.seam.as_deref();
+    if let Some(Err(injected)) = seam.map(|s| s.at(Point::BeforeCommit)) {
+        drop(tx); // rolls back, as SQLite does for a COMMIT that fails
+        return Err(Box::new(injected));
+    }
+    tx.commit()?;
+    if let Some(Err(injected)) = seam.map(|s| s.at(Point::AfterCommit)) {
+        return Err(Box::new(injected));
+    }
+    Ok(())
+}
+
+/// Settles a failed COMMIT by re-reading the whole row, attempt id included (I9): the row
+/// exactly as we wrote it means it landed; another call's applied row is a replay of its
+/// result; anything else means nothing landed. A failed re-read writes nothing.
+fn settle(
+    conn: &Connection,
+    key: &str,
+    ours: &Row_,
+    opts: &Options,
+    commit_err: BoxError,
+) -> Result<Outcome, Error> {
+    let unknown = |source: BoxError| Error::CommitUnknown {
+        key: key.to_owned(),
+        source,
+    };
+    if !conn.is_autocommit() {
+        // SQLite left the transaction open and rusqlite's rollback on drop failed: a read now
+        // would see our own uncommitted row, so it cannot settle anything.
+        conn.execute_batch("ROLLBACK")
+            .map_err(|e| unknown(Box::new(e)))?;
+    }
+    if let Some(Err(injected)) = opts.seam.as_deref().map(|s| s.at(Point::BeforeReread)) {
+        return Err(unknown(Box::new(injected)));
+    }
+    match Row_::read(conn, key).map_err(|e| unknown(Box::new(e)))? {
+        Some(row) if row == *ours => Ok(outcome_of(key, ours)),
+        Some(row) if row.applied => replay(key, row, opts),
+        _ => Err(Error::CommitFailed {
+            key: key.to_owned(),
+            source: commit_err,
+        }),
+    }
+}
+
+fn outcome_of(key: &str, row: &Row_) -> Outcome {
+    Outcome {
+        key: key.to_owned(),
+        result: row.result.clone().unwrap_or_default(),
+        applied: true,
+        round: u64::try_from(row.round).unwrap_or(0),
+        applied_at_ms: u64::try_from(row.at_ms).unwrap_or(0),
+    }
+}
+
+fn random_attempt_id() -> Result<Vec<u8>, Error> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| Error::Random {
+        reason: e.to_string(),
+    })?;
+    Ok(id.to_vec())
+}
+
+/// The error and its sources joined, as stored in `last_error`.
+fn error_chain(e: &Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

@@ -1,0 +1,191 @@
+//! The dedup table and its schema version.
+//!
+//! `idem_keys` is a WITHOUT ROWID table keyed by the idempotency key (BINARY collation), so a
+//! key row lives in exactly one B-tree: inserting it dirties about one leaf page, which keeps the
+//! dedup row's cost to about one extra WAL page per request. `idem_meta` holds the schema version
+//! and the highest round that wrote the database (for the stale-round check).
+
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::Error;
+
+/// The schema version this library writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const CREATE: &str = "
+CREATE TABLE IF NOT EXISTS idem_meta (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idem_keys (
+    key         TEXT PRIMARY KEY NOT NULL COLLATE BINARY,
+    applied     INTEGER NOT NULL,
+    round       INTEGER NOT NULL,
+    attempt     BLOB NOT NULL,
+    at_ms       INTEGER NOT NULL,
+    result      BLOB,
+    fingerprint BLOB,
+    attempts    INTEGER NOT NULL,
+    last_error  TEXT
+) WITHOUT ROWID;
+INSERT OR IGNORE INTO idem_meta (name, value) VALUES ('schema_version', 1), ('max_round', 0);
+";
+
+/// Schema facts read inside a write transaction.
+pub(crate) struct Meta {
+    pub max_round: u64,
+}
+
+/// Creates the dedup tables if missing and records the schema version. Safe to call repeatedly
+/// and from several processes; inside an open transaction it runs in a savepoint of it.
+///
+/// `once` calls this itself, so callers rarely need to.
+///
+/// # Errors
+/// [`Error::SchemaTooNew`] if the database was written by a newer idem; [`Error::Sqlite`] on
+/// any SQLite failure (for example `SQLITE_BUSY` after the busy timeout).
+pub fn ensure_schema(conn: &Connection) -> Result<(), Error> {
+    if let Some(found) = schema_version(conn)? {
+        return check_version(found);
+    }
+    if conn.is_autocommit() {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let created = create_in_tx(conn);
+        let end = if created.is_ok() {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        conn.execute_batch(end)?;
+        created
+    } else {
+        conn.execute_batch("SAVEPOINT idem_schema")?;
+        let created = create_in_tx(conn);
+        conn.execute_batch(if created.is_ok() {
+            "RELEASE idem_schema"
+        } else {
+            "ROLLBACK TO idem_schema; RELEASE idem_schema"
+        })?;
+        created
+    }
+}
+
+fn create_in_tx(conn: &Connection) -> Result<(), Error> {
+    conn.execute_batch(CREATE)?;
+    match schema_version(conn)? {
+        Some(found) => check_version(found),
+        None => Ok(()),
+    }
+}
+
+fn check_version(found: i64) -> Result<(), Error> {
+    if found > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(())
+}
+
+/// The recorded schema version, or `None` when the tables do not exist yet.
+fn schema_version(conn: &Connection) -> Result<Option<i64>, Error> {
+    let found = conn
+        .prepare_cached("SELECT value FROM idem_meta WHERE name = 'schema_version'")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, i64>(0)).optional());
+    match found {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads the schema facts inside the caller's write transaction, creating the schema if absent.
+pub(crate) fn meta_in_tx(conn: &Connection) -> Result<Meta, Error> {
+    let read = || -> rusqlite::Result<(Option<i64>, Option<i64>)> {
+        let mut stmt = conn.prepare_cached("SELECT name, value FROM idem_meta")?;
+        let mut rows = stmt.query([])?;
+        let (mut version, mut max_round) = (None, None);
+        while let Some(row) = rows.next()? {
+            match row.get_ref(0)?.as_str()? {
+                "schema_version" => version = Some(row.get(1)?),
+                "max_round" => max_round = Some(row.get(1)?),
+                _ => {}
+            }
+        }
+        Ok((version, max_round))
+    };
+    let (version, max_round) = match read() {
+        Ok(v) => v,
+        Err(e) if is_missing_table(&e) => {
+            create_in_tx(conn)?;
+            read()?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    check_version(version.unwrap_or(SCHEMA_VERSION))?;
+    Ok(Meta {
+        max_round: u64::try_from(max_round.unwrap_or(0)).unwrap_or(0),
+    })
+}
+
+/// Records `round` as the highest round that wrote the database.
+pub(crate) fn raise_max_round(conn: &Connection, round: i64) -> Result<(), Error> {
+    conn.prepare_cached(
+        "INSERT INTO idem_meta (name, value) VALUES ('max_round', ?1)
+         ON CONFLICT(name) DO UPDATE SET value = excluded.value WHERE excluded.value > value",
+    )?
+    .execute([round])?;
+    Ok(())
+}
+
+/// True for "no such table": the schema has not been created in this database yet.
+pub(crate) fn is_missing_table(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(_, Some(msg)) if msg.starts_with("no such table"))
+}
+
+/// Reads a key row if present, `Ok(None)` also when the schema does not exist yet.
+pub(crate) fn optional_missing<T>(r: rusqlite::Result<Option<T>>) -> Result<Option<T>, Error> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ensure_schema_is_idempotent_and_refuses_newer() -> Result<(), Error> {
+        let conn = Connection::open_in_memory()?;
+        ensure_schema(&conn)?;
+        ensure_schema(&conn)?;
+        conn.execute(
+            "UPDATE idem_meta SET value = ?1 WHERE name = 'schema_version'",
+            [SCHEMA_VERSION + 1],
+        )?;
+        match ensure_schema(&conn) {
+            Err(Error::SchemaTooNew { found, supported }) => {
+                assert_eq!((found, supported), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+                Ok(())
+            }
+            other => panic!("expected SchemaTooNew, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn ensure_schema_inside_a_transaction_uses_a_savepoint() -> Result<(), Error> {
+        let mut conn = Connection::open_in_memory()?;
+        let tx = conn.transaction()?;
+        ensure_schema(&tx)?;
+        tx.rollback()?;
+        assert_eq!(
+            schema_version(&conn)?,
+            None,
+            "rolled back with the caller's transaction"
+        );
+        Ok(())
+    }
+}
