@@ -1,0 +1,260 @@
+//! The crate's one error type and what a caller should do about each case.
+
+use crate::failpoint::FailPoint;
+
+/// What a caller should do about an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Transient: retry the same operation as is (store hiccup, lost race, lease held).
+    Retry,
+    /// This claim can no longer ship: a newer round fenced it, or the outcome of a
+    /// publish is unknown. Discard local state, claim again and hydrate (I7, I9).
+    Reacquire,
+    /// The caller passed something invalid; fix the input.
+    Input,
+    /// Stored data is missing, damaged or not what the log says; stop and investigate (I10).
+    Corrupt,
+    /// Misconfiguration or an unsupported store or format; retrying will not help.
+    Fatal,
+}
+
+/// Every failure of `idem-replica`.
+///
+/// Variants carry the ids involved; messages are lowercase and chain their sources.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The org id does not match `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$` or contains `..` (I12).
+    #[error("invalid org id {id:?}: {reason}")]
+    InvalidOrgId {
+        /// The rejected id (truncated to 200 bytes).
+        id: String,
+        /// Which rule it broke.
+        reason: &'static str,
+    },
+    /// The writer id is empty, longer than 256 bytes or contains control characters.
+    #[error("invalid writer id {writer:?}: {reason}")]
+    InvalidWriter {
+        /// The rejected writer id (truncated to 200 bytes).
+        writer: String,
+        /// Which rule it broke.
+        reason: &'static str,
+    },
+    /// The bytes handed to `ship` are not an SQLite database image.
+    #[error("invalid snapshot for org {org}: {reason}")]
+    InvalidSnapshot {
+        /// The org being shipped.
+        org: String,
+        /// What is wrong with the bytes.
+        reason: String,
+    },
+    /// Settings or a retention policy are out of range.
+    #[error("invalid settings: {reason}")]
+    InvalidSettings {
+        /// What is wrong.
+        reason: String,
+    },
+    /// `restore(at: Some(seq))` named a position that holds no snapshot entry.
+    #[error("org {org} has no snapshot at seq {seq}")]
+    NoSuchSnapshot {
+        /// The org.
+        org: String,
+        /// The requested log position.
+        seq: u64,
+    },
+    /// Another live writer holds the advisory lease; claim again later or with `force`.
+    #[error("org {org} is leased by writer {holder:?} until {expires_at_ms} ms")]
+    LeaseHeld {
+        /// The org.
+        org: String,
+        /// Writer id of the current holder.
+        holder: String,
+        /// Lease expiry, ms since the Unix epoch.
+        expires_at_ms: u64,
+    },
+    /// Every claim attempt collided with a concurrent claimer.
+    #[error("org {org}: claim lost the race {attempts} times")]
+    Contended {
+        /// The org.
+        org: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A newer round owns the org: this claim must never ship again (I7, I11).
+    #[error("org {org}: round {ours} is fenced by round {theirs}")]
+    Fenced {
+        /// The org.
+        org: String,
+        /// The round of the caller's claim.
+        ours: u64,
+        /// The round of the entry found in our slot or above it.
+        theirs: u64,
+    },
+    /// A publish failed and the re-read could not settle whether it landed (I9).
+    /// The claim is poisoned; nothing may be acknowledged from it.
+    #[error("org {org}: outcome of publishing log entry {seq} is unknown")]
+    Unknown {
+        /// The org.
+        org: String,
+        /// The log position whose outcome is unknown.
+        seq: u64,
+        /// The failure that left it unknown.
+        #[source]
+        source: Box<Error>,
+    },
+    /// The claim was fenced, released, or left in an unknown state earlier.
+    #[error("org {org}: claim of round {round} is unusable: {reason}")]
+    ClaimUnusable {
+        /// The org.
+        org: String,
+        /// The claim's round.
+        round: u64,
+        /// Why (fenced, released, unknown outcome).
+        reason: &'static str,
+    },
+    /// The store does not honour create-only puts; refusing to run on it.
+    #[error("unsafe object store: {reason}")]
+    UnsafeStore {
+        /// What the probe saw.
+        reason: String,
+    },
+    /// An object-store call failed.
+    #[error("object store {op} failed on {path}")]
+    Store {
+        /// The operation (`put`, `get`, `list`, `delete`).
+        op: &'static str,
+        /// The object path or prefix.
+        path: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The log names an object that is not in the store (I10).
+    #[error("object {path} is missing")]
+    MissingObject {
+        /// The missing object.
+        path: String,
+    },
+    /// An object's content fails its checks (checksum, size, SQLite check, parse) (I10).
+    #[error("object {path} is corrupt: {reason}")]
+    Corrupt {
+        /// The object or file.
+        path: String,
+        /// Which check failed.
+        reason: String,
+    },
+    /// An object carries a format version or kind this build does not know.
+    #[error("object {object} has an unknown format: {detail}")]
+    UnknownFormat {
+        /// The object path.
+        object: String,
+        /// The version or kind found.
+        detail: String,
+    },
+    /// A test failpoint injected a failure.
+    #[error("failpoint {point:?} injected a failure for org {org}: {message}")]
+    Injected {
+        /// The seam.
+        point: FailPoint,
+        /// The org.
+        org: String,
+        /// The failpoint's message.
+        message: String,
+    },
+    /// SQLite failed while taking or checking a snapshot.
+    #[error("sqlite failed while {op}")]
+    Sqlite {
+        /// What was being done.
+        op: &'static str,
+        /// SQLite's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A local file operation failed (temp file, rename, fsync).
+    #[error("local io failed on {path}")]
+    Io {
+        /// The local path.
+        path: String,
+        /// The io error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A blocking task panicked or was cancelled.
+    #[error("blocking task failed while {op}")]
+    Task {
+        /// What the task was doing.
+        op: &'static str,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl Error {
+    /// What the caller should do; one exhaustive match over every variant.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidOrgId { .. }
+            | Error::InvalidWriter { .. }
+            | Error::InvalidSnapshot { .. }
+            | Error::InvalidSettings { .. }
+            | Error::NoSuchSnapshot { .. } => ErrorKind::Input,
+            Error::LeaseHeld { .. }
+            | Error::Contended { .. }
+            | Error::Injected { .. }
+            | Error::Io { .. } => ErrorKind::Retry,
+            Error::Fenced { .. } | Error::Unknown { .. } | Error::ClaimUnusable { .. } => {
+                ErrorKind::Reacquire
+            }
+            Error::Store { source, .. } => store_kind(source),
+            Error::MissingObject { .. } | Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::UnsafeStore { .. }
+            | Error::UnknownFormat { .. }
+            | Error::Sqlite { .. }
+            | Error::Task { .. } => ErrorKind::Fatal,
+        }
+    }
+
+    /// True when retrying the same call as is may succeed ([`ErrorKind::Retry`]).
+    pub fn is_retryable(&self) -> bool {
+        self.kind() == ErrorKind::Retry
+    }
+
+    /// True when the claim is finished and the caller must claim again ([`ErrorKind::Reacquire`]).
+    pub fn is_fenced(&self) -> bool {
+        self.kind() == ErrorKind::Reacquire
+    }
+
+    pub(crate) fn store(
+        op: &'static str,
+        path: &object_store::path::Path,
+        source: object_store::Error,
+    ) -> Self {
+        Error::Store {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.display().to_string(),
+            source,
+        }
+    }
+}
+
+fn store_kind(e: &object_store::Error) -> ErrorKind {
+    use object_store::Error as E;
+    match e {
+        E::InvalidPath { .. }
+        | E::NotSupported { .. }
+        | E::NotImplemented { .. }
+        | E::PermissionDenied { .. }
+        | E::Unauthenticated { .. }
+        | E::UnknownConfigurationKey { .. } => ErrorKind::Fatal,
+        _ => ErrorKind::Retry,
+    }
+}

@@ -1,0 +1,87 @@
+//! Object naming. Every path is built here from a validated [`OrgId`] (I12):
+//!
+//! ```text
+//! <prefix>/orgs/<org>/log/<seq:020>.json                    create-only history
+//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  immutable blobs
+//! <prefix>/orgs/<org>/lease.json                            advisory lease
+//! ```
+
+use object_store::path::Path;
+
+use crate::OrgId;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    root: String,
+}
+
+impl Layout {
+    pub(crate) fn new(prefix: &str) -> Self {
+        let root = prefix
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join("/");
+        Layout { root }
+    }
+    fn join(&self, rest: &str) -> Path {
+        if self.root.is_empty() {
+            Path::from(rest)
+        } else {
+            Path::from(format!("{}/{rest}", self.root))
+        }
+    }
+    pub(crate) fn orgs(&self) -> Path {
+        self.join("orgs")
+    }
+    pub(crate) fn probe(&self, nonce: &str) -> Path {
+        self.join(&format!("probe/{nonce}"))
+    }
+    pub(crate) fn log_dir(&self, org: &OrgId) -> Path {
+        self.join(&format!("orgs/{org}/log"))
+    }
+    pub(crate) fn snap_dir(&self, org: &OrgId) -> Path {
+        self.join(&format!("orgs/{org}/snap"))
+    }
+    pub(crate) fn log(&self, org: &OrgId, seq: u64) -> Path {
+        self.join(&format!("orgs/{org}/log/{seq:020}.json"))
+    }
+    pub(crate) fn blob(&self, org: &OrgId, name: &str) -> Path {
+        self.join(&format!("orgs/{org}/snap/{name}"))
+    }
+    pub(crate) fn lease(&self, org: &OrgId) -> Path {
+        self.join(&format!("orgs/{org}/lease.json"))
+    }
+}
+
+/// `<seq:020>.json` → seq.
+pub(crate) fn parse_log_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".json")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// `<seq:020>-...` → seq.
+pub(crate) fn parse_blob_seq(name: &str) -> Option<u64> {
+    let digits = name.get(..20)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+pub(crate) fn blob_name(seq: u64, round: u64, nonce: &str) -> String {
+    format!("{seq:020}-{round}-{nonce}.db.zst")
+}
+
+/// 16 random bytes, hex.
+pub(crate) fn new_nonce() -> Result<String, crate::Error> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).map_err(|e| crate::Error::Io {
+        path: "<getrandom>".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    Ok(hex::encode(b))
+}

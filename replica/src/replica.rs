@@ -1,0 +1,583 @@
+//! The fenced snapshot store: open (with the create-only probe), claim, ship, release,
+//! and listing. Hydrate/restore/verify live in `hydrate.rs`, retention in `retention.rs`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+use tracing::{debug, info, warn};
+
+use crate::entry::Lease;
+use crate::layout::{Layout, blob_name, new_nonce, parse_log_name};
+use crate::org_id::check_writer;
+use crate::snapshot::{Snapshot, pack};
+use crate::{
+    Claim, Clock, Error, FailPoint, Failpoints, LogEntry, OrgId, Settings, Shipped, SystemClock,
+};
+
+/// Handle on a fenced snapshot store; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) layout: Layout,
+    pub(crate) settings: Settings,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
+}
+
+/// Outcome of a create-only publish that did not fail.
+pub(crate) enum Published {
+    Landed,
+    Taken(LogEntry),
+}
+
+impl Replica {
+    /// A local-directory store rooted at `dir` (created if missing), built
+    /// `with_fsync(true)` so an acknowledged object is on disk.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the directory cannot be created; [`Error::Store`] if the store
+    /// cannot be built on it.
+    pub fn local_store(dir: &std::path::Path) -> Result<Arc<dyn ObjectStore>, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+            .map_err(|source| Error::Store {
+                op: "open",
+                path: dir.display().to_string(),
+                source,
+            })?
+            .with_fsync(true);
+        Ok(Arc::new(store))
+    }
+
+    /// Opens over `store` under `prefix` ("" allowed) with the system clock and no failpoints.
+    ///
+    /// # Errors
+    /// As [`Replica::open_with`].
+    pub async fn open(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        settings: Settings,
+    ) -> Result<Replica, Error> {
+        Self::open_with(store, prefix, settings, Arc::new(SystemClock), None).await
+    }
+
+    /// Opens with an injected clock and optional failpoints.
+    ///
+    /// Probes the store once: two create-only puts on one fresh path under the prefix; the
+    /// second must fail with `AlreadyExists`, else fencing would be unsound.
+    ///
+    /// # Errors
+    /// [`Error::UnsafeStore`] when the store ignores the create condition or does not
+    /// support it; [`Error::InvalidSettings`]; [`Error::Store`] when the probe cannot run.
+    pub async fn open_with(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        failpoints: Option<Arc<dyn Failpoints>>,
+    ) -> Result<Replica, Error> {
+        settings.check()?;
+        let layout = Layout::new(prefix);
+        let probe = layout.probe(&new_nonce()?);
+        let body = || PutPayload::from(Bytes::from_static(b"idem create-only probe"));
+        let first = store.put_opts(&probe, body(), PutMode::Create.into()).await;
+        match first {
+            Ok(_) => {}
+            Err(
+                object_store::Error::NotImplemented { .. }
+                | object_store::Error::NotSupported { .. },
+            ) => {
+                return Err(Error::UnsafeStore {
+                    reason: format!("{store} does not support create-only puts"),
+                });
+            }
+            Err(source) => return Err(Error::store("put", &probe, source)),
+        }
+        let second = store.put_opts(&probe, body(), PutMode::Create.into()).await;
+        let _ = store.delete(&probe).await;
+        match second {
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => {}
+            Ok(_) => {
+                return Err(Error::UnsafeStore {
+                    reason: format!(
+                        "{store} accepted a create-only put on an existing object: it ignores the condition"
+                    ),
+                });
+            }
+            Err(source) => return Err(Error::store("put", &probe, source)),
+        }
+        Ok(Replica {
+            inner: Arc::new(Inner {
+                store,
+                layout,
+                settings,
+                clock,
+                failpoints,
+            }),
+        })
+    }
+
+    /// The settings in use.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.inner.store
+    }
+
+    pub(crate) async fn failpoint(&self, point: FailPoint, org: &OrgId) -> Result<(), Error> {
+        match &self.inner.failpoints {
+            Some(fp) => fp.hit(point, org).await.map_err(|message| Error::Injected {
+                point,
+                org: org.to_string(),
+                message,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Claims the next round for `org` (highest round seen + 1) with a create-only log entry,
+    /// fencing every older writer (I7), and writes the advisory lease.
+    ///
+    /// A live lease of another writer blocks the claim unless `force`; a `Release` entry at
+    /// the head lets it through at once. A lease held by the same `writer` id never blocks.
+    ///
+    /// # Errors
+    /// [`Error::LeaseHeld`]; [`Error::Contended`] after `claim_retries` lost races;
+    /// [`Error::InvalidWriter`]; [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`]
+    /// for an unreadable log.
+    pub async fn claim(&self, org: &OrgId, writer: &str, force: bool) -> Result<Claim, Error> {
+        check_writer(writer)?;
+        let attempts = self.inner.settings.claim_retries.saturating_add(1);
+        for attempt in 0..attempts {
+            let log = self.history(org).await?;
+            let head = log.last().map(LogEntry::seq).unwrap_or(0);
+            let max_round = log.iter().map(LogEntry::round).max().unwrap_or(0);
+            let now = self.inner.clock.now_ms();
+            if !force && let Some(lease) = self.lease(org).await? {
+                let released = matches!(log.last(), Some(LogEntry::Release { round, .. }) if *round >= lease.round);
+                if lease.writer != writer
+                    && lease.expires_at_ms > now
+                    && !released
+                    && lease.round >= max_round
+                {
+                    return Err(Error::LeaseHeld {
+                        org: org.to_string(),
+                        holder: lease.writer,
+                        expires_at_ms: lease.expires_at_ms,
+                    });
+                }
+            }
+            self.failpoint(FailPoint::ClaimBeforePublish, org).await?;
+            let entry = LogEntry::Claim {
+                seq: head + 1,
+                round: max_round + 1,
+                writer: writer.to_owned(),
+                nonce: new_nonce()?,
+                at_ms: now,
+            };
+            match self.publish(org, &entry).await {
+                Ok(Published::Landed) => {}
+                Ok(Published::Taken(theirs)) => {
+                    debug!(%org, seq = head + 1, theirs = theirs.round(), attempt, "claim lost the race");
+                    continue;
+                }
+                // A claim of unknown outcome fences nobody we care about: retry higher.
+                Err(Error::Unknown { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+            // A claimer that read a stale head may land in a slot retention freed.
+            if self.max_seq(org).await? > head + 1 {
+                debug!(%org, seq = head + 1, attempt, "claim landed below a newer entry");
+                continue;
+            }
+            let LogEntry::Claim {
+                seq, round, nonce, ..
+            } = entry
+            else {
+                continue;
+            };
+            self.failpoint(FailPoint::ClaimAfterPublish, org).await?;
+            let lease = Lease {
+                writer: writer.to_owned(),
+                round,
+                expires_at_ms: now + self.inner.settings.lease_ms,
+            };
+            self.put_lease(org, &lease).await;
+            info!(%org, round, seq, writer, "claimed");
+            return Ok(Claim {
+                org: org.clone(),
+                round,
+                writer: writer.to_owned(),
+                nonce,
+                seq,
+                next_seq: seq + 1,
+                lease_renewed_ms: now,
+                unusable: None,
+            });
+        }
+        Err(Error::Contended {
+            org: org.to_string(),
+            attempts,
+        })
+    }
+
+    fn usable(claim: &Claim) -> Result<(), Error> {
+        match claim.unusable {
+            Some(reason) => Err(Error::ClaimUnusable {
+                org: claim.org.to_string(),
+                round: claim.round,
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Compresses and uploads `snapshot` under a unique blob name, then publishes a
+    /// create-only Snapshot entry at the claim's next seq and checks nothing newer exists
+    /// above it. Only an `Ok` means the snapshot is durably published under this round (I6).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when a newer entry holds our slot or sits above it (I7, I11);
+    /// [`Error::Unknown`] when a publish could not be settled by re-reading (I9); both make
+    /// the claim unusable. [`Error::Store`]/[`Error::Injected`] before publishing (retry the
+    /// ship); [`Error::InvalidSnapshot`]; [`Error::ClaimUnusable`].
+    pub async fn ship(&self, claim: &mut Claim, snapshot: Snapshot) -> Result<Shipped, Error> {
+        Self::usable(claim)?;
+        let org = claim.org.clone();
+        snapshot.check(org.as_str())?;
+        let started = std::time::Instant::now();
+        let level = self.inner.settings.zstd_level;
+        let commit = snapshot.commit();
+        let packed = tokio::task::spawn_blocking(move || pack(&snapshot, level))
+            .await
+            .map_err(|source| Error::Task {
+                op: "compressing a snapshot",
+                source,
+            })??;
+        let seq = claim.next_seq;
+        let nonce = new_nonce()?;
+        let name = blob_name(seq, claim.round, &nonce);
+        let blob_path = self.inner.layout.blob(&org, &name);
+        let compressed_bytes = packed.blob.len() as u64;
+        self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
+        self.inner
+            .store
+            .put(&blob_path, PutPayload::from(packed.blob))
+            .await
+            .map_err(|e| Error::store("put", &blob_path, e))?;
+        self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
+        let entry = LogEntry::Snapshot {
+            seq,
+            round: claim.round,
+            writer: claim.writer.clone(),
+            nonce,
+            at_ms: self.inner.clock.now_ms(),
+            blob: name,
+            sha256: packed.sha256.clone(),
+            bytes: packed.bytes,
+            compressed_bytes,
+            commit,
+        };
+        self.publish_for_claim(claim, &entry).await?;
+        self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
+        self.check_no_successor(claim, seq).await?;
+        self.renew_lease(claim).await;
+        info!(%org, round = claim.round, seq, bytes = packed.bytes, compressed_bytes,
+              elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
+        Ok(Shipped {
+            seq,
+            round: claim.round,
+            commit,
+            bytes: packed.bytes,
+            compressed_bytes,
+            sha256: packed.sha256,
+            blob: blob_path.to_string(),
+        })
+    }
+
+    /// Publishes a Release entry (same create/compare/fence rules as ship) and drops the
+    /// lease, so the next claim goes through at once. The claim is unusable afterwards.
+    ///
+    /// # Errors
+    /// As [`Replica::ship`]'s publish step.
+    pub async fn release(&self, claim: &mut Claim) -> Result<(), Error> {
+        Self::usable(claim)?;
+        let org = claim.org.clone();
+        self.failpoint(FailPoint::ReleaseBeforePublish, &org)
+            .await?;
+        let seq = claim.next_seq;
+        let entry = LogEntry::Release {
+            seq,
+            round: claim.round,
+            writer: claim.writer.clone(),
+            nonce: new_nonce()?,
+            at_ms: self.inner.clock.now_ms(),
+        };
+        self.publish_for_claim(claim, &entry).await?;
+        claim.unusable = Some("released");
+        self.check_no_successor(claim, seq).await?;
+        let path = self.inner.layout.lease(&org);
+        if let Ok(Some(lease)) = self.lease(&org).await
+            && lease.writer == claim.writer
+            && lease.round == claim.round
+            && let Err(e) = self.inner.store.delete(&path).await
+        {
+            warn!(%org, round = claim.round, error = %e, "could not drop lease after release");
+        }
+        info!(%org, round = claim.round, seq, "released");
+        Ok(())
+    }
+
+    /// Publishes `entry` at `claim.next_seq`; maps a taken slot to `Fenced` and an unknown
+    /// outcome to `Unknown`, making the claim unusable in both cases.
+    async fn publish_for_claim(&self, claim: &mut Claim, entry: &LogEntry) -> Result<(), Error> {
+        match self.publish(&claim.org, entry).await {
+            Ok(Published::Landed) => {
+                claim.next_seq = entry.seq() + 1;
+                Ok(())
+            }
+            Ok(Published::Taken(theirs)) => {
+                claim.unusable = Some("fenced");
+                warn!(org = %claim.org, round = claim.round, seq = entry.seq(), theirs = theirs.round(), "fenced");
+                Err(Error::Fenced {
+                    org: claim.org.to_string(),
+                    ours: claim.round,
+                    theirs: theirs.round(),
+                })
+            }
+            Err(e) => {
+                if matches!(e, Error::Unknown { .. }) {
+                    claim.unusable = Some("outcome of a publish is unknown");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// After our create at `seq`, anything above it means a successor owns the org (I11).
+    async fn check_no_successor(&self, claim: &mut Claim, seq: u64) -> Result<(), Error> {
+        let log = self.history(&claim.org).await?;
+        if let Some(above) = log
+            .iter()
+            .filter(|e| e.seq() > seq)
+            .max_by_key(|e| e.round())
+        {
+            claim.unusable = Some("fenced");
+            warn!(org = %claim.org, round = claim.round, seq, theirs = above.round(), "successor above our entry");
+            return Err(Error::Fenced {
+                org: claim.org.to_string(),
+                ours: claim.round,
+                theirs: above.round(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn renew_lease(&self, claim: &mut Claim) {
+        let now = self.inner.clock.now_ms();
+        if now.saturating_sub(claim.lease_renewed_ms) * 2 > self.inner.settings.lease_ms {
+            let lease = Lease {
+                writer: claim.writer.clone(),
+                round: claim.round,
+                expires_at_ms: now + self.inner.settings.lease_ms,
+            };
+            if self.put_lease(&claim.org, &lease).await {
+                claim.lease_renewed_ms = now;
+            }
+        }
+    }
+
+    /// Writes the advisory lease; a failure is logged, never fatal (the log fences, not the lease).
+    async fn put_lease(&self, org: &OrgId, lease: &Lease) -> bool {
+        let path = self.inner.layout.lease(org);
+        let body = match lease.encode() {
+            Ok(b) => b,
+            Err(_) => return false,
+        };
+        match self.inner.store.put(&path, PutPayload::from(body)).await {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(%org, round = lease.round, error = %e, "could not write lease");
+                false
+            }
+        }
+    }
+
+    /// Create-only put of a log entry, settled by re-reading and comparing the whole entry (I9).
+    pub(crate) async fn publish(&self, org: &OrgId, entry: &LogEntry) -> Result<Published, Error> {
+        let seq = entry.seq();
+        let path = self.inner.layout.log(org, seq);
+        let body = Bytes::from(entry.encode()?);
+        let mut retried = false;
+        loop {
+            let put = self
+                .inner
+                .store
+                .put_opts(
+                    &path,
+                    PutPayload::from(body.clone()),
+                    PutMode::Create.into(),
+                )
+                .await;
+            let cause = match put {
+                Ok(_) => return Ok(Published::Landed),
+                Err(
+                    e @ (object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }),
+                ) => Some(e),
+                Err(e) => {
+                    debug!(%org, seq, error = %e, "publish outcome unknown; re-reading");
+                    Some(e)
+                }
+            };
+            let unknown = |source: Error| Error::Unknown {
+                org: org.to_string(),
+                seq,
+                source: Box::new(source),
+            };
+            match self.read_entry(org, seq).await {
+                Ok(Some(found)) if found == *entry => return Ok(Published::Landed),
+                Ok(Some(found)) => return Ok(Published::Taken(found)),
+                Ok(None) if !retried => {
+                    retried = true;
+                    continue;
+                }
+                Ok(None) => {
+                    let source = match cause {
+                        Some(source) => Error::store("put", &path, source),
+                        None => Error::MissingObject {
+                            path: path.to_string(),
+                        },
+                    };
+                    return Err(unknown(source));
+                }
+                Err(e) => return Err(unknown(e)),
+            }
+        }
+    }
+
+    /// Reads one log entry; `None` when absent.
+    pub(crate) async fn read_entry(
+        &self,
+        org: &OrgId,
+        seq: u64,
+    ) -> Result<Option<LogEntry>, Error> {
+        let path = self.inner.layout.log(org, seq);
+        match self.get_bytes(&path).await? {
+            Some(b) => LogEntry::decode(path.as_ref(), &b, Some(seq)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    pub(crate) async fn get_bytes(&self, path: &Path) -> Result<Option<Bytes>, Error> {
+        let got = match self.inner.store.get(path).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store("get", path, e)),
+        };
+        match got.bytes().await {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::store("get", path, e)),
+        }
+    }
+
+    /// Log positions present for `org`, ascending.
+    pub(crate) async fn log_seqs(&self, org: &OrgId) -> Result<Vec<u64>, Error> {
+        let dir = self.inner.layout.log_dir(org);
+        let metas: Vec<_> = self
+            .inner
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("list", &dir, e))?;
+        let mut seqs = Vec::with_capacity(metas.len());
+        for m in metas {
+            let name = m.location.filename().unwrap_or("");
+            match parse_log_name(name) {
+                Some(seq)
+                    if m.location.prefix_matches(&dir)
+                        && m.location.parts().count() == dir.parts().count() + 1 =>
+                {
+                    seqs.push(seq)
+                }
+                _ => {
+                    return Err(Error::UnknownFormat {
+                        object: m.location.to_string(),
+                        detail: "unexpected object in log".into(),
+                    });
+                }
+            }
+        }
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    async fn max_seq(&self, org: &OrgId) -> Result<u64, Error> {
+        Ok(self.log_seqs(org).await?.last().copied().unwrap_or(0))
+    }
+
+    /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading
+    /// (retention) are skipped.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
+    pub async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        let seqs = self.log_seqs(org).await?;
+        let entries: Vec<Option<LogEntry>> =
+            futures::stream::iter(seqs.into_iter().map(|s| self.read_entry(org, s)))
+                .buffered(self.inner.settings.read_concurrency)
+                .try_collect()
+                .await?;
+        Ok(entries.into_iter().flatten().collect())
+    }
+
+    /// Orgs present in the store (those with any object under `orgs/<org>/`), sorted.
+    ///
+    /// # Errors
+    /// [`Error::Store`]. Directory names that are not valid org ids are skipped.
+    pub async fn orgs(&self) -> Result<Vec<OrgId>, Error> {
+        let dir = self.inner.layout.orgs();
+        let list = self
+            .inner
+            .store
+            .list_with_delimiter(Some(&dir))
+            .await
+            .map_err(|e| Error::store("list", &dir, e))?;
+        let mut orgs: Vec<OrgId> = list
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().and_then(|n| OrgId::new(n).ok()))
+            .collect();
+        orgs.sort();
+        orgs.dedup();
+        Ok(orgs)
+    }
+
+    /// The advisory lease of `org`, if any.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
+    pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
+        let path = self.inner.layout.lease(org);
+        match self.get_bytes(&path).await? {
+            Some(b) => Lease::decode(path.as_ref(), &b).map(Some),
+            None => Ok(None),
+        }
+    }
+}

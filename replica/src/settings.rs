@@ -1,0 +1,108 @@
+//! Plain settings (serde-able) and the injected clock.
+
+use serde::{Deserialize, Serialize};
+
+/// Tunables of a [`crate::Replica`]. Plain data: `Default`, serde.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// Advisory lease length in ms written to `lease.json` at claim and renewed by ships.
+    pub lease_ms: u64,
+    /// How many times `claim` re-reads the log and retries after losing a race.
+    pub claim_retries: u32,
+    /// zstd compression level for snapshot blobs (1–22; 3 is zstd's default).
+    pub zstd_level: i32,
+    /// How many log entries are fetched concurrently when reading history.
+    pub read_concurrency: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease_ms: 30_000,
+            claim_retries: 8,
+            zstd_level: 3,
+            read_concurrency: 16,
+        }
+    }
+}
+
+impl Settings {
+    pub(crate) fn check(&self) -> Result<(), crate::Error> {
+        let bad = |reason: String| Err(crate::Error::InvalidSettings { reason });
+        if !(1..=22).contains(&self.zstd_level) {
+            return bad(format!("zstd_level {} is outside 1..=22", self.zstd_level));
+        }
+        if self.read_concurrency == 0 {
+            return bad("read_concurrency must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Source of wall-clock time in ms since the Unix epoch; injected so tests control leases
+/// and retention ages.
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// The system clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    }
+}
+
+/// A clock tests set by hand.
+#[derive(Debug, Default)]
+pub struct ManualClock(std::sync::atomic::AtomicU64);
+
+impl ManualClock {
+    /// A clock reading `ms`.
+    pub fn new(ms: u64) -> Self {
+        ManualClock(std::sync::atomic::AtomicU64::new(ms))
+    }
+    /// Moves the clock forward by `ms`.
+    pub fn advance(&self, ms: u64) {
+        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+    /// Sets the clock to `ms`.
+    pub fn set(&self, ms: u64) {
+        self.0.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Retention policy for [`crate::Replica::retain`].
+///
+/// A snapshot is deleted only if it is beyond the newest `keep_snapshots` AND older than
+/// `keep_ms`; the newest snapshot is always kept whatever the policy says (I11).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Retention {
+    /// Newest snapshots to keep (values below 1 are treated as 1).
+    pub keep_snapshots: usize,
+    /// Minimum age in ms before a snapshot may be deleted.
+    pub keep_ms: u64,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention {
+            keep_snapshots: 3,
+            keep_ms: 3_600_000,
+        }
+    }
+}
