@@ -1,1 +1,228 @@
-//! todo
+//! A fault-injecting [`ObjectStore`] wrapper for tests of every layer.
+//!
+//! Rules match an operation and a path substring and fire on the Nth matching call:
+//! fail before the call reaches the store, apply it and then fail ("landed but error"),
+//! store a truncated payload while reporting success (partial write), or silently turn a
+//! create-only put into an overwrite (an unsafe store). Optional added latency; every
+//! call is counted.
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use idem_replica::fault::{FaultStore, Fault, Op};
+//! let store = Arc::new(FaultStore::new(Arc::new(object_store::memory::InMemory::new())));
+//! store.inject(Op::Put, "/log/", 1, Fault::FailAfter); // first log-entry put lands, then errors
+//! assert_eq!(store.calls(Op::Put), 0);
+//! ```
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMode,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// Which kind of call a rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `put_opts`.
+    Put,
+    /// `get_opts`.
+    Get,
+    /// `delete_stream` (counted per call; deletes are never failed).
+    Delete,
+    /// `list` and `list_with_delimiter`.
+    List,
+}
+
+/// What a firing rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Return an error without calling the store.
+    FailBefore,
+    /// Call the store, then return an error even if it succeeded (put only; other ops fail before).
+    FailAfter,
+    /// Store only the first N bytes of the payload and report success (put only).
+    Truncate(usize),
+    /// Apply a create-only put as an overwrite, as a store that ignores `If-None-Match` would.
+    IgnoreCreate,
+}
+
+#[derive(Debug)]
+struct Rule {
+    op: Op,
+    path_contains: String,
+    nth: u64,
+    times: u64,
+    fault: Fault,
+    seen: u64,
+}
+
+/// The wrapper. Cheap to share as `Arc<FaultStore>`; rules can be changed while in use.
+#[derive(Debug)]
+pub struct FaultStore {
+    inner: Arc<dyn ObjectStore>,
+    rules: Mutex<Vec<Rule>>,
+    counts: [AtomicU64; 4],
+    ignore_create: AtomicBool,
+    latency_ms: AtomicU64,
+}
+
+impl std::fmt::Display for FaultStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FaultStore({})", self.inner)
+    }
+}
+
+fn injected(what: &str, path: &Path) -> object_store::Error {
+    object_store::Error::Generic { store: "FaultStore", source: format!("injected {what} on {path}").into() }
+}
+
+impl FaultStore {
+    /// Wraps `inner` with no rules.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+        FaultStore {
+            inner,
+            rules: Mutex::new(Vec::new()),
+            counts: Default::default(),
+            ignore_create: AtomicBool::new(false),
+            latency_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Fires `fault` on the `nth` (1-based) call of `op` whose path contains `path_contains`
+    /// (counted from when the rule was added), once.
+    pub fn inject(&self, op: Op, path_contains: &str, nth: u64, fault: Fault) {
+        self.inject_times(op, path_contains, nth, 1, fault);
+    }
+
+    /// As [`FaultStore::inject`], firing on `times` consecutive matching calls from the `nth`.
+    pub fn inject_times(&self, op: Op, path_contains: &str, nth: u64, times: u64, fault: Fault) {
+        let rule = Rule { op, path_contains: path_contains.to_owned(), nth: nth.max(1), times, fault, seen: 0 };
+        self.lock().push(rule);
+    }
+
+    /// Removes every rule.
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Makes every create-only put an overwrite (an unsafe store), or restores the condition.
+    pub fn ignore_create_condition(&self, on: bool) {
+        self.ignore_create.store(on, Ordering::SeqCst);
+    }
+
+    /// Adds `latency` before every call.
+    pub fn set_latency(&self, latency: Duration) {
+        self.latency_ms.store(u64::try_from(latency.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Calls of `op` seen so far (including failed ones).
+    pub fn calls(&self, op: Op) -> u64 {
+        self.counts[op as usize].load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Rule>> {
+        self.rules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn enter(&self, op: Op, path: &Path) -> Option<Fault> {
+        self.counts[op as usize].fetch_add(1, Ordering::SeqCst);
+        let ms = self.latency_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        let mut rules = self.lock();
+        let mut fired = None;
+        for r in rules.iter_mut().filter(|r| r.op == op && path.as_ref().contains(&r.path_contains)) {
+            r.seen += 1;
+            if fired.is_none() && r.seen >= r.nth && r.seen - r.nth < r.times {
+                fired = Some(r.fault);
+            }
+        }
+        fired
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultStore {
+    async fn put_opts(&self, location: &Path, payload: PutPayload, mut opts: PutOptions) -> Result<PutResult> {
+        let fault = self.enter(Op::Put, location).await;
+        if self.ignore_create.load(Ordering::SeqCst) && opts.mode == PutMode::Create {
+            opts.mode = PutMode::Overwrite;
+        }
+        match fault {
+            None => self.inner.put_opts(location, payload, opts).await,
+            Some(Fault::FailBefore) => Err(injected("put failure", location)),
+            Some(Fault::FailAfter) => {
+                self.inner.put_opts(location, payload, opts).await?;
+                Err(injected("put error after landing", location))
+            }
+            Some(Fault::Truncate(n)) => {
+                let bytes: bytes::Bytes = payload.into();
+                let cut = bytes.slice(..n.min(bytes.len()));
+                self.inner.put_opts(location, PutPayload::from(cut), opts).await
+            }
+            Some(Fault::IgnoreCreate) => {
+                if opts.mode == PutMode::Create {
+                    opts.mode = PutMode::Overwrite;
+                }
+                self.inner.put_opts(location, payload, opts).await
+            }
+        }
+    }
+
+    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+        match self.enter(Op::Put, location).await {
+            Some(Fault::FailBefore | Fault::FailAfter) => Err(injected("multipart failure", location)),
+            _ => self.inner.put_multipart_opts(location, opts).await,
+        }
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        match self.enter(Op::Get, location).await {
+            Some(_) => Err(injected("get failure", location)),
+            None => self.inner.get_opts(location, options).await,
+        }
+    }
+
+    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+        self.counts[Op::Delete as usize].fetch_add(1, Ordering::SeqCst);
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.counts[Op::List as usize].fetch_add(1, Ordering::SeqCst);
+        let p = prefix.cloned().unwrap_or_default();
+        let fire = {
+            let mut rules = self.lock();
+            let mut fired = false;
+            for r in rules.iter_mut().filter(|r| r.op == Op::List && p.as_ref().contains(&r.path_contains)) {
+                r.seen += 1;
+                fired |= r.seen >= r.nth && r.seen - r.nth < r.times;
+            }
+            fired
+        };
+        if fire {
+            return futures::stream::once(async move { Err(injected("list failure", &p)) }).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        let p = prefix.cloned().unwrap_or_default();
+        match self.enter(Op::List, &p).await {
+            Some(_) => Err(injected("list failure", &p)),
+            None => self.inner.list_with_delimiter(prefix).await,
+        }
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}
