@@ -23,8 +23,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMode,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
 /// Which kind of call a rule matches.
@@ -80,7 +80,10 @@ impl std::fmt::Display for FaultStore {
 }
 
 fn injected(what: &str, path: &Path) -> object_store::Error {
-    object_store::Error::Generic { store: "FaultStore", source: format!("injected {what} on {path}").into() }
+    object_store::Error::Generic {
+        store: "FaultStore",
+        source: format!("injected {what} on {path}").into(),
+    }
 }
 
 impl FaultStore {
@@ -103,7 +106,14 @@ impl FaultStore {
 
     /// As [`FaultStore::inject`], firing on `times` consecutive matching calls from the `nth`.
     pub fn inject_times(&self, op: Op, path_contains: &str, nth: u64, times: u64, fault: Fault) {
-        let rule = Rule { op, path_contains: path_contains.to_owned(), nth: nth.max(1), times, fault, seen: 0 };
+        let rule = Rule {
+            op,
+            path_contains: path_contains.to_owned(),
+            nth: nth.max(1),
+            times,
+            fault,
+            seen: 0,
+        };
         self.lock().push(rule);
     }
 
@@ -119,7 +129,10 @@ impl FaultStore {
 
     /// Adds `latency` before every call.
     pub fn set_latency(&self, latency: Duration) {
-        self.latency_ms.store(u64::try_from(latency.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+        self.latency_ms.store(
+            u64::try_from(latency.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
     }
 
     /// Calls of `op` seen so far (including failed ones).
@@ -139,7 +152,10 @@ impl FaultStore {
         }
         let mut rules = self.lock();
         let mut fired = None;
-        for r in rules.iter_mut().filter(|r| r.op == op && path.as_ref().contains(&r.path_contains)) {
+        for r in rules
+            .iter_mut()
+            .filter(|r| r.op == op && path.as_ref().contains(&r.path_contains))
+        {
             r.seen += 1;
             if fired.is_none() && r.seen >= r.nth && r.seen - r.nth < r.times {
                 fired = Some(r.fault);
@@ -151,7 +167,12 @@ impl FaultStore {
 
 #[async_trait]
 impl ObjectStore for FaultStore {
-    async fn put_opts(&self, location: &Path, payload: PutPayload, mut opts: PutOptions) -> Result<PutResult> {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        mut opts: PutOptions,
+    ) -> Result<PutResult> {
         let fault = self.enter(Op::Put, location).await;
         if self.ignore_create.load(Ordering::SeqCst) && opts.mode == PutMode::Create {
             opts.mode = PutMode::Overwrite;
@@ -166,7 +187,9 @@ impl ObjectStore for FaultStore {
             Some(Fault::Truncate(n)) => {
                 let bytes: bytes::Bytes = payload.into();
                 let cut = bytes.slice(..n.min(bytes.len()));
-                self.inner.put_opts(location, PutPayload::from(cut), opts).await
+                self.inner
+                    .put_opts(location, PutPayload::from(cut), opts)
+                    .await
             }
             Some(Fault::IgnoreCreate) => {
                 if opts.mode == PutMode::Create {
@@ -177,9 +200,15 @@ impl ObjectStore for FaultStore {
         }
     }
 
-    async fn put_multipart_opts(&self, location: &Path, opts: PutMultipartOptions) -> Result<Box<dyn MultipartUpload>> {
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
         match self.enter(Op::Put, location).await {
-            Some(Fault::FailBefore | Fault::FailAfter) => Err(injected("multipart failure", location)),
+            Some(Fault::FailBefore | Fault::FailAfter) => {
+                Err(injected("multipart failure", location))
+            }
             _ => self.inner.put_multipart_opts(location, opts).await,
         }
     }
@@ -191,7 +220,10 @@ impl ObjectStore for FaultStore {
         }
     }
 
-    fn delete_stream(&self, locations: BoxStream<'static, Result<Path>>) -> BoxStream<'static, Result<Path>> {
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
         self.counts[Op::Delete as usize].fetch_add(1, Ordering::SeqCst);
         self.inner.delete_stream(locations)
     }
@@ -202,7 +234,10 @@ impl ObjectStore for FaultStore {
         let fire = {
             let mut rules = self.lock();
             let mut fired = false;
-            for r in rules.iter_mut().filter(|r| r.op == Op::List && p.as_ref().contains(&r.path_contains)) {
+            for r in rules
+                .iter_mut()
+                .filter(|r| r.op == Op::List && p.as_ref().contains(&r.path_contains))
+            {
                 r.seen += 1;
                 fired |= r.seen >= r.nth && r.seen - r.nth < r.times;
             }
