@@ -184,7 +184,7 @@ pub(crate) fn valid_blob_name(name: &str) -> bool {
         && name.bytes().next().is_some_and(|b| b.is_ascii_digit())
         && name
             .bytes()
-            .all(|b| b.is_ascii_digit() || b == b'-' || b == b'.' || (b'a'..=b'z').contains(&b))
+            .all(|b| b.is_ascii_digit() || b == b'-' || b == b'.' || b.is_ascii_lowercase())
         && !name.contains("..")
 }
 

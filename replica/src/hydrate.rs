@@ -25,8 +25,7 @@ impl Replica {
         let log = self.history(&claim.org).await?;
         let latest = log
             .into_iter()
-            .filter(|e| e.seq() < claim.seq && matches!(e, LogEntry::Snapshot { .. }))
-            .next_back();
+            .rfind(|e| e.seq() < claim.seq && matches!(e, LogEntry::Snapshot { .. }));
         self.install_entry(&claim.org, latest, dest).await
     }
 
@@ -55,8 +54,7 @@ impl Replica {
                 .history(org)
                 .await?
                 .into_iter()
-                .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
-                .next_back(),
+                .rfind(|e| matches!(e, LogEntry::Snapshot { .. })),
         };
         self.install_entry(org, entry, dest).await
     }
