@@ -1,1 +1,183 @@
-fn main() {}
+//! `once` versus the same one-row effect transaction without the dedup row, on a file
+//! database in WAL mode with 100k keys already stored, at `synchronous=FULL` and `NORMAL`;
+//! plus the replay path. Criterion measures each path; then a table prints the ratios and the
+//! WAL bytes written per request, measured in the same run (`IDEM_BENCH_N` requests per cell).
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use rusqlite::{Connection, TransactionBehavior};
+
+const PRELOAD: usize = 100_000;
+
+struct Keys(u64);
+impl Keys {
+    /// A UUID-like random key (32 hex chars), from xorshift so runs are repeatable.
+    fn next(&mut self) -> String {
+        let mut word = || {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        };
+        format!("{:016x}{:016x}", word(), word())
+    }
+}
+
+fn setup(dir: &Path, sync: &str) -> (PathBuf, Connection, Keys) {
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = dir.join(format!("bench-{sync}-{run}.db"));
+    let mut conn = Connection::open(&path).unwrap();
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; PRAGMA cache_size=-65536;
+         CREATE TABLE effects (id INTEGER PRIMARY KEY, key TEXT NOT NULL, cents INTEGER NOT NULL);"
+    ))
+    .unwrap();
+    idem::ensure_schema(&conn).unwrap();
+    let mut keys = Keys(0x9E37_79B9_7F4A_7C15);
+    let tx = conn.transaction().unwrap();
+    for _ in 0..PRELOAD {
+        let k = keys.next();
+        tx.execute(
+            "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, attempts)
+             VALUES (?1, 1, 1, x'00', 0, x'', 0)",
+            [&k],
+        )
+        .unwrap();
+        tx.execute("INSERT INTO effects (key, cents) VALUES (?1, 1)", [&k])
+            .unwrap();
+    }
+    tx.commit().unwrap();
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    (path, conn, keys)
+}
+
+fn effect(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Vec<u8>> {
+    tx.prepare_cached("INSERT INTO effects (key, cents) VALUES (?1, 500)")?
+        .execute([key])?;
+    Ok(b"{\"ok\":true}".to_vec())
+}
+
+fn plain(conn: &mut Connection, key: &str) {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    effect(&tx, key).unwrap();
+    tx.commit().unwrap();
+}
+
+/// The floor: the effect plus a bare INSERT of the key row, with none of `once`'s checks.
+fn bare_key(conn: &mut Connection, key: &str) {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    let result = effect(&tx, key).unwrap();
+    tx.prepare_cached(
+        "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, attempts)
+         VALUES (?1, 1, 1, x'0102030405060708090a0b0c0d0e0f10', 1700000000000, ?2, 0)",
+    )
+    .unwrap()
+    .execute(rusqlite::params![key, result])
+    .unwrap();
+    tx.commit().unwrap();
+}
+
+fn dedup(conn: &mut Connection, key: &str) {
+    idem::once(conn, key, 1, |tx| effect(tx, key)).unwrap();
+}
+
+/// Mean time per request and WAL bytes per request over `n` requests.
+fn measure(
+    path: &Path,
+    conn: &mut Connection,
+    keys: &mut Keys,
+    n: usize,
+    f: fn(&mut Connection, &str),
+) -> (Duration, f64) {
+    conn.execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA wal_checkpoint(TRUNCATE)")
+        .unwrap();
+    let wal = path.with_extension("db-wal");
+    let before = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    let start = Instant::now();
+    for _ in 0..n {
+        f(conn, &keys.next());
+    }
+    let took = start.elapsed();
+    let after = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA wal_autocheckpoint=1000")
+        .unwrap();
+    (took / n as u32, (after - before) as f64 / n as f64)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn table(dir: &Path) {
+    let n: usize = std::env::var("IDEM_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    println!(
+        "\nidem dedup overhead: {PRELOAD} keys preloaded, {n} requests per cell, median of 5 interleaved runs"
+    );
+    println!(
+        "| synchronous | effect only | once (dedup) | ratio | WAL B/req effect | WAL B/req once | replay |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for sync in ["FULL", "NORMAL"] {
+        let (path, mut conn, mut keys) = setup(dir, sync);
+        let (mut tp, mut td, mut tb) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut wp, mut wd) = (0.0, 0.0);
+        for _ in 0..5 {
+            let (t, w) = measure(&path, &mut conn, &mut keys, n, plain);
+            tp.push(t);
+            wp = w;
+            let (t, w) = measure(&path, &mut conn, &mut keys, n, dedup);
+            td.push(t);
+            wd = w;
+            tb.push(measure(&path, &mut conn, &mut keys, n, bare_key).0);
+        }
+        let key = keys.next();
+        dedup(&mut conn, &key);
+        let start = Instant::now();
+        for _ in 0..n {
+            black_box(idem::once(&mut conn, &key, 1, |tx| effect(tx, &key)).unwrap());
+        }
+        let replay = start.elapsed() / n as u32;
+        let (p, d, b) = (median(tp), median(td), median(tb));
+        println!(
+            "| {sync} | {p:?} | {d:?} | {:.2}x | {b:?} ({:.2}x) | {wp:.0} | {wd:.0} | {replay:?} |",
+            d.as_secs_f64() / p.as_secs_f64(),
+            b.as_secs_f64() / p.as_secs_f64()
+        );
+    }
+}
+
+fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(3));
+    for sync in ["FULL", "NORMAL"] {
+        let (_p, mut conn, mut keys) = setup(dir.path(), &format!("{sync}"));
+        let mut g = c.benchmark_group(format!("synchronous={sync}"));
+        g.bench_function("effect only", |b| b.iter(|| plain(&mut conn, &keys.next())));
+        g.bench_function("once", |b| b.iter(|| dedup(&mut conn, &keys.next())));
+        let key = keys.next();
+        dedup(&mut conn, &key);
+        g.bench_function("replay", |b| {
+            b.iter(|| black_box(idem::once(&mut conn, &key, 1, |tx| effect(tx, &key)).unwrap()))
+        });
+        g.finish();
+    }
+    c.final_summary();
+    table(dir.path());
+}

@@ -17,7 +17,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::error::{BoxError, is_busy};
 use crate::record::Row_;
-use crate::schema::{meta_in_tx, raise_max_round};
+use crate::schema::{raise_max_round, state_in_tx};
 use crate::seam::Point;
 use crate::{Error, Options, Outcome, key::validate_key};
 
@@ -83,17 +83,12 @@ where
     if !conn.is_autocommit() {
         return Err(Error::InTransaction);
     }
-    // Fast path: a replay needs no write lock.
-    if let Some(row) = Row_::read(conn, key)?
-        && row.applied
-    {
-        return replay(key, row, opts);
-    }
-
+    // One write transaction for every path: the org layer runs one writer per database, so an
+    // uncontended BEGIN IMMEDIATE costs less than a second lookup of a random key would.
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| busy_or(key, e))?;
-    let meta = meta_in_tx(&tx).map_err(|e| match e {
+    let (meta, existing) = state_in_tx(&tx, key).map_err(|e| match e {
         Error::Sqlite(s) if is_busy(&s) => Error::Busy {
             key: key.to_owned(),
             source: s,
@@ -107,8 +102,6 @@ where
             highest: meta.max_round,
         });
     }
-    // Conflict path: another call may have applied the key since the fast-path read.
-    let existing = Row_::read(&tx, key)?;
     if let Some(row) = &existing {
         if row.applied {
             return replay(key, row.clone(), opts);
@@ -132,7 +125,7 @@ where
         None => random_attempt_id()?,
     };
     let now = i64::try_from(opts.clock.now_ms()).unwrap_or(i64::MAX);
-    tx.execute_batch("SAVEPOINT idem_apply")?;
+    tx.prepare_cached("SAVEPOINT idem_apply")?.execute([])?;
     if let Some(seam) = &opts.seam {
         seam.at(Point::BeforeApply).map_err(|e| Error::Apply {
             key: key.to_owned(),
@@ -147,7 +140,7 @@ where
     }
     let failure = match applied {
         Ok(result) if result.len() <= opts.max_result_bytes => {
-            tx.execute_batch("RELEASE idem_apply")?;
+            tx.prepare_cached("RELEASE idem_apply")?.execute([])?;
             let ours = Row_ {
                 applied: true,
                 round: round_i,

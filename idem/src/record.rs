@@ -51,14 +51,19 @@ pub(crate) const SELECT_ROW: &str = "SELECT applied, round, attempt, at_ms, resu
      attempts, last_error FROM idem_keys WHERE key = ?1";
 
 impl Row_ {
-    fn from_row(r: &Row<'_>) -> rusqlite::Result<Self> {
-        let applied = r.get::<_, i64>(0)? != 0;
-        let result: Option<Vec<u8>> = r.get(4)?;
-        Ok(Row_ {
+    /// Reads the eight row columns starting at column `at`; `None` for the NULLs of a
+    /// LEFT JOIN that found no row.
+    pub(crate) fn from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Option<Self>> {
+        let Some(applied) = r.get::<_, Option<i64>>(at)? else {
+            return Ok(None);
+        };
+        let applied = applied != 0;
+        let result: Option<Vec<u8>> = r.get(at + 4)?;
+        Ok(Some(Row_ {
             applied,
-            round: r.get(1)?,
-            attempt: r.get(2)?,
-            at_ms: r.get(3)?,
+            round: r.get(at + 1)?,
+            attempt: r.get(at + 2)?,
+            at_ms: r.get(at + 3)?,
             // An applied row always has a result: SQLite returns a zero-length BLOB as an
             // empty Vec, and the column is written as a BLOB, so empty stays empty.
             result: if applied {
@@ -66,17 +71,17 @@ impl Row_ {
             } else {
                 None
             },
-            fingerprint: r.get(5)?,
-            attempts: r.get(6)?,
-            last_error: r.get(7)?,
-        })
+            fingerprint: r.get(at + 5)?,
+            attempts: r.get(at + 6)?,
+            last_error: r.get(at + 7)?,
+        }))
     }
 
     pub(crate) fn read(conn: &Connection, key: &str) -> Result<Option<Row_>, Error> {
         let row = conn
             .prepare_cached(SELECT_ROW)
-            .and_then(|mut s| s.query_row([key], Row_::from_row).optional());
-        optional_missing(row)
+            .and_then(|mut s| s.query_row([key], |r| Row_::from_row_at(r, 0)).optional());
+        Ok(optional_missing(row)?.flatten())
     }
 
     pub(crate) fn into_record(self, key: &str) -> Record {

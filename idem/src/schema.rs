@@ -8,6 +8,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::Error;
+use crate::record::Row_;
 
 /// The schema version this library writes and understands.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -100,22 +101,22 @@ fn schema_version(conn: &Connection) -> Result<Option<i64>, Error> {
     }
 }
 
-/// Reads the schema facts inside the caller's write transaction, creating the schema if absent.
-pub(crate) fn meta_in_tx(conn: &Connection) -> Result<Meta, Error> {
-    let read = || -> rusqlite::Result<(Option<i64>, Option<i64>)> {
-        let mut stmt = conn.prepare_cached("SELECT name, value FROM idem_meta")?;
-        let mut rows = stmt.query([])?;
-        let (mut version, mut max_round) = (None, None);
-        while let Some(row) = rows.next()? {
-            match row.get_ref(0)?.as_str()? {
-                "schema_version" => version = Some(row.get(1)?),
-                "max_round" => max_round = Some(row.get(1)?),
-                _ => {}
-            }
-        }
-        Ok((version, max_round))
+/// Reads, in one statement inside the caller's write transaction, the schema version, the
+/// highest round and the key's row; creates the schema first if it is absent.
+pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<Row_>), Error> {
+    let read = || -> rusqlite::Result<(Option<i64>, Option<i64>, Option<Row_>)> {
+        conn.prepare_cached(
+            "SELECT (SELECT value FROM idem_meta WHERE name = 'schema_version'),
+                    (SELECT value FROM idem_meta WHERE name = 'max_round'),
+                    k.applied, k.round, k.attempt, k.at_ms, k.result, k.fingerprint,
+                    k.attempts, k.last_error
+             FROM (SELECT 1) LEFT JOIN idem_keys AS k ON k.key = ?1",
+        )?
+        .query_row([key], |r| {
+            Ok((r.get(0)?, r.get(1)?, Row_::from_row_at(r, 2)?))
+        })
     };
-    let (version, max_round) = match read() {
+    let (version, max_round, row) = match read() {
         Ok(v) => v,
         Err(e) if is_missing_table(&e) => {
             create_in_tx(conn)?;
@@ -124,9 +125,10 @@ pub(crate) fn meta_in_tx(conn: &Connection) -> Result<Meta, Error> {
         Err(e) => return Err(e.into()),
     };
     check_version(version.unwrap_or(SCHEMA_VERSION))?;
-    Ok(Meta {
+    let meta = Meta {
         max_round: u64::try_from(max_round.unwrap_or(0)).unwrap_or(0),
-    })
+    };
+    Ok((meta, row))
 }
 
 /// Records `round` as the highest round that wrote the database.

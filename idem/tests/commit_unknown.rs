@@ -153,8 +153,8 @@ fn a_failed_reread_is_commit_unknown_and_writes_nothing() -> R {
 
 #[test]
 fn fingerprint_is_checked_on_the_conflict_path() -> R {
-    // B's fast-path read sees no row (A has not committed); B then waits for A's write lock,
-    // and must check the fingerprint on the row it finds under the lock.
+    // B waits for A's write lock while A applies the key; B must check the fingerprint on the
+    // row it finds once it holds the lock.
     let (_d, path, mut a) = db()?;
     let path_b = path.clone();
     let mut b_thread = None;
