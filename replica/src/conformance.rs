@@ -48,7 +48,7 @@ impl Drop for TempDir {
 }
 
 /// A [`Failpoints`] that pauses the first hit of one point after [`PauseAt::arm`]: it reports
-/// the hit on a channel and waits for [`PauseAt::resume`]. Orders interleavings without sleeps.
+/// the hit on a channel and waits until [`PauseHandle::resume`] is sent. Orders interleavings without sleeps.
 #[derive(Debug)]
 pub struct PauseAt {
     point: FailPoint,
