@@ -1,1 +1,64 @@
-//! placeholder
+//! Exactly-once request execution across writer handoffs, for one SQLite database per tenant.
+//!
+//! **The guarantee.** [`Org::once`] applies a request's database effect at most once in the
+//! acknowledged history of an org, and returns `Ok` only after a snapshot holding the effect is
+//! published in object storage under the writer's current round (ship-before-ack, I6). A new
+//! writer — another replica during a rolling upgrade, or a successor after `kill -9` — claims a
+//! higher round, which fences the old one (I7), and hydrates the latest snapshot before it
+//! serves (I8), so every acknowledged key replays its first result and never runs again.
+//! **Not covered:** effects outside the database (HTTP calls, email, payments); a request whose
+//! commit was never acknowledged may be lost with its writer and runs again on retry.
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_org::Registry;
+//! use idem_replica::{Replica, Settings};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = Replica::local_store(&dir.path().join("store"))?;
+//! let replica = Replica::open(store, "", Settings::default()).await?;
+//! let registry = Registry::builder(dir.path().join("data"), replica, "replica-a")
+//!     .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (key TEXT, cents INT)"))
+//!     .build()?;
+//!
+//! let acme = registry.acquire("acme").await?;
+//! for _ in 0..2 {
+//!     let out = acme
+//!         .once("pay-7", |tx| {
+//!             tx.execute("INSERT INTO ledger VALUES ('pay-7', 1250)", [])?;
+//!             Ok::<_, rusqlite::Error>(b"paid".to_vec())
+//!         })
+//!         .await?; // returns once the commit is shipped to the store
+//!     assert_eq!(out.result, b"paid");
+//! }
+//! registry.shutdown().await; // graceful handoff: final ship + Release
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Core types
+//! - [`Registry`] (built with [`Registry::builder`]): one writer per org, opened on demand,
+//!   at most [`Settings::max_open_orgs`] open; `prune_all`, `shutdown`.
+//! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`.
+//!
+//! # Error semantics
+//! [`Error::kind`]: `Retry` (ship failed, busy: same key, same handle), `Reacquire` (fenced or
+//! closed: acquire again, same key), `Input`, `Rejected` (fingerprint mismatch, apply failed),
+//! `Corrupt`, `Fatal`. A fenced handle is poisoned: every later call fails fast.
+#![forbid(unsafe_code)]
+
+mod error;
+mod local;
+mod org;
+mod registry;
+mod settings;
+mod ship;
+mod writer;
+
+pub use error::{Error, ErrorKind};
+pub use local::open_claims;
+pub use org::{Org, OrgStats};
+pub use registry::{PruneProgress, Registry, RegistryBuilder};
+pub use settings::Settings;
+pub use writer::InitFn;

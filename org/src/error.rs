@@ -1,0 +1,148 @@
+//! The org layer's error type.
+
+use std::sync::Arc;
+
+use idem_replica::OrgId;
+
+/// What the caller should do about an [`Error`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Transient: retry the request with the same idempotency key.
+    Retry,
+    /// This handle is fenced or closed: acquire the org again (possibly on another replica) and
+    /// retry with the same key.
+    Reacquire,
+    /// Fix the input (org id, key, settings).
+    Input,
+    /// The request was refused by its key's stored state (fingerprint mismatch, `apply` failed,
+    /// attempts exhausted): report it to the client; retrying changes nothing.
+    Rejected,
+    /// Stored data is corrupt: stop and investigate; nothing falls back to older data.
+    Corrupt,
+    /// Misconfiguration or an unexpected failure: stop.
+    Fatal,
+}
+
+/// Every failure of the org layer. Variants carry the org and round involved.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A newer writer claimed the org: this handle is poisoned and its local database
+    /// discarded; nothing it committed since its last ship is acknowledged (I7).
+    #[error("org {org}: writer of round {ours} is fenced by a newer round")]
+    Fenced {
+        /// The org.
+        org: OrgId,
+        /// This writer's round.
+        ours: u64,
+    },
+    /// The handle was released (shutdown, eviction, explicit release): acquire again.
+    #[error("org {org}: handle of round {round} is closed")]
+    Closed {
+        /// The org.
+        org: OrgId,
+        /// The round of the closed handle.
+        round: u64,
+    },
+    /// The ship that would acknowledge this request failed; the request's commit is local
+    /// only. Retry with the same key: the retry waits for a ship that succeeds (I6).
+    #[error("org {org}: ship failed; the request is not acknowledged")]
+    ShipFailed {
+        /// The org.
+        org: OrgId,
+        /// The ship error, shared by every request the ship would have acknowledged.
+        #[source]
+        source: Arc<idem_replica::Error>,
+    },
+    /// From the dedup transaction.
+    #[error("org {org}: {source}")]
+    Idem {
+        /// The org.
+        org: OrgId,
+        /// The idem error.
+        #[source]
+        source: idem::Error,
+    },
+    /// From the snapshot store (claim, hydrate, release, invalid org id).
+    #[error("org {org}: replica: {source}")]
+    Replica {
+        /// The org, or the raw id text when it did not validate.
+        org: String,
+        /// The replica error.
+        #[source]
+        source: idem_replica::Error,
+    },
+    /// Local file handling (data directory, lock files).
+    #[error("org {org}: local file {path}")]
+    Local {
+        /// The org.
+        org: String,
+        /// The path involved.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// SQLite failed while opening or configuring the org database.
+    #[error("org {org}: sqlite")]
+    Sqlite {
+        /// The org.
+        org: OrgId,
+        /// The SQLite error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The org's writer thread stopped unexpectedly (a panic in `apply` ends it).
+    #[error("org {org}: writer stopped")]
+    WriterGone {
+        /// The org.
+        org: OrgId,
+    },
+    /// Settings are invalid.
+    #[error("invalid settings: {reason}")]
+    InvalidSettings {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// What the caller should do; one exhaustive match over every variant.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Fenced { .. } | Error::Closed { .. } | Error::WriterGone { .. } => {
+                ErrorKind::Reacquire
+            }
+            Error::ShipFailed { .. } => ErrorKind::Retry,
+            Error::Idem { source, .. } => match source.kind() {
+                idem::ErrorKind::Retry => ErrorKind::Retry,
+                idem::ErrorKind::Input => ErrorKind::Input,
+                idem::ErrorKind::Rejected => ErrorKind::Rejected,
+                idem::ErrorKind::Reacquire => ErrorKind::Reacquire,
+                _ => ErrorKind::Fatal,
+            },
+            Error::Replica { source, .. } => match source.kind() {
+                idem_replica::ErrorKind::Retry => ErrorKind::Retry,
+                idem_replica::ErrorKind::Reacquire => ErrorKind::Reacquire,
+                idem_replica::ErrorKind::Input => ErrorKind::Input,
+                idem_replica::ErrorKind::Corrupt => ErrorKind::Corrupt,
+                _ => ErrorKind::Fatal,
+            },
+            Error::Local { .. } | Error::Sqlite { .. } => ErrorKind::Fatal,
+            Error::InvalidSettings { .. } => ErrorKind::Input,
+        }
+    }
+
+    /// True when retrying the request as is (same key, same handle) may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.kind() == ErrorKind::Retry
+    }
+
+    pub(crate) fn replica(org: &str, source: idem_replica::Error) -> Self {
+        Error::Replica {
+            org: org.to_owned(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Local files of one claim: named per claim and locked, so two writers never share them (I8).
+//!
+//! ```text
+//! <data>/orgs/<org>/<round:020>-<nonce>.lock   flock held by the owning process
+//! <data>/orgs/<org>/<round:020>-<nonce>.db     (+ -wal, -shm)
+//! ```
+//! A successor (another process on the same host during a rolling restart, or this process
+//! after a crash) only ever deletes the files of a claim whose lock it can take, which means
+//! their owner has closed them or died. The local file is a cache, never an authority: every
+//! acquire hydrates a fresh file from the store.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::{Path, PathBuf};
+
+use idem_replica::OrgId;
+
+use crate::Error;
+
+/// The locked local files of one claim.
+#[derive(Debug)]
+pub(crate) struct LocalFiles {
+    pub db: PathBuf,
+    lock_path: PathBuf,
+    _lock: File,
+}
+
+fn local_err(org: &OrgId, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let (org, path) = (org.to_string(), path.to_owned());
+    move |source| Error::Local { org, path, source }
+}
+
+impl LocalFiles {
+    /// Creates and locks the lock file of this claim, then removes files of dead claims.
+    pub fn create(data_dir: &Path, org: &OrgId, round: u64, nonce: &str) -> Result<Self, Error> {
+        // OrgId is validated ([A-Za-z0-9][A-Za-z0-9._-]*, never ".."): one path component (I12).
+        let dir = data_dir.join("orgs").join(org.as_str());
+        std::fs::create_dir_all(&dir).map_err(local_err(org, &dir))?;
+        let base = format!("{round:020}-{nonce}");
+        let lock_path = dir.join(format!("{base}.lock"));
+        let lock = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&lock_path)
+            .map_err(local_err(org, &lock_path))?;
+        lock.try_lock().map_err(|e| {
+            local_err(org, &lock_path)(match e {
+                TryLockError::Error(e) => e,
+                TryLockError::WouldBlock => std::io::Error::other("lock held"),
+            })
+        })?;
+        remove_dead_claims(&dir, &lock_path);
+        Ok(LocalFiles {
+            db: dir.join(format!("{base}.db")),
+            lock_path,
+            _lock: lock,
+        })
+    }
+
+    /// Deletes this claim's database, WAL, shm and lock file (the connections must be closed).
+    pub fn remove(self) {
+        remove_db(&self.db);
+        let _ = std::fs::remove_file(&self.lock_path);
+    }
+}
+
+fn remove_db(db: &Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = db.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(PathBuf::from(p));
+    }
+}
+
+/// Removes the files of every other claim in `dir` whose lock can be taken (owner gone).
+fn remove_dead_claims(dir: &Path, ours: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path == ours || path.extension().is_none_or(|e| e != "lock") {
+            continue;
+        }
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if file.try_lock().is_ok() {
+            remove_db(&path.with_extension("db"));
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// Count of claim lock files under a data directory (for tests of bounded open files).
+pub fn open_claims(data_dir: &Path) -> usize {
+    let Ok(orgs) = std::fs::read_dir(data_dir.join("orgs")) else {
+        return 0;
+    };
+    orgs.flatten()
+        .filter_map(|o| std::fs::read_dir(o.path()).ok())
+        .flat_map(|d| d.flatten())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "lock"))
+        .count()
+}

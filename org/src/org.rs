@@ -1,0 +1,432 @@
+//! One acquired org: its writer thread, its shipper task and the request API.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use idem::{BoxError, Options, Outcome, Record};
+use idem_replica::{Claim, OrgId, Replica};
+use rusqlite::{Connection, Transaction};
+use tokio::sync::oneshot;
+
+use crate::local::LocalFiles;
+use crate::ship::{Counters, Shared, ShipState, Stop, ship_once};
+use crate::writer::{self, ApplyFn, InitFn, Job};
+use crate::{Error, Settings};
+
+/// A handle on an acquired org: this process is its one writer for one round. Cheap to clone.
+///
+/// Every method that returns `Ok` for a request does so only after a snapshot holding the
+/// request's commit is published under this round (I6). After [`Error::Fenced`] or
+/// [`Error::Closed`] the handle refuses everything: acquire the org again.
+#[derive(Clone)]
+pub struct Org {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Org {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Org")
+            .field("org", &self.inner.shared.org)
+            .field("round", &self.inner.shared.round)
+            .finish()
+    }
+}
+
+/// Shipping statistics of one org handle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OrgStats {
+    /// The writer's round.
+    pub round: u64,
+    /// Commit counter of the last local commit.
+    pub committed: u64,
+    /// Commit counter covered by the last published snapshot.
+    pub shipped: u64,
+    /// Snapshots published by this handle.
+    pub ships: u64,
+    /// Ships that failed (other than fenced).
+    pub ship_failures: u64,
+    /// Compressed bytes uploaded by this handle's ships.
+    pub bytes_shipped: u64,
+    /// Requests acknowledged after waiting for a ship.
+    pub acks: u64,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    replica: Replica,
+    settings: Settings,
+    claim: tokio::sync::Mutex<Claim>,
+    reader: Arc<Mutex<Option<Connection>>>,
+    jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    files: Mutex<Option<LocalFiles>>,
+    inflight: AtomicUsize,
+    last_used: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+static TICK: AtomicU64 = AtomicU64::new(0);
+
+/// Decrements the in-flight count when a request ends, however it ends.
+struct InFlight<'a>(&'a AtomicUsize);
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Org {
+    /// Claims, hydrates and opens an org (I8): nothing is served before the latest snapshot
+    /// published before the claim is installed in a fresh, locked local file.
+    pub(crate) async fn open(
+        replica: Replica,
+        data_dir: &std::path::Path,
+        org: OrgId,
+        writer_id: &str,
+        settings: Settings,
+        clock: Arc<dyn idem::Clock>,
+        init: Option<InitFn>,
+    ) -> Result<Org, Error> {
+        let rerr = |e| Error::replica(org.as_str(), e);
+        let claim = replica
+            .claim(&org, writer_id, settings.force_claim)
+            .await
+            .map_err(rerr)?;
+        let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
+        let opened = Self::open_files(&replica, &claim, &files, &settings, init).await;
+        let (conn, reader) = match opened {
+            Ok(v) => v,
+            Err(e) => {
+                files.remove();
+                return Err(e);
+            }
+        };
+        let committed = writer::read_commit(&conn).map_err(|source| Error::Sqlite {
+            org: org.clone(),
+            source,
+        })?;
+        let shared = Arc::new(Shared {
+            org: org.clone(),
+            round: claim.round,
+            committed: Arc::new(AtomicU64::new(committed)),
+            state: Mutex::new(ShipState {
+                shipped: committed,
+                ..ShipState::default()
+            }),
+            demand: tokio::sync::Notify::new(),
+            counters: Counters::default(),
+        });
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
+        let (round, counter) = (claim.round, shared.committed.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("idem-writer-{org}"))
+            .spawn(move || writer::run(conn, round, counter, clock, jobs_rx))
+            .map_err(|source| Error::Local {
+                org: org.to_string(),
+                path: files.db.clone(),
+                source,
+            })?;
+        tracing::info!(org = %org, round = claim.round, seq = claim.seq, commit = committed, "acquired");
+        let inner = Arc::new(Inner {
+            shared,
+            replica,
+            settings,
+            claim: tokio::sync::Mutex::new(claim),
+            reader: Arc::new(Mutex::new(Some(reader))),
+            jobs: Mutex::new(Some(jobs_tx)),
+            writer_thread: Mutex::new(Some(thread)),
+            files: Mutex::new(Some(files)),
+            inflight: AtomicUsize::new(0),
+            last_used: AtomicU64::new(TICK.fetch_add(1, Ordering::Relaxed)),
+        });
+        tokio::spawn(shipper(inner.clone()));
+        Ok(Org { inner })
+    }
+
+    async fn open_files(
+        replica: &Replica,
+        claim: &Claim,
+        files: &LocalFiles,
+        settings: &Settings,
+        init: Option<InitFn>,
+    ) -> Result<(Connection, Connection), Error> {
+        let org = claim.org.clone();
+        replica
+            .hydrate(claim, &files.db)
+            .await
+            .map_err(|e| Error::replica(org.as_str(), e))?;
+        let path = files.db.clone();
+        let busy = Duration::from_millis(settings.busy_timeout_ms);
+        let org2 = org.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn =
+                writer::open_writer(&path, busy, init.as_ref()).map_err(|source| Error::Idem {
+                    org: org2.clone(),
+                    source,
+                })?;
+            let reader = Connection::open(&path).map_err(|source| Error::Sqlite {
+                org: org2.clone(),
+                source,
+            })?;
+            reader
+                .busy_timeout(busy)
+                .map_err(|source| Error::Sqlite { org: org2, source })?;
+            Ok((conn, reader))
+        })
+        .await
+        .map_err(|e| {
+            Error::replica(
+                org.as_str(),
+                idem_replica::Error::Task {
+                    op: "open",
+                    source: e,
+                },
+            )
+        })?
+    }
+
+    /// The org id.
+    pub fn id(&self) -> &OrgId {
+        &self.inner.shared.org
+    }
+
+    /// This writer's round (fencing epoch).
+    pub fn round(&self) -> u64 {
+        self.inner.shared.round
+    }
+
+    /// True until the handle is fenced or closed.
+    pub fn is_serving(&self) -> bool {
+        self.inner.shared.lock().stop.is_none() && lock(&self.inner.jobs).is_some()
+    }
+
+    /// Shipping statistics of this handle.
+    pub fn stats(&self) -> OrgStats {
+        let c = &self.inner.shared.counters;
+        OrgStats {
+            round: self.round(),
+            committed: self.inner.shared.committed.load(Ordering::SeqCst),
+            shipped: self.inner.shared.lock().shipped,
+            ships: c.ships.load(Ordering::Relaxed),
+            ship_failures: c.ship_failures.load(Ordering::Relaxed),
+            bytes_shipped: c.bytes_shipped.load(Ordering::Relaxed),
+            acks: c.acks.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) fn inflight(&self) -> usize {
+        self.inner.inflight.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn last_used(&self) -> u64 {
+        self.inner.last_used.load(Ordering::Relaxed)
+    }
+
+    /// [`Org::once_with`] with default options.
+    ///
+    /// # Errors
+    /// See [`Org::once_with`].
+    pub async fn once<F, E>(&self, key: &str, apply: F) -> Result<Outcome, Error>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.once_with(key, Options::new(), apply).await
+    }
+
+    /// Runs `idem::once_with` for `key` with this org's round on the org's writer connection
+    /// (a dedicated thread, off the async runtime), then returns only once a snapshot holding
+    /// the commit is published (I6). A replay also waits for the ship of every commit made so
+    /// far, so a key committed but not yet shipped is never acknowledged early.
+    ///
+    /// # Errors
+    /// [`Error::Idem`] from the dedup transaction (its kind tells retry / rejected / input);
+    /// [`Error::ShipFailed`] (retryable: the commit stays local until a later ship);
+    /// [`Error::Fenced`] / [`Error::Closed`] / [`Error::WriterGone`]: acquire again.
+    pub async fn once_with<F, E>(
+        &self,
+        key: &str,
+        opts: Options,
+        apply: F,
+    ) -> Result<Outcome, Error>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let apply: ApplyFn = Box::new(move |tx| apply(tx).map_err(Into::into));
+        let (out, c) = self
+            .call(|reply| Job::Once {
+                key: key.to_owned(),
+                opts,
+                apply,
+                reply,
+            })
+            .await?;
+        self.inner.shared.wait_shipped(c).await?;
+        Ok(out)
+    }
+
+    /// The stored record of `key`, once every commit so far is shipped (so a record returned
+    /// here is durable in the store).
+    ///
+    /// # Errors
+    /// As [`Org::once_with`].
+    pub async fn applied(&self, key: &str) -> Result<Option<Record>, Error> {
+        let (rec, c) = self
+            .call(|reply| Job::Applied {
+                key: key.to_owned(),
+                reply,
+            })
+            .await?;
+        self.inner.shared.wait_shipped(c).await?;
+        Ok(rec)
+    }
+
+    /// Deletes keys applied strictly before `cutoff` (see `idem::prune`), then ships, and
+    /// returns how many were deleted.
+    ///
+    /// # Errors
+    /// As [`Org::once_with`].
+    pub async fn prune(&self, cutoff: SystemTime) -> Result<u64, Error> {
+        let (deleted, c) = self.call(|reply| Job::Prune { cutoff, reply }).await?;
+        self.inner.shared.wait_shipped(c).await?;
+        Ok(deleted)
+    }
+
+    async fn call<T>(
+        &self,
+        job: impl FnOnce(oneshot::Sender<Result<T, idem::Error>>) -> Job,
+    ) -> Result<T, Error> {
+        let inner = &self.inner;
+        inner.inflight.fetch_add(1, Ordering::SeqCst);
+        let _guard = InFlight(&inner.inflight);
+        inner
+            .last_used
+            .store(TICK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        if let Some(stop) = inner.shared.lock().stop {
+            return Err(inner.shared.stop_error(stop));
+        }
+        let (tx, rx) = oneshot::channel();
+        let sent = lock(&inner.jobs).as_ref().map(|j| j.send(job(tx)));
+        if !matches!(sent, Some(Ok(()))) {
+            return Err(inner.shared.stop_error(Stop::Closed));
+        }
+        let org = inner.shared.org.clone();
+        match rx.await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => Err(Error::Idem { org, source }),
+            Err(_) => Err(Error::WriterGone { org }),
+        }
+    }
+
+    /// Graceful handoff: refuses new requests, lets in-flight ones commit, ships what is
+    /// unshipped, publishes a Release entry (so the next claim proceeds at once), closes the
+    /// database and deletes the local files.
+    ///
+    /// # Errors
+    /// The final ship's or the release's error; the handle is closed either way.
+    pub async fn release(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        inner.close_writer().await;
+        let result = {
+            let mut claim = inner.claim.lock().await;
+            let stopped = inner.shared.lock().stop;
+            match stopped {
+                Some(stop) => Err(inner.shared.stop_error(stop)),
+                None => {
+                    let unshipped =
+                        inner.shared.committed.load(Ordering::SeqCst) > inner.shared.lock().shipped;
+                    let shipped = if unshipped {
+                        ship_once(&inner.shared, &inner.replica, &mut claim, &inner.reader).await
+                    } else {
+                        Ok(())
+                    };
+                    match shipped {
+                        Ok(()) => inner
+                            .replica
+                            .release(&mut claim)
+                            .await
+                            .map_err(|e| Error::replica(inner.shared.org.as_str(), e)),
+                        Err(e) => Err(e),
+                    }
+                }
+            }
+        };
+        inner.shared.stop(Stop::Closed);
+        inner.discard_files();
+        tracing::info!(org = %inner.shared.org, round = inner.shared.round, ok = result.is_ok(), "released");
+        result
+    }
+}
+
+impl Inner {
+    /// Stops accepting jobs and waits for the writer thread to finish the queued ones.
+    async fn close_writer(&self) {
+        drop(lock(&self.jobs).take());
+        let thread = lock(&self.writer_thread).take();
+        if let Some(t) = thread {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+
+    /// Closes the snapshot connection and deletes the local files (writer already closed).
+    fn discard_files(&self) {
+        drop(lock(&self.reader).take());
+        if let Some(files) = lock(&self.files).take() {
+            files.remove();
+        }
+    }
+}
+
+/// The org's shipper: ships whenever some request waits for an unshipped commit.
+async fn shipper(inner: Arc<Inner>) {
+    let mut ships_since_retain = 0u64;
+    loop {
+        loop {
+            if inner.shared.lock().stop.is_some() {
+                return;
+            }
+            if inner.shared.has_demand() {
+                break;
+            }
+            inner.shared.demand.notified().await;
+        }
+        let shipped = {
+            let mut claim = inner.claim.lock().await;
+            if inner.shared.lock().stop.is_some() {
+                return;
+            }
+            ship_once(&inner.shared, &inner.replica, &mut claim, &inner.reader).await
+        };
+        match shipped {
+            Err(Error::Fenced { .. }) => {
+                // I7: a fenced writer acks nothing more and discards its local database.
+                inner.close_writer().await;
+                inner.discard_files();
+                return;
+            }
+            Ok(()) => {
+                ships_since_retain += 1;
+                let every = inner.settings.retain_every_ships;
+                if every > 0 && ships_since_retain >= every {
+                    ships_since_retain = 0;
+                    if let Err(e) = inner
+                        .replica
+                        .retain(&inner.shared.org, &inner.settings.retention)
+                        .await
+                    {
+                        tracing::warn!(org = %inner.shared.org, error = %e, "retention failed");
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+        if inner.settings.min_ship_interval_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(inner.settings.min_ship_interval_ms)).await;
+        }
+    }
+}

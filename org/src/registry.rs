@@ -1,0 +1,287 @@
+//! The per-process registry of orgs: one writer per org, opened on demand, bounded.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use idem::{BoxError, Options, Outcome};
+use idem_replica::{OrgId, Replica};
+use rusqlite::Transaction;
+use tokio::sync::OnceCell;
+
+use crate::writer::InitFn;
+use crate::{Error, ErrorKind, Org, Settings};
+
+type Slot = Arc<OnceCell<Org>>;
+
+/// Builds a [`Registry`]: required parts positional, components injected.
+pub struct RegistryBuilder {
+    data_dir: PathBuf,
+    replica: Replica,
+    writer_id: String,
+    settings: Settings,
+    clock: Arc<dyn idem::Clock>,
+    init: Option<InitFn>,
+}
+
+impl RegistryBuilder {
+    /// Plain settings (limits, timeouts, retention).
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The clock stamping `applied_at` of keys (tests inject a manual one).
+    pub fn clock(mut self, clock: Arc<dyn idem::Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// A hook run on each org's writer connection when it opens, after hydrate: create the
+    /// application's tables here (`CREATE TABLE IF NOT EXISTS ...`).
+    pub fn on_open(
+        mut self,
+        init: impl Fn(&rusqlite::Connection) -> rusqlite::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.init = Some(Arc::new(init));
+        self
+    }
+
+    /// Creates the data directory and the registry.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs); [`Error::Local`] when the
+    /// data directory cannot be created.
+    pub fn build(self) -> Result<Registry, Error> {
+        if self.writer_id.is_empty() || self.settings.max_open_orgs == 0 {
+            return Err(Error::InvalidSettings {
+                reason: "writer id must be non-empty and max_open_orgs at least 1".into(),
+            });
+        }
+        std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::Local {
+            org: String::new(),
+            path: self.data_dir.clone(),
+            source,
+        })?;
+        Ok(Registry {
+            inner: Arc::new(RegistryInner {
+                data_dir: self.data_dir,
+                replica: self.replica,
+                writer_id: self.writer_id,
+                settings: self.settings,
+                clock: self.clock,
+                init: self.init,
+                orgs: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+/// Every org this process writes, keyed by org id. Cheap to clone.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<RegistryInner>,
+}
+
+struct RegistryInner {
+    data_dir: PathBuf,
+    replica: Replica,
+    writer_id: String,
+    settings: Settings,
+    clock: Arc<dyn idem::Clock>,
+    init: Option<InitFn>,
+    orgs: Mutex<HashMap<OrgId, Slot>>,
+}
+
+/// Progress of [`Registry::prune_all`], reported after each org.
+#[derive(Debug)]
+pub struct PruneProgress<'a> {
+    /// Orgs done so far, this one included.
+    pub done: usize,
+    /// Orgs in the run.
+    pub total: usize,
+    /// The org just pruned.
+    pub org: &'a OrgId,
+    /// Its result: keys deleted, or the error.
+    pub result: &'a Result<u64, Error>,
+}
+
+impl Registry {
+    /// Starts a builder: local data directory, snapshot store, this process's writer id.
+    pub fn builder(
+        data_dir: impl AsRef<Path>,
+        replica: Replica,
+        writer_id: impl Into<String>,
+    ) -> RegistryBuilder {
+        RegistryBuilder {
+            data_dir: data_dir.as_ref().to_owned(),
+            replica,
+            writer_id: writer_id.into(),
+            settings: Settings::default(),
+            clock: Arc::new(idem::SystemClock),
+            init: None,
+        }
+    }
+
+    /// The snapshot store.
+    pub fn replica(&self) -> &Replica {
+        &self.inner.replica
+    }
+
+    /// Returns this process's writer for `org`, acquiring it first if needed: claim the next
+    /// round, hydrate the latest snapshot, open the database, and only then serve (I8).
+    /// Concurrent acquires of one org share a single writer. When more than
+    /// `max_open_orgs` are open, the least recently used idle ones are released.
+    ///
+    /// # Errors
+    /// [`Error::Replica`] with an `Input` kind for a bad org id (nothing touched, I12); claim
+    /// errors (lease held by a live writer, contention: retry); hydrate errors (corrupt
+    /// snapshot: stop); local file errors.
+    pub async fn acquire(&self, org: &str) -> Result<Org, Error> {
+        let id = OrgId::new(org).map_err(|e| Error::replica(org, e))?;
+        loop {
+            let slot = {
+                let mut orgs = lock(&self.inner.orgs);
+                orgs.entry(id.clone()).or_default().clone()
+            };
+            let inner = &self.inner;
+            let handle = slot
+                .get_or_try_init(|| {
+                    Org::open(
+                        inner.replica.clone(),
+                        &inner.data_dir,
+                        id.clone(),
+                        &inner.writer_id,
+                        inner.settings.clone(),
+                        inner.clock.clone(),
+                        inner.init.clone(),
+                    )
+                })
+                .await
+                .cloned();
+            let handle = match handle {
+                Ok(h) => h,
+                Err(e) => {
+                    self.forget(&id, &slot);
+                    return Err(e);
+                }
+            };
+            if handle.is_serving() {
+                self.evict_beyond_limit(&id).await;
+                return Ok(handle);
+            }
+            self.forget(&id, &slot);
+        }
+    }
+
+    /// Acquires `org` and runs [`Org::once_with`]; when the handle turns out closed (evicted or
+    /// released meanwhile) it acquires again and retries once. `apply` is `Clone` for that.
+    ///
+    /// # Errors
+    /// As [`Registry::acquire`] and [`Org::once_with`].
+    pub async fn once<F, E>(
+        &self,
+        org: &str,
+        key: &str,
+        opts: Options,
+        apply: F,
+    ) -> Result<Outcome, Error>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Clone + Send + 'static,
+        E: Into<BoxError>,
+    {
+        let mut tries = 0;
+        loop {
+            let handle = self.acquire(org).await?;
+            match handle.once_with(key, opts.clone(), apply.clone()).await {
+                Err(Error::Closed { .. }) if tries == 0 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// Orgs currently open in this process.
+    pub fn open_orgs(&self) -> Vec<Org> {
+        let slots: Vec<Slot> = lock(&self.inner.orgs).values().cloned().collect();
+        slots.iter().filter_map(|s| s.get().cloned()).collect()
+    }
+
+    /// Prunes keys applied strictly before `cutoff` in every open org (each then ships),
+    /// calling `progress` after each org. Returns each org's result; one org's failure does
+    /// not stop the others.
+    pub async fn prune_all(
+        &self,
+        cutoff: SystemTime,
+        mut progress: impl FnMut(PruneProgress<'_>),
+    ) -> Vec<(OrgId, Result<u64, Error>)> {
+        let orgs = self.open_orgs();
+        let total = orgs.len();
+        let mut results = Vec::with_capacity(total);
+        for (i, org) in orgs.into_iter().enumerate() {
+            let result = org.prune(cutoff).await;
+            progress(PruneProgress {
+                done: i + 1,
+                total,
+                org: org.id(),
+                result: &result,
+            });
+            results.push((org.id().clone(), result));
+        }
+        results
+    }
+
+    /// Releases every open org (final ship, Release entry, close): what a replica does on
+    /// SIGTERM during a rolling upgrade, so successors claim at once.
+    pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
+        let slots: Vec<(OrgId, Slot)> = lock(&self.inner.orgs).drain().collect();
+        let mut results = Vec::new();
+        for (id, slot) in slots {
+            if let Some(org) = slot.get() {
+                results.push((id, org.release().await));
+            }
+        }
+        results
+    }
+
+    fn forget(&self, id: &OrgId, slot: &Slot) {
+        let mut orgs = lock(&self.inner.orgs);
+        if orgs.get(id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            orgs.remove(id);
+        }
+    }
+
+    /// Releases the least recently used idle orgs beyond `max_open_orgs`.
+    async fn evict_beyond_limit(&self, keep: &OrgId) {
+        let victims: Vec<(OrgId, Slot, Org)> = {
+            let mut orgs = lock(&self.inner.orgs);
+            let excess = orgs.len().saturating_sub(self.inner.settings.max_open_orgs);
+            if excess == 0 {
+                return;
+            }
+            let mut idle: Vec<(OrgId, Slot, Org)> = orgs
+                .iter()
+                .filter(|(id, _)| *id != keep)
+                .filter_map(|(id, s)| s.get().map(|o| (id.clone(), s.clone(), o.clone())))
+                .filter(|(_, _, o)| o.inflight() == 0)
+                .collect();
+            idle.sort_by_key(|(_, _, o)| o.last_used());
+            idle.truncate(excess);
+            for (id, _, _) in &idle {
+                orgs.remove(id);
+            }
+            idle
+        };
+        for (id, _slot, org) in victims {
+            if let Err(e) = org.release().await {
+                if e.kind() != ErrorKind::Reacquire {
+                    tracing::warn!(org = %id, error = %e, "release on eviction failed");
+                }
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,142 @@
+//! The org's writer thread: the one SQLite connection that writes, run off the async runtime.
+//!
+//! Every write transaction that applies a key also bumps the commit counter in
+//! `idem_org_commit`, inside the same transaction, so a snapshot that reads the counter in its
+//! own read transaction knows exactly which commits it holds (I6).
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use idem::{BoxError, Options, Outcome, Record};
+use rusqlite::{Connection, Transaction};
+use tokio::sync::oneshot;
+
+/// The boxed `apply` closure of a request.
+pub(crate) type ApplyFn =
+    Box<dyn FnOnce(&Transaction<'_>) -> Result<Vec<u8>, BoxError> + Send + 'static>;
+
+/// A hook run on the writer connection when an org is opened (application schema).
+pub type InitFn = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
+
+pub(crate) enum Job {
+    Once {
+        key: String,
+        opts: Options,
+        apply: ApplyFn,
+        reply: oneshot::Sender<Result<(Outcome, u64), idem::Error>>,
+    },
+    Applied {
+        key: String,
+        reply: oneshot::Sender<Result<(Option<Record>, u64), idem::Error>>,
+    },
+    Prune {
+        cutoff: SystemTime,
+        reply: oneshot::Sender<Result<(u64, u64), idem::Error>>,
+    },
+}
+
+pub(crate) const COMMIT_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idem_org_commit (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    n  INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO idem_org_commit (id, n) VALUES (0, 0);";
+
+/// Reads the commit counter (inside the caller's transaction, if any).
+pub(crate) fn read_commit(conn: &Connection) -> rusqlite::Result<u64> {
+    let n: i64 = conn.query_row("SELECT n FROM idem_org_commit WHERE id = 0", [], |r| {
+        r.get(0)
+    })?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+fn bump_commit(tx: &Transaction<'_>) -> rusqlite::Result<u64> {
+    let n: i64 = tx
+        .prepare_cached("UPDATE idem_org_commit SET n = n + 1 WHERE id = 0 RETURNING n")?
+        .query_row([], |r| r.get(0))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Opens the org's writer connection: WAL, synchronous=NORMAL, schema, commit counter.
+///
+/// synchronous=NORMAL: a local commit is made durable across machines by the ship that
+/// acknowledges it, and the local file is discarded on every re-acquire, so an fsync per
+/// commit would buy nothing a request is acknowledged on.
+pub(crate) fn open_writer(
+    path: &std::path::Path,
+    busy_timeout: Duration,
+    init: Option<&InitFn>,
+) -> Result<Connection, idem::Error> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(busy_timeout)?;
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")?;
+    conn.execute_batch(COMMIT_SCHEMA)?;
+    idem::ensure_schema(&conn)?;
+    if let Some(init) = init {
+        init(&conn)?;
+    }
+    Ok(conn)
+}
+
+/// Runs jobs until every sender is dropped. `committed` is raised after each commit that
+/// bumped the counter, before the reply, so a waiter never waits for less than it committed.
+pub(crate) fn run(
+    mut conn: Connection,
+    round: u64,
+    committed: Arc<AtomicU64>,
+    clock: Arc<dyn idem::Clock>,
+    jobs: std::sync::mpsc::Receiver<Job>,
+) {
+    while let Ok(job) = jobs.recv() {
+        match job {
+            Job::Once {
+                key,
+                opts,
+                apply,
+                reply,
+            } => {
+                let mut n = 0;
+                let opts = opts.clock(clock.clone());
+                // A panic in apply rolls its transaction back (the Transaction is dropped while
+                // unwinding); catching it keeps the org's writer alive for other requests.
+                let out = catch_unwind(AssertUnwindSafe(|| {
+                    idem::once_with(&mut conn, &key, round, &opts, |tx| {
+                        let result = apply(tx)?;
+                        n = bump_commit(tx)?;
+                        Ok::<_, BoxError>(result)
+                    })
+                }))
+                .unwrap_or_else(|_| {
+                    Err(idem::Error::Apply {
+                        key: key.clone(),
+                        source: "apply panicked".into(),
+                    })
+                });
+                let out = out.map(|o| {
+                    if o.applied {
+                        committed.fetch_max(n, Ordering::SeqCst);
+                    }
+                    // A replay waits for every commit so far: its key's commit is among them.
+                    (o, committed.load(Ordering::SeqCst))
+                });
+                let _ = reply.send(out);
+            }
+            Job::Applied { key, reply } => {
+                let out = idem::applied(&conn, &key).map(|r| (r, committed.load(Ordering::SeqCst)));
+                let _ = reply.send(out);
+            }
+            Job::Prune { cutoff, reply } => {
+                let out = idem::prune(&mut conn, cutoff).and_then(|deleted| {
+                    let tx = conn.transaction()?;
+                    let n = bump_commit(&tx)?;
+                    tx.commit()?;
+                    committed.fetch_max(n, Ordering::SeqCst);
+                    Ok((deleted, n))
+                });
+                let _ = reply.send(out);
+            }
+        }
+    }
+}
