@@ -1,0 +1,98 @@
+//! Helpers shared by the org integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use idem_org::{Registry, Settings};
+use idem_replica::{Failpoints, Replica};
+use object_store::ObjectStore;
+
+pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+pub type R = Result<(), BoxErr>;
+
+pub const LEDGER: &str =
+    "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, org TEXT NOT NULL);";
+
+pub async fn replica(
+    store: Arc<dyn ObjectStore>,
+    failpoints: Option<Arc<dyn Failpoints>>,
+) -> Result<Replica, BoxErr> {
+    Ok(Replica::open_with(
+        store,
+        "t",
+        idem_replica::Settings::default(),
+        Arc::new(idem_replica::SystemClock),
+        failpoints,
+    )
+    .await?)
+}
+
+pub fn registry(
+    data: &std::path::Path,
+    replica: Replica,
+    writer: &str,
+    settings: Settings,
+) -> Result<Registry, BoxErr> {
+    Ok(Registry::builder(data, replica, writer)
+        .settings(settings)
+        .on_open(|c| c.execute_batch(LEDGER))
+        .build()?)
+}
+
+pub fn force() -> Settings {
+    Settings {
+        force_claim: true,
+        ..Settings::default()
+    }
+}
+
+/// An apply that writes one effect row for `key` and returns `key` as the result.
+pub fn effect(
+    org: &str,
+    key: &str,
+) -> impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<u8>> + Clone + Send + 'static {
+    let (org, key) = (org.to_owned(), key.to_owned());
+    move |tx| {
+        tx.execute(
+            "INSERT INTO effects (key, org) VALUES (?1, ?2)",
+            [&key, &org],
+        )?;
+        Ok(key.into_bytes())
+    }
+}
+
+/// Restores the latest published snapshot of `org` and returns (effects per key, key rows).
+pub async fn published(
+    replica: &Replica,
+    org: &str,
+    dir: &std::path::Path,
+) -> Result<(std::collections::BTreeMap<String, i64>, i64), BoxErr> {
+    let dest = dir.join(format!("check-{org}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&dest);
+    replica
+        .restore(&idem_replica::OrgId::new(org)?, None, &dest)
+        .await?;
+    let conn = rusqlite::Connection::open(&dest)?;
+    let mut stmt = conn.prepare("SELECT key, count(*) FROM effects GROUP BY key")?;
+    let effects = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let keys = conn.query_row(
+        "SELECT count(*) FROM idem_keys WHERE applied = 1",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok((effects, keys))
+}
+
+/// Polls `cond` until it holds, failing after 20 s. Waits for a state, never orders events.
+pub async fn until(mut cond: impl FnMut() -> bool) -> R {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond() {
+        if std::time::Instant::now() > deadline {
+            return Err("condition not reached within 20 s".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
