@@ -62,7 +62,7 @@ pub enum Error {
         org: OrgId,
         /// The idem error.
         #[source]
-        source: idem::Error,
+        source: Box<idem::Error>,
     },
     /// From the snapshot store (claim, hydrate, release, invalid org id).
     #[error("org {org}: replica: {source}")]
@@ -71,7 +71,7 @@ pub enum Error {
         org: String,
         /// The replica error.
         #[source]
-        source: idem_replica::Error,
+        source: Box<idem_replica::Error>,
     },
     /// Local file handling (data directory, lock files).
     #[error("org {org}: local file {path}")]
@@ -142,7 +142,14 @@ impl Error {
     pub(crate) fn replica(org: &str, source: idem_replica::Error) -> Self {
         Error::Replica {
             org: org.to_owned(),
-            source,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn idem(org: &idem_replica::OrgId, source: idem::Error) -> Self {
+        Error::Idem {
+            org: org.clone(),
+            source: Box::new(source),
         }
     }
 }

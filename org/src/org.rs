@@ -163,11 +163,8 @@ impl Org {
         let busy = Duration::from_millis(settings.busy_timeout_ms);
         let org2 = org.clone();
         tokio::task::spawn_blocking(move || {
-            let conn =
-                writer::open_writer(&path, busy, init.as_ref()).map_err(|source| Error::Idem {
-                    org: org2.clone(),
-                    source,
-                })?;
+            let conn = writer::open_writer(&path, busy, init.as_ref())
+                .map_err(|source| Error::idem(&org2, source))?;
             let reader = Connection::open(&path).map_err(|source| Error::Sqlite {
                 org: org2.clone(),
                 source,
@@ -311,14 +308,14 @@ impl Org {
             return Err(inner.shared.stop_error(stop));
         }
         let (tx, rx) = oneshot::channel();
-        let sent = lock(&inner.jobs).as_ref().map(|j| j.send(job(tx)));
-        if !matches!(sent, Some(Ok(()))) {
+        let sent = lock(&inner.jobs).as_ref().map(|j| j.send(job(tx)).is_ok());
+        if sent != Some(true) {
             return Err(inner.shared.stop_error(Stop::Closed));
         }
         let org = inner.shared.org.clone();
         match rx.await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(Error::Idem { org, source }),
+            Ok(Err(source)) => Err(Error::idem(&org, source)),
             Err(_) => Err(Error::WriterGone { org }),
         }
     }

@@ -273,10 +273,10 @@ impl Registry {
             idle
         };
         for (id, _slot, org) in victims {
-            if let Err(e) = org.release().await {
-                if e.kind() != ErrorKind::Reacquire {
-                    tracing::warn!(org = %id, error = %e, "release on eviction failed");
-                }
+            if let Err(e) = org.release().await
+                && e.kind() != ErrorKind::Reacquire
+            {
+                tracing::warn!(org = %id, error = %e, "release on eviction failed");
             }
         }
     }
