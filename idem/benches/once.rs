@@ -167,7 +167,7 @@ fn main() {
         .sample_size(20)
         .measurement_time(Duration::from_secs(3));
     for sync in ["FULL", "NORMAL"] {
-        let (_p, mut conn, mut keys) = setup(dir.path(), &format!("{sync}"));
+        let (_p, mut conn, mut keys) = setup(dir.path(), sync);
         let mut g = c.benchmark_group(format!("synchronous={sync}"));
         g.bench_function("effect only", |b| b.iter(|| plain(&mut conn, &keys.next())));
         g.bench_function("once", |b| b.iter(|| dedup(&mut conn, &keys.next())));
