@@ -1,1 +1,68 @@
-fn main() {}
+//! `idem`: the command-line tool of idem — the rolling-upgrade demo, the HTTP ledger server
+//! and the operator commands (prune, inspect, snapshots, restore, verify, check-store).
+//!
+//! Every failure ends as one line on stderr and a non-zero exit code; nothing panics on
+//! user or environment input.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod demo;
+mod ledger;
+mod ops;
+mod restored;
+mod serve;
+mod store_url;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Renders an error and its sources on one line: `outer: inner: root`.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        let t = src.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = src.source();
+    }
+    s.replace('\n', " ")
+}
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.default_log())),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idem: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli.run()) {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("idem: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}

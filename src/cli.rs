@@ -1,0 +1,109 @@
+//! Command-line definitions (clap derive) and dispatch.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exactly-once request execution over one SQLite database per tenant, shipped to object
+/// storage before every acknowledgement.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Rolling-upgrade demo: replica processes, a SIGTERM handoff, a SIGKILL takeover, then an
+    /// exactly-once audit of the store.
+    Demo(crate::demo::DemoArgs),
+    /// Serve the ledger over HTTP (POST /orgs/{org}/transfers with Idempotency-Key).
+    Serve(ServeArgs),
+    /// Delete idempotency keys older than a cutoff in every (or the given) org; for cron.
+    Prune(crate::ops::PruneArgs),
+    /// Show an org's rounds, history, lease, newest snapshot and key count.
+    Inspect(crate::ops::OrgArgs),
+    /// List an org's published snapshots.
+    Snapshots(crate::ops::OrgArgs),
+    /// Restore an org's newest (or a given) snapshot to a SQLite file.
+    Restore(crate::ops::RestoreArgs),
+    /// Check checksums and SQLite integrity of every published snapshot; non-zero on a fault.
+    Verify(crate::ops::VerifyArgs),
+    /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
+    CheckStore(crate::ops::CheckStoreArgs),
+}
+
+/// `idem serve`.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Store URL: a path, file://, memory://, s3://bucket/prefix, gs://, az://.
+    #[arg(long)]
+    store: String,
+    /// Address to listen on; port 0 picks a free port (printed on stdout).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// Local data directory for org databases (a cache; the store is the authority).
+    #[arg(long, default_value = "idem-data")]
+    data: PathBuf,
+    /// Writer id recorded in claims (default: idem-serve-<pid>).
+    #[arg(long)]
+    writer: Option<String>,
+    /// Run the in-process pruner this often (e.g. 1h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    prune_every: Option<Duration>,
+    /// With --prune-every: delete keys applied longer ago than this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
+    prune_older_than: Duration,
+    /// Advisory lease length in ms (a crashed writer's orgs wait this long).
+    #[arg(long, default_value_t = 30_000, hide = true)]
+    lease_ms: u64,
+    /// Claim orgs even when another writer's lease is live (operator override).
+    #[arg(long, hide = true)]
+    force_claim: bool,
+}
+
+impl Cli {
+    /// Log filter used when `IDEM_LOG` is unset.
+    pub fn default_log(&self) -> &'static str {
+        match self.command {
+            Command::Serve(_) => "info",
+            _ => "warn",
+        }
+    }
+
+    /// Runs the command.
+    ///
+    /// # Errors
+    /// One line describing the failure.
+    pub async fn run(self) -> Result<ExitCode, String> {
+        match self.command {
+            Command::Demo(a) => crate::demo::run(a).await,
+            Command::Serve(a) => {
+                let writer = a
+                    .writer
+                    .unwrap_or_else(|| format!("idem-serve-{}", std::process::id()));
+                crate::serve::run(crate::serve::ServeConfig {
+                    store: a.store,
+                    listen: a.listen,
+                    data: a.data,
+                    writer,
+                    lease_ms: a.lease_ms,
+                    force_claim: a.force_claim,
+                    prune_every: a.prune_every,
+                    prune_older_than: a.prune_older_than,
+                })
+                .await
+                .map(|()| ExitCode::SUCCESS)
+            }
+            Command::Prune(a) => crate::ops::prune(a).await,
+            Command::Inspect(a) => crate::ops::inspect(a).await,
+            Command::Snapshots(a) => crate::ops::snapshots(a).await,
+            Command::Restore(a) => crate::ops::restore(a).await,
+            Command::Verify(a) => crate::ops::verify(a).await,
+            Command::CheckStore(a) => crate::ops::check_store(a).await,
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The demo's summary: counts, latency percentiles, handoff gaps and the audit verdict.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::audit::Audit;
+use super::client::Stats;
+use super::{DemoArgs, Handoff};
+
+/// Everything the demo prints.
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    orgs: usize,
+    clients: usize,
+    requests: usize,
+    acknowledged: usize,
+    http_sends: u64,
+    duplicates_sent: u64,
+    replayed: u64,
+    conflicts_409: u64,
+    mismatches_422: u64,
+    unavailable_503: BTreeMap<String, u64>,
+    connection_errors: u64,
+    ships: u64,
+    final_rounds: BTreeMap<String, u64>,
+    ack_latency_p50_ms: f64,
+    ack_latency_p99_ms: f64,
+    handoffs: Vec<Handoff>,
+    violations: Vec<String>,
+    wall_s: f64,
+}
+
+impl Summary {
+    /// Builds the summary.
+    pub fn new(
+        a: &DemoArgs,
+        s: &Stats,
+        audit: &Audit,
+        handoffs: Vec<Handoff>,
+        wall: Duration,
+    ) -> Summary {
+        let mut lat = s.latencies_ms.clone();
+        lat.sort_by(f64::total_cmp);
+        let mut violations = s.violations.clone();
+        violations.extend(audit.violations.iter().cloned());
+        if s.acked.len() != a.requests {
+            violations.push(format!(
+                "{} of {} requests acknowledged",
+                s.acked.len(),
+                a.requests
+            ));
+        }
+        Summary {
+            orgs: a.orgs,
+            clients: a.clients,
+            requests: a.requests,
+            acknowledged: s.acked.len(),
+            http_sends: s.sends,
+            duplicates_sent: s.duplicates,
+            replayed: s.replayed,
+            conflicts_409: s.conflicts,
+            mismatches_422: s.mismatches,
+            unavailable_503: s.unavailable.clone(),
+            connection_errors: s.connection_errors,
+            ships: audit.ships,
+            final_rounds: audit.rounds.clone(),
+            ack_latency_p50_ms: percentile(&lat, 0.50),
+            ack_latency_p99_ms: percentile(&lat, 0.99),
+            handoffs,
+            violations,
+            wall_s: wall.as_secs_f64(),
+        }
+    }
+
+    /// True when no violation was found.
+    pub fn ok(&self) -> bool {
+        self.violations.is_empty()
+    }
+
+    /// Prints as text (stdout) or JSON.
+    pub fn print(&self, json: bool) {
+        if json {
+            match serde_json::to_string_pretty(self) {
+                Ok(s) => println!("{s}"),
+                Err(e) => eprintln!("idem: cannot render the summary: {e}"),
+            }
+            return;
+        }
+        let rounds: Vec<u64> = self.final_rounds.values().copied().collect();
+        let unavailable: Vec<String> = self
+            .unavailable_503
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!();
+        println!(
+            "requests       {} over {} orgs by {} clients",
+            self.requests, self.orgs, self.clients
+        );
+        println!("acknowledged   {}", self.acknowledged);
+        println!(
+            "http sends     {} (duplicates on purpose {}, replayed {}, 409 in flight {}, 422 changed payload {})",
+            self.http_sends,
+            self.duplicates_sent,
+            self.replayed,
+            self.conflicts_409,
+            self.mismatches_422
+        );
+        println!(
+            "retried        503 [{}], connection errors {}",
+            unavailable.join(", "),
+            self.connection_errors
+        );
+        println!(
+            "ships          {} snapshots published; final rounds per org {:?}",
+            self.ships, rounds
+        );
+        println!(
+            "ack latency    p50 {:.1} ms, p99 {:.1} ms (ship-before-ack included)",
+            self.ack_latency_p50_ms, self.ack_latency_p99_ms
+        );
+        for h in &self.handoffs {
+            println!(
+                "handoff        {} at {:.2}s: longest per-org gap between acks {:.0} ms",
+                h.what,
+                h.at_ms / 1000.0,
+                h.max_org_gap_ms
+            );
+        }
+        if self.ok() {
+            println!(
+                "exactly-once   OK: every acknowledged request applied exactly once, balances match, no effect without its key, every snapshot verified"
+            );
+        } else {
+            println!(
+                "exactly-once   FAILED: {} violations",
+                self.violations.len()
+            );
+            for v in self.violations.iter().take(20) {
+                println!("  - {v}");
+            }
+        }
+        println!("wall time      {:.1} s", self.wall_s);
+    }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// Longest per-org gap between the last ack before `event` and the first ack after it.
+pub fn max_gap_ms(acks: &[(usize, Instant)], event: Instant) -> f64 {
+    let mut before: HashMap<usize, Instant> = HashMap::new();
+    let mut after: HashMap<usize, Instant> = HashMap::new();
+    for (org, t) in acks {
+        if *t <= event {
+            let e = before.entry(*org).or_insert(*t);
+            *e = (*e).max(*t);
+        } else {
+            let e = after.entry(*org).or_insert(*t);
+            *e = (*e).min(*t);
+        }
+    }
+    after
+        .iter()
+        .map(|(org, t)| {
+            let from = before.get(org).copied().unwrap_or(event);
+            t.duration_since(from).as_secs_f64() * 1000.0
+        })
+        .fold(0.0, f64::max)
+}

@@ -1,0 +1,112 @@
+//! Store URLs: a plain path or `file://` (a local directory, fsync'd), `memory://`,
+//! `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`.
+//!
+//! The URL's path part becomes the replica prefix; cloud credentials, region, endpoint and
+//! `AWS_ALLOW_HTTP` come from the standard environment variables of each provider.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use object_store::{ObjectStore, ObjectStoreScheme};
+use url::Url;
+
+/// An object store and the prefix inside it under which idem keeps its objects.
+#[derive(Debug, Clone)]
+pub struct StoreUrl {
+    /// The store.
+    pub store: Arc<dyn ObjectStore>,
+    /// Prefix inside the store ("" for the root).
+    pub prefix: String,
+}
+
+/// Parses `text` into a store. A string without `://` is a local directory path.
+///
+/// # Errors
+/// A one-line message for a malformed URL, an unsupported scheme, or a store that cannot be
+/// built from the environment.
+pub fn parse(text: &str) -> Result<StoreUrl, String> {
+    if text.trim().is_empty() {
+        return Err("store URL is empty".into());
+    }
+    if !text.contains("://") {
+        return local(PathBuf::from(text));
+    }
+    let url = Url::parse(text).map_err(|e| format!("malformed store URL {text:?}: {e}"))?;
+    let (scheme, path) = ObjectStoreScheme::parse(&url)
+        .map_err(|e| format!("unsupported store URL {text:?}: {e}"))?;
+    let prefix = path.as_ref().trim_matches('/').to_owned();
+    let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
+        ObjectStoreScheme::Local => {
+            let dir = url
+                .to_file_path()
+                .map_err(|()| format!("malformed file URL {text:?}: not an absolute path"))?;
+            return local(dir);
+        }
+        ObjectStoreScheme::Memory => Ok(Arc::new(object_store::memory::InMemory::new())),
+        ObjectStoreScheme::AmazonS3 => object_store::aws::AmazonS3Builder::from_env()
+            .with_url(text)
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        ObjectStoreScheme::GoogleCloudStorage => {
+            object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(text)
+                .build()
+                .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        }
+        ObjectStoreScheme::MicrosoftAzure => object_store::azure::MicrosoftAzureBuilder::from_env()
+            .with_url(text)
+            .build()
+            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>),
+        other => {
+            return Err(format!(
+                "unsupported store scheme {:?} in {text:?} (use a path, file://, memory://, s3://, gs:// or az://)",
+                format!("{other:?}")
+            ));
+        }
+    };
+    let store = built.map_err(|e| format!("cannot build store {text:?}: {e}"))?;
+    Ok(StoreUrl { store, prefix })
+}
+
+fn local(dir: PathBuf) -> Result<StoreUrl, String> {
+    let store = idem_replica::Replica::local_store(&dir)
+        .map_err(|e| format!("cannot open local store {}: {e}", dir.display()))?;
+    Ok(StoreUrl {
+        store,
+        prefix: String::new(),
+    })
+}
+
+impl StoreUrl {
+    /// Opens the replica over this store (runs the create-only probe).
+    ///
+    /// # Errors
+    /// The replica's open error, as one line.
+    pub async fn open(
+        &self,
+        settings: idem_replica::Settings,
+    ) -> Result<idem_replica::Replica, String> {
+        idem_replica::Replica::open(self.store.clone(), &self.prefix, settings)
+            .await
+            .map_err(|e| format!("cannot open store: {}", crate::chain(&e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_and_unsupported_urls_are_refused() {
+        assert!(parse("").is_err());
+        assert!(parse("s3://").is_err());
+        assert!(parse("ftp://host/x").is_err());
+    }
+
+    #[test]
+    fn memory_url_keeps_its_path_as_prefix() -> Result<(), String> {
+        let s = parse("memory:///prod/eu")?;
+        assert_eq!(s.prefix, "prod/eu");
+        Ok(())
+    }
+}
