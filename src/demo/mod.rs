@@ -26,13 +26,13 @@ use replica::ReplicaProc;
 #[derive(Debug, Args)]
 pub struct DemoArgs {
     /// Number of orgs (tenants).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 16)]
     orgs: usize,
     /// Number of distinct requests (idempotency keys).
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 3000)]
     requests: usize,
     /// Concurrent clients.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     clients: usize,
     /// Accounts per org.
     #[arg(long, default_value_t = 5)]

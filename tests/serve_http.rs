@@ -1,0 +1,190 @@
+//! `idem serve` over real HTTP on 127.0.0.1: the Idempotency-Key rules of the IETF draft
+//! (400, 409, 422, replay header) and a SIGTERM handoff to a second server while a client
+//! keeps retrying.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{Server, TestResult, wait_until};
+use serde_json::{Value, json};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    org: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> TestResult<(u16, bool, Vec<u8>)> {
+    let mut req = http.post(format!("{url}/orgs/{org}/transfers")).json(body);
+    if let Some(k) = key {
+        req = req.header("Idempotency-Key", k);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let replayed = resp
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    Ok((status, replayed, resp.bytes().await?.to_vec()))
+}
+
+#[tokio::test]
+async fn bad_requests_are_400_and_replays_are_marked() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &dir.path().join("data"),
+        "t",
+        &[],
+    )?;
+    let http = client();
+    let body = json!({"from": "alice", "to": "bob", "cents": 250});
+
+    let (s, _, _) = post(&http, &srv.url, "acme", None, &body).await?;
+    assert_eq!(s, 400, "missing Idempotency-Key");
+    let (s, _, _) = post(&http, &srv.url, "x..y", Some("k1"), &body).await?;
+    assert_eq!(s, 400, "bad org id");
+    let bad = json!({"from": "alice", "to": "alice", "cents": 1});
+    let (s, _, _) = post(&http, &srv.url, "acme", Some("k1"), &bad).await?;
+    assert_eq!(s, 400, "invalid transfer");
+
+    let (s, replayed, first) = post(&http, &srv.url, "acme", Some("k1"), &body).await?;
+    assert_eq!((s, replayed), (201, false));
+    let (s, replayed, again) = post(&http, &srv.url, "acme", Some("k1"), &body).await?;
+    assert_eq!((s, replayed), (201, true));
+    assert_eq!(
+        first, again,
+        "a replay returns the stored response byte for byte"
+    );
+
+    let other = json!({"from": "alice", "to": "bob", "cents": 251});
+    let (s, _, _) = post(&http, &srv.url, "acme", Some("k1"), &other).await?;
+    assert_eq!(s, 422, "same key, different payload");
+
+    let bal: Value = http
+        .get(format!("{}/orgs/acme/balances", srv.url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(bal["balances"], json!({"alice": -250, "bob": 250}));
+    Ok(())
+}
+
+#[tokio::test]
+async fn same_key_in_flight_is_409() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let hold = dir.path().join("hold");
+    std::fs::create_dir_all(&hold)?;
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &dir.path().join("data"),
+        "t",
+        &[("IDEM_TEST_HOLD_DIR", &hold)],
+    )?;
+    let http = client();
+    let body = json!({"from": "a", "to": "b", "cents": 5});
+    let first = {
+        let (http, url, body) = (http.clone(), srv.url.clone(), body.clone());
+        tokio::spawn(async move {
+            post(&http, &url, "acme", Some("hold-1"), &body)
+                .await
+                .unwrap()
+        })
+    };
+    // The first request is registered in flight and parked before applying.
+    let held = hold.join("hold-1.held");
+    assert!(
+        tokio::task::spawn_blocking(move || wait_until(20, || held.exists())).await?,
+        "first request never reached the hold point"
+    );
+    let (s, _, _) = post(&http, &srv.url, "acme", Some("hold-1"), &body).await?;
+    assert_eq!(s, 409);
+    std::fs::write(hold.join("hold-1.go"), b"")?;
+    let (s, replayed, _) = first.await?;
+    assert_eq!((s, replayed), (201, false));
+    let (s, replayed, _) = post(&http, &srv.url, "acme", Some("hold-1"), &body).await?;
+    assert_eq!(
+        (s, replayed),
+        (201, true),
+        "after the first finishes, the key replays"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_hands_off_to_a_second_server_while_a_client_retries() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let mut a = Server::start(&store, &dir.path().join("data-a"), "a", &[])?;
+    let b = Server::start(&store, &dir.path().join("data-b"), "b", &[])?;
+    let target = Arc::new(std::sync::RwLock::new(a.url.clone()));
+    let acked = Arc::new(AtomicUsize::new(0));
+    let n = 40;
+    let worker = {
+        let (target, acked) = (target.clone(), acked.clone());
+        tokio::spawn(async move {
+            let http = client();
+            let mut bodies = Vec::new();
+            for i in 0..n {
+                let key = format!("t-{i}");
+                let body = json!({"from": "x", "to": "y", "cents": i + 1});
+                loop {
+                    let url = target.read().unwrap().clone();
+                    match post(&http, &url, "acme", Some(&key), &body).await {
+                        Ok((201, _, b)) => {
+                            bodies.push((key, body, b));
+                            break;
+                        }
+                        Ok((409 | 503, _, _)) | Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        Ok((s, _, b)) => panic!("unexpected {s}: {}", String::from_utf8_lossy(&b)),
+                    }
+                }
+                acked.fetch_add(1, Ordering::SeqCst);
+            }
+            bodies
+        })
+    };
+    let a2 = acked.clone();
+    assert!(
+        tokio::task::spawn_blocking(move || wait_until(30, || a2.load(Ordering::SeqCst) >= n / 2))
+            .await?
+    );
+    *target.write().unwrap() = b.url.clone();
+    let status =
+        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
+    assert!(status.success(), "A exits 0 after releasing");
+    let bodies = worker.await?;
+    assert_eq!(bodies.len(), n);
+
+    // Every acknowledged request replays from B with its original receipt, and the balance
+    // holds each transfer exactly once.
+    let http = client();
+    for (key, body, receipt) in &bodies {
+        let (s, replayed, again) = post(&http, &b.url, "acme", Some(key), body).await?;
+        assert_eq!((s, replayed), (201, true), "{key}");
+        assert_eq!(&again, receipt, "{key}");
+    }
+    let total: i64 = (1..=i64::try_from(n)?).sum();
+    let bal: Value = http
+        .get(format!("{}/orgs/acme/balances", b.url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(bal["balances"], json!({"x": -total, "y": total}));
+    Ok(())
+}
