@@ -1,0 +1,88 @@
+//! `idem check-store URL`: is this store safe and usable for idem?
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use futures::TryStreamExt;
+use idem_replica::{OrgId, Settings, Snapshot};
+use object_store::ObjectStoreExt;
+use serde_json::json;
+
+use super::CheckStoreArgs;
+
+/// Runs the create-only probe (`Replica::open`), then a claim / ship / release / claim /
+/// hydrate round trip on a scratch org, checks the hydrated data, and deletes the scratch org.
+///
+/// # Errors
+/// The first step that fails, as one line.
+pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
+    let url = crate::store_url::parse(&a.url)?;
+    let t0 = Instant::now();
+    let replica = url.open(Settings::default()).await?;
+    let probe_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| format!("random source: {e}"))?;
+    let org =
+        OrgId::new(&format!("idem-check-{}", hex::encode(nonce))).map_err(|e| e.to_string())?;
+    let step =
+        |what: &'static str| move |e: idem_replica::Error| format!("{what}: {}", crate::chain(&e));
+
+    let t1 = Instant::now();
+    let result = async {
+        let mut claim = replica
+            .claim(&org, "idem-check-a", false)
+            .await
+            .map_err(step("claim"))?;
+        let conn = rusqlite::Connection::open_in_memory().map_err(|e| e.to_string())?;
+        conn.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (4242);")
+            .map_err(|e| e.to_string())?;
+        let snap = Snapshot::take(&conn, |_| Ok(1)).map_err(step("snapshot"))?;
+        let shipped = replica.ship(&mut claim, snap).await.map_err(step("ship"))?;
+        replica.release(&mut claim).await.map_err(step("release"))?;
+        let next = replica
+            .claim(&org, "idem-check-b", false)
+            .await
+            .map_err(step("second claim"))?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let dest = dir.path().join("check.db");
+        replica
+            .hydrate(&next, &dest)
+            .await
+            .map_err(step("hydrate"))?;
+        let x: i64 = rusqlite::Connection::open(&dest)
+            .and_then(|c| c.query_row("SELECT x FROM t", [], |r| r.get(0)))
+            .map_err(|e| format!("reading the hydrated copy: {e}"))?;
+        if x != 4242 || next.round <= claim.round {
+            return Err("hydrated data or round does not match what was shipped".to_owned());
+        }
+        Ok::<_, String>(shipped.compressed_bytes)
+    }
+    .await;
+    let trip_ms = t1.elapsed().as_secs_f64() * 1000.0;
+    cleanup(&url, &org).await;
+    let bytes = result?;
+    if a.json {
+        super::print_json(&json!({
+            "ok": true, "probe_ms": probe_ms, "round_trip_ms": trip_ms, "shipped_bytes": bytes,
+        }));
+    } else {
+        println!(
+            "store ok: create-only probe {probe_ms:.0} ms; claim, ship ({bytes} bytes), release, claim, hydrate {trip_ms:.0} ms"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Deletes every object of the scratch org (best effort).
+async fn cleanup(url: &crate::store_url::StoreUrl, org: &OrgId) {
+    let base = if url.prefix.is_empty() {
+        format!("orgs/{org}")
+    } else {
+        format!("{}/orgs/{org}", url.prefix)
+    };
+    let path = object_store::path::Path::from(base);
+    let listed: Result<Vec<_>, _> = url.store.list(Some(&path)).try_collect().await;
+    for meta in listed.unwrap_or_default() {
+        let _ = url.store.delete(&meta.location).await;
+    }
+}

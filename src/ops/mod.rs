@@ -1,0 +1,127 @@
+//! Operator commands: prune (cron), inspect, snapshots, restore, verify, check-store.
+
+mod check_store;
+mod prune;
+mod read;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use idem_replica::{OrgId, Replica};
+
+pub use check_store::check_store;
+pub use prune::prune;
+pub use read::{inspect, restore, snapshots, verify};
+
+/// `idem prune`.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Store URL: a path, file://, memory://, s3://bucket/prefix, gs://, az://.
+    #[arg(long)]
+    store: String,
+    /// Delete keys applied longer ago than this (e.g. 7d, 36h).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    older_than: Duration,
+    /// Only these orgs (repeatable); default: every org in the store.
+    #[arg(long = "org")]
+    orgs: Vec<String>,
+    /// Claim orgs even while another writer's lease is live (fences that writer).
+    #[arg(long)]
+    force: bool,
+    /// Local scratch directory for the org databases (default: a temp dir).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Writer id recorded in claims (default: idem-prune-<pid>).
+    #[arg(long)]
+    writer: Option<String>,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Commands taking one org: `inspect`, `snapshots`.
+#[derive(Debug, Args)]
+pub struct OrgArgs {
+    /// The org id.
+    org: String,
+    /// Store URL.
+    #[arg(long)]
+    store: String,
+    /// Print as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `idem restore`.
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The org id.
+    org: String,
+    /// Store URL.
+    #[arg(long)]
+    store: String,
+    /// Destination SQLite file (must not exist).
+    #[arg(long)]
+    to: PathBuf,
+    /// Log position (seq) of the snapshot to restore; default: the newest.
+    #[arg(long)]
+    at: Option<u64>,
+}
+
+/// `idem verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Only this org; default: every org in the store.
+    org: Option<String>,
+    /// Store URL.
+    #[arg(long)]
+    store: String,
+    /// Print as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `idem check-store`.
+#[derive(Debug, Args)]
+pub struct CheckStoreArgs {
+    /// Store URL to check.
+    url: String,
+    /// Print as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+async fn open(store: &str) -> Result<Replica, String> {
+    crate::store_url::parse(store)?
+        .open(idem_replica::Settings::default())
+        .await
+}
+
+fn org_id(org: &str) -> Result<OrgId, String> {
+    OrgId::new(org).map_err(|e| e.to_string())
+}
+
+/// The org's history; an org without any entry is unknown.
+async fn history(replica: &Replica, org: &OrgId) -> Result<Vec<idem_replica::LogEntry>, String> {
+    let h = replica
+        .history(org)
+        .await
+        .map_err(|e| format!("org {org}: {}", crate::chain(&e)))?;
+    if h.is_empty() {
+        return Err(format!("org {org} not found in the store"));
+    }
+    Ok(h)
+}
+
+fn rfc3339(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+fn print_json(v: &serde_json::Value) {
+    match serde_json::to_string_pretty(v) {
+        Ok(s) => println!("{s}"),
+        Err(e) => eprintln!("idem: cannot render JSON: {e}"),
+    }
+}

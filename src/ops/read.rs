@@ -1,0 +1,237 @@
+//! Read-only operator commands: inspect, snapshots, restore, verify.
+
+use std::process::ExitCode;
+
+use idem_replica::LogEntry;
+use serde_json::{Value, json};
+
+use super::{OrgArgs, RestoreArgs, VerifyArgs, history, open, org_id, print_json, rfc3339};
+
+fn snapshot_json(e: &LogEntry) -> Option<Value> {
+    match e {
+        LogEntry::Snapshot {
+            seq,
+            round,
+            writer,
+            at_ms,
+            bytes,
+            compressed_bytes,
+            commit,
+            ..
+        } => Some(json!({
+            "seq": seq, "round": round, "writer": writer, "at": rfc3339(*at_ms),
+            "bytes": bytes, "compressed_bytes": compressed_bytes, "commit": commit,
+        })),
+        _ => None,
+    }
+}
+
+/// `idem inspect ORG`: rounds, history, lease, newest snapshot and key count.
+///
+/// # Errors
+/// Bad store URL or org id, unknown org, store or snapshot failures.
+pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
+    let replica = open(&a.store).await?;
+    let org = org_id(&a.org)?;
+    let log = history(&replica, &org).await?;
+    let lease = replica.lease(&org).await.map_err(|e| crate::chain(&e))?;
+    let claims: Vec<u64> = log
+        .iter()
+        .filter(|e| matches!(e, LogEntry::Claim { .. }))
+        .map(LogEntry::round)
+        .collect();
+    let newest = log.iter().rev().find_map(snapshot_json);
+    let (applied, failed) = match crate::restored::restore(&replica, &org, None).await? {
+        None => (0, 0),
+        Some(r) => {
+            let conn = r.open()?;
+            let count = |sql: &str| {
+                conn.query_row(sql, [], |row| row.get::<_, i64>(0))
+                    .map_err(|e| format!("reading the newest snapshot: {e}"))
+            };
+            (
+                count("SELECT count(*) FROM idem_keys WHERE applied = 1")?,
+                count("SELECT count(*) FROM idem_keys WHERE applied = 0")?,
+            )
+        }
+    };
+    let entries: Vec<Value> = log
+        .iter()
+        .map(|e| json!({"seq": e.seq(), "kind": e.kind_name(), "round": e.round(), "writer": e.writer(), "at": rfc3339(e.at_ms())}))
+        .collect();
+    let current = log.iter().map(LogEntry::round).max().unwrap_or(0);
+    let head = log.last().map(|e| e.kind_name()).unwrap_or("none");
+    let lease_json = lease.as_ref().map(
+        |l| json!({"writer": l.writer, "round": l.round, "expires_at": rfc3339(l.expires_at_ms)}),
+    );
+    if a.json {
+        print_json(&json!({
+            "org": org.as_str(), "current_round": current, "claims": claims, "head": head,
+            "lease": lease_json, "newest_snapshot": newest,
+            "applied_keys": applied, "failed_keys": failed, "history": entries,
+        }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("org            {org}");
+    println!(
+        "rounds         {} claims, current round {current}, head entry {head}",
+        claims.len()
+    );
+    match &lease {
+        Some(l) => println!(
+            "lease          writer {} round {} until {}",
+            l.writer,
+            l.round,
+            rfc3339(l.expires_at_ms)
+        ),
+        None => println!("lease          none"),
+    }
+    match &newest {
+        Some(s) => println!(
+            "newest snap    seq {} round {} by {} at {}: {} bytes ({} stored), commit {}",
+            s["seq"],
+            s["round"],
+            s["writer"],
+            s["at"],
+            s["bytes"],
+            s["compressed_bytes"],
+            s["commit"]
+        ),
+        None => println!("newest snap    none"),
+    }
+    println!("keys           {applied} applied, {failed} with failed attempts only");
+    println!("history        {} entries (last 10):", log.len());
+    for e in log.iter().rev().take(10).rev() {
+        println!(
+            "  {:>6}  {:<8} round {:<4} {:<20} {}",
+            e.seq(),
+            e.kind_name(),
+            e.round(),
+            e.writer(),
+            rfc3339(e.at_ms())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `idem snapshots ORG`: every published snapshot.
+///
+/// # Errors
+/// As [`inspect`].
+pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
+    let replica = open(&a.store).await?;
+    let org = org_id(&a.org)?;
+    let snaps: Vec<Value> = history(&replica, &org)
+        .await?
+        .iter()
+        .filter_map(snapshot_json)
+        .collect();
+    if a.json {
+        print_json(&Value::Array(snaps));
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:>8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
+        "seq", "round", "writer", "at", "bytes", "stored", "commit"
+    );
+    for s in &snaps {
+        println!(
+            "{:>8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
+            s["seq"],
+            s["round"],
+            s["writer"].as_str().unwrap_or(""),
+            s["at"].as_str().unwrap_or(""),
+            s["bytes"],
+            s["compressed_bytes"],
+            s["commit"]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `idem restore ORG --to FILE [--at SEQ]`: a verified snapshot as a plain SQLite file.
+///
+/// # Errors
+/// Destination exists, unknown org or position, checksum or integrity failure.
+pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
+    if a.to.exists() {
+        return Err(format!(
+            "{} already exists; restore writes a new file",
+            a.to.display()
+        ));
+    }
+    let replica = open(&a.store).await?;
+    let org = org_id(&a.org)?;
+    history(&replica, &org).await?;
+    let got = replica
+        .restore(&org, a.at, &a.to)
+        .await
+        .map_err(|e| crate::chain(&e))?;
+    match got.snapshot {
+        Some(s) => {
+            println!(
+                "restored org {org} snapshot seq {} (round {}, commit {}, {} bytes) to {}",
+                s.seq,
+                s.round,
+                s.commit,
+                s.bytes,
+                a.to.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        None => Err(format!("org {org} has no snapshot yet")),
+    }
+}
+
+/// `idem verify [ORG]`: sha256, size and SQLite integrity of every published snapshot.
+///
+/// # Errors
+/// Bad store URL or org id, unknown org, store unreachable. Faults found give exit 1.
+pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
+    let replica = open(&a.store).await?;
+    let orgs = match &a.org {
+        Some(o) => {
+            let id = org_id(o)?;
+            history(&replica, &id).await?;
+            vec![id]
+        }
+        None => replica.orgs().await.map_err(|e| crate::chain(&e))?,
+    };
+    let (mut ok, mut faults, mut rows) = (0usize, Vec::new(), Vec::new());
+    for org in &orgs {
+        let report = replica
+            .verify(org)
+            .await
+            .map_err(|e| format!("org {org}: {}", crate::chain(&e)))?;
+        ok += report.ok.len();
+        let failed: Vec<Value> = report
+            .failed
+            .iter()
+            .map(|(seq, e)| {
+                faults.push(format!(
+                    "org {org}: snapshot seq {seq}: {}",
+                    crate::chain(e)
+                ));
+                json!({"seq": seq, "error": crate::chain(e)})
+            })
+            .collect();
+        rows.push(json!({"org": org.as_str(), "ok": report.ok, "failed": failed}));
+    }
+    if a.json {
+        print_json(&json!({"orgs": rows, "ok": ok, "faults": faults.len()}));
+    } else {
+        for f in &faults {
+            eprintln!("idem: {f}");
+        }
+        println!(
+            "verified {} orgs: {ok} snapshots ok, {} faulty",
+            orgs.len(),
+            faults.len()
+        );
+    }
+    Ok(if faults.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
