@@ -1,0 +1,247 @@
+//! Operator commands from the outside (spawned binary): success paths and bad inputs
+//! (unknown org, malformed URL, bad duration, corrupt snapshot) end in one clear line on
+//! stderr and a non-zero exit, never a panic.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::{TestResult, assert_clean_failure, run};
+
+/// A store holding org `acme` with three applied keys, released (no live lease).
+fn seeded_store(dir: &Path) -> TestResult<String> {
+    let store = dir.join("store");
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let replica = idem_replica::Replica::open(
+            idem_replica::Replica::local_store(&store)?,
+            "",
+            idem_replica::Settings::default(),
+        )
+        .await?;
+        let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed")
+            .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
+            .build()?;
+        let org = registry.acquire("acme").await?;
+        for k in ["k1", "k2", "k3"] {
+            org.once(k, move |tx| {
+                tx.execute("INSERT INTO t VALUES (?1)", [k])?;
+                Ok::<_, rusqlite::Error>(k.as_bytes().to_vec())
+            })
+            .await?;
+        }
+        registry.shutdown().await;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    Ok(store.display().to_string())
+}
+
+fn stdout_json(out: &std::process::Output) -> TestResult<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in [
+        "demo",
+        "serve",
+        "prune",
+        "inspect",
+        "snapshots",
+        "restore",
+        "verify",
+        "check-store",
+    ] {
+        let out = run(&[sub, "--help"]);
+        assert!(out.status.success(), "{sub} --help");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{sub}"
+        );
+    }
+}
+
+#[test]
+fn inspect_snapshots_restore_verify_succeed_on_a_good_store() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let v = stdout_json(&run(&["inspect", "acme", "--store", &store, "--json"]))?;
+    assert_eq!(v["applied_keys"], 3);
+    assert_eq!(v["head"], "release");
+    let snaps = stdout_json(&run(&["snapshots", "acme", "--store", &store, "--json"]))?;
+    let snaps = snaps.as_array().ok_or("not an array")?;
+    assert!(!snaps.is_empty());
+    let first_seq = snaps[0]["seq"].as_u64().ok_or("no seq")?.to_string();
+
+    let dest = dir.path().join("acme.db");
+    let out = run(&[
+        "restore",
+        "acme",
+        "--store",
+        &store,
+        "--to",
+        dest.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let conn = rusqlite::Connection::open(&dest)?;
+    let n: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+    assert_eq!(n, 3);
+    let older = dir.path().join("older.db");
+    let out = run(&[
+        "restore",
+        "acme",
+        "--store",
+        &store,
+        "--at",
+        &first_seq,
+        "--to",
+        older.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+
+    let v = stdout_json(&run(&["verify", "--store", &store, "--json"]))?;
+    assert_eq!(v["faults"], 0);
+    assert_eq!(v["ok"].as_u64(), Some(snaps.len() as u64));
+    Ok(())
+}
+
+#[test]
+fn bad_inputs_fail_with_one_clear_line() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    assert_clean_failure(&run(&["inspect", "nobody", "--store", &store]), "not found");
+    assert_clean_failure(
+        &run(&["snapshots", "a/../b", "--store", &store]),
+        "invalid org id",
+    );
+    assert_clean_failure(&run(&["verify", "nobody", "--store", &store]), "not found");
+    assert_clean_failure(
+        &run(&["inspect", "acme", "--store", "ftp://host/x"]),
+        "unsupported store URL",
+    );
+    assert_clean_failure(&run(&["inspect", "acme", "--store", "s3://"]), "store");
+    assert_clean_failure(
+        &run(&["prune", "--store", &store, "--older-than", "7 fortnights"]),
+        "older-than",
+    );
+    let dest = dir.path().join("x.db");
+    assert_clean_failure(
+        &run(&[
+            "restore",
+            "acme",
+            "--store",
+            &store,
+            "--at",
+            "999999",
+            "--to",
+            dest.to_str().unwrap(),
+        ]),
+        "no snapshot at seq",
+    );
+    assert_clean_failure(&run(&["check-store", "gs://"]), "store");
+    Ok(())
+}
+
+#[test]
+fn corrupt_snapshot_is_reported_and_never_restored() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let snap_dir = Path::new(&store).join("orgs/acme/snap");
+    let mut blobs: Vec<_> = std::fs::read_dir(&snap_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    blobs.sort();
+    let newest = blobs.last().ok_or("no blob")?;
+    let mut bytes = std::fs::read(newest)?;
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xFF;
+    std::fs::write(newest, bytes)?;
+
+    let out = run(&["verify", "--store", &store]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("snapshot seq"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let dest = dir.path().join("x.db");
+    assert_clean_failure(
+        &run(&[
+            "restore",
+            "acme",
+            "--store",
+            &store,
+            "--to",
+            dest.to_str().unwrap(),
+        ]),
+        "acme",
+    );
+    assert!(!dest.exists(), "a corrupt snapshot is never installed");
+    Ok(())
+}
+
+#[test]
+fn prune_respects_a_live_lease_unless_forced() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let out = run(&["prune", "--store", &store, "--older-than", "0s"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("in 1 of 1 orgs; 0 failed"));
+
+    // A live writer (claimed, lease 30 s, never released) holds acme.
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let replica = idem_replica::Replica::open(
+            idem_replica::Replica::local_store(Path::new(&store))?,
+            "",
+            idem_replica::Settings::default(),
+        )
+        .await?;
+        let org = idem_replica::OrgId::new("acme")?;
+        replica.claim(&org, "live-writer", false).await?;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    let out = run(&["prune", "--store", &store, "--older-than", "7d"]);
+    assert_clean_failure(&out, "leased");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 failed"));
+    let out = run(&[
+        "prune",
+        "--store",
+        &store,
+        "--older-than",
+        "7d",
+        "--force",
+        "--json",
+    ]);
+    let v = stdout_json(&out)?;
+    assert_eq!(v["failed"], 0);
+    Ok(())
+}
+
+#[test]
+fn check_store_round_trips_on_a_local_directory() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = run(&[
+        "check-store",
+        dir.path().join("s").to_str().unwrap(),
+        "--json",
+    ]);
+    let v = stdout_json(&out)?;
+    assert_eq!(v["ok"], true);
+    let url = format!("file://{}", dir.path().join("s2").display());
+    assert!(run(&["check-store", &url]).status.success());
+    Ok(())
+}
