@@ -244,9 +244,24 @@ impl Registry {
         results
     }
 
+    /// Removes `slot` from the map if it is still the org's slot and holds no serving writer.
+    /// A slot whose init failed may meanwhile be initialized by another waiter on the same
+    /// cell; removing it then would orphan that writer, and the next acquire would claim a new
+    /// round and fence it. So an uninitialized slot is removed only when nobody else holds it.
     fn forget(&self, id: &OrgId, slot: &Slot) {
         let mut orgs = lock(&self.inner.orgs);
-        if orgs.get(id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+        let Some(current) = orgs.get(id) else {
+            return;
+        };
+        if !Arc::ptr_eq(current, slot) {
+            return;
+        }
+        let dead = match slot.get() {
+            Some(org) => !org.is_serving(),
+            // Held by the map and by us only: no other task can be initializing it.
+            None => Arc::strong_count(slot) == 2,
+        };
+        if dead {
             orgs.remove(id);
         }
     }
