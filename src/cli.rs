@@ -48,7 +48,7 @@ struct ServeArgs {
     /// Local data directory for org databases (a cache; the store is the authority).
     #[arg(long, default_value = "idem-data")]
     data: PathBuf,
-    /// Writer id recorded in claims (default: idem-serve-<pid>).
+    /// Writer id recorded in claims (default: `idem-serve-<pid>`).
     #[arg(long)]
     writer: Option<String>,
     /// Run the in-process pruner this often (e.g. 1h).
