@@ -32,7 +32,7 @@ pub struct PruneArgs {
     /// Local scratch directory for the org databases (default: a temp dir).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Writer id recorded in claims (default: idem-prune-<pid>).
+    /// Writer id recorded in claims (default: `idem-prune-<pid>`).
     #[arg(long)]
     writer: Option<String>,
     /// Print the results as JSON.
