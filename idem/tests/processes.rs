@@ -124,8 +124,15 @@ fn sigkill_at_random_moments_never_splits_key_and_effect() -> R {
     for _ in 0..kills {
         let mut child = spawn_child("crash", &db)?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
+        // libtest prints its own lines first (and "test child_entry ... " before ours); the
+        // schema exists once the child says "ready".
+        let mut lines = BufReader::new(stdout).lines();
+        while !lines
+            .next()
+            .transpose()?
+            .ok_or("child exited before ready")?
+            .ends_with("ready")
+        {}
         // xorshift: the kill lands anywhere from before the first commit to mid-loop.
         seed ^= seed << 13;
         seed ^= seed >> 7;
