@@ -153,25 +153,100 @@ pub enum Error {
     /// Any other SQLite failure.
     #[error("sqlite error")]
     Sqlite(#[from] rusqlite::Error),
+    /// Another attempt holds a live reservation of the effect key; its executor may be running.
+    /// Retry after `lease_until_ms`: the key is then settled, or AMBIGUOUS.
+    #[error("effect {key:?} is in progress by {holder} until {lease_until_ms} ms")]
+    EffectInProgress {
+        /// The effect key.
+        key: String,
+        /// The holder label of the reservation, else its attempt id in hex.
+        holder: String,
+        /// When its lease lapses, in ms since the Unix epoch.
+        lease_until_ms: u64,
+    },
+    /// Nobody knows whether the effect executed (an executor error that did not prove
+    /// non-execution, a panic, a lapsed lease). No retry clears it: an operator or a reconcile
+    /// hook resolves it (`idem::resolve`). The executor was not run again.
+    #[error("effect {key:?} is ambiguous: {reason}")]
+    EffectAmbiguous {
+        /// The effect key.
+        key: String,
+        /// Why it is ambiguous, as stored.
+        reason: String,
+    },
+    /// The executor proved it did not execute; the key is FAILED and a retry reserves it again.
+    #[error("effect {key:?} was not executed")]
+    EffectNotExecuted {
+        /// The effect key.
+        key: String,
+        /// The executor's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A settlement or resolution found the row no longer as it expected (a contender made a
+    /// lapsed lease AMBIGUOUS, an operator resolved it); nothing was written.
+    #[error("effect {key:?} moved on before this write (now {found:?})")]
+    EffectLost {
+        /// The effect key.
+        key: String,
+        /// The state found instead, `None` when the row is gone.
+        found: Option<crate::EffectState>,
+    },
+    /// Only an AMBIGUOUS effect can be resolved.
+    #[error("effect {key:?} is not ambiguous (state {state:?})")]
+    EffectNotAmbiguous {
+        /// The effect key.
+        key: String,
+        /// Its state, `None` when there is no such effect.
+        state: Option<crate::EffectState>,
+    },
+    /// An effect write's COMMIT failed twice without landing (the re-read showed it each
+    /// time); nothing was written.
+    #[error("effect {key:?}: commit failed; nothing was written")]
+    EffectCommitFailed {
+        /// The effect key.
+        key: String,
+        /// The last COMMIT error.
+        #[source]
+        source: BoxError,
+    },
+    /// An effect write's COMMIT failed and the re-read that would settle it failed too (I9).
+    /// Nothing more was written; after a reservation the executor must not run (the key turns
+    /// AMBIGUOUS if the write landed and its lease lapses).
+    #[error("effect {key:?}: commit outcome unknown, the re-read failed")]
+    EffectCommitUnknown {
+        /// The effect key.
+        key: String,
+        /// The re-read error.
+        #[source]
+        source: BoxError,
+    },
 }
 
 impl Error {
     /// What the caller should do about this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidKey { .. } | Error::InvalidRound { .. } | Error::InTransaction => {
-                ErrorKind::Input
-            }
+            Error::InvalidKey { .. }
+            | Error::InvalidRound { .. }
+            | Error::InTransaction
+            | Error::EffectNotAmbiguous { .. } => ErrorKind::Input,
             Error::StaleRound { .. } => ErrorKind::Reacquire,
             Error::FingerprintMismatch { .. }
             | Error::AlreadyApplied { .. }
             | Error::AttemptsExhausted { .. }
             | Error::Apply { .. }
             | Error::ResultTooLarge { .. }
-            | Error::TransactionEnded { .. } => ErrorKind::Rejected,
-            Error::Busy { .. } | Error::CommitFailed { .. } | Error::CommitUnknown { .. } => {
-                ErrorKind::Retry
-            }
+            | Error::TransactionEnded { .. }
+            | Error::EffectAmbiguous { .. }
+            | Error::EffectNotExecuted { .. }
+            | Error::EffectLost { .. } => ErrorKind::Rejected,
+            Error::Busy { .. }
+            | Error::CommitFailed { .. }
+            | Error::CommitUnknown { .. }
+            | Error::EffectInProgress { .. }
+            | Error::EffectCommitFailed { .. }
+            | Error::EffectCommitUnknown { .. } => ErrorKind::Retry,
             Error::SchemaTooNew { .. } | Error::Random { .. } | Error::Sqlite(_) => {
                 ErrorKind::Fatal
             }

@@ -34,6 +34,8 @@
 //!   the dedup transaction, returning an [`Outcome`].
 //! - [`applied`]: the read-only check, returning a [`Record`].
 //! - [`ensure_schema`], [`prune`] (retention), [`clear_failures`] (operator reset).
+//! - External effects (payments, email, webhooks): [`reserve`] → execute → [`settle`], or
+//!   [`run_effect`] in one call; [`effects`], [`resolve`] and [`reconcile`] for AMBIGUOUS ones.
 //!
 //! # Error semantics
 //! Every failure is an [`Error`]; [`Error::kind`] says what to do: retry with the same key
@@ -49,6 +51,7 @@
 #![forbid(unsafe_code)]
 
 mod clock;
+mod effect;
 mod error;
 mod key;
 mod once;
@@ -59,6 +62,11 @@ mod schema;
 mod seam;
 
 pub use clock::{Clock, SystemClock, system_time_ms};
+pub use effect::{
+    Effect, EffectError, EffectInjected, EffectOptions, EffectOutcome, EffectPoint, EffectSeam,
+    EffectState, EffectStep, Reconcile, Reservation, Reserved, Resolution, Settlement, WriteHook,
+    effect, effects, reconcile, reserve, resolve, resolve_with, run_effect, settle,
+};
 pub use error::{BoxError, Error, ErrorKind};
 pub use key::{MAX_KEY_BYTES, validate_key};
 pub use once::{once, once_with};

@@ -32,6 +32,25 @@ CREATE TABLE IF NOT EXISTS idem_keys (
 INSERT OR IGNORE INTO idem_meta (name, value) VALUES ('schema_version', 1), ('max_round', 0);
 ";
 
+/// The external-effect reservations (`crate::effect`). Adding it keeps schema version 1: older
+/// libraries ignore the table, and a version 1 database that predates it gets it on its first
+/// reservation (the effect write path runs this when the table is missing).
+pub(crate) const CREATE_EFFECTS: &str = "
+CREATE TABLE IF NOT EXISTS idem_effects (
+    key            TEXT PRIMARY KEY NOT NULL COLLATE BINARY,
+    state          TEXT NOT NULL,
+    attempt        BLOB NOT NULL,
+    lease_until_ms INTEGER NOT NULL,
+    result         BLOB,
+    error          TEXT,
+    created_ms     INTEGER NOT NULL,
+    updated_ms     INTEGER NOT NULL,
+    attempts       INTEGER NOT NULL,
+    holder         TEXT,
+    resolved_by    TEXT
+) WITHOUT ROWID;
+";
+
 /// Schema facts read inside a write transaction.
 pub(crate) struct Meta {
     pub max_round: u64,
@@ -73,6 +92,7 @@ pub fn ensure_schema(conn: &Connection) -> Result<(), Error> {
 
 fn create_in_tx(conn: &Connection) -> Result<(), Error> {
     conn.execute_batch(CREATE)?;
+    conn.execute_batch(CREATE_EFFECTS)?;
     match schema_version(conn)? {
         Some(found) => check_version(found),
         None => Ok(()),

@@ -1,0 +1,64 @@
+//! External effects: reserve → execute → settle, for effects no SQLite transaction can roll
+//! back (a payment API, an email, a webhook).
+//!
+//! [`crate::once`] covers writes made through the lent transaction. An external effect cannot
+//! join that transaction, so it gets a reservation instead: the store records the effect key
+//! before the executor runs, exactly one attempt wins, and every later transition is checked.
+//! **The invariant (E1): an effect key's executor runs at most once** unless its row says FAILED
+//! (the executor proved it did not execute). The price is that some outcomes are AMBIGUOUS and
+//! need an operator ([`resolve`]) or a reconcile hook ([`reconcile`]).
+//!
+//! ```text
+//!             reserve (BEGIN IMMEDIATE, one winner)
+//!   (none) ───────────────► RESERVED{attempt, lease_until}
+//!   FAILED ───────────────►    │
+//!                              ├─ executor Ok(bytes) ───────────► COMMITTED{result}  (replayed)
+//!                              ├─ executor NotExecuted ─────────► FAILED             (may reserve again)
+//!                              ├─ other error, panic ───────────► AMBIGUOUS
+//!                              └─ lease lapsed, seen by a contender ► AMBIGUOUS
+//!   AMBIGUOUS ── resolve(executed, result) ──► COMMITTED
+//!   AMBIGUOUS ── resolve(not executed) ──────► FAILED
+//! ```
+//!
+//! Every transition after the reservation is a conditional UPDATE that matches the row the
+//! writer expects (state, attempt id and stamps), with the changed-row count checked; zero rows
+//! means someone else moved the row, which is re-read and reported. No transaction is open while
+//! the executor runs.
+//!
+//! Commit failures (I9): an error SQLite reports in band before anything is committed
+//! (`SQLITE_BUSY`) retries the write; a COMMIT whose outcome is unknown is settled by re-reading
+//! the whole row — exactly the row we wrote means it landed; the row as it was before (or no row)
+//! means it did not, and the write is issued once more; anything else is decided afresh. A
+//! re-read that fails writes nothing and returns [`Error::EffectCommitUnknown`]: the key then
+//! stays RESERVED until its lease lapses and turns AMBIGUOUS — availability is the price, never
+//! a second execution.
+//!
+//! ```
+//! use idem::{EffectError, EffectOptions};
+//!
+//! let mut conn = rusqlite::Connection::open_in_memory()?;
+//! let opts = EffectOptions::new().lease_ms(30_000);
+//! let mut calls = 0;
+//! for _ in 0..2 {
+//!     let out = idem::run_effect(&mut conn, "email-41", &opts, || {
+//!         calls += 1; // send the email here
+//!         Ok::<_, EffectError>(b"queued".to_vec())
+//!     })?;
+//!     assert_eq!(out.result, b"queued");
+//! }
+//! assert_eq!(calls, 1);
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! ```
+
+mod admin;
+mod options;
+mod reserve;
+mod row;
+mod settle;
+mod write;
+
+pub use admin::{Reconcile, Resolution, effect, effects, reconcile, resolve, resolve_with};
+pub use options::{EffectInjected, EffectOptions, EffectPoint, EffectSeam, EffectStep, WriteHook};
+pub use reserve::{Reservation, Reserved, reserve};
+pub use row::{Effect, EffectState};
+pub use settle::{EffectError, EffectOutcome, Settlement, run_effect, settle};

@@ -1,0 +1,231 @@
+//! The reservation: under BEGIN IMMEDIATE exactly one attempt wins an effect key.
+//!
+//! ```text
+//! BEGIN IMMEDIATE -> read the row
+//!   none / FAILED       -> write RESERVED{our attempt, lease} -> COMMIT -> Reservation
+//!   COMMITTED           -> Replay (nothing written)
+//!   RESERVED, live      -> EffectInProgress (nothing written)
+//!   RESERVED, lapsed    -> write AMBIGUOUS -> COMMIT -> EffectAmbiguous (never re-run)
+//!   AMBIGUOUS           -> EffectAmbiguous (nothing written)
+//! COMMIT busy (in band)  -> retry the write
+//! COMMIT unknown        -> re-read the whole row: ours -> proceed; anything else -> decide
+//!                          afresh (absent -> insert again), at most one more write;
+//!                          re-read failed -> EffectCommitUnknown
+//! ```
+
+use rusqlite::Connection;
+
+use super::options::{EffectOptions, EffectStep};
+use super::row::{self, Effect, EffectState};
+use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, expect_one, reread};
+use crate::{Error, key::validate_key};
+
+/// A won reservation: this attempt alone may run the executor, then must [`crate::settle`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    pub(crate) row: Effect,
+}
+
+impl Reservation {
+    /// The effect key.
+    pub fn key(&self) -> &str {
+        &self.row.key
+    }
+
+    /// This attempt's id.
+    pub fn attempt(&self) -> &[u8] {
+        &self.row.attempt
+    }
+
+    /// When the lease lapses, in ms since the Unix epoch. Settle before: after it a contender
+    /// may turn the key AMBIGUOUS and the settlement is then refused.
+    pub fn lease_until_ms(&self) -> u64 {
+        self.row.lease_until_ms
+    }
+
+    /// The row exactly as the reservation wrote it.
+    pub fn effect(&self) -> &Effect {
+        &self.row
+    }
+}
+
+/// What [`reserve`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reserved {
+    /// This attempt holds the key: run the executor, then settle.
+    Reservation(Reservation),
+    /// The effect already executed: its stored row (COMMITTED, with the result). Do not run
+    /// the executor.
+    Replay(Effect),
+}
+
+enum Decision {
+    Done(Result<Reserved, Error>),
+    /// Write `to` where the row is `from`; success means `then`.
+    Write {
+        from: Option<Effect>,
+        to: Effect,
+        reserve: bool,
+    },
+}
+
+/// Reserves `key` for one attempt (E1: an effect executes at most once unless FAILED).
+///
+/// Runs one `BEGIN IMMEDIATE` transaction (creating the `idem_effects` table if this database
+/// predates it) and holds nothing once it returns: no transaction is open while the executor
+/// runs.
+///
+/// # Errors
+/// - [`Error::InvalidKey`], [`Error::InTransaction`]: bad input, nothing written.
+/// - [`Error::EffectInProgress`]: another attempt holds a live lease (holder and expiry given).
+/// - [`Error::EffectAmbiguous`]: the key is AMBIGUOUS — now or because this call found a lapsed
+///   lease and recorded it so. No retry clears it; see [`crate::resolve`].
+/// - [`Error::Busy`]: the write lock stayed busy through the retries; nothing written.
+/// - [`Error::EffectCommitFailed`]: COMMIT failed twice without landing; nothing written.
+/// - [`Error::EffectCommitUnknown`]: the re-read after a failed COMMIT failed; nothing more is
+///   written and the executor must not run. The key may be reserved by this attempt, in which
+///   case it turns AMBIGUOUS when its lease lapses.
+/// - [`Error::Sqlite`], [`Error::Random`]: other failures, nothing written.
+pub fn reserve(conn: &mut Connection, key: &str, opts: &EffectOptions) -> Result<Reserved, Error> {
+    validate_key(key)?;
+    if !conn.is_autocommit() {
+        return Err(Error::InTransaction);
+    }
+    let attempt = match opts.attempt_id {
+        Some(id) => id.to_vec(),
+        None => random_attempt_id()?,
+    };
+    let mut busy_left = BUSY_RETRIES;
+    // The first write, and one more after a COMMIT that did not land (I9).
+    let mut writes_left = 2u32;
+    loop {
+        let now = opts.now();
+        let tx = match begin(conn)? {
+            Ok(tx) => tx,
+            Err(e) if busy_left > 0 => {
+                busy_left -= 1;
+                let _ = e;
+                continue;
+            }
+            Err(e) => return Err(busy(key, e)),
+        };
+        let current = row::read_for_write(&tx, key)?;
+        let (from, to, reserve) = match decide(key, current, now, &attempt, opts) {
+            Decision::Done(out) => return out, // dropping the transaction wrote nothing
+            Decision::Write { from, to, reserve } => (from, to, reserve),
+        };
+        expect_one(row::write(&tx, from.as_ref(), &to)?)?;
+        writes_left -= 1;
+        let landed = match commit(tx, opts, EffectStep::Reserve)? {
+            Ended::Committed => true,
+            Ended::Busy(e) => {
+                writes_left += 1; // nothing was committed: this write does not count
+                if busy_left == 0 {
+                    return Err(busy(key, e));
+                }
+                busy_left -= 1;
+                continue;
+            }
+            Ended::Unknown(source) => {
+                // Whole-row identity, never the attempt id alone: a caller may reuse ids.
+                let found = reread(conn, key, opts, EffectStep::Reserve)?;
+                if found.as_ref() == Some(&to) {
+                    true
+                } else if writes_left == 0 {
+                    return Err(Error::EffectCommitFailed {
+                        key: key.to_owned(),
+                        source,
+                    });
+                } else {
+                    false // absent or another's row: decide afresh
+                }
+            }
+        };
+        if landed {
+            return if reserve {
+                Ok(Reserved::Reservation(Reservation { row: to }))
+            } else {
+                Err(ambiguous(&to))
+            };
+        }
+    }
+}
+
+fn decide(
+    key: &str,
+    current: Option<Effect>,
+    now: u64,
+    attempt: &[u8],
+    opts: &EffectOptions,
+) -> Decision {
+    let reserved = |attempts: u32| Effect {
+        key: key.to_owned(),
+        state: EffectState::Reserved,
+        attempt: attempt.to_vec(),
+        lease_until_ms: now.saturating_add(opts.lease()),
+        result: None,
+        error: None,
+        created_ms: now,
+        updated_ms: now,
+        attempts,
+        holder: opts.holder.clone(),
+        resolved_by: None,
+    };
+    let Some(cur) = current else {
+        return Decision::Write {
+            from: None,
+            to: reserved(1),
+            reserve: true,
+        };
+    };
+    match cur.state {
+        EffectState::Failed => Decision::Write {
+            to: reserved(cur.attempts.saturating_add(1)),
+            from: Some(cur),
+            reserve: true,
+        },
+        EffectState::Committed => Decision::Done(Ok(Reserved::Replay(cur))),
+        EffectState::Ambiguous => Decision::Done(Err(ambiguous(&cur))),
+        EffectState::Reserved if now < cur.lease_until_ms => {
+            Decision::Done(Err(Error::EffectInProgress {
+                key: key.to_owned(),
+                holder: cur.holder_or_attempt(),
+                lease_until_ms: cur.lease_until_ms,
+            }))
+        }
+        EffectState::Reserved => {
+            // A lapsed lease: the holder may have executed or died mid-way. Nobody can know,
+            // so the key turns AMBIGUOUS; it is never silently re-run.
+            let to = Effect {
+                state: EffectState::Ambiguous,
+                error: Some(format!(
+                    "lease of attempt {} lapsed at {} ms before it settled",
+                    cur.holder_or_attempt(),
+                    cur.lease_until_ms
+                )),
+                updated_ms: now,
+                ..cur.clone()
+            };
+            Decision::Write {
+                from: Some(cur),
+                to,
+                reserve: false,
+            }
+        }
+    }
+}
+
+pub(crate) fn ambiguous(row: &Effect) -> Error {
+    Error::EffectAmbiguous {
+        key: row.key.clone(),
+        reason: row.error.clone().unwrap_or_default(),
+    }
+}
+
+fn random_attempt_id() -> Result<Vec<u8>, Error> {
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| Error::Random {
+        reason: e.to_string(),
+    })?;
+    Ok(id.to_vec())
+}

@@ -1,0 +1,233 @@
+//! The stored row of an effect key (`idem_effects`) and the statements that read and move it.
+
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+use rusqlite::{Connection, OptionalExtension, Row};
+
+use crate::Error;
+use crate::schema::{CREATE_EFFECTS, is_missing_table};
+
+/// The state of an effect key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EffectState {
+    /// An attempt holds the key until its lease expires; its executor may be running.
+    Reserved,
+    /// The executor ran and its result is stored; every later call replays it.
+    Committed,
+    /// The executor proved it did not execute; the key may be reserved again.
+    Failed,
+    /// Nobody knows whether the executor ran (an error, a panic, a lapsed lease). No retry
+    /// clears it: an operator or a reconcile hook resolves it.
+    Ambiguous,
+}
+
+impl EffectState {
+    /// The stored (and printed) name: `reserved`, `committed`, `failed`, `ambiguous`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EffectState::Reserved => "reserved",
+            EffectState::Committed => "committed",
+            EffectState::Failed => "failed",
+            EffectState::Ambiguous => "ambiguous",
+        }
+    }
+
+    /// Parses a name as printed by [`EffectState::as_str`] (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            EffectState::Reserved,
+            EffectState::Committed,
+            EffectState::Failed,
+            EffectState::Ambiguous,
+        ]
+        .into_iter()
+        .find(|st| st.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+impl std::fmt::Display for EffectState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ToSql for EffectState {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::from(self.as_str()))
+    }
+}
+
+impl FromSql for EffectState {
+    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
+        let text = value.as_str()?;
+        EffectState::parse(text).ok_or_else(|| FromSqlError::Other(text.into()))
+    }
+}
+
+/// The whole stored row of an effect key. Two values are equal only when every column is: the
+/// commit-unknown re-read compares rows this way, never by attempt id alone (I9).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Effect {
+    /// The effect key (1–255 bytes, compared byte for byte).
+    pub key: String,
+    /// Its state.
+    pub state: EffectState,
+    /// The attempt id of the reservation that wrote the row (random unless the caller fixed it).
+    pub attempt: Vec<u8>,
+    /// The reservation's lease expiry, in milliseconds since the Unix epoch.
+    pub lease_until_ms: u64,
+    /// The executor's result (COMMITTED); an empty result stays `Some(vec![])`.
+    pub result: Option<Vec<u8>>,
+    /// Why the row is FAILED or AMBIGUOUS.
+    pub error: Option<String>,
+    /// When the current reservation was made, in ms since the Unix epoch.
+    pub created_ms: u64,
+    /// When the row last changed, in ms since the Unix epoch.
+    pub updated_ms: u64,
+    /// How many reservations the key has had (1 + re-reservations after FAILED).
+    pub attempts: u32,
+    /// The holder label of the reservation (writer id, host), if the caller gave one.
+    pub holder: Option<String>,
+    /// Who resolved an AMBIGUOUS row (operator or reconcile hook).
+    pub resolved_by: Option<String>,
+}
+
+impl Effect {
+    /// The attempt id in lowercase hex, as shown to operators.
+    pub fn attempt_hex(&self) -> String {
+        self.attempt.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Who holds the reservation: the holder label, else the attempt id in hex.
+    pub fn holder_or_attempt(&self) -> String {
+        self.holder.clone().unwrap_or_else(|| self.attempt_hex())
+    }
+}
+
+const COLUMNS: &str = "key, state, attempt, lease_until_ms, result, error, created_ms, \
+     updated_ms, attempts, holder, resolved_by";
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<Effect> {
+    let state: EffectState = r.get(1)?;
+    let result: Option<Vec<u8>> = r.get(4)?;
+    Ok(Effect {
+        key: r.get(0)?,
+        state,
+        attempt: r.get(2)?,
+        lease_until_ms: to_u64(r.get(3)?),
+        // A committed row always carries a result; a zero-length BLOB reads back as empty.
+        result: if state == EffectState::Committed {
+            Some(result.unwrap_or_default())
+        } else {
+            result
+        },
+        error: r.get(5)?,
+        created_ms: to_u64(r.get(6)?),
+        updated_ms: to_u64(r.get(7)?),
+        attempts: u32::try_from(r.get::<_, i64>(8)?).unwrap_or(u32::MAX),
+        holder: r.get(9)?,
+        resolved_by: r.get(10)?,
+    })
+}
+
+/// Reads the row of `key`; `None` when absent or when the table does not exist yet.
+pub(crate) fn read(conn: &Connection, key: &str) -> Result<Option<Effect>, Error> {
+    let sql = format!("SELECT {COLUMNS} FROM idem_effects WHERE key = ?1");
+    match conn
+        .prepare_cached(&sql)
+        .and_then(|mut s| s.query_row([key], from_row).optional())
+    {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Reads the row inside a write transaction, creating the table first if this database
+/// predates it (the migration path of schema version 1 databases).
+pub(crate) fn read_for_write(conn: &Connection, key: &str) -> Result<Option<Effect>, Error> {
+    let sql = format!("SELECT {COLUMNS} FROM idem_effects WHERE key = ?1");
+    let read = || {
+        conn.prepare_cached(&sql)
+            .and_then(|mut s| s.query_row([key], from_row).optional())
+    };
+    match read() {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => {
+            conn.execute_batch(CREATE_EFFECTS)?;
+            Ok(read()?)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Every row, or those in `state`, in key order.
+pub(crate) fn list(conn: &Connection, state: Option<EffectState>) -> Result<Vec<Effect>, Error> {
+    let sql =
+        format!("SELECT {COLUMNS} FROM idem_effects WHERE ?1 IS NULL OR state = ?1 ORDER BY key");
+    let rows = conn.prepare_cached(&sql).and_then(|mut s| {
+        s.query_map([state], from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+    });
+    match rows {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Writes `to` where the row must be `from`: an INSERT when `from` is `None` (fails if a row
+/// exists), else a conditional UPDATE matching `from`'s state, attempt id and stamps. Returns
+/// the changed-row count.
+pub(crate) fn write(
+    conn: &Connection,
+    from: Option<&Effect>,
+    to: &Effect,
+) -> rusqlite::Result<usize> {
+    let new = rusqlite::params![
+        to.key,
+        to.state,
+        to.attempt,
+        to_i64(to.lease_until_ms),
+        to.result,
+        to.error,
+        to_i64(to.created_ms),
+        to_i64(to.updated_ms),
+        i64::from(to.attempts),
+        to.holder,
+        to.resolved_by,
+    ];
+    let Some(from) = from else {
+        let sql = format!(
+            "INSERT INTO idem_effects ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+             ?10, ?11)"
+        );
+        return conn.prepare_cached(&sql)?.execute(new);
+    };
+    let mut params: Vec<&dyn ToSql> = new.to_vec();
+    let old_updated = to_i64(from.updated_ms);
+    let old_created = to_i64(from.created_ms);
+    let old_attempts = i64::from(from.attempts);
+    params.extend_from_slice(&[
+        &from.state as &dyn ToSql,
+        &from.attempt,
+        &old_created,
+        &old_updated,
+        &old_attempts,
+    ]);
+    conn.prepare_cached(
+        "UPDATE idem_effects SET state = ?2, attempt = ?3, lease_until_ms = ?4, result = ?5,
+           error = ?6, created_ms = ?7, updated_ms = ?8, attempts = ?9, holder = ?10,
+           resolved_by = ?11
+         WHERE key = ?1 AND state = ?12 AND attempt = ?13 AND created_ms = ?14
+           AND updated_ms = ?15 AND attempts = ?16",
+    )?
+    .execute(params.as_slice())
+}

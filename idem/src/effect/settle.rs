@@ -1,0 +1,280 @@
+//! Settling a reservation, and [`run_effect`]: reserve → execute → settle in one call.
+//!
+//! ```text
+//! BEGIN IMMEDIATE -> UPDATE ... WHERE the row is exactly our reservation -> changed rows?
+//!   0 -> re-read: already our target -> done; anything else -> EffectLost (reported)
+//!   1 -> COMMIT: ok -> done; busy in band -> retry
+//!        unknown -> re-read the whole row: our target -> done;
+//!                   still our reservation -> re-issue the same UPDATE once; other -> EffectLost
+//! ```
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+
+use rusqlite::Connection;
+
+use super::options::{EffectOptions, EffectStep};
+use super::reserve::{Reservation, Reserved, ambiguous, reserve};
+use super::row::{self, Effect, EffectState};
+use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, reread};
+use crate::Error;
+use crate::error::BoxError;
+
+/// How an attempt's executor ended, as [`settle`] records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// It executed and returned this result → COMMITTED.
+    Executed(Vec<u8>),
+    /// It proved it did not execute (for example the API refused the request before acting)
+    /// → FAILED; the key may be reserved again. The text is stored.
+    NotExecuted(String),
+    /// Anything else — an error that does not prove non-execution, a panic, a timeout —
+    /// → AMBIGUOUS. The text is stored.
+    Failed(String),
+}
+
+/// The error an executor returns. Only [`EffectError::NotExecuted`] lets the key be retried:
+/// return it only when the effect provably did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    /// The effect provably did not happen → FAILED, retryable.
+    #[error("effect not executed")]
+    NotExecuted(#[source] BoxError),
+    /// The effect may or may not have happened → AMBIGUOUS.
+    #[error("effect failed with an unknown outcome")]
+    Failed(#[source] BoxError),
+}
+
+impl EffectError {
+    /// The effect provably did not happen.
+    pub fn not_executed(e: impl Into<BoxError>) -> Self {
+        EffectError::NotExecuted(e.into())
+    }
+
+    /// The effect's outcome is unknown.
+    pub fn failed(e: impl Into<BoxError>) -> Self {
+        EffectError::Failed(e.into())
+    }
+}
+
+/// What [`run_effect`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EffectOutcome {
+    /// The effect key.
+    pub key: String,
+    /// The executor's result, byte-identical on every replay.
+    pub result: Vec<u8>,
+    /// True when this call ran the executor; false for a replay.
+    pub executed: bool,
+}
+
+/// Records how `reservation`'s executor ended and returns the row as written.
+///
+/// The write is a conditional UPDATE matching the reservation's state, attempt id and stamps,
+/// with the changed-row count checked; a COMMIT with an unknown outcome is settled by a
+/// whole-row re-read, and an unchanged row gets the same UPDATE once more (I9).
+///
+/// # Errors
+/// - [`Error::EffectLost`]: the row is no longer this reservation (a contender found the lease
+///   lapsed and made it AMBIGUOUS, or an operator resolved it); nothing written.
+/// - [`Error::Busy`], [`Error::EffectCommitFailed`]: nothing written; the key stays RESERVED
+///   and turns AMBIGUOUS when the lease lapses unless a later settle lands.
+/// - [`Error::EffectCommitUnknown`]: the re-read failed; nothing more written.
+/// - [`Error::InTransaction`], [`Error::Sqlite`].
+pub fn settle(
+    conn: &mut Connection,
+    reservation: &Reservation,
+    settlement: Settlement,
+    opts: &EffectOptions,
+) -> Result<Effect, Error> {
+    let from = &reservation.row;
+    let now = opts.now();
+    let to = match settlement {
+        Settlement::Executed(result) => Effect {
+            state: EffectState::Committed,
+            result: Some(result),
+            updated_ms: now,
+            ..from.clone()
+        },
+        Settlement::NotExecuted(text) => Effect {
+            state: EffectState::Failed,
+            error: Some(text),
+            updated_ms: now,
+            ..from.clone()
+        },
+        Settlement::Failed(text) => Effect {
+            state: EffectState::Ambiguous,
+            error: Some(text),
+            updated_ms: now,
+            ..from.clone()
+        },
+    };
+    transition(conn, from, to, opts, EffectStep::Settle)
+}
+
+/// Moves the row from exactly `from` to `to` (settle and resolve share it).
+pub(crate) fn transition(
+    conn: &mut Connection,
+    from: &Effect,
+    to: Effect,
+    opts: &EffectOptions,
+    step: EffectStep,
+) -> Result<Effect, Error> {
+    if !conn.is_autocommit() {
+        return Err(Error::InTransaction);
+    }
+    let key = from.key.as_str();
+    let lost = |found: Option<Effect>| Error::EffectLost {
+        key: key.to_owned(),
+        found: found.map(|f| f.state),
+    };
+    let mut busy_left = BUSY_RETRIES;
+    let mut reissued = false;
+    loop {
+        let tx = match begin(conn)? {
+            Ok(tx) => tx,
+            Err(e) if busy_left > 0 => {
+                busy_left -= 1;
+                let _ = e;
+                continue;
+            }
+            Err(e) => return Err(busy(key, e)),
+        };
+        if row::write(&tx, Some(from), &to)? == 0 {
+            drop(tx);
+            // Someone moved the row (a lapsed lease, an operator), or an earlier try landed.
+            let found = row::read(conn, key)?;
+            return if found.as_ref() == Some(&to) {
+                Ok(to)
+            } else {
+                Err(lost(found))
+            };
+        }
+        match commit(tx, opts, step)? {
+            Ended::Committed => return Ok(to),
+            Ended::Busy(e) => {
+                if busy_left == 0 {
+                    return Err(busy(key, e));
+                }
+                busy_left -= 1;
+            }
+            Ended::Unknown(source) => {
+                let found = reread(conn, key, opts, step)?;
+                if found.as_ref() == Some(&to) {
+                    return Ok(to);
+                }
+                if found.as_ref() != Some(from) {
+                    return Err(lost(found));
+                }
+                if reissued {
+                    return Err(Error::EffectCommitFailed {
+                        key: key.to_owned(),
+                        source,
+                    });
+                }
+                reissued = true; // unchanged: the COMMIT did not land; same UPDATE once more
+            }
+        }
+    }
+}
+
+/// Reserve → execute → settle in one call (E1).
+///
+/// On a replay the stored result comes back and `executor` does not run. Otherwise `executor`
+/// runs with no transaction open, and its end is recorded: `Ok(bytes)` → COMMITTED;
+/// [`EffectError::NotExecuted`] → FAILED (a later call reserves and runs again); any other
+/// error or a panic → AMBIGUOUS. A panic is re-raised after it is recorded.
+///
+/// # Errors
+/// Those of [`reserve`] (the executor did not run) and [`settle`] (it did); plus
+/// [`Error::EffectNotExecuted`] carrying the executor's error when it proved non-execution,
+/// and [`Error::EffectAmbiguous`] when it failed otherwise.
+pub fn run_effect<F>(
+    conn: &mut Connection,
+    key: &str,
+    opts: &EffectOptions,
+    executor: F,
+) -> Result<EffectOutcome, Error>
+where
+    F: FnOnce() -> Result<Vec<u8>, EffectError>,
+{
+    let reservation = match reserve(conn, key, opts)? {
+        Reserved::Replay(row) => {
+            return Ok(EffectOutcome {
+                key: key.to_owned(),
+                result: row.result.unwrap_or_default(),
+                executed: false,
+            });
+        }
+        Reserved::Reservation(r) => r,
+    };
+    let ran = catch_unwind(AssertUnwindSafe(executor));
+    let (settlement, then) = settlement_of(ran);
+    let row = settle(conn, &reservation, settlement, opts);
+    finish(key, row, then)
+}
+
+/// What happens after the settlement is written.
+pub(crate) enum Then {
+    Return,
+    NotExecuted(BoxError),
+    Panic(Box<dyn std::any::Any + Send>),
+}
+
+/// Maps an executor's end to the settlement to record.
+pub(crate) fn settlement_of(
+    ran: std::thread::Result<Result<Vec<u8>, EffectError>>,
+) -> (Settlement, Then) {
+    match ran {
+        Ok(Ok(result)) => (Settlement::Executed(result), Then::Return),
+        Ok(Err(EffectError::NotExecuted(e))) => {
+            (Settlement::NotExecuted(chain(&*e)), Then::NotExecuted(e))
+        }
+        Ok(Err(EffectError::Failed(e))) => (Settlement::Failed(chain(&*e)), Then::Return),
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            (
+                Settlement::Failed(format!("executor panicked: {text}")),
+                Then::Panic(panic),
+            )
+        }
+    }
+}
+
+/// Turns the settled row into `run_effect`'s answer.
+pub(crate) fn finish(
+    key: &str,
+    row: Result<Effect, Error>,
+    then: Then,
+) -> Result<EffectOutcome, Error> {
+    if let Then::Panic(p) = then {
+        resume_unwind(p);
+    }
+    let row = row?;
+    match (row.state, then) {
+        (EffectState::Committed, _) => Ok(EffectOutcome {
+            key: key.to_owned(),
+            result: row.result.unwrap_or_default(),
+            executed: true,
+        }),
+        (EffectState::Failed, Then::NotExecuted(source)) => Err(Error::EffectNotExecuted {
+            key: key.to_owned(),
+            source,
+        }),
+        _ => Err(ambiguous(&row)),
+    }
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
