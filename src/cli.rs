@@ -34,6 +34,8 @@ enum Command {
     Verify(crate::ops::VerifyArgs),
     /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
     CheckStore(crate::ops::CheckStoreArgs),
+    /// Benchmarks side by side in one run (P1-P6 of BENCHMARKS.md); `--quick` for a smoke run.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// `idem serve`.
@@ -104,6 +106,7 @@ impl Cli {
             Command::Restore(a) => crate::ops::restore(a).await,
             Command::Verify(a) => crate::ops::verify(a).await,
             Command::CheckStore(a) => crate::ops::check_store(a).await,
+            Command::Bench(a) => crate::bench::run(a).await,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! user or environment input.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod cli;
 mod demo;
 mod ledger;

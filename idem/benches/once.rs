@@ -1,12 +1,12 @@
-//! `once` versus the same one-row effect transaction without the dedup row, on a file
-//! database in WAL mode with 100k keys already stored, at `synchronous=FULL` and `NORMAL`;
-//! plus the replay path. Criterion measures each path; then a table prints the ratios and the
-//! WAL bytes written per request, measured in the same run (`IDEM_BENCH_N` requests per cell).
+//! Criterion micro-benchmarks of the hot paths: `once` (dedup insert) versus the same one-row
+//! effect transaction without the dedup row, on a file database in WAL mode with 100k keys
+//! already stored, at `synchronous=FULL` and `NORMAL`; the bare key INSERT (the floor); and the
+//! replay lookup. The ratio table with WAL bytes per request is `idem bench --only p1`.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::Criterion;
 use rusqlite::{Connection, TransactionBehavior};
@@ -91,75 +91,6 @@ fn dedup(conn: &mut Connection, key: &str) {
     idem::once(conn, key, 1, |tx| effect(tx, key)).unwrap();
 }
 
-/// Mean time per request and WAL bytes per request over `n` requests.
-fn measure(
-    path: &Path,
-    conn: &mut Connection,
-    keys: &mut Keys,
-    n: usize,
-    f: fn(&mut Connection, &str),
-) -> (Duration, f64) {
-    conn.execute_batch("PRAGMA wal_autocheckpoint=0; PRAGMA wal_checkpoint(TRUNCATE)")
-        .unwrap();
-    let wal = path.with_extension("db-wal");
-    let before = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-    let start = Instant::now();
-    for _ in 0..n {
-        f(conn, &keys.next());
-    }
-    let took = start.elapsed();
-    let after = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA wal_autocheckpoint=1000")
-        .unwrap();
-    (took / n as u32, (after - before) as f64 / n as f64)
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn table(dir: &Path) {
-    let n: usize = std::env::var("IDEM_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(400);
-    println!(
-        "\nidem dedup overhead: {PRELOAD} keys preloaded, {n} requests per cell, median of 5 interleaved runs"
-    );
-    println!(
-        "| synchronous | effect only | once (dedup) | ratio | WAL B/req effect | WAL B/req once | replay |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    for sync in ["FULL", "NORMAL"] {
-        let (path, mut conn, mut keys) = setup(dir, sync);
-        let (mut tp, mut td, mut tb) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut wp, mut wd) = (0.0, 0.0);
-        for _ in 0..5 {
-            let (t, w) = measure(&path, &mut conn, &mut keys, n, plain);
-            tp.push(t);
-            wp = w;
-            let (t, w) = measure(&path, &mut conn, &mut keys, n, dedup);
-            td.push(t);
-            wd = w;
-            tb.push(measure(&path, &mut conn, &mut keys, n, bare_key).0);
-        }
-        let key = keys.next();
-        dedup(&mut conn, &key);
-        let start = Instant::now();
-        for _ in 0..n {
-            black_box(idem::once(&mut conn, &key, 1, |tx| effect(tx, &key)).unwrap());
-        }
-        let replay = start.elapsed() / n as u32;
-        let (p, d, b) = (median(tp), median(td), median(tb));
-        println!(
-            "| {sync} | {p:?} | {d:?} | {:.2}x | {b:?} ({:.2}x) | {wp:.0} | {wd:.0} | {replay:?} |",
-            d.as_secs_f64() / p.as_secs_f64(),
-            b.as_secs_f64() / p.as_secs_f64()
-        );
-    }
-}
-
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Criterion::default()
@@ -171,6 +102,9 @@ fn main() {
         let mut g = c.benchmark_group(format!("synchronous={sync}"));
         g.bench_function("effect only", |b| b.iter(|| plain(&mut conn, &keys.next())));
         g.bench_function("once", |b| b.iter(|| dedup(&mut conn, &keys.next())));
+        g.bench_function("floor: effect + bare key INSERT", |b| {
+            b.iter(|| bare_key(&mut conn, &keys.next()))
+        });
         let key = keys.next();
         dedup(&mut conn, &key);
         g.bench_function("replay", |b| {
@@ -179,5 +113,4 @@ fn main() {
         g.finish();
     }
     c.final_summary();
-    table(dir.path());
 }
