@@ -1,0 +1,558 @@
+//! External effects: reserve → execute → settle. Each test names the behaviour it guards and
+//! fails on a version without it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use idem::{
+    EffectError, EffectInjected, EffectOptions, EffectPoint, EffectSeam, EffectState, EffectStep,
+    Error, Reserved, Resolution, Settlement,
+};
+use rusqlite::Connection;
+
+type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const T0: u64 = 1_700_000_000_000;
+const LEASE: u64 = 10_000;
+
+#[derive(Debug)]
+struct TestClock(AtomicU64);
+
+impl idem::Clock for TestClock {
+    fn now_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+fn clock(at: u64) -> Arc<TestClock> {
+    Arc::new(TestClock(AtomicU64::new(at)))
+}
+
+/// A seam that injects at each point as many times as scripted, counts every visit, and can
+/// run an action (another connection's write) when the re-read is about to happen.
+#[derive(Default)]
+struct Script {
+    fail: Mutex<HashMap<EffectPoint, u32>>,
+    seen: Mutex<HashMap<EffectPoint, u32>>,
+    before_reread: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for Script {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Script")
+    }
+}
+
+impl Script {
+    fn failing(points: &[(EffectPoint, u32)]) -> Arc<Self> {
+        let s = Script::default();
+        s.fail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(points.iter().copied());
+        Arc::new(s)
+    }
+
+    fn seen(&self, point: EffectPoint) -> u32 {
+        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.get(&point).copied().unwrap_or(0)
+    }
+}
+
+impl EffectSeam for Script {
+    fn at(&self, point: EffectPoint) -> Result<(), EffectInjected> {
+        *self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(point)
+            .or_insert(0) += 1;
+        if matches!(point, EffectPoint::BeforeReread(_)) {
+            let action = self
+                .before_reread
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(action) = action {
+                action();
+            }
+        }
+        let mut fail = self.fail.lock().unwrap_or_else(|p| p.into_inner());
+        match fail.get_mut(&point) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                Err(EffectInjected { point })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn db() -> Result<
+    (tempfile::TempDir, std::path::PathBuf, Connection),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("t.db");
+    let conn = Connection::open(&path)?;
+    conn.execute_batch("PRAGMA journal_mode=WAL")?;
+    idem::ensure_schema(&conn)?;
+    Ok((dir, path, conn))
+}
+
+fn opts(at: u64) -> EffectOptions {
+    EffectOptions::new().lease_ms(LEASE).clock(clock(at))
+}
+
+/// An executor that counts its runs and returns `result`.
+fn counting(
+    runs: &Arc<AtomicUsize>,
+    result: &'static [u8],
+) -> impl FnOnce() -> Result<Vec<u8>, EffectError> + use<> {
+    let runs = runs.clone();
+    move || {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok(result.to_vec())
+    }
+}
+
+fn state(conn: &Connection, key: &str) -> Result<Option<EffectState>, Error> {
+    Ok(idem::effect(conn, key)?.map(|e| e.state))
+}
+
+#[test]
+fn an_effect_runs_once_and_replays_its_result() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = idem::run_effect(&mut conn, "pay-1", &opts(T0), counting(&runs, b""))?;
+    let again = idem::run_effect(&mut conn, "pay-1", &opts(T0 + 1), counting(&runs, b"x"))?;
+    assert!(first.executed && !again.executed);
+    assert_eq!(again.result, b"", "an empty result replays empty");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&conn, "pay-1")?, Some(EffectState::Committed));
+    Ok(())
+}
+
+#[test]
+fn a_reserve_commit_that_landed_but_reported_an_error_is_ours() -> R {
+    // Guards: a landed reservation reported as failed must be recognised by the re-read,
+    // not returned as an error (or re-inserted).
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::AfterCommit(EffectStep::Reserve), 1)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )?;
+    assert!(out.executed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(seam.seen(EffectPoint::BeforeReread(EffectStep::Reserve)), 1);
+    assert_eq!(
+        seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)),
+        1,
+        "no second insert"
+    );
+    assert_eq!(state(&conn, "k")?, Some(EffectState::Committed));
+    Ok(())
+}
+
+#[test]
+fn a_reserve_commit_that_did_not_land_retries_the_insert_once() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Reserve), 1)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )?;
+    assert!(out.executed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)), 2);
+    Ok(())
+}
+
+#[test]
+fn a_reserve_commit_that_never_lands_is_retried_exactly_once() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Reserve), 99)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )
+    .err()
+    .ok_or("false success")?;
+    assert!(matches!(err, Error::EffectCommitFailed { .. }), "{err:?}");
+    assert!(err.is_retryable());
+    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)), 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(state(&conn, "k")?, None, "nothing written");
+    Ok(())
+}
+
+#[test]
+fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
+    // Guards: the re-read must compare the whole row. Another caller reused our attempt id and
+    // reserved the key while our COMMIT failed; matching the id alone would run our executor
+    // beside theirs.
+    let (_d, path, mut conn) = db()?;
+    let id = [7u8; 16];
+    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Reserve), 1)]);
+    let other_path = path.clone();
+    *seam.before_reread.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+        let mut other = Connection::open(other_path).expect("open second connection");
+        let theirs = EffectOptions::new()
+            .lease_ms(LEASE)
+            .clock(clock(T0 - 5))
+            .attempt_id(id)
+            .holder("someone-else");
+        let got = idem::reserve(&mut other, "k", &theirs);
+        assert!(matches!(got, Ok(Reserved::Reservation(_))), "{got:?}");
+    }));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ours = opts(T0).attempt_id(id).seam(seam.clone());
+    let err = idem::run_effect(&mut conn, "k", &ours, counting(&runs, b"ours"))
+        .err()
+        .ok_or("treated another attempt's row as ours")?;
+    match err {
+        Error::EffectInProgress { holder, .. } => assert_eq!(holder, "someone-else"),
+        other => panic!("expected EffectInProgress, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    let row = idem::effect(&conn, "k")?.ok_or("no row")?;
+    assert_eq!(row.holder.as_deref(), Some("someone-else"));
+    Ok(())
+}
+
+#[test]
+fn a_settlement_whose_commit_did_not_land_is_reissued_once() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Settle), 1)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )?;
+    assert!(out.executed);
+    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Settle)), 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&conn, "k")?, Some(EffectState::Committed));
+    Ok(())
+}
+
+#[test]
+fn a_settlement_that_never_lands_is_reissued_only_once() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Settle), 99)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )
+    .err()
+    .ok_or("false success")?;
+    assert!(matches!(err, Error::EffectCommitFailed { .. }), "{err:?}");
+    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Settle)), 2);
+    assert_eq!(state(&conn, "k")?, Some(EffectState::Reserved));
+    // The key is never re-run: after the lease it is AMBIGUOUS.
+    let err = idem::run_effect(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
+        .err()
+        .ok_or("re-ran")?;
+    assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+#[test]
+fn a_settlement_that_landed_but_reported_an_error_is_ours() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::AfterCommit(EffectStep::Settle), 1)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )?;
+    assert_eq!(out.result, b"ok");
+    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Settle)), 1);
+    Ok(())
+}
+
+#[test]
+fn a_failed_reread_writes_nothing_and_never_runs_the_executor() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[
+        (EffectPoint::BeforeCommit(EffectStep::Reserve), 1),
+        (EffectPoint::BeforeReread(EffectStep::Reserve), 1),
+    ]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )
+    .err()
+    .ok_or("false success")?;
+    assert!(matches!(err, Error::EffectCommitUnknown { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)), 1);
+    assert_eq!(state(&conn, "k")?, None, "nothing written");
+    Ok(())
+}
+
+#[test]
+fn a_failed_reread_after_a_landed_reservation_ends_ambiguous_not_rerun() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[
+        (EffectPoint::AfterCommit(EffectStep::Reserve), 1),
+        (EffectPoint::BeforeReread(EffectStep::Reserve), 1),
+    ]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )
+    .err()
+    .ok_or("false success")?;
+    assert!(matches!(err, Error::EffectCommitUnknown { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(state(&conn, "k")?, Some(EffectState::Reserved));
+    let err = idem::run_effect(&mut conn, "k", &opts(T0 + 1), counting(&runs, b"x"))
+        .err()
+        .ok_or("ran during the lease")?;
+    assert!(matches!(err, Error::EffectInProgress { .. }), "{err:?}");
+    let err = idem::run_effect(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
+        .err()
+        .ok_or("ran after the lease")?;
+    assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    Ok(())
+}
+
+#[test]
+fn busy_reported_in_band_retries_the_write() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let seam = Script::failing(&[(EffectPoint::Busy(EffectStep::Reserve), 1)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(
+        &mut conn,
+        "k",
+        &opts(T0).seam(seam.clone()),
+        counting(&runs, b"ok"),
+    )?;
+    assert!(out.executed);
+    assert_eq!(seam.seen(EffectPoint::Busy(EffectStep::Reserve)), 2);
+    assert_eq!(
+        seam.seen(EffectPoint::BeforeReread(EffectStep::Reserve)),
+        0,
+        "busy is not an unknown outcome"
+    );
+    Ok(())
+}
+
+#[test]
+fn not_executed_fails_the_key_and_a_retry_reserves_and_executes_once() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let err = idem::run_effect(&mut conn, "k", &opts(T0), || {
+        Err(EffectError::not_executed("card declined before capture"))
+    })
+    .err()
+    .ok_or("false success")?;
+    assert!(matches!(err, Error::EffectNotExecuted { .. }), "{err:?}");
+    assert_eq!(state(&conn, "k")?, Some(EffectState::Failed));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(&mut conn, "k", &opts(T0 + 1), counting(&runs, b"paid"))?;
+    assert!(out.executed);
+    let out = idem::run_effect(&mut conn, "k", &opts(T0 + 2), counting(&runs, b"again"))?;
+    assert_eq!((out.executed, out.result.as_slice()), (false, &b"paid"[..]));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let row = idem::effect(&conn, "k")?.ok_or("no row")?;
+    assert_eq!(row.attempts, 2);
+    Ok(())
+}
+
+#[test]
+fn any_other_error_is_ambiguous_and_no_retry_clears_it() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let err = idem::run_effect(&mut conn, "k", &opts(T0), || {
+        Err(EffectError::failed(
+            "connection reset after the request was sent",
+        ))
+    })
+    .err()
+    .ok_or("false success")?;
+    assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
+    let runs = Arc::new(AtomicUsize::new(0));
+    for at in [T0 + 1, T0 + 10 * LEASE] {
+        let err = idem::run_effect(&mut conn, "k", &opts(at), counting(&runs, b"x"))
+            .err()
+            .ok_or("re-ran an ambiguous effect")?;
+        assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    Ok(())
+}
+
+#[test]
+fn a_panicking_executor_leaves_the_key_ambiguous_and_the_panic_propagates() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        idem::run_effect(
+            &mut conn,
+            "k",
+            &opts(T0),
+            || -> Result<Vec<u8>, EffectError> { panic!("boom") },
+        )
+    }));
+    assert!(caught.is_err(), "the panic propagates");
+    let row = idem::effect(&conn, "k")?.ok_or("no row")?;
+    assert_eq!(row.state, EffectState::Ambiguous);
+    assert!(row.error.unwrap_or_default().contains("boom"));
+    Ok(())
+}
+
+#[test]
+fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() -> R {
+    let (_d, _p, mut conn) = db()?;
+    let Reserved::Reservation(held) = idem::reserve(&mut conn, "k", &opts(T0).holder("A"))? else {
+        return Err("no reservation".into());
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    match idem::run_effect(&mut conn, "k", &opts(T0 + LEASE - 1), counting(&runs, b"x")) {
+        Err(Error::EffectInProgress {
+            holder,
+            lease_until_ms,
+            ..
+        }) => assert_eq!((holder.as_str(), lease_until_ms), ("A", T0 + LEASE)),
+        other => panic!("expected EffectInProgress, got {other:?}"),
+    }
+    let err = idem::run_effect(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
+        .err()
+        .ok_or("a lapsed lease was re-run")?;
+    assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The late holder's settlement fails its conditional UPDATE and says so.
+    let late = idem::settle(
+        &mut conn,
+        &held,
+        Settlement::Executed(b"late".to_vec()),
+        &opts(T0 + LEASE + 1),
+    );
+    assert!(
+        matches!(
+            late,
+            Err(Error::EffectLost {
+                found: Some(EffectState::Ambiguous),
+                ..
+            })
+        ),
+        "{late:?}"
+    );
+    assert_eq!(state(&conn, "k")?, Some(EffectState::Ambiguous));
+    Ok(())
+}
+
+#[test]
+fn an_operator_resolves_ambiguous_effects_with_who_and_when() -> R {
+    let (_d, _p, mut conn) = db()?;
+    for key in ["a", "b", "c"] {
+        let _ = idem::run_effect(&mut conn, key, &opts(T0), || {
+            Err(EffectError::failed("timeout"))
+        });
+    }
+    let listed: Vec<_> = idem::effects(&conn, Some(EffectState::Ambiguous))?
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(listed, ["a", "b", "c"]);
+
+    let row = idem::resolve(
+        &mut conn,
+        "a",
+        Resolution::Executed(b"r".to_vec()),
+        "ops@x",
+        T0 + 5,
+    )?;
+    assert_eq!(
+        (row.state, row.resolved_by.as_deref(), row.updated_ms),
+        (EffectState::Committed, Some("ops@x"), T0 + 5)
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    let out = idem::run_effect(&mut conn, "a", &opts(T0 + 6), counting(&runs, b"x"))?;
+    assert_eq!((out.executed, out.result.as_slice()), (false, &b"r"[..]));
+
+    idem::resolve(&mut conn, "b", Resolution::NotExecuted, "ops@x", T0 + 5)?;
+    let out = idem::run_effect(&mut conn, "b", &opts(T0 + 6), counting(&runs, b"b"))?;
+    assert!(out.executed, "a resolved-not-executed key runs again");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let err = idem::resolve(&mut conn, "a", Resolution::NotExecuted, "ops@x", T0 + 7)
+        .err()
+        .ok_or("resolved a committed effect")?;
+    assert!(
+        matches!(
+            err,
+            Error::EffectNotAmbiguous {
+                state: Some(EffectState::Committed),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    // The reconcile hook decides what it can and leaves the rest.
+    let hook = |e: &idem::Effect| (e.key == "c").then(|| Resolution::Executed(b"c".to_vec()));
+    let done = idem::reconcile(
+        &mut conn,
+        &hook,
+        "reconciler",
+        T0 + 8,
+        &EffectOptions::new(),
+    )?;
+    assert_eq!(done.len(), 1);
+    assert_eq!(idem::effects(&conn, Some(EffectState::Ambiguous))?.len(), 0);
+    assert_eq!(idem::effects(&conn, None)?.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn a_schema_version_1_database_without_the_effects_table_gets_it_on_first_reserve() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut conn = Connection::open(dir.path().join("old.db"))?;
+    idem::ensure_schema(&conn)?;
+    conn.execute_batch("DROP TABLE idem_effects")?; // as written by a version before effects
+    idem::ensure_schema(&conn)?;
+    assert!(idem::effects(&conn, None)?.is_empty());
+    let out = idem::run_effect(&mut conn, "k", &opts(T0), || Ok(b"v".to_vec()))?;
+    assert!(out.executed);
+    Ok(())
+}
+
+#[test]
+fn the_write_hook_commits_with_every_transition() -> R {
+    let (_d, _p, mut conn) = db()?;
+    conn.execute_batch("CREATE TABLE bumps (n INTEGER)")?;
+    let hook: idem::WriteHook =
+        Arc::new(|c: &Connection| c.execute("INSERT INTO bumps VALUES (1)", []).map(|_| ()));
+    let o = opts(T0).on_write(hook);
+    idem::run_effect(&mut conn, "k", &o, || Ok(b"v".to_vec()))?;
+    idem::run_effect(&mut conn, "k", &o, || Ok(b"v".to_vec()))?; // replay: no write
+    let n: i64 = conn.query_row("SELECT count(*) FROM bumps", [], |r| r.get(0))?;
+    assert_eq!(n, 2, "reserve and settle");
+    Ok(())
+}
