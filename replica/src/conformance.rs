@@ -2,9 +2,9 @@
 //!
 //! Each function takes a fresh store, runs one behaviour under its own random prefix and
 //! panics (via `assert!`) on a violated invariant; unexpected errors are returned. Run them
-//! all with [`run_all`]; `replica/tests/` runs it on `InMemory` and `LocalFileSystem`, and a
-//! later S3 suite runs the same functions. Nothing here assumes local paths in the store;
-//! hydration targets a temp directory on the local disk.
+//! all with [`run_all`]; `replica/tests/` runs it on `InMemory`, `LocalFileSystem` and, when
+//! [`S3_ENDPOINT_ENV`] is set, on an S3 API server ([`s3_store_from_env`]). Nothing here
+//! assumes local paths in the store; hydration targets a temp directory on the local disk.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -102,6 +102,42 @@ impl Failpoints for PauseAt {
         }
         Ok(())
     }
+}
+
+/// Names the S3 endpoint of a test server (`scripts/s3-server` sets it); unset = no S3 tests.
+pub const S3_ENDPOINT_ENV: &str = "IDEM_S3_ENDPOINT";
+/// Names the bucket on that server (default `idem-test`).
+pub const S3_BUCKET_ENV: &str = "IDEM_S3_BUCKET";
+
+/// The S3-compatible test server named by [`S3_ENDPOINT_ENV`], or `None` when it is unset.
+///
+/// Built the way a user configures one: `AmazonS3Builder` with the endpoint, path-style
+/// addressing, plain HTTP allowed, region `us-east-1` and static credentials. Conditional
+/// puts are object_store's default (`If-None-Match: *` for `PutMode::Create`). Each
+/// conformance function works under its own random prefix, so one bucket serves them all.
+///
+/// # Errors
+/// [`Error::Store`] when the builder refuses the settings.
+pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
+    let Ok(endpoint) = std::env::var(S3_ENDPOINT_ENV) else {
+        return Ok(None);
+    };
+    let bucket = std::env::var(S3_BUCKET_ENV).unwrap_or_else(|_| "idem-test".to_owned());
+    let store = object_store::aws::AmazonS3Builder::new()
+        .with_bucket_name(&bucket)
+        .with_endpoint(&endpoint)
+        .with_allow_http(true)
+        .with_virtual_hosted_style_request(false)
+        .with_region("us-east-1")
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .build()
+        .map_err(|source| Error::Store {
+            op: "build",
+            path: format!("s3://{bucket} at {endpoint}"),
+            source,
+        })?;
+    Ok(Some(Arc::new(store)))
 }
 
 fn prefix() -> Result<String, Error> {
