@@ -40,7 +40,8 @@
 //! # Core types
 //! - [`Registry`] (built with [`Registry::builder`]): one writer per org, opened on demand,
 //!   at most [`Settings::max_open_orgs`] open; `prune_all`, `shutdown`.
-//! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`.
+//! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
+//!   external effects with `effect` / `effect_blocking`, `effects`, `effect_record`, `resolve`.
 //!
 //! # Error semantics
 //! [`Error::kind`]: `Retry` (ship failed, busy: same key, same handle), `Reacquire` (fenced or
@@ -48,6 +49,7 @@
 //! `Corrupt`, `Fatal`. A fenced handle is poisoned: every later call fails fast.
 #![forbid(unsafe_code)]
 
+mod effect;
 mod error;
 mod local;
 mod org;

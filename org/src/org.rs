@@ -294,7 +294,12 @@ impl Org {
         Ok(deleted)
     }
 
-    async fn call<T>(
+    /// Waits until a ship covering commit `c` is published (I6).
+    pub(crate) async fn wait_shipped(&self, c: u64) -> Result<(), Error> {
+        self.inner.shared.wait_shipped(c).await
+    }
+
+    pub(crate) async fn call<T>(
         &self,
         job: impl FnOnce(oneshot::Sender<Result<T, idem::Error>>) -> Job,
     ) -> Result<T, Error> {

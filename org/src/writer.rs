@@ -35,6 +35,8 @@ pub(crate) enum Job {
         cutoff: SystemTime,
         reply: oneshot::Sender<Result<(u64, u64), idem::Error>>,
     },
+    /// External-effect work (`crate::effect`).
+    Effect(crate::effect::EffectJob),
 }
 
 pub(crate) const COMMIT_SCHEMA: &str = "
@@ -137,6 +139,7 @@ pub(crate) fn run(
                 });
                 let _ = reply.send(out);
             }
+            Job::Effect(job) => crate::effect::run_job(&mut conn, &committed, &clock, job),
         }
     }
 }

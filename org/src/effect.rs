@@ -1,0 +1,306 @@
+//! External effects on an acquired org: reserve → execute → settle, each write acknowledged
+//! only after a ship (I6), so a handoff between reserve and execute cannot let a successor
+//! execute again.
+//!
+//! ```text
+//! caller ─► writer: reserve (bumps the commit counter in the same tx) ─► wait_shipped ─┐
+//!   ┌──────────────────────────────────────────────────────────────────────────────────┘
+//!   └─► executor (a task / blocking thread; no transaction open)
+//!         ─► writer: settle (conditional UPDATE + counter bump) ─► wait_shipped ─► Ok
+//! ```
+//! A successor hydrates every acknowledged reservation, so it finds the key RESERVED by the old
+//! writer's attempt (in progress) and, once the lease lapses, AMBIGUOUS — never free to run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use idem::{
+    Effect, EffectError, EffectOptions, EffectOutcome, EffectState, Reservation, Reserved,
+    Resolution, Settlement,
+};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::writer::{Job, read_commit};
+use crate::{Error, Org};
+
+type Reply<T> = oneshot::Sender<Result<(T, u64), idem::Error>>;
+
+/// Effect work for the org's writer thread.
+pub(crate) enum EffectJob {
+    Reserve {
+        key: String,
+        opts: EffectOptions,
+        reply: Reply<Reserved>,
+    },
+    Settle {
+        reservation: Box<Reservation>,
+        settlement: Settlement,
+        opts: EffectOptions,
+        reply: Reply<Effect>,
+    },
+    Resolve {
+        key: String,
+        resolution: Resolution,
+        by: String,
+        reply: Reply<Effect>,
+    },
+    Read {
+        key: Option<String>,
+        state: Option<EffectState>,
+        reply: Reply<Vec<Effect>>,
+    },
+}
+
+fn bump(conn: &Connection) -> rusqlite::Result<()> {
+    conn.prepare_cached("UPDATE idem_org_commit SET n = n + 1 WHERE id = 0")?
+        .execute([])
+        .map(|_| ())
+}
+
+/// Every effect write bumps the commit counter in its own transaction (the snapshot that holds
+/// the counter value holds the transition); the registry clock stamps it unless one was set.
+fn writer_opts(opts: EffectOptions, clock: &Arc<dyn idem::Clock>) -> EffectOptions {
+    let opts = opts.on_write(Arc::new(bump));
+    if opts.has_clock() {
+        opts
+    } else {
+        opts.clock(clock.clone())
+    }
+}
+
+/// Runs one effect job on the writer connection. The reply carries the commit counter the
+/// caller must see shipped: every commit so far (the writer thread is the only writer, so this
+/// covers the job's own transition and, for a replay, the commit that settled the key).
+pub(crate) fn run_job(
+    conn: &mut Connection,
+    committed: &AtomicU64,
+    clock: &Arc<dyn idem::Clock>,
+    job: EffectJob,
+) {
+    let counter = |conn: &Connection| {
+        if let Ok(n) = read_commit(conn) {
+            committed.fetch_max(n, Ordering::SeqCst);
+        }
+        committed.load(Ordering::SeqCst)
+    };
+    match job {
+        EffectJob::Reserve { key, opts, reply } => {
+            let out = idem::reserve(conn, &key, &writer_opts(opts, clock));
+            let _ = reply.send(out.map(|r| (r, counter(conn))));
+        }
+        EffectJob::Settle {
+            reservation,
+            settlement,
+            opts,
+            reply,
+        } => {
+            let out = idem::settle(conn, &reservation, settlement, &writer_opts(opts, clock));
+            let _ = reply.send(out.map(|r| (r, counter(conn))));
+        }
+        EffectJob::Resolve {
+            key,
+            resolution,
+            by,
+            reply,
+        } => {
+            let opts = writer_opts(EffectOptions::new(), clock);
+            let out = idem::resolve_with(conn, &key, resolution, &by, clock.now_ms(), &opts);
+            let _ = reply.send(out.map(|r| (r, counter(conn))));
+        }
+        EffectJob::Read { key, state, reply } => {
+            let out = match key {
+                Some(k) => idem::effect(conn, &k).map(|r| r.into_iter().collect()),
+                None => idem::effects(conn, state),
+            };
+            let _ = reply.send(out.map(|r| (r, counter(conn))));
+        }
+    }
+}
+
+impl Org {
+    /// Runs an external effect (payment, email, webhook) at most once for `key` in the org's
+    /// acknowledged history, across handoffs (E1 with I6): the reservation is shipped before
+    /// `executor` starts, and the settlement is shipped before this returns `Ok`.
+    ///
+    /// `executor` runs as a tokio task with no transaction open. `Ok(bytes)` → COMMITTED and
+    /// replayed to every later call; [`EffectError::NotExecuted`] → FAILED (a later call runs it
+    /// again); any other error, a panic or a cancellation → AMBIGUOUS.
+    ///
+    /// # Errors
+    /// [`Error::Idem`] carrying `EffectInProgress` (retry later), `EffectAmbiguous` (needs
+    /// [`Org::resolve`]), `EffectNotExecuted`, `EffectLost`, or the commit errors of
+    /// `idem::reserve` / `idem::settle`; [`Error::ShipFailed`] (retry with the key: the
+    /// reservation may be local only, or the settlement unacknowledged); [`Error::Fenced`] /
+    /// [`Error::Closed`]: acquire again — if the executor already ran, the successor finds the
+    /// key reserved and later AMBIGUOUS, never free to run again.
+    pub async fn effect<F, Fut>(
+        &self,
+        key: &str,
+        opts: EffectOptions,
+        executor: F,
+    ) -> Result<EffectOutcome, Error>
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Vec<u8>, EffectError>> + Send + 'static,
+    {
+        let reservation = match self.reserve_effect(key, &opts).await? {
+            Ok(r) => r,
+            Err(replay) => return Ok(replay),
+        };
+        let ran = tokio::spawn(async move { executor().await }).await;
+        self.settle_effect(key, reservation, ran, opts).await
+    }
+
+    /// [`Org::effect`] for a blocking executor, run on tokio's blocking pool.
+    ///
+    /// # Errors
+    /// As [`Org::effect`].
+    pub async fn effect_blocking<F>(
+        &self,
+        key: &str,
+        opts: EffectOptions,
+        executor: F,
+    ) -> Result<EffectOutcome, Error>
+    where
+        F: FnOnce() -> Result<Vec<u8>, EffectError> + Send + 'static,
+    {
+        let reservation = match self.reserve_effect(key, &opts).await? {
+            Ok(r) => r,
+            Err(replay) => return Ok(replay),
+        };
+        let ran = tokio::task::spawn_blocking(executor).await;
+        self.settle_effect(key, reservation, ran, opts).await
+    }
+
+    /// The stored effect row of `key`, once every commit so far is shipped.
+    ///
+    /// # Errors
+    /// As [`Org::applied`].
+    pub async fn effect_record(&self, key: &str) -> Result<Option<Effect>, Error> {
+        let rows = self.read_effects(Some(key.to_owned()), None).await?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// Every effect row, or those in `state`, once every commit so far is shipped.
+    ///
+    /// # Errors
+    /// As [`Org::applied`].
+    pub async fn effects(&self, state: Option<EffectState>) -> Result<Vec<Effect>, Error> {
+        self.read_effects(None, state).await
+    }
+
+    /// Resolves an AMBIGUOUS effect (see `idem::resolve`), stamped with the registry clock and
+    /// acknowledged after a ship.
+    ///
+    /// # Errors
+    /// [`Error::Idem`] with `EffectNotAmbiguous` / `EffectLost`; otherwise as [`Org::applied`].
+    pub async fn resolve(
+        &self,
+        key: &str,
+        resolution: Resolution,
+        by: &str,
+    ) -> Result<Effect, Error> {
+        let (row, c) = self
+            .call(|reply| {
+                Job::Effect(EffectJob::Resolve {
+                    key: key.to_owned(),
+                    resolution,
+                    by: by.to_owned(),
+                    reply,
+                })
+            })
+            .await?;
+        self.wait_shipped(c).await?;
+        Ok(row)
+    }
+
+    async fn read_effects(
+        &self,
+        key: Option<String>,
+        state: Option<EffectState>,
+    ) -> Result<Vec<Effect>, Error> {
+        let (rows, c) = self
+            .call(|reply| Job::Effect(EffectJob::Read { key, state, reply }))
+            .await?;
+        self.wait_shipped(c).await?;
+        Ok(rows)
+    }
+
+    /// Reserves and waits for the ship; `Ok(Err(outcome))` is a replay.
+    async fn reserve_effect(
+        &self,
+        key: &str,
+        opts: &EffectOptions,
+    ) -> Result<Result<Reservation, EffectOutcome>, Error> {
+        let (reserved, c) = self
+            .call(|reply| {
+                Job::Effect(EffectJob::Reserve {
+                    key: key.to_owned(),
+                    opts: opts.clone(),
+                    reply,
+                })
+            })
+            .await?;
+        // The reservation (or, for a replay, the settlement) is durable in the store before
+        // the executor runs (or the result is returned).
+        self.wait_shipped(c).await?;
+        Ok(match reserved {
+            Reserved::Reservation(r) => Ok(r),
+            Reserved::Replay(row) => Err(EffectOutcome {
+                key: key.to_owned(),
+                result: row.result.unwrap_or_default(),
+                executed: false,
+            }),
+        })
+    }
+
+    async fn settle_effect(
+        &self,
+        key: &str,
+        reservation: Reservation,
+        ran: Result<Result<Vec<u8>, EffectError>, tokio::task::JoinError>,
+        opts: EffectOptions,
+    ) -> Result<EffectOutcome, Error> {
+        let (settlement, not_executed) = match ran {
+            Ok(Ok(result)) => (Settlement::Executed(result), None),
+            Ok(Err(EffectError::NotExecuted(e))) => {
+                (Settlement::NotExecuted(e.to_string()), Some(e))
+            }
+            Ok(Err(EffectError::Failed(e))) => (Settlement::Failed(e.to_string()), None),
+            Err(join) => (Settlement::Failed(format!("executor {join}")), None),
+        };
+        let (row, c) = self
+            .call(|reply| {
+                Job::Effect(EffectJob::Settle {
+                    reservation: Box::new(reservation),
+                    settlement,
+                    opts,
+                    reply,
+                })
+            })
+            .await?;
+        self.wait_shipped(c).await?;
+        match (row.state, not_executed) {
+            (EffectState::Committed, _) => Ok(EffectOutcome {
+                key: key.to_owned(),
+                result: row.result.unwrap_or_default(),
+                executed: true,
+            }),
+            (EffectState::Failed, Some(source)) => Err(Error::idem(
+                self.id(),
+                idem::Error::EffectNotExecuted {
+                    key: key.to_owned(),
+                    source,
+                },
+            )),
+            _ => Err(Error::idem(
+                self.id(),
+                idem::Error::EffectAmbiguous {
+                    key: key.to_owned(),
+                    reason: row.error.unwrap_or_default(),
+                },
+            )),
+        }
+    }
+}
