@@ -310,12 +310,30 @@ fn outcome_of(key: &str, row: &Row_) -> Outcome {
     }
 }
 
+/// A per-call attempt id: 8 random bytes drawn once per thread from the OS, then an 8-byte
+/// per-thread counter. Unique per call (the I9 re-read needs uniqueness, not secrecy) without
+/// a system call on every request.
 fn random_attempt_id() -> Result<Vec<u8>, Error> {
-    let mut id = [0u8; 16];
-    getrandom::fill(&mut id).map_err(|e| Error::Random {
-        reason: e.to_string(),
-    })?;
-    Ok(id.to_vec())
+    thread_local! {
+        static SEED: std::cell::Cell<Option<([u8; 8], u64)>> = const { std::cell::Cell::new(None) };
+    }
+    SEED.with(|cell| {
+        let (seed, n) = match cell.get() {
+            Some(v) => v,
+            None => {
+                let mut seed = [0u8; 8];
+                getrandom::fill(&mut seed).map_err(|e| Error::Random {
+                    reason: e.to_string(),
+                })?;
+                (seed, 0)
+            }
+        };
+        cell.set(Some((seed, n.wrapping_add(1))));
+        let mut id = Vec::with_capacity(16);
+        id.extend_from_slice(&seed);
+        id.extend_from_slice(&n.to_be_bytes());
+        Ok(id)
+    })
 }
 
 /// The error and its sources joined, as stored in `last_error`.

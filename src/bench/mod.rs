@@ -107,7 +107,11 @@ pub(crate) fn quantile(sorted: &[Duration], q: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
-/// Formats a duration in milliseconds with two decimals.
+/// Formats a duration in milliseconds with two decimals (microseconds below 1 ms).
 pub(crate) fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    if d < Duration::from_millis(1) {
+        format!("{:.1} µs", d.as_secs_f64() * 1e6)
+    } else {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    }
 }
