@@ -34,6 +34,10 @@ enum Command {
     Verify(crate::ops::VerifyArgs),
     /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
     CheckStore(crate::ops::CheckStoreArgs),
+    /// List an org's external effects (from its newest snapshot), e.g. `--state ambiguous`.
+    Effects(crate::ops::EffectsArgs),
+    /// Resolve an AMBIGUOUS external effect as executed (with its result) or not executed.
+    Resolve(crate::ops::ResolveArgs),
     /// Benchmarks side by side in one run (P1-P6 of BENCHMARKS.md); `--quick` for a smoke run.
     Bench(crate::bench::BenchArgs),
 }
@@ -106,6 +110,8 @@ impl Cli {
             Command::Restore(a) => crate::ops::restore(a).await,
             Command::Verify(a) => crate::ops::verify(a).await,
             Command::CheckStore(a) => crate::ops::check_store(a).await,
+            Command::Effects(a) => crate::ops::effects(a).await,
+            Command::Resolve(a) => crate::ops::resolve(a).await,
             Command::Bench(a) => crate::bench::run(a).await,
         }
     }

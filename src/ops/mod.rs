@@ -1,6 +1,7 @@
 //! Operator commands: prune (cron), inspect, snapshots, restore, verify, check-store.
 
 mod check_store;
+mod effects;
 mod prune;
 mod read;
 
@@ -11,6 +12,7 @@ use clap::Args;
 use idem_replica::{OrgId, Replica};
 
 pub use check_store::check_store;
+pub use effects::{EffectsArgs, ResolveArgs, effects, resolve};
 pub use prune::prune;
 pub use read::{inspect, restore, snapshots, verify};
 
