@@ -384,7 +384,33 @@ impl Inner {
     }
 }
 
-/// The org's shipper: ships whenever some request waits for an unshipped commit.
+/// Renews an idle org's lease; false when the org turned out fenced (and is now discarded).
+async fn keep_lease(inner: &Arc<Inner>) -> bool {
+    let kept = {
+        let mut claim = inner.claim.lock().await;
+        if inner.shared.lock().stop.is_some() {
+            return false;
+        }
+        inner.replica.keep_alive(&mut claim).await
+    };
+    match kept {
+        Ok(()) => true,
+        Err(e) if e.is_fenced() => {
+            tracing::warn!(org = %inner.shared.org, round = inner.shared.round, error = %e, "fenced while idle");
+            inner.shared.stop(Stop::Fenced);
+            inner.close_writer().await;
+            inner.discard_files();
+            false
+        }
+        Err(e) => {
+            tracing::warn!(org = %inner.shared.org, round = inner.shared.round, error = %e, "lease renewal failed");
+            true
+        }
+    }
+}
+
+/// The org's shipper: ships whenever some request waits for an unshipped commit, and keeps
+/// the lease of an idle org alive.
 async fn shipper(inner: Arc<Inner>) {
     let mut ships_since_retain = 0u64;
     loop {
@@ -395,7 +421,15 @@ async fn shipper(inner: Arc<Inner>) {
             if inner.shared.has_demand() {
                 break;
             }
-            inner.shared.demand.notified().await;
+            let keep_alive = Duration::from_millis((inner.replica.settings().lease_ms / 3).max(1));
+            tokio::select! {
+                () = inner.shared.demand.notified() => {}
+                () = tokio::time::sleep(keep_alive) => {
+                    if !keep_lease(&inner).await {
+                        return;
+                    }
+                }
+            }
         }
         let shipped = {
             let mut claim = inner.claim.lock().await;

@@ -368,6 +368,27 @@ impl Replica {
         }
     }
 
+    /// Keeps an idle writer's advisory lease alive. Once more than half of `lease_ms` has
+    /// elapsed since the last renewal, confirms that no successor appended to the log since
+    /// this claim's last entry, then renews `lease.json`. Ships renew the lease themselves;
+    /// this is for orgs without traffic, so a live writer's lease does not lapse while it idles
+    /// (which would let another writer claim without `force` and fence it on its next ship).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when a successor appended (the claim becomes unusable, I7);
+    /// [`Error::ClaimUnusable`]; [`Error::Store`] when the log cannot be listed.
+    pub async fn keep_alive(&self, claim: &mut Claim) -> Result<(), Error> {
+        Self::usable(claim)?;
+        let now = self.inner.clock.now_ms();
+        if now.saturating_sub(claim.lease_renewed_ms) * 2 <= self.inner.settings.lease_ms {
+            return Ok(());
+        }
+        let last = claim.next_seq.saturating_sub(1);
+        self.check_no_successor(claim, last).await?;
+        self.renew_lease(claim).await;
+        Ok(())
+    }
+
     /// After our create at `seq`, anything above it means a successor owns the org (I11).
     async fn check_no_successor(&self, claim: &mut Claim, seq: u64) -> Result<(), Error> {
         let log = self.history(&claim.org).await?;
