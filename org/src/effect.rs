@@ -223,7 +223,7 @@ impl Org {
         let (rows, c) = self
             .call(|reply| Job::Effect(EffectJob::Read { key, state, reply }))
             .await?;
-        self.wait_shipped(c).await?;
+        self.wait_confirmed(c).await?;
         Ok(rows)
     }
 
@@ -243,8 +243,12 @@ impl Org {
             })
             .await?;
         // The reservation (or, for a replay, the settlement) is durable in the store before
-        // the executor runs (or the result is returned).
-        self.wait_shipped(c).await?;
+        // the executor runs (or the result is returned); a replay also needs a confirmation
+        // that this writer still owns the org.
+        match reserved {
+            Reserved::Reservation(_) => self.wait_shipped(c).await?,
+            Reserved::Replay(_) => self.wait_confirmed(c).await?,
+        }
         Ok(match reserved {
             Reserved::Reservation(r) => Ok(r),
             Reserved::Replay(row) => Err(EffectOutcome {

@@ -37,17 +37,21 @@ impl LocalFiles {
         std::fs::create_dir_all(&dir).map_err(local_err(org, &dir))?;
         let base = format!("{round:020}-{nonce}");
         let lock_path = dir.join(format!("{base}.lock"));
+        // Lock under a name other processes' cleanup ignores, then rename into place: a
+        // `.lock` file is never visible unlocked, so no cleanup can take and delete it.
+        let pending = dir.join(format!("{base}.pending"));
         let lock = OpenOptions::new()
             .create_new(true)
             .write(true)
-            .open(&lock_path)
-            .map_err(local_err(org, &lock_path))?;
+            .open(&pending)
+            .map_err(local_err(org, &pending))?;
         lock.try_lock().map_err(|e| {
-            local_err(org, &lock_path)(match e {
+            local_err(org, &pending)(match e {
                 TryLockError::Error(e) => e,
                 TryLockError::WouldBlock => std::io::Error::other("lock held"),
             })
         })?;
+        std::fs::rename(&pending, &lock_path).map_err(local_err(org, &lock_path))?;
         remove_dead_claims(&dir, &lock_path);
         Ok(LocalFiles {
             db: dir.join(format!("{base}.db")),

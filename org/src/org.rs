@@ -10,7 +10,7 @@ use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
 use crate::local::LocalFiles;
-use crate::ship::{Counters, Shared, ShipState, Stop, ship_once};
+use crate::ship::{Counters, Shared, ShipState, Stop, confirm_once, ship_once};
 use crate::writer::{self, ApplyFn, InitFn, Job};
 use crate::{Error, Settings};
 
@@ -263,7 +263,11 @@ impl Org {
                 reply,
             })
             .await?;
-        self.inner.shared.wait_shipped(c).await?;
+        if out.applied {
+            self.inner.shared.wait_shipped(c).await?;
+        } else {
+            self.inner.shared.wait_confirmed(c).await?;
+        }
         Ok(out)
     }
 
@@ -279,7 +283,7 @@ impl Org {
                 reply,
             })
             .await?;
-        self.inner.shared.wait_shipped(c).await?;
+        self.inner.shared.wait_confirmed(c).await?;
         Ok(rec)
     }
 
@@ -297,6 +301,12 @@ impl Org {
     /// Waits until a ship covering commit `c` is published (I6).
     pub(crate) async fn wait_shipped(&self, c: u64) -> Result<(), Error> {
         self.inner.shared.wait_shipped(c).await
+    }
+
+    /// Waits for commit `c` to be shipped and for a confirmation that started after this call
+    /// (replays and reads).
+    pub(crate) async fn wait_confirmed(&self, c: u64) -> Result<(), Error> {
+        self.inner.shared.wait_confirmed(c).await
     }
 
     pub(crate) async fn call<T>(
@@ -337,7 +347,7 @@ impl Org {
         let result = {
             let mut claim = inner.claim.lock().await;
             let stopped = inner.shared.lock().stop;
-            match stopped {
+            let result = match stopped {
                 Some(stop) => Err(inner.shared.stop_error(stop)),
                 None => {
                     let unshipped =
@@ -356,9 +366,12 @@ impl Org {
                         Err(e) => Err(e),
                     }
                 }
-            }
+            };
+            // Stop while still holding the claim, so a shipper waiting for it finds the org
+            // closed instead of shipping on a released claim.
+            inner.shared.stop(Stop::Closed);
+            result
         };
-        inner.shared.stop(Stop::Closed);
         inner.discard_files();
         tracing::info!(org = %inner.shared.org, round = inner.shared.round, ok = result.is_ok(), "released");
         result
@@ -436,7 +449,11 @@ async fn shipper(inner: Arc<Inner>) {
             if inner.shared.lock().stop.is_some() {
                 return;
             }
-            ship_once(&inner.shared, &inner.replica, &mut claim, &inner.reader).await
+            if inner.shared.needs_ship() {
+                ship_once(&inner.shared, &inner.replica, &mut claim, &inner.reader).await
+            } else {
+                confirm_once(&inner.shared, &inner.replica, &mut claim).await
+            }
         };
         match shipped {
             Err(Error::Fenced { .. }) => {

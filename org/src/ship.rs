@@ -8,6 +8,11 @@
 //! Requests that commit while a ship is in flight are covered by the next one, so one ship
 //! acknowledges many requests. `Fenced` fails every waiter and poisons the org; any other ship
 //! error fails the waiters that ship would have covered with a retryable error.
+//!
+//! A replay or a read commits nothing, but it is still an acknowledgement under this round
+//! (I6, I7): it waits for a *confirmation* — a ship, or when nothing is unshipped a check that
+//! no successor appended to the log — that started after the request arrived. A fenced
+//! writer therefore never answers from its local file, even before it tries to ship.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,7 +24,13 @@ use tokio::sync::{Notify, oneshot};
 use crate::Error;
 use crate::writer::read_commit;
 
-type Waiter = (u64, oneshot::Sender<Result<(), Error>>);
+/// A waiting request: the commit it needs shipped, the first confirmation (by start number)
+/// that may acknowledge it, and where to send the outcome.
+pub(crate) struct Waiter {
+    commit: u64,
+    min_start: u64,
+    tx: oneshot::Sender<Result<(), Error>>,
+}
 
 /// Why an org stopped serving.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,8 +42,44 @@ pub(crate) enum Stop {
 #[derive(Default)]
 pub(crate) struct ShipState {
     pub shipped: u64,
+    /// Confirmations (ships or successor checks) started so far.
+    pub(crate) starts: u64,
+    /// Start number of the latest confirmation that succeeded.
+    pub(crate) confirmed: u64,
     pub(crate) waiters: Vec<Waiter>,
     pub stop: Option<Stop>,
+}
+
+impl ShipState {
+    fn satisfied(&self, w: &Waiter) -> bool {
+        w.commit <= self.shipped && w.min_start <= self.confirmed
+    }
+
+    /// Begins a confirmation and returns its start number.
+    fn begin(&mut self) -> u64 {
+        self.starts += 1;
+        self.starts
+    }
+
+    /// Records a successful confirmation and returns the waiters it acknowledges.
+    fn succeed(&mut self, start: u64, shipped: u64) -> Vec<Waiter> {
+        self.shipped = self.shipped.max(shipped);
+        self.confirmed = self.confirmed.max(start);
+        let (done, wait) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|w| self.satisfied(w));
+        self.waiters = wait;
+        done
+    }
+
+    /// Removes the waiters a failed confirmation would have acknowledged.
+    fn fail(&mut self, start: u64, covering: u64) -> Vec<Waiter> {
+        let (failed, wait) = std::mem::take(&mut self.waiters)
+            .into_iter()
+            .partition(|w: &Waiter| w.commit <= covering && w.min_start <= start);
+        self.waiters = wait;
+        failed
+    }
 }
 
 /// Counters of an org's shipping, for stats and benchmarks.
@@ -74,18 +121,33 @@ impl Shared {
         }
     }
 
-    /// Waits until a ship covering commit `c` is published (I6).
+    /// Waits until a ship covering commit `c` is published (I6): for a request that committed.
     pub async fn wait_shipped(&self, c: u64) -> Result<(), Error> {
+        self.wait(c, false).await
+    }
+
+    /// Waits until commit `c` is shipped and a confirmation that started after this call
+    /// succeeded (I6, I7): for replays and reads, which commit nothing themselves.
+    pub async fn wait_confirmed(&self, c: u64) -> Result<(), Error> {
+        self.wait(c, true).await
+    }
+
+    async fn wait(&self, c: u64, fresh: bool) -> Result<(), Error> {
         let rx = {
             let mut st = self.lock();
-            if c <= st.shipped {
-                return Ok(());
-            }
             if let Some(stop) = st.stop {
                 return Err(self.stop_error(stop));
             }
+            let waiter_min = if fresh { st.starts + 1 } else { 0 };
+            if c <= st.shipped && waiter_min <= st.confirmed {
+                return Ok(());
+            }
             let (tx, rx) = oneshot::channel();
-            st.waiters.push((c, tx));
+            st.waiters.push(Waiter {
+                commit: c,
+                min_start: waiter_min,
+                tx,
+            });
             rx
         };
         self.demand.notify_one();
@@ -98,10 +160,17 @@ impl Shared {
         out
     }
 
-    /// True when some waiter needs a commit that is not shipped yet.
+    /// True when some waiter needs a ship or a confirmation.
     pub fn has_demand(&self) -> bool {
         let st = self.lock();
-        st.waiters.iter().any(|(c, _)| *c > st.shipped)
+        st.waiters.iter().any(|w| !st.satisfied(w))
+    }
+
+    /// True when some waiter needs a commit that is not shipped yet (a full ship, not only a
+    /// successor check).
+    pub fn needs_ship(&self) -> bool {
+        let st = self.lock();
+        st.waiters.iter().any(|w| w.commit > st.shipped)
     }
 
     /// Fails every waiter and stops the org.
@@ -111,8 +180,8 @@ impl Shared {
             st.stop.get_or_insert(stop);
             std::mem::take(&mut st.waiters)
         };
-        for (_, tx) in waiters {
-            let _ = tx.send(Err(self.stop_error(stop)));
+        for w in waiters {
+            let _ = w.tx.send(Err(self.stop_error(stop)));
         }
         self.demand.notify_one();
     }
@@ -128,6 +197,7 @@ pub(crate) async fn ship_once(
     claim: &mut Claim,
     reader: &Arc<Mutex<Option<Connection>>>,
 ) -> Result<(), Error> {
+    let start = shared.lock().begin();
     let reader = reader.clone();
     let snap = tokio::task::spawn_blocking(move || {
         let conn = reader.lock().unwrap_or_else(|p| p.into_inner());
@@ -153,54 +223,76 @@ pub(crate) async fn ship_once(
                 .counters
                 .bytes_shipped
                 .fetch_add(shipped.compressed_bytes, Ordering::Relaxed);
-            let done = {
-                let mut st = shared.lock();
-                st.shipped = st.shipped.max(s);
-                let (done, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
-                    .into_iter()
-                    .partition(|(c, _)| *c <= s);
-                st.waiters = wait;
-                done
-            };
+            let done = shared.lock().succeed(start, s);
             tracing::debug!(org = %shared.org, round = shared.round, seq = shipped.seq, commit = s, acks = done.len(), bytes = shipped.compressed_bytes, "shipped");
-            for (_, tx) in done {
-                let _ = tx.send(Ok(()));
+            for w in done {
+                let _ = w.tx.send(Ok(()));
             }
             Ok(())
         }
-        Err(e) if e.is_fenced() => {
-            tracing::warn!(org = %shared.org, round = shared.round, error = %e, "fenced");
-            shared.stop(Stop::Fenced);
-            Err(Error::Fenced {
-                org: shared.org.clone(),
-                ours: shared.round,
-            })
-        }
-        Err(e) => {
-            shared
-                .counters
-                .ship_failures
-                .fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(org = %shared.org, round = shared.round, error = %e, "ship failed");
-            let source = Arc::new(e);
-            let failed = {
-                let mut st = shared.lock();
-                let (failed, wait): (Vec<_>, Vec<_>) = std::mem::take(&mut st.waiters)
-                    .into_iter()
-                    .partition(|(c, _)| *c <= s);
-                st.waiters = wait;
-                failed
-            };
-            for (_, tx) in failed {
-                let _ = tx.send(Err(Error::ShipFailed {
-                    org: shared.org.clone(),
-                    source: source.clone(),
-                }));
+        Err(e) => Err(shared.failed(start, s, e)),
+    }
+}
+
+/// Confirms, without shipping, that no successor appended to the log since this claim's last
+/// entry, then acknowledges the replays and reads waiting for a confirmation.
+///
+/// # Errors
+/// As [`ship_once`].
+pub(crate) async fn confirm_once(
+    shared: &Shared,
+    replica: &Replica,
+    claim: &mut Claim,
+) -> Result<(), Error> {
+    let (start, shipped) = {
+        let mut st = shared.lock();
+        (st.begin(), st.shipped)
+    };
+    match replica.confirm(claim).await {
+        Ok(()) => {
+            let done = shared.lock().succeed(start, shipped);
+            for w in done {
+                let _ = w.tx.send(Ok(()));
             }
-            Err(Error::ShipFailed {
-                org: shared.org.clone(),
-                source,
-            })
+            Ok(())
+        }
+        Err(e) => Err(shared.failed(start, shipped, e)),
+    }
+}
+
+impl Shared {
+    /// Settles a failed confirmation: fenced stops the org; anything else fails the waiters it
+    /// would have acknowledged with a retryable error.
+    fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
+        let shared = self;
+        match e {
+            e if e.is_fenced() => {
+                tracing::warn!(org = %shared.org, round = shared.round, error = %e, "fenced");
+                shared.stop(Stop::Fenced);
+                Error::Fenced {
+                    org: shared.org.clone(),
+                    ours: shared.round,
+                }
+            }
+            e => {
+                shared
+                    .counters
+                    .ship_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(org = %shared.org, round = shared.round, error = %e, "ship failed");
+                let source = Arc::new(e);
+                let failed = shared.lock().fail(start, covering);
+                for w in failed {
+                    let _ = w.tx.send(Err(Error::ShipFailed {
+                        org: shared.org.clone(),
+                        source: source.clone(),
+                    }));
+                }
+                Error::ShipFailed {
+                    org: shared.org.clone(),
+                    source,
+                }
+            }
         }
     }
 }

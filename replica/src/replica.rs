@@ -383,29 +383,50 @@ impl Replica {
         if now.saturating_sub(claim.lease_renewed_ms) * 2 <= self.inner.settings.lease_ms {
             return Ok(());
         }
-        let last = claim.next_seq.saturating_sub(1);
-        self.check_no_successor(claim, last).await?;
+        self.confirm(claim).await?;
         self.renew_lease(claim).await;
         Ok(())
     }
 
+    /// Confirms that this claim still owns the org: no entry was appended to the log after
+    /// the claim's last entry (one LIST). A writer answers a replay or a read only after a
+    /// ship or a confirmation that started after the request arrived, so a fenced writer never
+    /// acknowledges from its local file (I6, I7).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when a successor appended (the claim becomes unusable);
+    /// [`Error::ClaimUnusable`]; [`Error::Store`] when the log cannot be listed.
+    pub async fn confirm(&self, claim: &mut Claim) -> Result<(), Error> {
+        Self::usable(claim)?;
+        let last = claim.next_seq.saturating_sub(1);
+        self.check_no_successor(claim, last).await
+    }
+
     /// After our create at `seq`, anything above it means a successor owns the org (I11).
+    /// One LIST; only the highest entry above is read (for the error's `theirs`), so the cost
+    /// does not grow with the length of the log.
     async fn check_no_successor(&self, claim: &mut Claim, seq: u64) -> Result<(), Error> {
-        let log = self.history(&claim.org).await?;
-        if let Some(above) = log
-            .iter()
-            .filter(|e| e.seq() > seq)
-            .max_by_key(|e| e.round())
-        {
-            claim.unusable = Some("fenced");
-            warn!(org = %claim.org, round = claim.round, seq, theirs = above.round(), "successor above our entry");
-            return Err(Error::Fenced {
-                org: claim.org.to_string(),
-                ours: claim.round,
-                theirs: above.round(),
-            });
-        }
-        Ok(())
+        let above: Vec<u64> = self
+            .log_seqs(&claim.org)
+            .await?
+            .into_iter()
+            .filter(|s| *s > seq)
+            .collect();
+        let Some(&top) = above.iter().max() else {
+            return Ok(());
+        };
+        claim.unusable = Some("fenced");
+        let theirs = match self.read_entry(&claim.org, top).await {
+            Ok(Some(entry)) => entry.round(),
+            // Unreadable or gone (retention): still a successor; report the next round.
+            _ => claim.round + 1,
+        };
+        warn!(org = %claim.org, round = claim.round, seq, theirs, "successor above our entry");
+        Err(Error::Fenced {
+            org: claim.org.to_string(),
+            ours: claim.round,
+            theirs,
+        })
     }
 
     async fn renew_lease(&self, claim: &mut Claim) {

@@ -158,7 +158,10 @@ pub(crate) fn unpack(
 ) -> Result<Vec<u8>, Error> {
     let frame = blob_body(object, blob)?;
     let cap = usize::try_from(bytes).map_err(|_| corrupt(object, "size does not fit in memory"))?;
-    let mut out = Vec::with_capacity(cap);
+    // The log's size field is not trusted for allocation: a corrupt entry claiming terabytes
+    // would abort the process (allocation failure is not a panic). Preallocate at most what a
+    // generous compression ratio allows; the copy below grows as needed up to `bytes + 1`.
+    let mut out = Vec::with_capacity(cap.min(frame.len().saturating_mul(16)));
     let mut dec = zstd::stream::read::Decoder::new(frame).map_err(|e| corrupt(object, e))?;
     // Read at most one byte more than expected so a bloated blob cannot exhaust memory.
     std::io::copy(
