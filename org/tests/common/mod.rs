@@ -13,13 +13,24 @@ pub type R = Result<(), BoxErr>;
 pub const LEDGER: &str =
     "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, org TEXT NOT NULL);";
 
+pub mod scenarios;
+
 pub async fn replica(
     store: Arc<dyn ObjectStore>,
     failpoints: Option<Arc<dyn Failpoints>>,
 ) -> Result<Replica, BoxErr> {
+    replica_at(store, "t", failpoints).await
+}
+
+/// A replica under `prefix` (tests sharing one bucket use a prefix each).
+pub async fn replica_at(
+    store: Arc<dyn ObjectStore>,
+    prefix: &str,
+    failpoints: Option<Arc<dyn Failpoints>>,
+) -> Result<Replica, BoxErr> {
     Ok(Replica::open_with(
         store,
-        "t",
+        prefix,
         idem_replica::Settings::default(),
         Arc::new(idem_replica::SystemClock),
         failpoints,
