@@ -407,7 +407,7 @@ impl Replica {
     /// does not grow with the length of the log.
     async fn check_no_successor(&self, claim: &mut Claim, seq: u64) -> Result<(), Error> {
         let above: Vec<u64> = self
-            .log_seqs(&claim.org)
+            .log_seqs_after(&claim.org, Some(seq))
             .await?
             .into_iter()
             .filter(|s| *s > seq)
@@ -540,11 +540,26 @@ impl Replica {
 
     /// Log positions present for `org`, ascending.
     pub(crate) async fn log_seqs(&self, org: &OrgId) -> Result<Vec<u64>, Error> {
+        self.log_seqs_after(org, None).await
+    }
+
+    /// Log positions strictly above `after` (all of them for `None`), sorted. With a bound it
+    /// lists from that name on (S3 `start-after`), so the cost follows the entries above, not
+    /// the length of the log.
+    pub(crate) async fn log_seqs_after(
+        &self,
+        org: &OrgId,
+        after: Option<u64>,
+    ) -> Result<Vec<u64>, Error> {
         let dir = self.inner.layout.log_dir(org);
-        let metas: Vec<_> = self
-            .inner
-            .store
-            .list(Some(&dir))
+        let listing = match after {
+            Some(seq) => self
+                .inner
+                .store
+                .list_with_offset(Some(&dir), &self.inner.layout.log(org, seq)),
+            None => self.inner.store.list(Some(&dir)),
+        };
+        let metas: Vec<_> = listing
             .try_collect()
             .await
             .map_err(|e| Error::store("list", &dir, e))?;
