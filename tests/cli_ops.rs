@@ -245,3 +245,28 @@ fn check_store_round_trips_on_a_local_directory() -> TestResult {
     assert!(run(&["check-store", &url]).status.success());
     Ok(())
 }
+
+/// Regression: check-store's scratch org left empty folders under `orgs/` in a local store
+/// (deletes keep folders), and a later cron `prune` counted them as orgs and exited 1.
+#[test]
+fn check_store_leaves_no_org_behind_and_prune_stays_green() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    assert!(run(&["check-store", &store]).status.success());
+    let data = dir.path().join("prune-data");
+    let out = run(&[
+        "prune",
+        "--store",
+        &store,
+        "--older-than",
+        "7d",
+        "--data",
+        data.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["verify", "--store", &store, "--json"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("idem-check"), "{text}");
+    Ok(())
+}

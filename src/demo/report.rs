@@ -109,7 +109,7 @@ impl Summary {
             self.mismatches_422
         );
         println!(
-            "retried        503 [{}], connection errors {}",
+            "retried        HTTP 503 answers by reason: {}; connection errors {}",
             unavailable.join(", "),
             self.connection_errors
         );

@@ -17,13 +17,27 @@ use super::CheckStoreArgs;
 /// The first step that fails, as one line.
 pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
     let url = crate::store_url::parse(&a.url)?;
-    let t0 = Instant::now();
-    let replica = url.open(Settings::default()).await?;
-    let probe_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| format!("random source: {e}"))?;
-    let org =
-        OrgId::new(&format!("idem-check-{}", hex::encode(nonce))).map_err(|e| e.to_string())?;
+    // The scratch org lives under a prefix of its own, beside (never inside) the store's
+    // `orgs/`: a local directory keeps empty folders after its objects are deleted, and those
+    // must not show up as orgs for `prune` or `verify`.
+    let scratch = crate::store_url::StoreUrl {
+        store: url.store.clone(),
+        prefix: [
+            url.prefix.as_str(),
+            &format!("idem-check-{}", hex::encode(nonce)),
+        ]
+        .iter()
+        .filter(|p| !p.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("/"),
+    };
+    let t0 = Instant::now();
+    let replica = scratch.open(Settings::default()).await?;
+    let probe_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let org = OrgId::new("check").map_err(|e| e.to_string())?;
     let step =
         |what: &'static str| move |e: idem_replica::Error| format!("{what}: {}", crate::chain(&e));
 
@@ -59,7 +73,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
     }
     .await;
     let trip_ms = t1.elapsed().as_secs_f64() * 1000.0;
-    cleanup(&url, &org).await;
+    cleanup(&scratch).await;
     let bytes = result?;
     if a.json {
         super::print_json(&json!({
@@ -73,16 +87,11 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Deletes every object of the scratch org (best effort).
-async fn cleanup(url: &crate::store_url::StoreUrl, org: &OrgId) {
-    let base = if url.prefix.is_empty() {
-        format!("orgs/{org}")
-    } else {
-        format!("{}/orgs/{org}", url.prefix)
-    };
-    let path = object_store::path::Path::from(base);
-    let listed: Result<Vec<_>, _> = url.store.list(Some(&path)).try_collect().await;
+/// Deletes every object under the scratch prefix (best effort).
+async fn cleanup(scratch: &crate::store_url::StoreUrl) {
+    let path = object_store::path::Path::from(scratch.prefix.as_str());
+    let listed: Result<Vec<_>, _> = scratch.store.list(Some(&path)).try_collect().await;
     for meta in listed.unwrap_or_default() {
-        let _ = url.store.delete(&meta.location).await;
+        let _ = scratch.store.delete(&meta.location).await;
     }
 }
