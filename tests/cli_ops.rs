@@ -263,7 +263,11 @@ fn check_store_leaves_no_org_behind_and_prune_stays_green() -> TestResult {
         "--data",
         data.to_str().unwrap(),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(&["verify", "--store", &store, "--json"]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
