@@ -141,6 +141,7 @@ where
     let failure = match applied {
         Ok(result) if result.len() <= opts.max_result_bytes => {
             tx.prepare_cached("RELEASE idem_apply")?.execute([])?;
+            let had_row = existing.is_some();
             let ours = Row_ {
                 applied: true,
                 round: round_i,
@@ -151,7 +152,7 @@ where
                 attempts: existing.as_ref().map_or(0, |r| r.attempts),
                 last_error: existing.and_then(|r| r.last_error),
             };
-            write_applied(&tx, key, &ours)?;
+            write_applied(&tx, key, &ours, had_row)?;
             return match commit(tx, opts) {
                 Ok(()) => Ok(outcome_of(key, &ours)),
                 Err(commit_err) => settle(conn, key, &ours, opts, commit_err),
@@ -202,26 +203,25 @@ fn replay(key: &str, row: Row_, opts: &Options) -> Result<Outcome, Error> {
     })
 }
 
-/// One statement for the key row: insert, or turn a failures-only row into the applied row.
-/// `WHERE applied = 0` means nothing ever turns an applied row back (I5).
-fn write_applied(tx: &Transaction<'_>, key: &str, row: &Row_) -> Result<(), Error> {
-    let changed = tx
-        .prepare_cached(
-            "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, fingerprint, \
-             attempts, last_error) VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, 0, NULL)
-             ON CONFLICT(key) DO UPDATE SET applied = 1, round = excluded.round,
-               attempt = excluded.attempt, at_ms = excluded.at_ms, result = excluded.result,
-               fingerprint = excluded.fingerprint
-             WHERE applied = 0",
-        )?
-        .execute(rusqlite::params![
-            key,
-            row.round,
-            row.attempt,
-            row.at_ms,
-            row.result.as_deref().unwrap_or_default(),
-            row.fingerprint,
-        ])?;
+/// One statement for the key row: a plain INSERT when the key had no row (the common case,
+/// and the cheapest statement), or an UPDATE turning a failures-only row into the applied
+/// row. `WHERE applied = 0` means nothing ever turns an applied row back (I5).
+fn write_applied(tx: &Transaction<'_>, key: &str, row: &Row_, had_row: bool) -> Result<(), Error> {
+    let sql = if had_row {
+        "UPDATE idem_keys SET applied = 1, round = ?2, attempt = ?3, at_ms = ?4, result = ?5, \
+         fingerprint = ?6 WHERE key = ?1 AND applied = 0"
+    } else {
+        "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, fingerprint, \
+         attempts, last_error) VALUES (?1, 1, ?2, ?3, ?4, ?5, ?6, 0, NULL)"
+    };
+    let changed = tx.prepare_cached(sql)?.execute(rusqlite::params![
+        key,
+        row.round,
+        row.attempt,
+        row.at_ms,
+        row.result.as_deref().unwrap_or_default(),
+        row.fingerprint,
+    ])?;
     if changed != 1 {
         // Unreachable while we hold the write lock and read the row unapplied; refuse rather
         // than commit an effect without its key.
