@@ -50,6 +50,19 @@ pub(crate) async fn acked_row(
     clients: usize,
     time: Duration,
 ) -> BenchResult<Row> {
+    acked_row_with(org, clients, time, write).await
+}
+
+/// A request's write: runs in the org's transaction with the request's key.
+pub(crate) type Write = fn(&rusqlite::Transaction<'_>, &str) -> rusqlite::Result<Vec<u8>>;
+
+/// [`acked_row`] with another write per request.
+pub(crate) async fn acked_row_with(
+    org: &idem_org::Org,
+    clients: usize,
+    time: Duration,
+    write: Write,
+) -> BenchResult<Row> {
     let before = org.stats();
     let deadline = Instant::now() + time;
     let started = Instant::now();

@@ -3,13 +3,20 @@
 //! row grows with the database: it is the honest cost of full snapshots.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::group::registry;
-use super::{BenchResult, ms, quantile};
+use super::group::{acked_row_with, registry};
+use super::{BenchResult, ms};
 
 /// 1 KB of half-random, half-zero bytes: compresses about 2:1, like typical row data.
 const ROW: &str = "randomblob(512) || zeroblob(512)";
+
+/// One 1 KB row per request.
+fn write_1k(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Vec<u8>> {
+    tx.prepare_cached(&format!("INSERT INTO t VALUES (?1, {ROW})"))?
+        .execute([key])?;
+    Ok(Vec::new())
+}
 
 /// Prints the P3 table.
 pub async fn run(dir: &Path, quick: bool, gigabyte: bool, time: Duration) -> BenchResult<()> {
@@ -42,51 +49,16 @@ pub async fn run(dir: &Path, quick: bool, gigabyte: bool, time: Duration) -> Ben
             Ok::<_, rusqlite::Error>(Vec::new())
         })
         .await?;
-        let before = org.stats();
-        let deadline = Instant::now() + time;
-        let started = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..clients {
-            let org = org.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                for i in 0u64.. {
-                    if Instant::now() >= deadline {
-                        break;
-                    }
-                    let key = format!("{c}-{i}");
-                    let k = key.clone();
-                    let t = Instant::now();
-                    org.once(&key, move |tx| {
-                        tx.execute(&format!("INSERT INTO t VALUES (?1, {ROW})"), [&k])?;
-                        Ok::<_, rusqlite::Error>(Vec::new())
-                    })
-                    .await?;
-                    lat.push(t.elapsed());
-                }
-                Ok::<_, idem_org::Error>(lat)
-            }));
-        }
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await??);
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        lat.sort();
-        let after = org.stats();
+        let row = acked_row_with(&org, clients, time, write_1k).await?;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
-        let (ships, bytes) = (
-            after.ships - before.ships,
-            after.bytes_shipped - before.bytes_shipped,
-        );
         println!(
             "| {mb} MB | {:.0} | {} | {} | {:.0} | {:.0} |",
-            lat.len() as f64 / elapsed,
-            ms(quantile(&lat, 0.5)),
-            ms(quantile(&lat, 0.99)),
-            bytes as f64 / lat.len().max(1) as f64,
-            bytes as f64 / ships.max(1) as f64
+            row.rps,
+            ms(row.p50),
+            ms(row.p99),
+            row.bytes_shipped as f64 / row.acks.max(1) as f64,
+            row.bytes_shipped as f64 / row.ships.max(1) as f64
         );
     }
     Ok(())
