@@ -16,7 +16,7 @@
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::error::{BoxError, is_busy};
-use crate::record::Row_;
+use crate::record::KeyRow;
 use crate::schema::{raise_max_round, state_in_tx};
 use crate::seam::Point;
 use crate::{Error, Options, Outcome, key::validate_key};
@@ -89,10 +89,7 @@ where
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| busy_or(key, e))?;
     let (meta, existing) = state_in_tx(&tx, key).map_err(|e| match e {
-        Error::Sqlite(s) if is_busy(&s) => Error::Busy {
-            key: key.to_owned(),
-            source: s,
-        },
+        Error::Sqlite(s) => busy_or(key, s),
         other => other,
     })?;
     if round < meta.max_round {
@@ -142,7 +139,7 @@ where
         Ok(result) if result.len() <= opts.max_result_bytes => {
             tx.prepare_cached("RELEASE idem_apply")?.execute([])?;
             let had_row = existing.is_some();
-            let ours = Row_ {
+            let ours = KeyRow {
                 applied: true,
                 round: round_i,
                 attempt,
@@ -188,7 +185,7 @@ fn busy_or(key: &str, e: rusqlite::Error) -> Error {
 }
 
 /// A replay: the fingerprint must match (I4), then the stored result comes back (I3).
-fn replay(key: &str, row: Row_, opts: &Options) -> Result<Outcome, Error> {
+fn replay(key: &str, row: KeyRow, opts: &Options) -> Result<Outcome, Error> {
     if row.fingerprint != opts.fingerprint {
         return Err(Error::FingerprintMismatch {
             key: key.to_owned(),
@@ -206,7 +203,12 @@ fn replay(key: &str, row: Row_, opts: &Options) -> Result<Outcome, Error> {
 /// One statement for the key row: a plain INSERT when the key had no row (the common case,
 /// and the cheapest statement), or an UPDATE turning a failures-only row into the applied
 /// row. `WHERE applied = 0` means nothing ever turns an applied row back (I5).
-fn write_applied(tx: &Transaction<'_>, key: &str, row: &Row_, had_row: bool) -> Result<(), Error> {
+fn write_applied(
+    tx: &Transaction<'_>,
+    key: &str,
+    row: &KeyRow,
+    had_row: bool,
+) -> Result<(), Error> {
     let sql = if had_row {
         "UPDATE idem_keys SET applied = 1, round = ?2, attempt = ?3, at_ms = ?4, result = ?5, \
          fingerprint = ?6 WHERE key = ?1 AND applied = 0"
@@ -273,7 +275,7 @@ fn commit(tx: Transaction<'_>, opts: &Options) -> Result<(), BoxError> {
 fn settle(
     conn: &Connection,
     key: &str,
-    ours: &Row_,
+    ours: &KeyRow,
     opts: &Options,
     commit_err: BoxError,
 ) -> Result<Outcome, Error> {
@@ -290,7 +292,7 @@ fn settle(
     if let Some(Err(injected)) = opts.seam.as_deref().map(|s| s.at(Point::BeforeReread)) {
         return Err(unknown(Box::new(injected)));
     }
-    match Row_::read(conn, key).map_err(|e| unknown(Box::new(e)))? {
+    match KeyRow::read(conn, key).map_err(|e| unknown(Box::new(e)))? {
         Some(row) if row == *ours => Ok(outcome_of(key, ours)),
         Some(row) if row.applied => replay(key, row, opts),
         _ => Err(Error::CommitFailed {
@@ -300,7 +302,7 @@ fn settle(
     }
 }
 
-fn outcome_of(key: &str, row: &Row_) -> Outcome {
+fn outcome_of(key: &str, row: &KeyRow) -> Outcome {
     Outcome {
         key: key.to_owned(),
         result: row.result.clone().unwrap_or_default(),

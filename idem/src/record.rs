@@ -36,7 +36,7 @@ impl Record {
 
 /// The whole stored row, as the I9 re-read compares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Row_ {
+pub(crate) struct KeyRow {
     pub applied: bool,
     pub round: i64,
     pub attempt: Vec<u8>,
@@ -50,7 +50,7 @@ pub(crate) struct Row_ {
 pub(crate) const SELECT_ROW: &str = "SELECT applied, round, attempt, at_ms, result, fingerprint, \
      attempts, last_error FROM idem_keys WHERE key = ?1";
 
-impl Row_ {
+impl KeyRow {
     /// Reads the eight row columns starting at column `at`; `None` for the NULLs of a
     /// LEFT JOIN that found no row.
     pub(crate) fn from_row_at(r: &Row<'_>, at: usize) -> rusqlite::Result<Option<Self>> {
@@ -59,7 +59,7 @@ impl Row_ {
         };
         let applied = applied != 0;
         let result: Option<Vec<u8>> = r.get(at + 4)?;
-        Ok(Some(Row_ {
+        Ok(Some(KeyRow {
             applied,
             round: r.get(at + 1)?,
             attempt: r.get(at + 2)?,
@@ -77,10 +77,10 @@ impl Row_ {
         }))
     }
 
-    pub(crate) fn read(conn: &Connection, key: &str) -> Result<Option<Row_>, Error> {
+    pub(crate) fn read(conn: &Connection, key: &str) -> Result<Option<KeyRow>, Error> {
         let row = conn
             .prepare_cached(SELECT_ROW)
-            .and_then(|mut s| s.query_row([key], |r| Row_::from_row_at(r, 0)).optional());
+            .and_then(|mut s| s.query_row([key], |r| KeyRow::from_row_at(r, 0)).optional());
         Ok(optional_missing(row)?.flatten())
     }
 
@@ -106,5 +106,5 @@ impl Row_ {
 /// [`Error::InvalidKey`] for a bad key; [`Error::Sqlite`] on a SQLite failure.
 pub fn applied(conn: &Connection, key: &str) -> Result<Option<Record>, Error> {
     validate_key(key)?;
-    Ok(Row_::read(conn, key)?.map(|r| r.into_record(key)))
+    Ok(KeyRow::read(conn, key)?.map(|r| r.into_record(key)))
 }

@@ -8,7 +8,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::Error;
-use crate::record::Row_;
+use crate::record::KeyRow;
 
 /// The schema version this library writes and understands.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -130,7 +130,7 @@ const SELECT_META: &str = "SELECT (SELECT value FROM idem_meta WHERE name = 'sch
 /// Two statements rather than one join: a single `(SELECT 1) LEFT JOIN idem_keys ... = ?1`
 /// was re-prepared by SQLite on every bind (measured with `SQLITE_STMTSTATUS_REPREPARE`),
 /// which cost more than the second statement.
-pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<Row_>), Error> {
+pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<KeyRow>), Error> {
     let read = || -> rusqlite::Result<(Option<i64>, Option<i64>)> {
         conn.prepare_cached(SELECT_META)?
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -147,7 +147,7 @@ pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<
     let meta = Meta {
         max_round: u64::try_from(max_round.unwrap_or(0)).unwrap_or(0),
     };
-    Ok((meta, Row_::read(conn, key)?))
+    Ok((meta, KeyRow::read(conn, key)?))
 }
 
 /// Records `round` as the highest round that wrote the database.

@@ -264,32 +264,28 @@ impl Shared {
     /// Settles a failed confirmation: fenced stops the org; anything else fails the waiters it
     /// would have acknowledged with a retryable error.
     fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
-        let shared = self;
         match e {
             e if e.is_fenced() => {
-                tracing::warn!(org = %shared.org, round = shared.round, error = %e, "fenced");
-                shared.stop(Stop::Fenced);
+                tracing::warn!(org = %self.org, round = self.round, error = %e, "fenced");
+                self.stop(Stop::Fenced);
                 Error::Fenced {
-                    org: shared.org.clone(),
-                    ours: shared.round,
+                    org: self.org.clone(),
+                    ours: self.round,
                 }
             }
             e => {
-                shared
-                    .counters
-                    .ship_failures
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(org = %shared.org, round = shared.round, error = %e, "ship failed");
+                self.counters.ship_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(org = %self.org, round = self.round, error = %e, "ship failed");
                 let source = Arc::new(e);
-                let failed = shared.lock().fail(start, covering);
+                let failed = self.lock().fail(start, covering);
                 for w in failed {
                     let _ = w.tx.send(Err(Error::ShipFailed {
-                        org: shared.org.clone(),
+                        org: self.org.clone(),
                         source: source.clone(),
                     }));
                 }
                 Error::ShipFailed {
-                    org: shared.org.clone(),
+                    org: self.org.clone(),
                     source,
                 }
             }
