@@ -1,6 +1,26 @@
 //! What operations hand back: a claim, a shipped snapshot, a hydration.
 
+use std::sync::Arc;
+
+use crate::delta::PageHashes;
 use crate::{LogEntry, OrgId};
+
+/// The newest snapshot or delta this claim published: where the next delta applies, and the
+/// page hashes of the database there.
+#[derive(Clone)]
+pub(crate) struct Tip {
+    pub(crate) seq: u64,
+    pub(crate) hashes: Arc<PageHashes>,
+}
+
+impl std::fmt::Debug for Tip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tip")
+            .field("seq", &self.seq)
+            .field("checksum", &crate::delta::checksum_hex(self.hashes.sum()))
+            .finish()
+    }
+}
 
 /// A writer's claim on an org for one round. Ship with it; it is fenced by any later claim.
 #[derive(Debug, Clone)]
@@ -18,6 +38,7 @@ pub struct Claim {
     pub(crate) next_seq: u64,
     pub(crate) lease_renewed_ms: u64,
     pub(crate) unusable: Option<&'static str>,
+    pub(crate) tip: Option<Tip>,
 }
 
 impl Claim {
@@ -26,26 +47,34 @@ impl Claim {
         self.next_seq
     }
 
+    /// Log position of the newest snapshot or delta this claim published, which the next
+    /// [`crate::Replica::ship_delta`] applies to; `None` until a snapshot is shipped.
+    pub fn chain_tip(&self) -> Option<u64> {
+        self.tip.as_ref().map(|t| t.seq)
+    }
+
     /// Why this claim can no longer publish (fenced, released, unknown outcome), if so.
     pub fn unusable(&self) -> Option<&'static str> {
         self.unusable
     }
 }
 
-/// A published snapshot: where it is and what it holds.
+/// A published snapshot or delta: where it is and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shipped {
-    /// Log position of the snapshot entry.
+    /// Log position of the entry.
     pub seq: u64,
+    /// True for a delta, false for a full snapshot.
+    pub delta: bool,
     /// Round it was published under.
     pub round: u64,
     /// The caller's commit counter contained in it.
     pub commit: u64,
-    /// Uncompressed size in bytes.
+    /// Uncompressed size in bytes (database image, or delta body).
     pub bytes: u64,
     /// Stored blob size in bytes (what one ship uploads, besides the small log entry).
     pub compressed_bytes: u64,
-    /// sha256 of the uncompressed image, hex.
+    /// sha256 of the uncompressed image or delta body, hex.
     pub sha256: String,
     /// Full object path of the blob.
     pub blob: String,
@@ -68,6 +97,26 @@ impl Shipped {
                 ..
             } => Some(Shipped {
                 seq: *seq,
+                delta: false,
+                round: *round,
+                commit: *commit,
+                bytes: *bytes,
+                compressed_bytes: *compressed_bytes,
+                sha256: sha256.clone(),
+                blob: blob_path(blob),
+            }),
+            LogEntry::Delta {
+                seq,
+                round,
+                blob,
+                sha256,
+                bytes,
+                compressed_bytes,
+                commit,
+                ..
+            } => Some(Shipped {
+                seq: *seq,
+                delta: true,
                 round: *round,
                 commit: *commit,
                 bytes: *bytes,
@@ -87,14 +136,19 @@ pub struct Hydrated {
     pub snapshot: Option<Shipped>,
     /// The commit counter of the installed state (0 when empty).
     pub commit: u64,
+    /// Log position of the last entry applied: the snapshot's, or the last delta's.
+    pub position: Option<u64>,
+    /// Deltas applied on top of the snapshot.
+    pub deltas: usize,
 }
 
 /// Result of [`crate::Replica::verify`].
 #[derive(Debug, Default)]
 pub struct VerifyReport {
-    /// Log positions of snapshots that passed sha256, size and `integrity_check`.
+    /// Log positions of snapshots that passed sha256, size and `integrity_check`, and of
+    /// deltas whose chain from their snapshot rebuilt the checksummed database.
     pub ok: Vec<u64>,
-    /// Snapshots that failed, with why.
+    /// Snapshots and deltas that failed, with why.
     pub failed: Vec<(u64, crate::Error)>,
 }
 

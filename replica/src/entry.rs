@@ -14,7 +14,7 @@ pub const ENTRY_VERSION: u64 = 1;
 pub const BLOB_VERSION: u32 = 1;
 /// Magic bytes that open every snapshot blob, followed by a little-endian u32 version.
 pub const BLOB_MAGIC: [u8; 8] = *b"idemsnap";
-const KINDS: [&str; 3] = ["claim", "snapshot", "release"];
+const KINDS: [&str; 4] = ["claim", "snapshot", "delta", "release"];
 
 /// One entry of an org's create-only log (`orgs/<org>/log/<seq:020>.json`).
 ///
@@ -59,6 +59,43 @@ pub enum LogEntry {
         /// The caller's commit counter contained in the snapshot.
         commit: u64,
     },
+    /// Pages changed since the entry at `base` (a snapshot or delta of the same round),
+    /// published under `round`. Hydrate applies it only if the database checksum before it is
+    /// `base_checksum`, and proves the result is `checksum` (I10).
+    Delta {
+        /// Log position.
+        seq: u64,
+        /// The shipping writer's round.
+        round: u64,
+        /// Writer id.
+        writer: String,
+        /// 16 random bytes, hex; unique per attempt.
+        nonce: String,
+        /// Creation time, ms since the Unix epoch.
+        at_ms: u64,
+        /// Blob file name inside the org's `snap/` directory.
+        blob: String,
+        /// sha256 of the uncompressed delta body, hex.
+        sha256: String,
+        /// Uncompressed body size in bytes.
+        bytes: u64,
+        /// Stored blob size in bytes (header + zstd frame).
+        compressed_bytes: u64,
+        /// The caller's commit counter the delta brings the database to.
+        commit: u64,
+        /// Log position of the entry this delta applies to.
+        base: u64,
+        /// Database checksum before the delta (16 hex digits; see the `delta` module).
+        base_checksum: String,
+        /// Database checksum after the delta.
+        checksum: String,
+        /// Page size in bytes.
+        page_size: u32,
+        /// Database size in pages after the delta.
+        db_pages: u32,
+        /// Pages the delta carries.
+        changed_pages: u32,
+    },
     /// The writer of `round` handed the org over; the next claim need not wait for its lease.
     Release {
         /// Log position.
@@ -80,6 +117,7 @@ impl LogEntry {
         match self {
             LogEntry::Claim { seq, .. }
             | LogEntry::Snapshot { seq, .. }
+            | LogEntry::Delta { seq, .. }
             | LogEntry::Release { seq, .. } => *seq,
         }
     }
@@ -88,6 +126,7 @@ impl LogEntry {
         match self {
             LogEntry::Claim { round, .. }
             | LogEntry::Snapshot { round, .. }
+            | LogEntry::Delta { round, .. }
             | LogEntry::Release { round, .. } => *round,
         }
     }
@@ -96,6 +135,7 @@ impl LogEntry {
         match self {
             LogEntry::Claim { writer, .. }
             | LogEntry::Snapshot { writer, .. }
+            | LogEntry::Delta { writer, .. }
             | LogEntry::Release { writer, .. } => writer,
         }
     }
@@ -104,14 +144,32 @@ impl LogEntry {
         match self {
             LogEntry::Claim { at_ms, .. }
             | LogEntry::Snapshot { at_ms, .. }
+            | LogEntry::Delta { at_ms, .. }
             | LogEntry::Release { at_ms, .. } => *at_ms,
         }
     }
-    /// Kind name as stored (`claim`, `snapshot`, `release`).
+    /// The blob a snapshot or delta entry names.
+    pub fn blob(&self) -> Option<&str> {
+        match self {
+            LogEntry::Snapshot { blob, .. } | LogEntry::Delta { blob, .. } => Some(blob),
+            _ => None,
+        }
+    }
+
+    /// The commit counter a snapshot or delta entry holds.
+    pub fn commit(&self) -> Option<u64> {
+        match self {
+            LogEntry::Snapshot { commit, .. } | LogEntry::Delta { commit, .. } => Some(*commit),
+            _ => None,
+        }
+    }
+
+    /// Kind name as stored (`claim`, `snapshot`, `delta`, `release`).
     pub fn kind_name(&self) -> &'static str {
         match self {
             LogEntry::Claim { .. } => "claim",
             LogEntry::Snapshot { .. } => "snapshot",
+            LogEntry::Delta { .. } => "delta",
             LogEntry::Release { .. } => "release",
         }
     }
@@ -168,7 +226,7 @@ impl LogEntry {
                 format!("entry says seq {} but is stored at {seq}", entry.seq()),
             ));
         }
-        if let LogEntry::Snapshot { blob, .. } = &entry
+        if let Some(blob) = entry.blob()
             && !valid_blob_name(blob)
         {
             return Err(corrupt(object, format!("bad blob name {blob:?}")));
@@ -177,9 +235,10 @@ impl LogEntry {
     }
 }
 
-/// A blob name is one path segment: digits, dash, lowercase hex, ending `.db.zst`.
+/// A blob name is one path segment: digits, dash, lowercase hex, ending `.db.zst`
+/// (snapshot) or `.delta.zst` (delta).
 pub(crate) fn valid_blob_name(name: &str) -> bool {
-    name.ends_with(".db.zst")
+    (name.ends_with(".db.zst") || name.ends_with(".delta.zst"))
         && name.len() <= 128
         && name.bytes().next().is_some_and(|b| b.is_ascii_digit())
         && name
@@ -296,9 +355,9 @@ mod tests {
             LogEntry::decode("x", v2, None),
             Err(Error::UnknownFormat { .. })
         ));
-        let delta = br#"{"v":1,"kind":"delta","seq":1}"#;
+        let future = br#"{"v":1,"kind":"compacted","seq":1}"#;
         assert!(matches!(
-            LogEntry::decode("x", delta, None),
+            LogEntry::decode("x", future, None),
             Err(Error::UnknownFormat { .. })
         ));
         assert!(matches!(

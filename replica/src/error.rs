@@ -55,8 +55,8 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
-    /// `restore(at: Some(seq))` named a position that holds no snapshot entry.
-    #[error("org {org} has no snapshot at seq {seq}")]
+    /// `restore(at: Some(seq))` named a log position that holds no snapshot or delta entry.
+    #[error("org {org} has no published snapshot or delta at seq {seq}")]
     NoSuchSnapshot {
         /// The org.
         org: String,
@@ -144,6 +144,27 @@ pub enum Error {
         /// Which check failed.
         reason: String,
     },
+    /// The delta chain after the newest snapshot does not lead to the state the writer
+    /// published: a gap, a reordered or foreign delta, or a database checksum that does not
+    /// match after applying a delta (I10). Never answered with an older database.
+    #[error("org {org}: delta chain broken at seq {seq}: {reason}")]
+    ChainBroken {
+        /// The org.
+        org: String,
+        /// The log position where the chain stops making sense.
+        seq: u64,
+        /// What does not match.
+        reason: String,
+    },
+    /// `ship_delta` was called on a claim that has published no snapshot yet (or whose last
+    /// ship failed): ship a full snapshot first.
+    #[error("org {org}: round {round} has no published snapshot to apply a delta to")]
+    NoChainTip {
+        /// The org.
+        org: String,
+        /// The claim's round.
+        round: u64,
+    },
     /// An object carries a format version or kind this build does not know.
     #[error("object {object} has an unknown format: {detail}")]
     UnknownFormat {
@@ -199,7 +220,8 @@ impl Error {
             | Error::InvalidWriter { .. }
             | Error::InvalidSnapshot { .. }
             | Error::InvalidSettings { .. }
-            | Error::NoSuchSnapshot { .. } => ErrorKind::Input,
+            | Error::NoSuchSnapshot { .. }
+            | Error::NoChainTip { .. } => ErrorKind::Input,
             Error::LeaseHeld { .. }
             | Error::Contended { .. }
             | Error::Injected { .. }
@@ -208,7 +230,9 @@ impl Error {
                 ErrorKind::Reacquire
             }
             Error::Store { source, .. } => store_kind(source),
-            Error::MissingObject { .. } | Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::MissingObject { .. } | Error::Corrupt { .. } | Error::ChainBroken { .. } => {
+                ErrorKind::Corrupt
+            }
             Error::UnsafeStore { .. }
             | Error::UnknownFormat { .. }
             | Error::Sqlite { .. }

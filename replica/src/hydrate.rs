@@ -1,48 +1,122 @@
-//! Hydrate, restore and verify: download a published snapshot, check it, install it (I8, I10).
+//! Hydrate, restore and verify: rebuild a published position from its snapshot and the
+//! delta chain after it, prove it with checksums, install it (I8, I10).
 
 use std::path::Path;
 
+use futures::{StreamExt, TryStreamExt};
 use tracing::info;
 
+use crate::delta::{Delta, PageHashes, checksum_hex};
 use crate::layout::new_nonce;
+use crate::replica::blocking;
 use crate::snapshot::{install, integrity_check_image, remove_db, unpack};
 use crate::{Claim, Error, FailPoint, Hydrated, LogEntry, OrgId, Replica, Shipped, VerifyReport};
 
+/// A published position: a snapshot entry and the deltas after it, in order.
+struct Chain {
+    snapshot: LogEntry,
+    deltas: Vec<LogEntry>,
+}
+
+impl Chain {
+    fn position(&self) -> u64 {
+        self.deltas.last().unwrap_or(&self.snapshot).seq()
+    }
+}
+
+fn broken(org: &OrgId, seq: u64, reason: impl Into<String>) -> Error {
+    Error::ChainBroken {
+        org: org.to_string(),
+        seq,
+        reason: reason.into(),
+    }
+}
+
+/// The newest snapshot in `log` and every delta after it that chains onto it, considering
+/// only entries with seq < `limit`. Entries after the snapshot are contiguous (retention never
+/// deletes them, and every publish takes the next free seq), so a missing seq, a delta of
+/// another round, or a delta whose base is not the previous chain entry is a broken chain —
+/// never a reason to stop early and install an older state (I10).
+fn resolve(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, Error> {
+    let below: Vec<&LogEntry> = log.iter().filter(|e| e.seq() < limit).collect();
+    let Some(start) = below
+        .iter()
+        .rposition(|e| matches!(e, LogEntry::Snapshot { .. }))
+    else {
+        return Ok(None);
+    };
+    let snapshot = below[start].clone();
+    let round = snapshot.round();
+    let mut deltas = Vec::new();
+    let (mut prev_seq, mut tip) = (snapshot.seq(), snapshot.seq());
+    let mut ended = false;
+    for e in &below[start + 1..] {
+        if e.seq() != prev_seq + 1 {
+            return Err(broken(org, prev_seq + 1, "log entry missing after the newest snapshot"));
+        }
+        prev_seq = e.seq();
+        match e {
+            LogEntry::Delta { base, .. } if !ended && e.round() == round && *base == tip => {
+                tip = e.seq();
+                deltas.push((*e).clone());
+            }
+            LogEntry::Delta { base, .. } => {
+                return Err(broken(
+                    org,
+                    e.seq(),
+                    format!(
+                        "delta of round {} applies to seq {base}, but the chain of round {round} ends at seq {tip}",
+                        e.round()
+                    ),
+                ));
+            }
+            LogEntry::Snapshot { .. } => {
+                return Err(broken(org, e.seq(), "snapshot after the newest snapshot"));
+            }
+            _ => ended = true,
+        }
+    }
+    Ok(Some(Chain { snapshot, deltas }))
+}
+
 impl Replica {
-    /// Installs at `dest` the latest snapshot published before `claim` (I8).
+    /// Installs at `dest` the newest state published before `claim` (I8): the newest
+    /// snapshot, then every delta after it.
     ///
-    /// Verifies size and sha256 of the uncompressed bytes and runs `quick_check` on a temp
-    /// file in `dest`'s directory before renaming it into place and fsyncing the directory.
-    /// Any existing file at `dest` (and its `-wal`/`-shm`/`-journal`) is replaced: the local
-    /// file is a cache, never an authority. With no snapshot yet, `dest` is removed and
-    /// nothing is created (`snapshot: None, commit: 0`). `dest` must not be open by anyone:
-    /// name local files per claim.
+    /// Verifies size and sha256 of every blob, the database checksum before and after each
+    /// delta, and runs `quick_check` on a temp file in `dest`'s directory before renaming it
+    /// into place and fsyncing the directory. Any existing file at `dest` (and its
+    /// `-wal`/`-shm`/`-journal`) is replaced: the local file is a cache, never an authority.
+    /// With no snapshot yet, `dest` is removed and nothing is created (`snapshot: None,
+    /// commit: 0`). `dest` must not be open by anyone: name local files per claim.
     ///
     /// # Errors
-    /// [`Error::MissingObject`]/[`Error::Corrupt`] when the latest snapshot cannot be
-    /// installed; never falls back to an older one (I10). [`Error::Store`], [`Error::Io`].
+    /// [`Error::MissingObject`]/[`Error::Corrupt`]/[`Error::ChainBroken`] when the newest
+    /// state cannot be rebuilt exactly; never falls back to an older one (I10).
+    /// [`Error::Store`], [`Error::Io`].
     pub async fn hydrate(&self, claim: &Claim, dest: &Path) -> Result<Hydrated, Error> {
         let log = self.history(&claim.org).await?;
-        let latest = log
-            .into_iter()
-            .rfind(|e| e.seq() < claim.seq && matches!(e, LogEntry::Snapshot { .. }));
-        self.install_entry(&claim.org, latest, dest).await
+        let chain = resolve(&claim.org, &log, claim.seq)?;
+        self.install_chain(&claim.org, chain, dest).await
     }
 
-    /// Installs any published snapshot of `org` at `dest`: `at: None` = the latest, `Some(seq)`
-    /// = the snapshot entry at that log position. Same checks and atomicity as [`Replica::hydrate`].
+    /// Installs any published position of `org` at `dest`: `at: None` = the newest,
+    /// `Some(seq)` = the state published by the snapshot or delta entry at that log position
+    /// (point-in-time restore). Same checks and atomicity as [`Replica::hydrate`].
     ///
     /// # Errors
-    /// As [`Replica::hydrate`]; [`Error::NoSuchSnapshot`] when `at` names no snapshot entry.
+    /// As [`Replica::hydrate`]; [`Error::NoSuchSnapshot`] when `at` names no snapshot or
+    /// delta entry.
     pub async fn restore(
         &self,
         org: &OrgId,
         at: Option<u64>,
         dest: &Path,
     ) -> Result<Hydrated, Error> {
-        let entry = match at {
-            Some(seq) => match self.read_entry(org, seq).await? {
-                Some(e @ LogEntry::Snapshot { .. }) => Some(e),
+        let log = self.history(org).await?;
+        let limit = match at {
+            Some(seq) => match log.iter().find(|e| e.seq() == seq) {
+                Some(LogEntry::Snapshot { .. } | LogEntry::Delta { .. }) => seq + 1,
                 _ => {
                     return Err(Error::NoSuchSnapshot {
                         org: org.to_string(),
@@ -50,40 +124,60 @@ impl Replica {
                     });
                 }
             },
-            None => self
-                .history(org)
-                .await?
-                .into_iter()
-                .rfind(|e| matches!(e, LogEntry::Snapshot { .. })),
+            None => u64::MAX,
         };
-        self.install_entry(org, entry, dest).await
+        let chain = resolve(org, &log, limit)?;
+        if let (Some(seq), Some(c)) = (at, &chain)
+            && c.position() != seq
+        {
+            return Err(broken(org, seq, "delta is not on the chain of any snapshot"));
+        }
+        self.install_chain(org, chain, dest).await
     }
 
-    /// Downloads and fully checks (size, sha256, `integrity_check`) every published snapshot.
+    /// Downloads and fully checks every published snapshot (size, sha256,
+    /// `integrity_check`) and every delta (size, sha256, and the database checksum before and
+    /// after it, replayed from its snapshot). A delta that no snapshot's chain reaches is
+    /// reported as failed.
     ///
     /// # Errors
-    /// [`Error::Store`] or an unreadable log; per-snapshot failures go in the report.
+    /// [`Error::Store`] or an unreadable log; per-entry failures go in the report.
     pub async fn verify(&self, org: &OrgId) -> Result<VerifyReport, Error> {
+        let log = self.history(org).await?;
         let mut report = VerifyReport::default();
-        for entry in self.history(org).await? {
-            let seq = entry.seq();
+        let mut reached = std::collections::HashSet::new();
+        for (i, entry) in log.iter().enumerate() {
             if !matches!(entry, LogEntry::Snapshot { .. }) {
                 continue;
             }
-            let checked = async {
-                let (object, image) = self.fetch(org, &entry).await?;
-                tokio::task::spawn_blocking(move || integrity_check_image(&object, &image))
-                    .await
-                    .map_err(|source| Error::Task {
-                        op: "checking a snapshot",
-                        source,
-                    })?
+            let chain = Chain {
+                snapshot: entry.clone(),
+                deltas: chain_after(&log[i + 1..], entry),
             };
-            match checked.await {
-                Ok(()) => report.ok.push(seq),
-                Err(e) => report.failed.push((seq, e)),
+            reached.extend(chain.deltas.iter().map(LogEntry::seq));
+            match self.rebuild(org, &chain).await {
+                Ok((image, _)) => {
+                    let object = format!("{org}@{}", entry.seq());
+                    let checked = blocking("checking a snapshot", move || {
+                        integrity_check_image(&object, &image)
+                    })
+                    .await;
+                    match checked {
+                        Ok(()) => report.ok.push(entry.seq()),
+                        Err(e) => report.failed.push((entry.seq(), e)),
+                    }
+                    report.ok.extend(chain.deltas.iter().map(LogEntry::seq));
+                }
+                Err(e) => report.failed.push((entry.seq(), e)),
             }
         }
+        for e in log.iter().filter(|e| matches!(e, LogEntry::Delta { .. })) {
+            if !reached.contains(&e.seq()) {
+                let why = broken(org, e.seq(), "delta is not on the chain of any snapshot");
+                report.failed.push((e.seq(), why));
+            }
+        }
+        report.ok.sort_unstable();
         Ok(report)
     }
 
@@ -91,14 +185,20 @@ impl Replica {
         Shipped::from_entry(entry, |b| self.inner.layout.blob(org, b).to_string())
     }
 
-    /// Downloads a snapshot's blob and returns its verified uncompressed image.
+    /// Downloads a snapshot's or delta's blob and returns its verified uncompressed bytes.
     async fn fetch(&self, org: &OrgId, entry: &LogEntry) -> Result<(String, Vec<u8>), Error> {
-        let LogEntry::Snapshot {
+        let (LogEntry::Snapshot {
             blob,
             bytes,
             sha256,
             ..
-        } = entry
+        }
+        | LogEntry::Delta {
+            blob,
+            bytes,
+            sha256,
+            ..
+        }) = entry
         else {
             return Err(Error::NoSuchSnapshot {
                 org: org.to_string(),
@@ -115,46 +215,139 @@ impl Replica {
             })?;
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
         let (bytes, sha256, obj) = (*bytes, sha256.clone(), object.clone());
-        let image = tokio::task::spawn_blocking(move || unpack(&obj, &data, bytes, &sha256))
-            .await
-            .map_err(|source| Error::Task {
-                op: "decompressing a snapshot",
-                source,
-            })??;
-        Ok((object, image))
+        let out = blocking("decompressing a blob", move || {
+            unpack(&obj, &data, bytes, &sha256)
+        })
+        .await?;
+        Ok((object, out))
     }
 
-    async fn install_entry(
+    /// Rebuilds the image of a chain: the snapshot, then each delta after checking the
+    /// database checksum before it and after it. Blobs are fetched concurrently.
+    async fn rebuild(&self, org: &OrgId, chain: &Chain) -> Result<(Vec<u8>, String), Error> {
+        let (object, image) = self.fetch(org, &chain.snapshot).await?;
+        let bodies: Vec<(String, Vec<u8>)> = futures::stream::iter(
+            chain.deltas.iter().map(|e| self.fetch(org, e)),
+        )
+        .buffered(self.inner.settings.read_concurrency)
+        .try_collect()
+        .await?;
+        let (org2, deltas) = (org.clone(), chain.deltas.clone());
+        let image = blocking("applying deltas", move || {
+            let mut image = image;
+            let mut hashes = PageHashes::of_image(&object, &image)?;
+            for (entry, (obj, body)) in deltas.iter().zip(bodies) {
+                apply_delta(&org2, entry, &obj, &body, &mut image, &mut hashes)?;
+            }
+            Ok(image)
+        })
+        .await?;
+        Ok((image, format!("{org}@{}", chain.position())))
+    }
+
+    async fn install_chain(
         &self,
         org: &OrgId,
-        entry: Option<LogEntry>,
+        chain: Option<Chain>,
         dest: &Path,
     ) -> Result<Hydrated, Error> {
         let dest_buf = dest.to_path_buf();
-        let Some(entry) = entry else {
-            tokio::task::spawn_blocking(move || remove_db(&dest_buf))
-                .await
-                .map_err(|source| Error::Task {
-                    op: "clearing the destination",
-                    source,
-                })??;
+        let Some(chain) = chain else {
+            blocking("clearing the destination", move || remove_db(&dest_buf)).await?;
             info!(%org, "hydrated empty: no snapshot published yet");
             return Ok(Hydrated {
                 snapshot: None,
                 commit: 0,
+                position: None,
+                deltas: 0,
             });
         };
-        let (object, image) = self.fetch(org, &entry).await?;
+        let (image, object) = self.rebuild(org, &chain).await?;
         let nonce = new_nonce()?;
-        tokio::task::spawn_blocking(move || install(&object, &image, &dest_buf, &nonce))
-            .await
-            .map_err(|source| Error::Task {
-                op: "installing a snapshot",
-                source,
-            })??;
-        let snapshot = self.shipped(org, &entry);
-        let commit = snapshot.as_ref().map(|s| s.commit).unwrap_or(0);
-        info!(%org, seq = entry.seq(), round = entry.round(), commit, "hydrated");
-        Ok(Hydrated { snapshot, commit })
+        blocking("installing a snapshot", move || {
+            install(&object, &image, &dest_buf, &nonce)
+        })
+        .await?;
+        let last = chain.deltas.last().unwrap_or(&chain.snapshot);
+        let commit = last.commit().unwrap_or(0);
+        let position = Some(last.seq());
+        info!(%org, seq = chain.snapshot.seq(), position, deltas = chain.deltas.len(),
+              round = chain.snapshot.round(), commit, "hydrated");
+        Ok(Hydrated {
+            snapshot: self.shipped(org, &chain.snapshot),
+            commit,
+            position,
+            deltas: chain.deltas.len(),
+        })
     }
+}
+
+/// The deltas after `snapshot` in `rest` that chain onto it (same round, each based on the
+/// previous), stopping at the first entry that does not.
+pub(crate) fn chain_after(rest: &[LogEntry], snapshot: &LogEntry) -> Vec<LogEntry> {
+    let mut tip = snapshot.seq();
+    let mut out = Vec::new();
+    for e in rest {
+        match e {
+            LogEntry::Delta { base, .. }
+                if *base == tip && e.round() == snapshot.round() && e.seq() == tip + 1 =>
+            {
+                tip = e.seq();
+                out.push(e.clone());
+            }
+            _ => break,
+        }
+    }
+    out
+}
+
+/// Checks a delta against its entry and the running checksum, then applies it.
+fn apply_delta(
+    org: &OrgId,
+    entry: &LogEntry,
+    object: &str,
+    body: &[u8],
+    image: &mut Vec<u8>,
+    hashes: &mut PageHashes,
+) -> Result<(), Error> {
+    let LogEntry::Delta {
+        seq,
+        commit,
+        base_checksum,
+        checksum,
+        page_size,
+        db_pages,
+        changed_pages,
+        ..
+    } = entry
+    else {
+        return Err(broken(org, entry.seq(), "not a delta"));
+    };
+    let before = checksum_hex(hashes.sum());
+    if before != *base_checksum {
+        return Err(broken(
+            org,
+            *seq,
+            format!("database checksum before the delta is {before}, the delta expects {base_checksum}"),
+        ));
+    }
+    let delta = Delta::decode(object, body, *commit)?;
+    if delta.page_size() != *page_size
+        || delta.db_pages() != *db_pages
+        || delta.changed_pages() != *changed_pages as usize
+        || delta.page_size() != hashes.page_size()
+    {
+        return Err(crate::entry::corrupt(object, "delta body does not match its log entry"));
+    }
+    hashes.apply(&delta);
+    delta.apply_to(image);
+    let after = checksum_hex(hashes.sum());
+    if after != *checksum {
+        return Err(broken(
+            org,
+            *seq,
+            format!("database checksum after the delta is {after}, the log says {checksum}"),
+        ));
+    }
+    Ok(())
 }

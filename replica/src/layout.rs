@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! <prefix>/orgs/<org>/log/<seq:020>.json                    create-only history
-//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  immutable blobs
+//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  immutable snapshot blobs
+//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.delta.zst  immutable delta blobs
 //! <prefix>/orgs/<org>/lease.json                            advisory lease
 //! ```
 
@@ -74,6 +75,10 @@ pub(crate) fn parse_blob_seq(name: &str) -> Option<u64> {
 
 pub(crate) fn blob_name(seq: u64, round: u64, nonce: &str) -> String {
     format!("{seq:020}-{round}-{nonce}.db.zst")
+}
+
+pub(crate) fn delta_blob_name(seq: u64, round: u64, nonce: &str) -> String {
+    format!("{seq:020}-{round}-{nonce}.delta.zst")
 }
 
 /// 16 random bytes, hex.

@@ -58,6 +58,7 @@
 
 mod claim;
 pub mod conformance;
+mod delta;
 mod entry;
 mod error;
 mod failpoint;
@@ -71,6 +72,7 @@ mod settings;
 mod snapshot;
 
 pub use claim::{Claim, Hydrated, RetentionReport, Shipped, VerifyReport};
+pub use delta::Delta;
 pub use entry::{BLOB_MAGIC, BLOB_VERSION, ENTRY_VERSION, Lease, LogEntry};
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};

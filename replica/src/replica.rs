@@ -10,9 +10,11 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use tracing::{debug, info, warn};
 
 use crate::entry::Lease;
-use crate::layout::{Layout, blob_name, new_nonce, parse_log_name};
+use crate::claim::Tip;
+use crate::delta::{Delta, PageHashes, checksum_hex};
+use crate::layout::{Layout, blob_name, delta_blob_name, new_nonce, parse_log_name};
 use crate::org_id::check_writer;
-use crate::snapshot::{Snapshot, pack};
+use crate::snapshot::{Packed, Snapshot, pack};
 use crate::{
     Claim, Clock, Error, FailPoint, Failpoints, LogEntry, OrgId, Settings, Shipped, SystemClock,
 };
@@ -30,6 +32,29 @@ pub(crate) struct Inner {
     pub(crate) settings: Settings,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
+}
+
+/// The fields every snapshot and delta entry shares, filled in by `upload_and_publish`.
+struct EntryCommon {
+    seq: u64,
+    round: u64,
+    writer: String,
+    nonce: String,
+    at_ms: u64,
+    blob: String,
+    sha256: String,
+    bytes: u64,
+    compressed_bytes: u64,
+}
+
+/// Runs CPU-bound work (hashing, compression) on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
+    op: &'static str,
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|source| Error::Task { op, source })?
 }
 
 /// Outcome of a create-only publish that did not fail.
@@ -227,6 +252,7 @@ impl Replica {
                 next_seq: seq + 1,
                 lease_renewed_ms: now,
                 unusable: None,
+                tip: None,
             });
         }
         Err(Error::Contended {
@@ -249,6 +275,7 @@ impl Replica {
     /// Compresses and uploads `snapshot` under a unique blob name, then publishes a
     /// create-only Snapshot entry at the claim's next seq and checks nothing newer exists
     /// above it. Only an `Ok` means the snapshot is durably published under this round (I6).
+    /// The snapshot becomes the claim's chain tip: later deltas apply to it.
     ///
     /// # Errors
     /// [`Error::Fenced`] when a newer entry holds our slot or sits above it (I7, I11);
@@ -259,19 +286,125 @@ impl Replica {
         Self::usable(claim)?;
         let org = claim.org.clone();
         snapshot.check(org.as_str())?;
-        let started = std::time::Instant::now();
         let level = self.inner.settings.zstd_level;
         let commit = snapshot.commit();
-        let packed = tokio::task::spawn_blocking(move || pack(&snapshot, level))
-            .await
-            .map_err(|source| Error::Task {
-                op: "compressing a snapshot",
-                source,
-            })??;
+        let (packed, hashes) = blocking("compressing a snapshot", move || {
+            let hashes = PageHashes::of_image("<snapshot>", snapshot.bytes()).map_err(|e| {
+                Error::InvalidSnapshot {
+                    org: String::new(),
+                    reason: e.to_string(),
+                }
+            })?;
+            Ok((pack(snapshot.bytes(), level)?, hashes))
+        })
+        .await?;
+        let name = blob_name(claim.next_seq, claim.round, &new_nonce()?);
+        let shipped = self
+            .upload_and_publish(claim, packed, name, |common| LogEntry::Snapshot {
+                seq: common.seq,
+                round: common.round,
+                writer: common.writer,
+                nonce: common.nonce,
+                at_ms: common.at_ms,
+                blob: common.blob,
+                sha256: common.sha256,
+                bytes: common.bytes,
+                compressed_bytes: common.compressed_bytes,
+                commit,
+            })
+            .await?;
+        claim.tip = Some(Tip {
+            seq: shipped.seq,
+            hashes: Arc::new(hashes),
+        });
+        Ok(shipped)
+    }
+
+    /// Ships the pages changed since the claim's chain tip: uploads the delta body, publishes
+    /// a create-only Delta entry naming the tip as its base with the database checksum before
+    /// and after it, and checks nothing newer exists above it. Costs O(changed pages), not
+    /// O(database). Same acknowledgement and fencing rules as [`Replica::ship`] (I6, I7, I9).
+    ///
+    /// # Errors
+    /// [`Error::NoChainTip`] when the claim has shipped no snapshot yet (ship a full snapshot);
+    /// [`Error::InvalidSnapshot`] when the page size differs from the tip's; otherwise as
+    /// [`Replica::ship`].
+    pub async fn ship_delta(&self, claim: &mut Claim, delta: Delta) -> Result<Shipped, Error> {
+        Self::usable(claim)?;
+        let org = claim.org.clone();
+        let tip = match &claim.tip {
+            Some(tip) if tip.seq + 1 == claim.next_seq => tip.clone(),
+            _ => {
+                return Err(Error::NoChainTip {
+                    org: org.to_string(),
+                    round: claim.round,
+                });
+            }
+        };
+        if delta.page_size() != tip.hashes.page_size() {
+            return Err(Error::InvalidSnapshot {
+                org: org.to_string(),
+                reason: format!(
+                    "delta page size {} but the database has {}",
+                    delta.page_size(),
+                    tip.hashes.page_size()
+                ),
+            });
+        }
+        let level = self.inner.settings.zstd_level;
+        let commit = delta.commit();
+        let (db_pages, page_size) = (delta.db_pages(), delta.page_size());
+        let changed_pages = delta.changed_pages() as u32;
+        let base_hashes = tip.hashes.clone();
+        let (packed, hashes) = blocking("compressing a delta", move || {
+            let mut hashes = (*base_hashes).clone();
+            hashes.apply(&delta);
+            Ok((pack(&delta.encode(), level)?, hashes))
+        })
+        .await?;
+        let (base_checksum, checksum) = (tip.hashes.sum(), hashes.sum());
+        let name = delta_blob_name(claim.next_seq, claim.round, &new_nonce()?);
+        let shipped = self
+            .upload_and_publish(claim, packed, name, |common| LogEntry::Delta {
+                seq: common.seq,
+                round: common.round,
+                writer: common.writer,
+                nonce: common.nonce,
+                at_ms: common.at_ms,
+                blob: common.blob,
+                sha256: common.sha256,
+                bytes: common.bytes,
+                compressed_bytes: common.compressed_bytes,
+                commit,
+                base: tip.seq,
+                base_checksum: checksum_hex(base_checksum),
+                checksum: checksum_hex(checksum),
+                page_size,
+                db_pages,
+                changed_pages,
+            })
+            .await?;
+        claim.tip = Some(Tip {
+            seq: shipped.seq,
+            hashes: Arc::new(hashes),
+        });
+        Ok(shipped)
+    }
+
+    /// Uploads a packed blob under `name`, publishes the entry `make` builds at the claim's
+    /// next seq, checks for a successor, renews the lease.
+    async fn upload_and_publish(
+        &self,
+        claim: &mut Claim,
+        packed: Packed,
+        name: String,
+        make: impl FnOnce(EntryCommon) -> LogEntry,
+    ) -> Result<Shipped, Error> {
+        let org = claim.org.clone();
+        let started = std::time::Instant::now();
         let seq = claim.next_seq;
-        let nonce = new_nonce()?;
-        let name = blob_name(seq, claim.round, &nonce);
         let blob_path = self.inner.layout.blob(&org, &name);
+        let nonce = new_nonce()?;
         let compressed_bytes = packed.blob.len() as u64;
         self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
         self.inner
@@ -280,33 +413,29 @@ impl Replica {
             .await
             .map_err(|e| Error::store("put", &blob_path, e))?;
         self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
-        let entry = LogEntry::Snapshot {
+        let entry = make(EntryCommon {
             seq,
             round: claim.round,
             writer: claim.writer.clone(),
             nonce,
             at_ms: self.inner.clock.now_ms(),
             blob: name,
-            sha256: packed.sha256.clone(),
+            sha256: packed.sha256,
             bytes: packed.bytes,
             compressed_bytes,
-            commit,
-        };
+        });
         self.publish_for_claim(claim, &entry).await?;
         self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
         self.check_no_successor(claim, seq).await?;
         self.renew_lease(claim).await;
-        info!(%org, round = claim.round, seq, bytes = packed.bytes, compressed_bytes,
-              elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
-        Ok(Shipped {
-            seq,
-            round: claim.round,
-            commit,
-            bytes: packed.bytes,
-            compressed_bytes,
-            sha256: packed.sha256,
-            blob: blob_path.to_string(),
-        })
+        info!(%org, round = claim.round, seq, kind = entry.kind_name(), bytes = packed.bytes,
+              compressed_bytes, elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
+        Shipped::from_entry(&entry, |b| self.inner.layout.blob(&org, b).to_string()).ok_or_else(
+            || Error::InvalidSnapshot {
+                org: org.to_string(),
+                reason: "shipped entry is not a snapshot or delta".into(),
+            },
+        )
     }
 
     /// Publishes a Release entry (same create/compare/fence rules as ship) and drops the

@@ -5,15 +5,17 @@ use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use tracing::info;
 
+use crate::hydrate::chain_after;
 use crate::layout::parse_blob_seq;
 use crate::{Error, LogEntry, OrgId, Replica, Retention, RetentionReport};
 
 impl Replica {
     /// Applies `policy` to `org`.
     ///
-    /// Never deletes the newest snapshot entry, its blob, or any entry after it. Deletes
-    /// older snapshot entries (and then their blobs) that are beyond `keep_snapshots` AND
-    /// older than `keep_ms`; claim/release entries below the newest snapshot; and orphan
+    /// Never deletes the newest snapshot entry, its blob, or any entry after it (its delta
+    /// chain). Deletes older snapshot entries (and then their blobs) that are beyond
+    /// `keep_snapshots` AND older than `keep_ms`, with the deltas chained to them;
+    /// claim/release entries and unchained deltas below the newest snapshot; and orphan
     /// blobs (named by no log entry) whose seq is at most the head seq — a blob above the
     /// head may belong to a ship in flight. A zombie that later creates an entry in a freed
     /// slot still finds itself fenced by its successor check.
@@ -43,10 +45,21 @@ impl Replica {
                 doomed.push(e);
             }
         }
-        doomed.extend(
-            log.iter()
-                .filter(|e| !matches!(e, LogEntry::Snapshot { .. }) && e.seq() < newest),
-        );
+        // Deltas stay while the snapshot they chain from stays (point-in-time restore);
+        // deltas no kept snapshot reaches (a fenced writer's orphans) go with claims and
+        // releases below the newest snapshot.
+        let mut reachable = std::collections::HashSet::new();
+        for (i, e) in log.iter().enumerate() {
+            if matches!(e, LogEntry::Snapshot { .. }) && !doomed.iter().any(|d| d.seq() == e.seq())
+            {
+                reachable.extend(chain_after(&log[i + 1..], e).iter().map(LogEntry::seq));
+            }
+        }
+        doomed.extend(log.iter().filter(|e| {
+            !matches!(e, LogEntry::Snapshot { .. })
+                && e.seq() < newest
+                && !reachable.contains(&e.seq())
+        }));
         report.kept_snapshots = snaps.len()
             - doomed
                 .iter()
@@ -62,10 +75,7 @@ impl Replica {
         let referenced: std::collections::HashSet<&str> = log
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
-            .filter_map(|e| match e {
-                LogEntry::Snapshot { blob, .. } => Some(blob.as_str()),
-                _ => None,
-            })
+            .filter_map(LogEntry::blob)
             .collect();
         let dir = self.inner.layout.snap_dir(org);
         let blobs: Vec<_> = self

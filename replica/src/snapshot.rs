@@ -132,20 +132,20 @@ pub(crate) struct Packed {
     pub(crate) bytes: u64,
 }
 
-/// Hashes and compresses `snap` into a blob.
-pub(crate) fn pack(snap: &Snapshot, level: i32) -> Result<Packed, Error> {
-    let sha256 = hex::encode(Sha256::digest(&snap.bytes));
+/// Hashes and compresses uncompressed bytes (an image or a delta body) into a blob.
+pub(crate) fn pack(bytes: &[u8], level: i32) -> Result<Packed, Error> {
+    let sha256 = hex::encode(Sha256::digest(bytes));
     let mut blob = blob_header().to_vec();
     let mut enc = zstd::stream::Encoder::new(&mut blob, level)
         .map_err(|e| Error::io(Path::new("<zstd>"), e))?;
-    enc.write_all(&snap.bytes)
+    enc.write_all(bytes)
         .map_err(|e| Error::io(Path::new("<zstd>"), e))?;
     enc.finish()
         .map_err(|e| Error::io(Path::new("<zstd>"), e))?;
     Ok(Packed {
         blob,
         sha256,
-        bytes: snap.bytes.len() as u64,
+        bytes: bytes.len() as u64,
     })
 }
 

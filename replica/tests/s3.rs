@@ -78,6 +78,10 @@ suite!(
     restore_and_verify,
     unknown_entry_format_is_refused,
     snapshot_under_concurrent_writes,
+    delta_chain_hydrates_and_restores_every_position,
+    broken_delta_chain_is_a_typed_error,
+    delta_needs_a_snapshot_and_is_fenced,
+    retention_keeps_the_delta_chain,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,13 @@
 //! [`S3_ENDPOINT_ENV`] is set, on an S3 API server ([`s3_store_from_env`]). Nothing here
 //! assumes local paths in the store; hydration targets a temp directory on the local disk.
 
+mod delta;
+
+pub use delta::{
+    broken_delta_chain_is_a_typed_error, delta_chain_hydrates_and_restores_every_position,
+    delta_needs_a_snapshot_and_is_fenced, retention_keeps_the_delta_chain,
+};
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -212,6 +219,10 @@ pub async fn run_all(make: impl Fn() -> Arc<dyn ObjectStore>) -> Result<(), Erro
     restore_and_verify(make()).await?;
     unknown_entry_format_is_refused(make()).await?;
     snapshot_under_concurrent_writes(make()).await?;
+    delta_chain_hydrates_and_restores_every_position(make()).await?;
+    broken_delta_chain_is_a_typed_error(make()).await?;
+    delta_needs_a_snapshot_and_is_fenced(make()).await?;
+    retention_keeps_the_delta_chain(make()).await?;
     Ok(())
 }
 
@@ -647,7 +658,9 @@ pub async fn org_isolation(store: Arc<dyn ObjectStore>) -> Result<(), Error> {
         h,
         crate::Hydrated {
             snapshot: None,
-            commit: 0
+            commit: 0,
+            position: None,
+            deltas: 0,
         }
     );
     assert!(!tmp.path().join("db").exists());

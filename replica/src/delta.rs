@@ -1,0 +1,343 @@
+//! Page deltas and the database checksum that chains them (I10).
+//!
+//! A [`Delta`] is the set of pages a writer changed since its previous published position,
+//! plus the database size after it. Each delta entry in the log names the entry it applies to
+//! (`base`) and carries the database checksum before and after it, so a hydrate proves that
+//! snapshot + deltas rebuilt exactly the database the writer had.
+//!
+//! The database checksum is LiteFS's construction: the XOR over every page of
+//! CRC-64/NVME(page number, big-endian u32 ‖ page bytes). XOR makes it cheap to update: a
+//! changed page swaps its old hash for its new one, so a ship costs O(changed pages), not
+//! O(database). Page 1 is hashed in its canonical form (header bytes 18–19 set to 1,
+//! rollback-journal mode), the same form every installed image has.
+
+use std::collections::BTreeMap;
+
+use crc_fast::{CrcAlgorithm, Digest};
+
+use crate::Error;
+use crate::entry::corrupt;
+
+/// Header bytes of an uncompressed delta body: page size, database pages, changed pages
+/// (three little-endian u32).
+const BODY_HEADER: usize = 12;
+
+/// Pages changed since the previous published position of a claim, ready to ship with
+/// [`crate::Replica::ship_delta`].
+#[derive(Clone)]
+pub struct Delta {
+    page_size: u32,
+    db_pages: u32,
+    pages: BTreeMap<u32, Vec<u8>>,
+    commit: u64,
+}
+
+impl std::fmt::Debug for Delta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delta")
+            .field("page_size", &self.page_size)
+            .field("db_pages", &self.db_pages)
+            .field("changed", &self.pages.len())
+            .field("commit", &self.commit)
+            .finish()
+    }
+}
+
+impl Delta {
+    /// A delta of `pages` (page number → page bytes, numbered from 1) leaving the database
+    /// `db_pages` pages long, holding the caller's commit counter `commit`. Page 1 is stored
+    /// canonicalized (rollback-journal mode), like [`crate::Snapshot`] images. Pages beyond
+    /// the old end that are not in `pages` read as zeros, as SQLite reads them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSnapshot`] when `page_size` is not a power of two in 512..=65536, a
+    /// page has another length, or a page number is 0 or above `db_pages`.
+    pub fn new(
+        page_size: u32,
+        db_pages: u32,
+        pages: BTreeMap<u32, Vec<u8>>,
+        commit: u64,
+    ) -> Result<Delta, Error> {
+        let bad = |reason: String| Error::InvalidSnapshot {
+            org: String::new(),
+            reason,
+        };
+        if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+            return Err(bad(format!("page size {page_size}")));
+        }
+        let mut pages = pages;
+        for (&pgno, page) in pages.iter_mut() {
+            if pgno == 0 || pgno > db_pages {
+                return Err(bad(format!("page {pgno} outside 1..={db_pages}")));
+            }
+            if page.len() != page_size as usize {
+                return Err(bad(format!("page {pgno} has {} bytes", page.len())));
+            }
+            if pgno == 1 {
+                canonical_page1(page);
+            }
+        }
+        Ok(Delta {
+            page_size,
+            db_pages,
+            pages,
+            commit,
+        })
+    }
+
+    /// The caller's commit counter the delta brings the database to.
+    pub fn commit(&self) -> u64 {
+        self.commit
+    }
+
+    /// Database size in pages after the delta.
+    pub fn db_pages(&self) -> u32 {
+        self.db_pages
+    }
+
+    /// Page size in bytes.
+    pub fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Number of pages the delta carries.
+    pub fn changed_pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Uncompressed body: header, then each page as (u32 LE page number, page bytes) in
+    /// ascending page order.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let ps = self.page_size as usize;
+        let mut out = Vec::with_capacity(BODY_HEADER + self.pages.len() * (4 + ps));
+        out.extend_from_slice(&self.page_size.to_le_bytes());
+        out.extend_from_slice(&self.db_pages.to_le_bytes());
+        out.extend_from_slice(&(self.pages.len() as u32).to_le_bytes());
+        for (pgno, page) in &self.pages {
+            out.extend_from_slice(&pgno.to_le_bytes());
+            out.extend_from_slice(page);
+        }
+        out
+    }
+
+    /// Parses a body written by [`Delta::encode`], checking its shape.
+    pub(crate) fn decode(object: &str, body: &[u8], commit: u64) -> Result<Delta, Error> {
+        let u32_at = |i: usize| -> Result<u32, Error> {
+            body.get(i..i + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_le_bytes)
+                .ok_or_else(|| corrupt(object, "delta body truncated"))
+        };
+        let (page_size, db_pages, count) = (u32_at(0)?, u32_at(4)?, u32_at(8)? as usize);
+        if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+            return Err(corrupt(object, format!("delta page size {page_size}")));
+        }
+        let ps = page_size as usize;
+        let expected = count
+            .checked_mul(4 + ps)
+            .and_then(|n| n.checked_add(BODY_HEADER));
+        if expected != Some(body.len()) {
+            return Err(corrupt(object, "delta body length does not match its header"));
+        }
+        let mut pages = BTreeMap::new();
+        let mut last = 0u32;
+        for i in 0..count {
+            let at = BODY_HEADER + i * (4 + ps);
+            let pgno = u32_at(at)?;
+            if pgno <= last || pgno > db_pages {
+                return Err(corrupt(object, format!("delta page {pgno} out of order")));
+            }
+            last = pgno;
+            pages.insert(pgno, body[at + 4..at + 4 + ps].to_vec());
+        }
+        Ok(Delta {
+            page_size,
+            db_pages,
+            pages,
+            commit,
+        })
+    }
+
+    /// Applies the delta to a database image in place (resizing it to `db_pages`).
+    pub(crate) fn apply_to(&self, image: &mut Vec<u8>) {
+        let ps = self.page_size as usize;
+        image.resize(self.db_pages as usize * ps, 0);
+        for (&pgno, page) in &self.pages {
+            let at = (pgno as usize - 1) * ps;
+            image[at..at + ps].copy_from_slice(page);
+        }
+    }
+}
+
+/// Sets page 1's read/write format bytes to rollback-journal mode.
+pub(crate) fn canonical_page1(page: &mut [u8]) {
+    if page.len() >= 100 && page[..16] == *b"SQLite format 3\0" {
+        page[18] = 1;
+        page[19] = 1;
+    }
+}
+
+/// Page size recorded in an SQLite header (bytes 16–17; 1 means 65536).
+pub(crate) fn image_page_size(image: &[u8]) -> Option<u32> {
+    let raw = u16::from_be_bytes([*image.get(16)?, *image.get(17)?]) as u32;
+    let ps = if raw == 1 { 65536 } else { raw };
+    ((512..=65536).contains(&ps) && ps.is_power_of_two()).then_some(ps)
+}
+
+fn page_hash(pgno: u32, page: &[u8]) -> u64 {
+    let mut d = Digest::new(CrcAlgorithm::Crc64Nvme);
+    d.update(&pgno.to_be_bytes());
+    d.update(page);
+    d.finalize()
+}
+
+/// Per-page hashes of a database image and their XOR, the database checksum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PageHashes {
+    page_size: u32,
+    hashes: Vec<u64>,
+    sum: u64,
+}
+
+impl PageHashes {
+    /// Hashes every page of a canonical image.
+    pub(crate) fn of_image(object: &str, image: &[u8]) -> Result<PageHashes, Error> {
+        let page_size =
+            image_page_size(image).ok_or_else(|| corrupt(object, "image has no page size"))?;
+        let ps = page_size as usize;
+        if image.len() % ps != 0 {
+            return Err(corrupt(object, "image is not a whole number of pages"));
+        }
+        let hashes: Vec<u64> = image
+            .chunks(ps)
+            .enumerate()
+            .map(|(i, p)| page_hash(i as u32 + 1, p))
+            .collect();
+        let sum = hashes.iter().fold(0, |a, h| a ^ h);
+        Ok(PageHashes {
+            page_size,
+            hashes,
+            sum,
+        })
+    }
+
+    /// The database checksum.
+    pub(crate) fn sum(&self) -> u64 {
+        self.sum
+    }
+
+    pub(crate) fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// The hashes after `delta`, computed without changing `self`: the new page hashes,
+    /// and the checksum. O(changed pages + pages added or removed).
+    fn after(&self, delta: &Delta) -> (Vec<(u32, u64)>, u64) {
+        let zero = vec![0u8; self.page_size as usize];
+        let old = self.hashes.len() as u32;
+        let mut sum = self.sum;
+        for p in (delta.db_pages + 1)..=old {
+            sum ^= self.hashes[p as usize - 1];
+        }
+        let mut changed = Vec::with_capacity(delta.pages.len());
+        for p in (old + 1)..=delta.db_pages {
+            if !delta.pages.contains_key(&p) {
+                let h = page_hash(p, &zero);
+                sum ^= h;
+                changed.push((p, h));
+            }
+        }
+        for (&p, page) in &delta.pages {
+            let h = page_hash(p, page);
+            if p <= old {
+                sum ^= self.hashes[p as usize - 1];
+            }
+            sum ^= h;
+            changed.push((p, h));
+        }
+        (changed, sum)
+    }
+
+    /// Applies `delta`'s pages to the hashes.
+    pub(crate) fn apply(&mut self, delta: &Delta) {
+        let (changed, sum) = self.after(delta);
+        self.hashes.resize(delta.db_pages as usize, 0);
+        for (p, h) in changed {
+            self.hashes[p as usize - 1] = h;
+        }
+        self.sum = sum;
+    }
+}
+
+/// A checksum as stored in log entries: 16 lowercase hex digits.
+pub(crate) fn checksum_hex(sum: u64) -> String {
+    format!("{sum:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(pages: u32, fill: u8) -> Vec<u8> {
+        let mut img = vec![fill; pages as usize * 512];
+        img[..16].copy_from_slice(b"SQLite format 3\0");
+        img[16..18].copy_from_slice(&512u16.to_be_bytes());
+        canonical_page1(&mut img[..512]);
+        img
+    }
+
+    #[test]
+    fn incremental_checksum_equals_recomputed_after_grow_change_and_shrink() -> Result<(), Error> {
+        let mut img = image(4, 7);
+        let mut hashes = PageHashes::of_image("t", &img)?;
+        let mut pages = BTreeMap::new();
+        pages.insert(2, vec![9u8; 512]);
+        pages.insert(6, vec![3u8; 512]);
+        // Grows to 6 pages; page 5 is absent and reads as zeros.
+        let d = Delta::new(512, 6, pages, 1)?;
+        d.apply_to(&mut img);
+        hashes.apply(&d);
+        assert_eq!(hashes, PageHashes::of_image("t", &img)?);
+        let shrink = Delta::new(512, 3, BTreeMap::new(), 2)?;
+        shrink.apply_to(&mut img);
+        hashes.apply(&shrink);
+        assert_eq!(hashes, PageHashes::of_image("t", &img)?);
+        Ok(())
+    }
+
+    #[test]
+    fn swapping_two_pages_changes_the_checksum() -> Result<(), Error> {
+        let mut a = image(3, 0);
+        a[512..1024].fill(1);
+        a[1024..].fill(2);
+        let mut b = a.clone();
+        b[512..1024].fill(2);
+        b[1024..].fill(1);
+        assert_ne!(
+            PageHashes::of_image("a", &a)?.sum(),
+            PageHashes::of_image("b", &b)?.sum()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn body_round_trips_and_rejects_bad_shapes() -> Result<(), Error> {
+        let mut pages = BTreeMap::new();
+        pages.insert(1, image(1, 5));
+        pages.insert(3, vec![4u8; 512]);
+        let d = Delta::new(512, 3, pages, 9)?;
+        let body = d.encode();
+        let back = Delta::decode("x", &body, 9)?;
+        assert_eq!(back.encode(), body);
+        assert!(Delta::decode("x", &body[..body.len() - 1], 9).is_err());
+        let mut swapped = body.clone();
+        swapped[12..16].copy_from_slice(&5u32.to_le_bytes());
+        assert!(matches!(
+            Delta::decode("x", &swapped, 9),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(Delta::new(512, 2, BTreeMap::from([(3, vec![0; 512])]), 1).is_err());
+        assert!(Delta::new(500, 2, BTreeMap::new(), 1).is_err());
+        Ok(())
+    }
+}
