@@ -5,8 +5,9 @@
 //! (`base`) and carries the database checksum before and after it, so a hydrate proves that
 //! snapshot + deltas rebuilt exactly the database the writer had.
 //!
-//! The database checksum is LiteFS's construction: the XOR over every page of
-//! CRC-64/NVME(page number, big-endian u32 ‖ page bytes). XOR makes it cheap to update: a
+//! The database checksum follows LiteFS: the XOR over every page of a hash of (page number,
+//! big-endian u32 ‖ page bytes) — here CRC-64/NVME through a non-linear finalizer, so pages
+//! swapped between positions change it. XOR makes it cheap to update: a
 //! changed page swaps its old hash for its new one, so a ship costs O(changed pages), not
 //! O(database). Page 1 is hashed in its canonical form (header bytes 18–19 set to 1,
 //! rollback-journal mode), the same form every installed image has.
@@ -184,11 +185,19 @@ pub(crate) fn image_page_size(image: &[u8]) -> Option<u32> {
     ((512..=65536).contains(&ps) && ps.is_power_of_two()).then_some(ps)
 }
 
+/// A page's hash: CRC-64/NVME of (page number ‖ page), passed through murmur3's 64-bit
+/// finalizer. CRC is affine over GF(2), so an XOR of raw CRCs cannot tell two pages swapped
+/// between positions apart; the non-linear finalizer can.
 fn page_hash(pgno: u32, page: &[u8]) -> u64 {
     let mut d = Digest::new(CrcAlgorithm::Crc64Nvme);
     d.update(&pgno.to_be_bytes());
     d.update(page);
-    d.finalize()
+    let mut h = d.finalize();
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
 }
 
 /// Per-page hashes of a database image and their XOR, the database checksum.
