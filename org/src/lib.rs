@@ -49,6 +49,8 @@
 //! `Corrupt`, `Fatal`. A fenced handle is poisoned: every later call fails fast.
 #![forbid(unsafe_code)]
 
+mod capture;
+mod chain;
 mod effect;
 mod error;
 mod local;
@@ -56,6 +58,7 @@ mod org;
 mod registry;
 mod settings;
 mod ship;
+mod wal;
 mod writer;
 
 pub use error::{Error, ErrorKind};

@@ -9,9 +9,10 @@ use idem_replica::{Claim, OrgId, Replica};
 use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
+use crate::chain::{ShipCtx, ShipIo, ship_once};
 use crate::local::LocalFiles;
-use crate::ship::{Counters, Shared, ShipState, Stop, confirm_once, ship_once};
-use crate::writer::{self, ApplyFn, InitFn, Job};
+use crate::ship::{Counters, Shared, ShipState, Stop, confirm_once};
+use crate::writer::{self, ApplyFn, InitFn, Job, WriterCtx};
 use crate::{Error, Settings};
 
 /// A handle on an acquired org: this process is its one writer for one round. Cheap to clone.
@@ -42,11 +43,13 @@ pub struct OrgStats {
     pub committed: u64,
     /// Commit counter covered by the last published snapshot.
     pub shipped: u64,
-    /// Snapshots published by this handle.
+    /// Snapshots and deltas published by this handle.
     pub ships: u64,
+    /// Full snapshots among them (the rest are deltas).
+    pub full_ships: u64,
     /// Ships that failed (other than fenced).
     pub ship_failures: u64,
-    /// Compressed bytes uploaded by this handle's ships.
+    /// Compressed bytes uploaded by this handle's ships (blobs; log entries not counted).
     pub bytes_shipped: u64,
     /// Requests acknowledged after waiting for a ship.
     pub acks: u64,
@@ -56,9 +59,12 @@ struct Inner {
     shared: Arc<Shared>,
     replica: Replica,
     settings: Settings,
-    claim: tokio::sync::Mutex<Claim>,
-    reader: Arc<Mutex<Option<Connection>>>,
+    ship: tokio::sync::Mutex<ShipCtx>,
+    db: std::path::PathBuf,
     jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    /// False once a release began: requests are refused, ships may still run. Read and
+    /// written under the `jobs` lock, so no request is queued behind the final capture.
+    accepting: std::sync::atomic::AtomicBool,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     files: Mutex<Option<LocalFiles>>,
     inflight: AtomicUsize,
@@ -67,6 +73,11 @@ struct Inner {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sends a job to the writer thread; false when it has stopped.
+pub(crate) fn send_job(jobs: &Mutex<Option<std::sync::mpsc::Sender<Job>>>, job: Job) -> bool {
+    lock(jobs).as_ref().is_some_and(|j| j.send(job).is_ok())
 }
 
 static TICK: AtomicU64 = AtomicU64::new(0);
@@ -98,7 +109,7 @@ impl Org {
             .map_err(rerr)?;
         let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
         let opened = Self::open_files(&replica, &claim, &files, &settings, init).await;
-        let (conn, reader) = match opened {
+        let conn = match opened {
             Ok(v) => v,
             Err(e) => {
                 files.remove();
@@ -121,10 +132,16 @@ impl Org {
             counters: Counters::default(),
         });
         let (jobs_tx, jobs_rx) = std::sync::mpsc::channel();
-        let (round, counter) = (claim.round, shared.committed.clone());
+        let ctx = WriterCtx {
+            round: claim.round,
+            committed: shared.committed.clone(),
+            clock,
+            db: files.db.clone(),
+            busy: Duration::from_millis(settings.busy_timeout_ms),
+        };
         let thread = std::thread::Builder::new()
             .name(format!("idem-writer-{org}"))
-            .spawn(move || writer::run(conn, round, counter, clock, jobs_rx))
+            .spawn(move || writer::run(conn, ctx, jobs_rx))
             .map_err(|source| Error::Local {
                 org: org.to_string(),
                 path: files.db.clone(),
@@ -135,9 +152,10 @@ impl Org {
             shared,
             replica,
             settings,
-            claim: tokio::sync::Mutex::new(claim),
-            reader: Arc::new(Mutex::new(Some(reader))),
+            ship: tokio::sync::Mutex::new(ShipCtx::new(claim)),
+            db: files.db.clone(),
             jobs: Mutex::new(Some(jobs_tx)),
+            accepting: std::sync::atomic::AtomicBool::new(true),
             writer_thread: Mutex::new(Some(thread)),
             files: Mutex::new(Some(files)),
             inflight: AtomicUsize::new(0),
@@ -153,7 +171,7 @@ impl Org {
         files: &LocalFiles,
         settings: &Settings,
         init: Option<InitFn>,
-    ) -> Result<(Connection, Connection), Error> {
+    ) -> Result<Connection, Error> {
         let org = claim.org.clone();
         replica
             .hydrate(claim, &files.db)
@@ -163,16 +181,8 @@ impl Org {
         let busy = Duration::from_millis(settings.busy_timeout_ms);
         let org2 = org.clone();
         tokio::task::spawn_blocking(move || {
-            let conn = writer::open_writer(&path, busy, init.as_ref())
-                .map_err(|source| Error::idem(&org2, source))?;
-            let reader = Connection::open(&path).map_err(|source| Error::Sqlite {
-                org: org2.clone(),
-                source,
-            })?;
-            reader
-                .busy_timeout(busy)
-                .map_err(|source| Error::Sqlite { org: org2, source })?;
-            Ok((conn, reader))
+            writer::open_writer(&path, busy, init.as_ref())
+                .map_err(|source| Error::idem(&org2, source))
         })
         .await
         .map_err(|e| {
@@ -198,7 +208,9 @@ impl Org {
 
     /// True until the handle is fenced or closed.
     pub fn is_serving(&self) -> bool {
-        self.inner.shared.lock().stop.is_none() && lock(&self.inner.jobs).is_some()
+        self.inner.shared.lock().stop.is_none()
+            && lock(&self.inner.jobs).is_some()
+            && self.inner.accepting.load(Ordering::SeqCst)
     }
 
     /// Shipping statistics of this handle.
@@ -209,6 +221,7 @@ impl Org {
             committed: self.inner.shared.committed.load(Ordering::SeqCst),
             shipped: self.inner.shared.lock().shipped,
             ships: c.ships.load(Ordering::Relaxed),
+            full_ships: c.full_ships.load(Ordering::Relaxed),
             ship_failures: c.ship_failures.load(Ordering::Relaxed),
             bytes_shipped: c.bytes_shipped.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
@@ -323,8 +336,12 @@ impl Org {
             return Err(inner.shared.stop_error(stop));
         }
         let (tx, rx) = oneshot::channel();
-        let sent = lock(&inner.jobs).as_ref().map(|j| j.send(job(tx)).is_ok());
-        if sent != Some(true) {
+        let sent = {
+            let jobs = lock(&inner.jobs);
+            inner.accepting.load(Ordering::SeqCst)
+                && jobs.as_ref().is_some_and(|j| j.send(job(tx)).is_ok())
+        };
+        if !sent {
             return Err(inner.shared.stop_error(Stop::Closed));
         }
         let org = inner.shared.org.clone();
@@ -343,35 +360,62 @@ impl Org {
     /// The final ship's or the release's error; the handle is closed either way.
     pub async fn release(&self) -> Result<(), Error> {
         let inner = &self.inner;
-        inner.close_writer().await;
         let result = {
-            let mut claim = inner.claim.lock().await;
+            // Wait for a ship in flight first.
+            let mut ctx = inner.ship.lock().await;
+            // Refuse new requests and queue a no-op capture behind every request already
+            // queued, under one lock: once it answers, `committed` covers them all.
+            let drained = {
+                let (tx, rx) = oneshot::channel();
+                let sent = {
+                    let jobs = lock(&inner.jobs);
+                    inner.accepting.store(false, Ordering::SeqCst);
+                    jobs.as_ref().is_some_and(|j| {
+                        j.send(Job::Capture {
+                            from: u64::MAX,
+                            checkpoint: crate::capture::Checkpoint::AfterIfOver(u64::MAX),
+                            reply: tx,
+                        })
+                        .is_ok()
+                    })
+                };
+                sent && rx.await.is_ok()
+            };
             let stopped = inner.shared.lock().stop;
             let result = match stopped {
                 Some(stop) => Err(inner.shared.stop_error(stop)),
+                None if !drained => Err(inner.shared.stop_error(Stop::Closed)),
                 None => {
-                    let unshipped =
-                        inner.shared.committed.load(Ordering::SeqCst) > inner.shared.lock().shipped;
-                    let shipped = if unshipped {
-                        ship_once(&inner.shared, &inner.replica, &mut claim, &inner.reader).await
+                    let committed = inner.shared.committed.load(Ordering::SeqCst);
+                    let shipped_to = inner.shared.lock().shipped;
+                    let shipped = if committed > shipped_to {
+                        let io = ShipIo {
+                            shared: &inner.shared,
+                            replica: &inner.replica,
+                            jobs: &inner.jobs,
+                            db: &inner.db,
+                            settings: &inner.settings,
+                        };
+                        ship_once(&mut ctx, &io).await
                     } else {
                         Ok(())
                     };
                     match shipped {
                         Ok(()) => inner
                             .replica
-                            .release(&mut claim)
+                            .release(&mut ctx.claim)
                             .await
                             .map_err(|e| Error::replica(inner.shared.org.as_str(), e)),
                         Err(e) => Err(e),
                     }
                 }
             };
-            // Stop while still holding the claim, so a shipper waiting for it finds the org
-            // closed instead of shipping on a released claim.
+            // Stop while still holding the ship lock, so a shipper waiting for it finds the
+            // org closed instead of shipping on a released claim.
             inner.shared.stop(Stop::Closed);
             result
         };
+        inner.close_writer().await;
         inner.discard_files();
         tracing::info!(org = %inner.shared.org, round = inner.shared.round, ok = result.is_ok(), "released");
         result
@@ -388,9 +432,8 @@ impl Inner {
         }
     }
 
-    /// Closes the snapshot connection and deletes the local files (writer already closed).
+    /// Deletes the local files (writer already closed).
     fn discard_files(&self) {
-        drop(lock(&self.reader).take());
         if let Some(files) = lock(&self.files).take() {
             files.remove();
         }
@@ -400,11 +443,11 @@ impl Inner {
 /// Renews an idle org's lease; false when the org turned out fenced (and is now discarded).
 async fn keep_lease(inner: &Arc<Inner>) -> bool {
     let kept = {
-        let mut claim = inner.claim.lock().await;
+        let mut ctx = inner.ship.lock().await;
         if inner.shared.lock().stop.is_some() {
             return false;
         }
-        inner.replica.keep_alive(&mut claim).await
+        inner.replica.keep_alive(&mut ctx.claim).await
     };
     match kept {
         Ok(()) => true,
@@ -444,15 +487,26 @@ async fn shipper(inner: Arc<Inner>) {
                 }
             }
         }
-        let shipped = {
-            let mut claim = inner.claim.lock().await;
+        let (shipped, full) = {
+            let mut ctx = inner.ship.lock().await;
             if inner.shared.lock().stop.is_some() {
                 return;
             }
             if inner.shared.needs_ship() {
-                ship_once(&inner.shared, &inner.replica, &mut claim, &inner.reader).await
+                let before = inner.shared.counters.full_ships.load(Ordering::Relaxed);
+                let io = ShipIo {
+                    shared: &inner.shared,
+                    replica: &inner.replica,
+                    jobs: &inner.jobs,
+                    db: &inner.db,
+                    settings: &inner.settings,
+                };
+                let shipped = ship_once(&mut ctx, &io).await;
+                let full = inner.shared.counters.full_ships.load(Ordering::Relaxed) > before;
+                (shipped, full)
             } else {
-                confirm_once(&inner.shared, &inner.replica, &mut claim).await
+                let shipped = confirm_once(&inner.shared, &inner.replica, &mut ctx.claim).await;
+                (shipped, false)
             }
         };
         match shipped {
@@ -465,7 +519,8 @@ async fn shipper(inner: Arc<Inner>) {
             Ok(()) => {
                 ships_since_retain += 1;
                 let every = inner.settings.retain_every_ships;
-                if every > 0 && ships_since_retain >= every {
+                // Only a new full snapshot makes older entries deletable.
+                if every > 0 && full && ships_since_retain >= every {
                     ships_since_retain = 0;
                     if let Err(e) = inner
                         .replica

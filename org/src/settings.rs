@@ -11,8 +11,21 @@ pub struct Settings {
     /// Smallest gap between two ships of one org, in milliseconds (0 = ship as soon as the
     /// previous ship ends). A gap batches more requests per ship at the cost of latency.
     pub min_ship_interval_ms: u64,
-    /// Run snapshot retention after every this many ships of an org (0 = never).
+    /// Run snapshot retention after a full snapshot, at most once per this many ships of an
+    /// org (0 = never). Only a new full snapshot makes older entries deletable.
     pub retain_every_ships: u64,
+    /// Ship a full snapshot instead of a delta once the compressed deltas since the last full
+    /// snapshot exceed this percentage of its compressed size. Default 100.
+    pub delta_budget_percent: u64,
+    /// Ship a full snapshot after this many deltas in a row, bounding the objects a hydrate
+    /// reads. Default 4096.
+    pub max_deltas: u64,
+    /// Ship a full snapshot when the last one is older than this, in milliseconds (0 = no
+    /// schedule). Default 3 600 000 (one hour).
+    pub snapshot_interval_ms: u64,
+    /// Checkpoint the org's WAL (TRUNCATE) after a delta capture once it reaches this many
+    /// bytes, keeping it bounded under steady load. Default 4 MiB.
+    pub wal_checkpoint_bytes: u64,
     /// The retention policy applied then.
     pub retention: idem_replica::Retention,
     /// Claim even when another writer's advisory lease is live (operator override).
@@ -26,6 +39,10 @@ impl Default for Settings {
             busy_timeout_ms: 5_000,
             min_ship_interval_ms: 0,
             retain_every_ships: 64,
+            delta_budget_percent: 100,
+            max_deltas: 4096,
+            snapshot_interval_ms: 3_600_000,
+            wal_checkpoint_bytes: 4 << 20,
             retention: idem_replica::Retention::default(),
             force_claim: false,
         }

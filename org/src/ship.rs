@@ -3,7 +3,7 @@
 //! ```text
 //! request:  commit (counter c) ──► wait(c) ─────────────────────────────► Ok (acknowledged)
 //!                                     ▲
-//! shipper:  demand? ─► snapshot (one read tx: pages + counter s) ─► ship ─► wake every c <= s
+//! shipper:  demand? ─► capture (writer thread: WAL frames + counter s) ─► ship ─► wake every c <= s
 //! ```
 //! Requests that commit while a ship is in flight are covered by the next one, so one ship
 //! acknowledges many requests. `Fenced` fails every waiter and poisons the org; any other ship
@@ -17,19 +17,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use idem_replica::{Claim, OrgId, Replica, Snapshot};
-use rusqlite::Connection;
+use idem_replica::{Claim, OrgId, Replica};
 use tokio::sync::{Notify, oneshot};
 
 use crate::Error;
-use crate::writer::read_commit;
 
 /// A waiting request: the commit it needs shipped, the first confirmation (by start number)
 /// that may acknowledge it, and where to send the outcome.
 pub(crate) struct Waiter {
     commit: u64,
     min_start: u64,
-    tx: oneshot::Sender<Result<(), Error>>,
+    pub(crate) tx: oneshot::Sender<Result<(), Error>>,
 }
 
 /// Why an org stopped serving.
@@ -56,13 +54,13 @@ impl ShipState {
     }
 
     /// Begins a confirmation and returns its start number.
-    fn begin(&mut self) -> u64 {
+    pub(crate) fn begin(&mut self) -> u64 {
         self.starts += 1;
         self.starts
     }
 
     /// Records a successful confirmation and returns the waiters it acknowledges.
-    fn succeed(&mut self, start: u64, shipped: u64) -> Vec<Waiter> {
+    pub(crate) fn succeed(&mut self, start: u64, shipped: u64) -> Vec<Waiter> {
         self.shipped = self.shipped.max(shipped);
         self.confirmed = self.confirmed.max(start);
         let (done, wait) = std::mem::take(&mut self.waiters)
@@ -86,6 +84,7 @@ impl ShipState {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub ships: AtomicU64,
+    pub full_ships: AtomicU64,
     pub ship_failures: AtomicU64,
     pub bytes_shipped: AtomicU64,
     pub acks: AtomicU64,
@@ -187,58 +186,11 @@ impl Shared {
     }
 }
 
-/// Takes one snapshot and ships it, then settles the waiters it covers.
-///
-/// # Errors
-/// The replica error; `Fenced`/unknown outcomes have already stopped the org when this returns.
-pub(crate) async fn ship_once(
-    shared: &Shared,
-    replica: &Replica,
-    claim: &mut Claim,
-    reader: &Arc<Mutex<Option<Connection>>>,
-) -> Result<(), Error> {
-    let start = shared.lock().begin();
-    let reader = reader.clone();
-    let snap = tokio::task::spawn_blocking(move || {
-        let conn = reader.lock().unwrap_or_else(|p| p.into_inner());
-        conn.as_ref().map(|c| Snapshot::take(c, read_commit))
-    })
-    .await
-    .map_err(|e| {
-        Error::replica(
-            shared.org.as_str(),
-            idem_replica::Error::Task {
-                op: "snapshot",
-                source: e,
-            },
-        )
-    })?
-    .ok_or_else(|| shared.stop_error(Stop::Closed))?
-    .map_err(|e| Error::replica(shared.org.as_str(), e))?;
-    let s = snap.commit();
-    match replica.ship(claim, snap).await {
-        Ok(shipped) => {
-            shared.counters.ships.fetch_add(1, Ordering::Relaxed);
-            shared
-                .counters
-                .bytes_shipped
-                .fetch_add(shipped.compressed_bytes, Ordering::Relaxed);
-            let done = shared.lock().succeed(start, s);
-            tracing::debug!(org = %shared.org, round = shared.round, seq = shipped.seq, commit = s, acks = done.len(), bytes = shipped.compressed_bytes, "shipped");
-            for w in done {
-                let _ = w.tx.send(Ok(()));
-            }
-            Ok(())
-        }
-        Err(e) => Err(shared.failed(start, s, e)),
-    }
-}
-
 /// Confirms, without shipping, that no successor appended to the log since this claim's last
 /// entry, then acknowledges the replays and reads waiting for a confirmation.
 ///
 /// # Errors
-/// As [`ship_once`].
+/// As `chain::ship_once`.
 pub(crate) async fn confirm_once(
     shared: &Shared,
     replica: &Replica,
@@ -263,7 +215,7 @@ pub(crate) async fn confirm_once(
 impl Shared {
     /// Settles a failed confirmation: fenced stops the org; anything else fails the waiters it
     /// would have acknowledged with a retryable error.
-    fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
+    pub(crate) fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
         match e {
             e if e.is_fenced() => {
                 tracing::warn!(org = %self.org, round = self.round, error = %e, "fenced");

@@ -13,6 +13,8 @@ use idem::{BoxError, Options, Outcome, Record};
 use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
+use crate::capture::{Captured, Checkpoint};
+
 /// The boxed `apply` closure of a request.
 pub(crate) type ApplyFn =
     Box<dyn FnOnce(&Transaction<'_>) -> Result<Vec<u8>, BoxError> + Send + 'static>;
@@ -37,6 +39,12 @@ pub(crate) enum Job {
     },
     /// External-effect work (`crate::effect`).
     Effect(crate::effect::EffectJob),
+    /// Copy the WAL for a ship (`crate::capture`), between two transactions.
+    Capture {
+        from: u64,
+        checkpoint: Checkpoint,
+        reply: oneshot::Sender<std::io::Result<Captured>>,
+    },
 }
 
 pub(crate) const COMMIT_SCHEMA: &str = "
@@ -61,11 +69,13 @@ fn bump_commit(tx: &Transaction<'_>) -> rusqlite::Result<u64> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// Opens the org's writer connection: WAL, synchronous=NORMAL, schema, commit counter.
+/// Opens the org's writer connection: WAL, synchronous=NORMAL, no automatic checkpoints,
+/// schema, commit counter.
 ///
 /// synchronous=NORMAL: a local commit is made durable across machines by the ship that
 /// acknowledges it, and the local file is discarded on every re-acquire, so an fsync per
-/// commit would buy nothing a request is acknowledged on.
+/// commit would buy nothing a request is acknowledged on. `wal_autocheckpoint = 0`: only a
+/// capture checkpoints, so no frame leaves the WAL before a ship has copied it.
 pub(crate) fn open_writer(
     path: &std::path::Path,
     busy_timeout: Duration,
@@ -73,7 +83,9 @@ pub(crate) fn open_writer(
 ) -> Result<Connection, idem::Error> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(busy_timeout)?;
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;",
+    )?;
     conn.execute_batch(COMMIT_SCHEMA)?;
     idem::ensure_schema(&conn)?;
     if let Some(init) = init {
@@ -84,13 +96,22 @@ pub(crate) fn open_writer(
 
 /// Runs jobs until every sender is dropped. `committed` is raised after each commit that
 /// bumped the counter, before the reply, so a waiter never waits for less than it committed.
-pub(crate) fn run(
-    mut conn: Connection,
-    round: u64,
-    committed: Arc<AtomicU64>,
-    clock: Arc<dyn idem::Clock>,
-    jobs: std::sync::mpsc::Receiver<Job>,
-) {
+pub(crate) struct WriterCtx {
+    pub round: u64,
+    pub committed: Arc<AtomicU64>,
+    pub clock: Arc<dyn idem::Clock>,
+    pub db: std::path::PathBuf,
+    pub busy: Duration,
+}
+
+pub(crate) fn run(mut conn: Connection, ctx: WriterCtx, jobs: std::sync::mpsc::Receiver<Job>) {
+    let WriterCtx {
+        round,
+        committed,
+        clock,
+        db,
+        busy,
+    } = ctx;
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Once {
@@ -140,6 +161,15 @@ pub(crate) fn run(
                 let _ = reply.send(out);
             }
             Job::Effect(job) => crate::effect::run_job(&mut conn, &committed, &clock, job),
+            Job::Capture {
+                from,
+                checkpoint,
+                reply,
+            } => {
+                let commit = committed.load(Ordering::SeqCst);
+                let out = crate::capture::capture(&conn, &db, busy, commit, from, checkpoint);
+                let _ = reply.send(out);
+            }
         }
     }
 }

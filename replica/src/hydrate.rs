@@ -226,12 +226,13 @@ impl Replica {
     /// database checksum before it and after it. Blobs are fetched concurrently.
     async fn rebuild(&self, org: &OrgId, chain: &Chain) -> Result<(Vec<u8>, String), Error> {
         let (object, image) = self.fetch(org, &chain.snapshot).await?;
-        let bodies: Vec<(String, Vec<u8>)> = futures::stream::iter(
-            chain.deltas.iter().map(|e| self.fetch(org, e)),
-        )
-        .buffered(self.inner.settings.read_concurrency)
-        .try_collect()
-        .await?;
+        // Collected first: a stream over a closure taking `&LogEntry` makes the future's
+        // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove.
+        let fetches: Vec<_> = chain.deltas.iter().map(|e| self.fetch(org, e)).collect();
+        let bodies: Vec<(String, Vec<u8>)> = futures::stream::iter(fetches)
+            .buffered(self.inner.settings.read_concurrency)
+            .try_collect()
+            .await?;
         let (org2, deltas) = (org.clone(), chain.deltas.clone());
         let image = blocking("applying deltas", move || {
             let mut image = image;

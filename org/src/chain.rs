@@ -1,0 +1,263 @@
+//! One ship: capture on the writer thread, then publish a delta of the committed WAL frames
+//! since the previous ship, or a full snapshot when the chain must restart (I6, I10).
+//!
+//! A full snapshot is shipped when the claim has none yet (a new writer), when the WAL
+//! position of the chain is lost (a failed full ship, a WAL restarted behind our back), and
+//! when the deltas since the last full snapshot outgrow [`Settings::delta_budget_percent`] of
+//! it, number [`Settings::max_deltas`], or are older than
+//! [`Settings::snapshot_interval_ms`]: this bounds what a hydrate downloads and applies.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+use std::sync::mpsc::Sender;
+use std::time::Instant;
+
+use idem_replica::{Claim, Delta, Replica, Snapshot};
+use tokio::sync::oneshot;
+
+use crate::capture::{self, Captured, Checkpoint};
+use crate::ship::Shared;
+use crate::wal::{self, Frames, WalPos};
+use crate::writer::Job;
+use crate::{Error, Settings};
+
+/// Where the next delta capture starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WalState {
+    /// Unknown: the next ship must be a full snapshot.
+    Lost,
+    /// A new WAL generation begins after a checkpoint emptied the file: read from offset 0.
+    Fresh,
+    /// After the last captured commit frame.
+    At(WalPos),
+}
+
+/// Pages captured but not yet published: a delta whose ship failed is merged into the next.
+struct Pending {
+    pages: BTreeMap<u32, Vec<u8>>,
+}
+
+/// The shipping state of one claim, owned by whoever holds the org's ship lock.
+pub(crate) struct ShipCtx {
+    pub claim: Claim,
+    wal: WalState,
+    page_size: u32,
+    db_pages: u32,
+    pending: Option<Pending>,
+    full_bytes: u64,
+    since_full_bytes: u64,
+    since_full_deltas: u64,
+    full_at: Instant,
+}
+
+impl ShipCtx {
+    pub fn new(claim: Claim) -> ShipCtx {
+        ShipCtx {
+            claim,
+            wal: WalState::Lost,
+            page_size: 0,
+            db_pages: 0,
+            pending: None,
+            full_bytes: 0,
+            since_full_bytes: 0,
+            since_full_deltas: 0,
+            full_at: Instant::now(),
+        }
+    }
+
+    fn wants_full(&self, s: &Settings) -> bool {
+        self.claim.chain_tip().is_none()
+            || self.wal == WalState::Lost
+            || self.since_full_bytes.saturating_mul(100)
+                > self.full_bytes.saturating_mul(s.delta_budget_percent)
+            || self.since_full_deltas >= s.max_deltas
+            || (s.snapshot_interval_ms > 0
+                && self.full_at.elapsed().as_millis() as u64 >= s.snapshot_interval_ms)
+    }
+}
+
+/// What a ship needs besides its context.
+pub(crate) struct ShipIo<'a> {
+    pub shared: &'a Shared,
+    pub replica: &'a Replica,
+    /// The writer's job queue; never holds the sender across an await (a held
+    /// `Sender<Job>` trips rustc's higher-ranked `Send` check in callers).
+    pub jobs: &'a Mutex<Option<Sender<Job>>>,
+    pub db: &'a Path,
+    pub settings: &'a Settings,
+}
+
+/// Asks the writer thread for a capture and waits for it.
+async fn capture(io: &ShipIo<'_>, from: u64, checkpoint: Checkpoint) -> Result<Captured, Failure> {
+    let (tx, rx) = oneshot::channel();
+    let sent = crate::org::send_job(
+        io.jobs,
+        Job::Capture {
+            from,
+            checkpoint,
+            reply: tx,
+        },
+    );
+    let got = if sent { rx.await.ok() } else { None };
+    match got {
+        Some(Ok(c)) => Ok(c),
+        Some(Err(source)) => Err(io_error(io, source)),
+        None => Err(io_error(
+            io,
+            std::io::Error::other("the writer thread has stopped"),
+        )),
+    }
+}
+
+/// A local failure while capturing, as the replica error the waiters are failed with.
+fn io_error(io: &ShipIo<'_>, source: std::io::Error) -> Failure {
+    idem_replica::Error::Io {
+        path: io.db.display().to_string(),
+        source,
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|source| idem_replica::Error::Task {
+            op: "preparing a ship",
+            source,
+        })
+}
+
+/// Ships everything committed so far and settles the waiters it covers.
+///
+/// # Errors
+/// The capture's or the replica's error; `Fenced`/unknown outcomes have already stopped the
+/// org when this returns, and other failures have failed the waiters the ship would have
+/// acknowledged (they retry; their commits ship with a later ship).
+pub(crate) async fn ship_once(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<(), Error> {
+    let start = io.shared.lock().begin();
+    let covering = io.shared.committed.load(Ordering::SeqCst);
+    let shipped = if ctx.wants_full(io.settings) {
+        ship_full(ctx, io).await
+    } else {
+        match ship_delta(ctx, io).await {
+            Err(Fallback::Full) => ship_full(ctx, io).await,
+            Err(Fallback::Failed(e)) => Err(e),
+            Ok(v) => Ok(v),
+        }
+    };
+    let (commit, bytes, full) = match shipped {
+        Ok(v) => v,
+        Err(e) => return Err(io.shared.failed(start, covering, e)),
+    };
+    let c = &io.shared.counters;
+    c.ships.fetch_add(1, Ordering::Relaxed);
+    if full {
+        c.full_ships.fetch_add(1, Ordering::Relaxed);
+    }
+    c.bytes_shipped.fetch_add(bytes, Ordering::Relaxed);
+    let done = io.shared.lock().succeed(start, commit);
+    tracing::debug!(org = %io.shared.org, round = io.shared.round, commit, full, bytes, acks = done.len(), "shipped");
+    for w in done {
+        let _ = w.tx.send(Ok(()));
+    }
+    Ok(())
+}
+
+/// Why a ship failed; local failures are carried as the replica's `Io`/`Task` errors.
+type Failure = idem_replica::Error;
+
+enum Fallback {
+    Full,
+    Failed(Failure),
+}
+
+/// (commit shipped, compressed bytes uploaded, whether it was a full snapshot)
+type Done = (u64, u64, bool);
+
+async fn ship_full(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Failure> {
+    ctx.wal = WalState::Lost;
+    ctx.pending = None;
+    let cap = capture(io, 0, Checkpoint::Before).await?;
+    let db = io.db.to_path_buf();
+    let built = blocking(move || {
+        let frames = wal::read(&cap.head, &cap.tail, None)
+            .map_err(|e| std::io::Error::other(format!("reading the WAL: {}", e.0)))?;
+        let (image, page_size) = capture::image(&db, &frames)?;
+        Ok::<_, std::io::Error>((image, page_size, frames.end, cap.commit))
+    })
+    .await?;
+    let (image, page_size, end, commit) = built.map_err(|e| io_error(io, e))?;
+    let db_pages = (image.len() / page_size as usize) as u32;
+    let shipped = io
+        .replica
+        .ship(&mut ctx.claim, Snapshot::from_bytes(image, commit))
+        .await?;
+    ctx.wal = end.map_or(WalState::Fresh, WalState::At);
+    ctx.page_size = page_size;
+    ctx.db_pages = db_pages;
+    ctx.full_bytes = shipped.compressed_bytes;
+    ctx.since_full_bytes = 0;
+    ctx.since_full_deltas = 0;
+    ctx.full_at = Instant::now();
+    Ok((commit, shipped.compressed_bytes, true))
+}
+
+async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback> {
+    let from = match ctx.wal {
+        WalState::At(pos) => Some(pos),
+        WalState::Fresh => None,
+        WalState::Lost => return Err(Fallback::Full),
+    };
+    let cap = capture(
+        io,
+        from.map_or(0, |p| p.offset),
+        Checkpoint::AfterIfOver(io.settings.wal_checkpoint_bytes),
+    )
+    .await
+    .map_err(Fallback::Failed)?;
+    let (commit, reset) = (cap.commit, cap.reset);
+    let frames: Result<Frames, wal::WalError> =
+        blocking(move || wal::read(&cap.head, &cap.tail, from))
+            .await
+            .map_err(Fallback::Failed)?;
+    let frames = match frames {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(org = %io.shared.org, reason = %e.0, "WAL position lost; shipping a full snapshot");
+            return Err(Fallback::Full);
+        }
+    };
+    if let Some(pos) = frames.end
+        && pos.page_size != ctx.page_size
+    {
+        return Err(Fallback::Full);
+    }
+    // Every committed frame is now in `pending`; the WAL may be reset behind it.
+    ctx.wal = if reset {
+        WalState::Fresh
+    } else {
+        frames.end.map_or(ctx.wal, WalState::At)
+    };
+    if let Some(n) = frames.db_pages {
+        ctx.db_pages = n;
+    }
+    let pending = ctx.pending.get_or_insert_with(|| Pending {
+        pages: BTreeMap::new(),
+    });
+    pending.pages.extend(frames.pages);
+    let db_pages = ctx.db_pages;
+    pending.pages.retain(|p, _| *p <= db_pages);
+    let delta = Delta::new(ctx.page_size, db_pages, pending.pages.clone(), commit)
+        .map_err(Fallback::Failed)?;
+    match io.replica.ship_delta(&mut ctx.claim, delta).await {
+        Ok(shipped) => {
+            ctx.pending = None;
+            ctx.since_full_bytes += shipped.compressed_bytes;
+            ctx.since_full_deltas += 1;
+            Ok((commit, shipped.compressed_bytes, false))
+        }
+        Err(idem_replica::Error::NoChainTip { .. }) => Err(Fallback::Full),
+        Err(e) => Err(Fallback::Failed(e)),
+    }
+}
