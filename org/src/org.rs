@@ -311,6 +311,17 @@ impl Org {
         Ok(deleted)
     }
 
+    /// Rebuilds the database file with `VACUUM` on the writer connection (reclaiming the
+    /// space `prune` freed), then returns once the result is shipped. VACUUM rewrites every
+    /// page, so the ship after it is as large as the database.
+    ///
+    /// # Errors
+    /// As [`Org::once_with`].
+    pub async fn vacuum(&self) -> Result<(), Error> {
+        let c = self.call(|reply| Job::Vacuum { reply }).await?;
+        self.inner.shared.wait_shipped(c).await
+    }
+
     /// Waits until a ship covering commit `c` is published (I6).
     pub(crate) async fn wait_shipped(&self, c: u64) -> Result<(), Error> {
         self.inner.shared.wait_shipped(c).await

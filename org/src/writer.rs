@@ -37,6 +37,10 @@ pub(crate) enum Job {
         cutoff: SystemTime,
         reply: oneshot::Sender<Result<(u64, u64), idem::Error>>,
     },
+    /// `VACUUM` the database, then bump the commit counter.
+    Vacuum {
+        reply: oneshot::Sender<Result<u64, idem::Error>>,
+    },
     /// External-effect work (`crate::effect`).
     Effect(crate::effect::EffectJob),
     /// Copy the WAL for a ship (`crate::capture`), between two transactions.
@@ -158,6 +162,19 @@ pub(crate) fn run(mut conn: Connection, ctx: WriterCtx, jobs: std::sync::mpsc::R
                     committed.fetch_max(n, Ordering::SeqCst);
                     Ok((deleted, n))
                 });
+                let _ = reply.send(out);
+            }
+            Job::Vacuum { reply } => {
+                let out = conn
+                    .execute_batch("VACUUM")
+                    .and_then(|()| {
+                        let tx = conn.transaction()?;
+                        let n = bump_commit(&tx)?;
+                        tx.commit()?;
+                        committed.fetch_max(n, Ordering::SeqCst);
+                        Ok(n)
+                    })
+                    .map_err(idem::Error::from);
                 let _ = reply.send(out);
             }
             Job::Effect(job) => crate::effect::run_job(&mut conn, &committed, &clock, job),
