@@ -54,7 +54,9 @@ pub(crate) fn wal_path(db: &Path) -> PathBuf {
 /// block. Returns true when the WAL is now empty.
 fn truncate_checkpoint(conn: &Connection, busy: Duration, wal: &Path) -> bool {
     let ran = conn.busy_timeout(Duration::ZERO).and_then(|()| {
-        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get::<_, i64>(0))
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        })
     });
     if let Err(e) = conn.busy_timeout(busy) {
         tracing::warn!(error = %e, "could not restore busy_timeout after a checkpoint");

@@ -56,8 +56,12 @@ fn be32(b: &[u8]) -> u32 {
 /// SQLite's WAL checksum: Fibonacci-weighted sums of 32-bit words, continued from `s`.
 fn checksum(data: &[u8], mut s: [u32; 2], big_endian: bool) -> [u32; 2] {
     for c in data.chunks_exact(8) {
-        s[0] = s[0].wrapping_add(word(&c[..4], big_endian)).wrapping_add(s[1]);
-        s[1] = s[1].wrapping_add(word(&c[4..], big_endian)).wrapping_add(s[0]);
+        s[0] = s[0]
+            .wrapping_add(word(&c[..4], big_endian))
+            .wrapping_add(s[1]);
+        s[1] = s[1]
+            .wrapping_add(word(&c[4..], big_endian))
+            .wrapping_add(s[0]);
     }
     s
 }
@@ -131,7 +135,11 @@ pub(crate) fn read(head: &[u8], tail: &[u8], from: Option<WalPos>) -> Result<Fra
         if fh[8..16] != pos.salt {
             break;
         }
-        let c = checksum(page, checksum(&fh[..8], running, pos.big_endian), pos.big_endian);
+        let c = checksum(
+            page,
+            checksum(&fh[..8], running, pos.big_endian),
+            pos.big_endian,
+        );
         if c != [be32(&fh[16..20]), be32(&fh[20..24])] {
             break;
         }

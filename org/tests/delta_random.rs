@@ -71,7 +71,8 @@ fn random_sql(rng: &mut Rng, step: u64) -> String {
         ),
         8 => "SELECT 1".into(),
         _ => {
-            let victim: String = "DROP TABLE IF EXISTS extra".to_owned() + &rng.below(step + 1).to_string();
+            let victim: String =
+                "DROP TABLE IF EXISTS extra".to_owned() + &rng.below(step + 1).to_string();
             victim
         }
     }
@@ -163,7 +164,10 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
         ships - fulls >= ships / 2,
         "deltas must carry most ships: {ships} ships, {fulls} full"
     );
-    assert!(fulls >= 4, "claims and the chain limit ship full snapshots: {fulls}");
+    assert!(
+        fulls >= 4,
+        "claims and the chain limit ship full snapshots: {fulls}"
+    );
     assert!(
         max_wal < (256 << 10) + (4 << 20),
         "the WAL stays bounded by the checkpoint size plus one ship's commits: {max_wal} bytes"

@@ -138,7 +138,10 @@ impl Delta {
             .checked_mul(4 + ps)
             .and_then(|n| n.checked_add(BODY_HEADER));
         if expected != Some(body.len()) {
-            return Err(corrupt(object, "delta body length does not match its header"));
+            return Err(corrupt(
+                object,
+                "delta body length does not match its header",
+            ));
         }
         let mut pages = BTreeMap::new();
         let mut last = 0u32;

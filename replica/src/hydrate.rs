@@ -52,7 +52,11 @@ fn resolve(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, E
     let mut ended = false;
     for e in &below[start + 1..] {
         if e.seq() != prev_seq + 1 {
-            return Err(broken(org, prev_seq + 1, "log entry missing after the newest snapshot"));
+            return Err(broken(
+                org,
+                prev_seq + 1,
+                "log entry missing after the newest snapshot",
+            ));
         }
         prev_seq = e.seq();
         match e {
@@ -130,7 +134,11 @@ impl Replica {
         if let (Some(seq), Some(c)) = (at, &chain)
             && c.position() != seq
         {
-            return Err(broken(org, seq, "delta is not on the chain of any snapshot"));
+            return Err(broken(
+                org,
+                seq,
+                "delta is not on the chain of any snapshot",
+            ));
         }
         self.install_chain(org, chain, dest).await
     }
@@ -329,7 +337,9 @@ fn apply_delta(
         return Err(broken(
             org,
             *seq,
-            format!("database checksum before the delta is {before}, the delta expects {base_checksum}"),
+            format!(
+                "database checksum before the delta is {before}, the delta expects {base_checksum}"
+            ),
         ));
     }
     let delta = Delta::decode(object, body, *commit)?;
@@ -338,7 +348,10 @@ fn apply_delta(
         || delta.changed_pages() != *changed_pages as usize
         || delta.page_size() != hashes.page_size()
     {
-        return Err(crate::entry::corrupt(object, "delta body does not match its log entry"));
+        return Err(crate::entry::corrupt(
+            object,
+            "delta body does not match its log entry",
+        ));
     }
     hashes.apply(&delta);
     delta.apply_to(image);

@@ -9,9 +9,9 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use tracing::{debug, info, warn};
 
-use crate::entry::Lease;
 use crate::claim::Tip;
 use crate::delta::{Delta, PageHashes, checksum_hex};
+use crate::entry::Lease;
 use crate::layout::{Layout, blob_name, delta_blob_name, new_nonce, parse_log_name};
 use crate::org_id::check_writer;
 use crate::snapshot::{Packed, Snapshot, pack};

@@ -17,8 +17,10 @@ struct Db(Connection);
 impl Db {
     fn new() -> Result<Db, Error> {
         let conn = Connection::open_in_memory().map_err(sql)?;
-        conn.execute_batch("PRAGMA page_size = 1024; CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);")
-            .map_err(sql)?;
+        conn.execute_batch(
+            "PRAGMA page_size = 1024; CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);",
+        )
+        .map_err(sql)?;
         Ok(Db(conn))
     }
     fn exec(&self, q: &str) -> Result<(), Error> {
@@ -62,9 +64,7 @@ async fn ship_chain(
     let mut db = Db::new()?;
     db.exec("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 20) INSERT INTO t SELECT i, randomblob(300) FROM n")?;
     let mut prev = db.image()?;
-    let s = r
-        .ship(claim, Snapshot::from_bytes(prev.clone(), 1))
-        .await?;
+    let s = r.ship(claim, Snapshot::from_bytes(prev.clone(), 1)).await?;
     let mut images = vec![(s.seq, prev.clone())];
     let steps = [
         "INSERT INTO t VALUES (100, randomblob(2000))",
@@ -76,7 +76,9 @@ async fn ship_chain(
     for (i, step) in steps.iter().enumerate() {
         db.exec(step)?;
         let next = db.image()?;
-        let shipped = r.ship_delta(claim, diff(&prev, &next, i as u64 + 2)?).await?;
+        let shipped = r
+            .ship_delta(claim, diff(&prev, &next, i as u64 + 2)?)
+            .await?;
         assert!(shipped.delta);
         assert_eq!(shipped.commit, i as u64 + 2);
         images.push((shipped.seq, next.clone()));
@@ -106,7 +108,10 @@ pub async fn delta_chain_hydrates_and_restores_every_position(
     assert_eq!(h.deltas, images.len() - 1);
     assert_eq!(h.commit, images.len() as u64);
     let got = std::fs::read(tmp.path().join("db")).map_err(|e| Error::io(tmp.path(), e))?;
-    assert!(got == last_image, "hydrated image differs from the writer's");
+    assert!(
+        got == last_image,
+        "hydrated image differs from the writer's"
+    );
     for (seq, image) in &images {
         let dest = tmp.path().join(format!("at-{seq}"));
         let h = r.restore(&acme, Some(*seq), &dest).await?;
@@ -116,7 +121,8 @@ pub async fn delta_chain_hydrates_and_restores_every_position(
     }
     let claim_seq = b.seq;
     assert!(matches!(
-        r.restore(&acme, Some(claim_seq), &tmp.path().join("x")).await,
+        r.restore(&acme, Some(claim_seq), &tmp.path().join("x"))
+            .await,
         Err(Error::NoSuchSnapshot { .. })
     ));
     let report = r.verify(&acme).await?;
@@ -156,9 +162,7 @@ async fn tamper(
 ///
 /// # Errors
 /// Unexpected failures.
-pub async fn broken_delta_chain_is_a_typed_error(
-    store: Arc<dyn ObjectStore>,
-) -> Result<(), Error> {
+pub async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectStore>) -> Result<(), Error> {
     type Damage = fn(u64) -> (u64, &'static str);
     let cases: [(&str, Damage); 5] = [
         ("missing", |first| (first + 1, "delete")),
@@ -216,7 +220,10 @@ pub async fn broken_delta_chain_is_a_typed_error(
                 .await?;
             }
             "checksum" => {
-                tamper(&store, &pfx, seq, |v| v["checksum"] = "0000000000000000".into()).await?
+                tamper(&store, &pfx, seq, |v| {
+                    v["checksum"] = "0000000000000000".into()
+                })
+                .await?
             }
             _ => {
                 let entry = r.history(&acme).await?;
@@ -271,7 +278,10 @@ pub async fn delta_needs_a_snapshot_and_is_fenced(
     let img = db.image()?;
     let mut a = r.claim(&acme, "a", false).await?;
     let no_tip = r.ship_delta(&mut a, diff(&img, &img, 1)?).await;
-    assert!(matches!(no_tip, Err(Error::NoChainTip { .. })), "{no_tip:?}");
+    assert!(
+        matches!(no_tip, Err(Error::NoChainTip { .. })),
+        "{no_tip:?}"
+    );
     r.ship(&mut a, Snapshot::from_bytes(img.clone(), 1)).await?;
     assert_eq!(a.chain_tip(), Some(a.seq + 1));
     db.exec("INSERT INTO t VALUES (1, x'00')")?;
@@ -309,7 +319,10 @@ pub async fn retention_keeps_the_delta_chain(store: Arc<dyn ObjectStore>) -> Res
         )
         .await?;
     for (seq, _) in &old {
-        assert!(report.deleted_entries.contains(seq), "old chain entry {seq} kept");
+        assert!(
+            report.deleted_entries.contains(seq),
+            "old chain entry {seq} kept"
+        );
     }
     let left: Vec<u64> = r.history(&acme).await?.iter().map(LogEntry::seq).collect();
     for (seq, _) in &new {

@@ -1,0 +1,184 @@
+//! kill -9 at each step of a delta ship — before the upload, between upload and publish,
+//! between publish and the next capture's checkpoint — and at random instants while every
+//! capture checkpoints: the next writer hydrates a consistent database that holds every
+//! acknowledged request exactly once (I1, I2, I6, I10). The test binary re-runs itself as
+//! the child writer, which kills itself with SIGKILL at the chosen seam.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use common::{BoxErr, R, effect, published, registry, replica};
+use idem_org::{Error, Settings};
+use idem_replica::{FailPoint, Failpoints, OrgId, Replica};
+
+/// SIGKILLs this process on the `n`-th hit of `point`.
+#[derive(Debug)]
+struct KillAt {
+    point: Option<FailPoint>,
+    n: u64,
+    hits: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Failpoints for KillAt {
+    async fn hit(&self, point: FailPoint, _org: &OrgId) -> Result<(), String> {
+        if Some(point) == self.point && self.hits.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
+            let me = std::process::id().to_string();
+            let _ = Command::new("kill").args(["-9", &me]).status();
+            // SIGKILL is delivered before `kill` returns; never go on.
+            loop {
+                std::thread::park();
+            }
+        }
+        Ok(())
+    }
+}
+
+fn point(name: &str) -> Option<FailPoint> {
+    match name {
+        "before_upload" => Some(FailPoint::ShipBeforeUpload),
+        "after_upload" => Some(FailPoint::ShipAfterUpload),
+        "after_publish" => Some(FailPoint::ShipAfterPublish),
+        _ => None,
+    }
+}
+
+fn settings() -> Settings {
+    Settings {
+        // Every delta capture checkpoints, so kills land around checkpoints too.
+        wal_checkpoint_bytes: 0,
+        force_claim: true,
+        ..Settings::default()
+    }
+}
+
+/// The child: 4 clients write until the process is killed, printing `ack <key>`.
+#[test]
+fn kill_child() -> R {
+    let Ok(spec) = std::env::var("IDEM_KILL_CHILD") else {
+        return Ok(());
+    };
+    let (name, n) = spec.split_once(':').ok_or("spec is point:n")?;
+    let store = std::env::var("IDEM_KILL_STORE")?;
+    let data = std::env::var("IDEM_KILL_DATA")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let fp: Arc<dyn Failpoints> = Arc::new(KillAt {
+            point: point(name),
+            n: n.parse()?,
+            hits: AtomicU64::new(0),
+        });
+        let store = Replica::local_store(store.as_ref())?;
+        let reg = registry(
+            data.as_ref(),
+            replica(store, Some(fp)).await?,
+            name,
+            settings(),
+        )?;
+        let org = reg.acquire("acme").await?;
+        println!("ready {}", org.round());
+        let mut clients = Vec::new();
+        for c in 0..4 {
+            let (org, name) = (org.clone(), name.to_owned());
+            clients.push(tokio::spawn(async move {
+                for i in 0.. {
+                    let key = format!("{name}-{c}-{i}");
+                    match org.once(&key, effect("acme", &key)).await {
+                        Ok(_) => println!("ack {key}"),
+                        Err(Error::Fenced { .. }) => return,
+                        Err(_) => {}
+                    }
+                }
+            }));
+        }
+        for c in clients {
+            c.await?;
+        }
+        Ok::<_, BoxErr>(())
+    })
+}
+
+/// Runs a child until it dies (killed at its seam, or by us after `kill_after` acks) and
+/// returns the keys it acknowledged.
+fn run_child(
+    dir: &std::path::Path,
+    spec: &str,
+    kill_after: Option<usize>,
+) -> Result<Vec<String>, BoxErr> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
+        .env("IDEM_KILL_CHILD", spec)
+        .env("IDEM_KILL_STORE", dir.join("store"))
+        .env("IDEM_KILL_DATA", dir.join("data"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
+    let mut acked = Vec::new();
+    for line in lines {
+        let line = line?;
+        if let Some(key) = line.strip_prefix("ack ") {
+            acked.push(key.to_owned());
+            if kill_after.is_some_and(|n| acked.len() >= n) {
+                child.kill()?; // SIGKILL
+                break;
+            }
+        }
+    }
+    let status = child.wait()?;
+    assert!(!status.success(), "{spec}: the child must die by SIGKILL");
+    Ok(acked)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_at_each_ship_step_loses_no_acknowledged_request() -> R {
+    let dir = tempfile::tempdir()?;
+    let mut all_acked = Vec::new();
+    // The n-th hit is well past the claim's first full snapshot, so the kill lands in a delta.
+    for spec in ["before_upload:6", "after_upload:6", "after_publish:6"] {
+        let acked = run_child(dir.path(), spec, None)?;
+        assert!(
+            !acked.is_empty(),
+            "{spec}: some requests were acknowledged first"
+        );
+        eprintln!("{spec}: {} acknowledged before the kill", acked.len());
+        all_acked.extend(acked);
+    }
+    for storm in 0..4 {
+        all_acked.extend(run_child(
+            dir.path(),
+            &format!("storm{storm}:0"),
+            Some(25 + storm * 7),
+        )?);
+    }
+    let reg = registry(
+        &dir.path().join("data"),
+        replica(Replica::local_store(&dir.path().join("store"))?, None).await?,
+        "checker",
+        settings(),
+    )?;
+    let org = reg.acquire("acme").await?;
+    for key in &all_acked {
+        let out = org.once(key, effect("acme", "never")).await?;
+        assert!(
+            !out.applied,
+            "acknowledged {key} must replay after the kill"
+        );
+        assert_eq!(out.result, key.as_bytes());
+    }
+    let (effects, keys) = published(reg.replica(), "acme", dir.path()).await?;
+    assert!(effects.values().all(|n| *n == 1), "an effect ran twice");
+    assert_eq!(effects.len() as i64, keys, "every effect has its key");
+    assert!(!effects.contains_key("never"));
+    let report = reg.replica().verify(org.id()).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    reg.shutdown().await;
+    Ok(())
+}
