@@ -26,7 +26,7 @@ enum Command {
     Prune(crate::ops::PruneArgs),
     /// Show an org's rounds, history, lease, newest snapshot and key count.
     Inspect(crate::ops::OrgArgs),
-    /// List an org's published snapshots.
+    /// List an org's published positions: full snapshots and the deltas after them.
     Snapshots(crate::ops::OrgArgs),
     /// Restore an org's newest (or a given) snapshot to a SQLite file.
     Restore(crate::ops::RestoreArgs),

@@ -78,6 +78,31 @@ fn inspect_snapshots_restore_verify_succeed_on_a_good_store() -> TestResult {
     let snaps = snaps.as_array().ok_or("not an array")?;
     assert!(!snaps.is_empty());
     let first_seq = snaps[0]["seq"].as_u64().ok_or("no seq")?.to_string();
+    assert_eq!(snaps[0]["kind"], "snapshot");
+    assert!(snaps[1..].iter().all(|s| s["kind"] == "delta"), "{snaps:?}");
+    // Point-in-time restore: every position holds exactly the rows of its commit.
+    for s in snaps {
+        let seq = s["seq"].as_u64().ok_or("no seq")?;
+        let dest = dir.path().join(format!("at-{seq}.db"));
+        let out = run(&[
+            "restore",
+            "acme",
+            "--store",
+            &store,
+            "--at",
+            &seq.to_string(),
+            "--to",
+            dest.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let conn = rusqlite::Connection::open(&dest)?;
+        let n: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+        assert_eq!(Some(n as u64), s["commit"].as_u64(), "restore --at {seq}");
+    }
 
     let dest = dir.path().join("acme.db");
     let out = run(&[
@@ -146,7 +171,7 @@ fn bad_inputs_fail_with_one_clear_line() -> TestResult {
             "--to",
             dest.to_str().unwrap(),
         ]),
-        "no snapshot at seq",
+        "no published snapshot or delta at seq",
     );
     assert_clean_failure(&run(&["check-store", "gs://"]), "store");
     Ok(())
@@ -171,7 +196,7 @@ fn corrupt_snapshot_is_reported_and_never_restored() -> TestResult {
     let out = run(&["verify", "--store", &store]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("snapshot seq"), "{err}");
+    assert!(err.contains("seq ") && err.contains("corrupt"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     let dest = dir.path().join("x.db");
     assert_clean_failure(

@@ -217,7 +217,7 @@ impl PageHashes {
         let page_size =
             image_page_size(image).ok_or_else(|| corrupt(object, "image has no page size"))?;
         let ps = page_size as usize;
-        if image.len() % ps != 0 {
+        if !image.len().is_multiple_of(ps) {
             return Err(corrupt(object, "image is not a whole number of pages"));
         }
         let hashes: Vec<u64> = image

@@ -163,21 +163,7 @@ impl Replica {
                 deltas: chain_after(&log[i + 1..], entry),
             };
             reached.extend(chain.deltas.iter().map(LogEntry::seq));
-            match self.rebuild(org, &chain).await {
-                Ok((image, _)) => {
-                    let object = format!("{org}@{}", entry.seq());
-                    let checked = blocking("checking a snapshot", move || {
-                        integrity_check_image(&object, &image)
-                    })
-                    .await;
-                    match checked {
-                        Ok(()) => report.ok.push(entry.seq()),
-                        Err(e) => report.failed.push((entry.seq(), e)),
-                    }
-                    report.ok.extend(chain.deltas.iter().map(LogEntry::seq));
-                }
-                Err(e) => report.failed.push((entry.seq(), e)),
-            }
+            self.verify_chain(org, &chain, &mut report).await;
         }
         for e in log.iter().filter(|e| matches!(e, LogEntry::Delta { .. })) {
             if !reached.contains(&e.seq()) {
@@ -187,6 +173,72 @@ impl Replica {
         }
         report.ok.sort_unstable();
         Ok(report)
+    }
+
+    /// Checks a snapshot, then each delta of its chain in order, reporting the first entry
+    /// that fails and every delta after it (they cannot be rebuilt).
+    async fn verify_chain(&self, org: &OrgId, chain: &Chain, report: &mut VerifyReport) {
+        let snap = chain.snapshot.seq();
+        let fetched = match self.fetch(org, &chain.snapshot).await {
+            Ok((object, image)) => {
+                blocking("checking a snapshot", move || {
+                    integrity_check_image(&object, &image)?;
+                    let hashes = PageHashes::of_image(&object, &image)?;
+                    Ok((image, hashes))
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        // Ok(rebuilt state) or Err(seq of the entry that failed).
+        let mut state = match fetched {
+            Ok(v) => {
+                report.ok.push(snap);
+                Ok(v)
+            }
+            Err(e) => {
+                report.failed.push((snap, e));
+                Err(snap)
+            }
+        };
+        for entry in &chain.deltas {
+            state = match state {
+                Err(bad) => {
+                    let why = broken(org, entry.seq(), format!("follows seq {bad}, which failed"));
+                    report.failed.push((entry.seq(), why));
+                    Err(bad)
+                }
+                Ok((mut image, mut hashes)) => {
+                    let applied = match self.fetch(org, entry).await {
+                        Ok((obj, body)) => {
+                            apply_delta(org, entry, &obj, &body, &mut image, &mut hashes)
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match applied {
+                        Ok(()) => {
+                            report.ok.push(entry.seq());
+                            Ok((image, hashes))
+                        }
+                        Err(e) => {
+                            report.failed.push((entry.seq(), e));
+                            Err(entry.seq())
+                        }
+                    }
+                }
+            };
+        }
+        if let (Ok((image, _)), Some(last)) = (state, chain.deltas.last()) {
+            let object = format!("{org}@{}", last.seq());
+            let checked = blocking("checking a rebuilt database", move || {
+                integrity_check_image(&object, &image)
+            })
+            .await;
+            if let Err(e) = checked {
+                report.ok.retain(|s| *s != last.seq());
+                report.failed.push((last.seq(), e));
+            }
+        }
     }
 
     fn shipped(&self, org: &OrgId, entry: &LogEntry) -> Option<Shipped> {

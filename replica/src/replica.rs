@@ -60,7 +60,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// Outcome of a create-only publish that did not fail.
 pub(crate) enum Published {
     Landed,
-    Taken(LogEntry),
+    Taken(Box<LogEntry>),
 }
 
 impl Replica {
@@ -622,7 +622,7 @@ impl Replica {
             };
             match self.read_entry(org, seq).await {
                 Ok(Some(found)) if found == *entry => return Ok(Published::Landed),
-                Ok(Some(found)) => return Ok(Published::Taken(found)),
+                Ok(Some(found)) => return Ok(Published::Taken(Box::new(found))),
                 Ok(None) if !retried => {
                     retried = true;
                     continue;

@@ -66,7 +66,8 @@ pub struct RestoreArgs {
     /// Destination SQLite file (must not exist).
     #[arg(long)]
     to: PathBuf,
-    /// Log position (seq) of the snapshot to restore; default: the newest.
+    /// Log position (seq) of a snapshot or delta to restore (point in time; `idem snapshots`
+    /// lists them); default: the newest.
     #[arg(long)]
     at: Option<u64>,
 }

@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 
 use super::{OrgArgs, RestoreArgs, VerifyArgs, history, open, org_id, print_json, rfc3339};
 
-fn snapshot_json(e: &LogEntry) -> Option<Value> {
+/// A published position (snapshot or delta) as JSON; `None` for claims and releases.
+fn position_json(e: &LogEntry) -> Option<Value> {
     match e {
         LogEntry::Snapshot {
             seq,
@@ -19,11 +20,32 @@ fn snapshot_json(e: &LogEntry) -> Option<Value> {
             commit,
             ..
         } => Some(json!({
-            "seq": seq, "round": round, "writer": writer, "at": rfc3339(*at_ms),
-            "bytes": bytes, "compressed_bytes": compressed_bytes, "commit": commit,
+            "seq": seq, "kind": "snapshot", "round": round, "writer": writer,
+            "at": rfc3339(*at_ms), "bytes": bytes, "compressed_bytes": compressed_bytes,
+            "commit": commit,
+        })),
+        LogEntry::Delta {
+            seq,
+            round,
+            writer,
+            at_ms,
+            bytes,
+            compressed_bytes,
+            commit,
+            base,
+            changed_pages,
+            ..
+        } => Some(json!({
+            "seq": seq, "kind": "delta", "round": round, "writer": writer,
+            "at": rfc3339(*at_ms), "bytes": bytes, "compressed_bytes": compressed_bytes,
+            "commit": commit, "base": base, "changed_pages": changed_pages,
         })),
         _ => None,
     }
+}
+
+fn snapshot_json(e: &LogEntry) -> Option<Value> {
+    position_json(e).filter(|v| v["kind"] == "snapshot")
 }
 
 /// `idem inspect ORG`: rounds, history, lease, newest snapshot and key count.
@@ -41,6 +63,12 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         .map(LogEntry::round)
         .collect();
     let newest = log.iter().rev().find_map(snapshot_json);
+    let position = log.iter().rev().find_map(position_json);
+    let deltas_after = newest.as_ref().map_or(0, |s| {
+        log.iter()
+            .filter(|e| matches!(e, LogEntry::Delta { .. }) && Some(e.seq()) > s["seq"].as_u64())
+            .count()
+    });
     let (applied, failed) = match crate::restored::restore(&replica, &org, None).await? {
         None => (0, 0),
         Some(r) => {
@@ -67,7 +95,8 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     if a.json {
         print_json(&json!({
             "org": org.as_str(), "current_round": current, "claims": claims, "head": head,
-            "lease": lease_json, "newest_snapshot": newest,
+            "lease": lease_json, "newest_snapshot": newest, "newest_position": position,
+            "deltas_after_snapshot": deltas_after,
             "applied_keys": applied, "failed_keys": failed, "history": entries,
         }));
         return Ok(ExitCode::SUCCESS);
@@ -99,6 +128,12 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         ),
         None => println!("newest snap    none"),
     }
+    if let Some(p) = &position {
+        println!(
+            "newest state   seq {} (commit {}): the snapshot + {deltas_after} deltas",
+            p["seq"], p["commit"]
+        );
+    }
     println!("keys           {applied} applied, {failed} with failed attempts only");
     println!("history        {} entries (last 10):", log.len());
     for e in log.iter().rev().take(10).rev() {
@@ -114,7 +149,8 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `idem snapshots ORG`: every published snapshot.
+/// `idem snapshots ORG`: every published position, snapshots and deltas (each a valid
+/// `restore --at`).
 ///
 /// # Errors
 /// As [`inspect`].
@@ -124,20 +160,21 @@ pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
     let snaps: Vec<Value> = history(&replica, &org)
         .await?
         .iter()
-        .filter_map(snapshot_json)
+        .filter_map(position_json)
         .collect();
     if a.json {
         print_json(&Value::Array(snaps));
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
-        "seq", "round", "writer", "at", "bytes", "stored", "commit"
+        "{:>8} {:<8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
+        "seq", "kind", "round", "writer", "at", "bytes", "stored", "commit"
     );
     for s in &snaps {
         println!(
-            "{:>8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
+            "{:>8} {:<8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
             s["seq"],
+            s["kind"].as_str().unwrap_or(""),
             s["round"],
             s["writer"].as_str().unwrap_or(""),
             s["at"].as_str().unwrap_or(""),
@@ -149,7 +186,8 @@ pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `idem restore ORG --to FILE [--at SEQ]`: a verified snapshot as a plain SQLite file.
+/// `idem restore ORG --to FILE [--at SEQ]`: a verified published position (a snapshot and
+/// the deltas up to SEQ) as a plain SQLite file.
 ///
 /// # Errors
 /// Destination exists, unknown org or position, checksum or integrity failure.
@@ -170,11 +208,12 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
     match got.snapshot {
         Some(s) => {
             println!(
-                "restored org {org} snapshot seq {} (round {}, commit {}, {} bytes) to {}",
+                "restored org {org} at seq {} (snapshot seq {} + {} deltas, round {}, commit {}) to {}",
+                got.position.unwrap_or(s.seq),
                 s.seq,
+                got.deltas,
                 s.round,
-                s.commit,
-                s.bytes,
+                got.commit,
                 a.to.display()
             );
             Ok(ExitCode::SUCCESS)
@@ -208,10 +247,7 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
             .failed
             .iter()
             .map(|(seq, e)| {
-                faults.push(format!(
-                    "org {org}: snapshot seq {seq}: {}",
-                    crate::chain(e)
-                ));
+                faults.push(format!("org {org}: seq {seq}: {}", crate::chain(e)));
                 json!({"seq": seq, "error": crate::chain(e)})
             })
             .collect();
@@ -224,7 +260,7 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
             eprintln!("idem: {f}");
         }
         println!(
-            "verified {} orgs: {ok} snapshots ok, {} faulty",
+            "verified {} orgs: {ok} snapshots and deltas ok, {} faulty",
             orgs.len(),
             faults.len()
         );
