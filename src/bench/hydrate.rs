@@ -1,14 +1,16 @@
 //! P5: hydrate of a 100 MB database (download, zstd decompress, sha256, write + fsync,
-//! quick_check, rename) versus raw zstd decompress + copy of the same blob.
+//! quick_check, rename) versus raw zstd decompress + copy of the same blob; P5b: hydrate
+//! after a delta chain versus one full snapshot of the same database.
 
 use std::io::Write;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use idem_replica::{OrgId, Replica, Snapshot};
+use idem_replica::{LogEntry, OrgId, Replica, Snapshot};
 use object_store::ObjectStoreExt;
 
 use super::BenchResult;
+use super::group::{acked_row_with, registry};
 
 /// Prints the P5 table.
 pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
@@ -73,6 +75,120 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     println!(
         "hydrate/raw ratio {:.2}x",
         hydrate.as_secs_f64() / baseline.as_secs_f64().max(f64::MIN_POSITIVE)
+    );
+    Ok(())
+}
+
+/// Random 1 KB updates over the preloaded rows: the worst case for a delta chain (scattered
+/// pages, little overlap between ships).
+fn update_1k(tx: &rusqlite::Transaction<'_>, _key: &str) -> rusqlite::Result<Vec<u8>> {
+    tx.prepare_cached(&format!(
+        "UPDATE t SET v = {} WHERE rowid = 1 + abs(random()) % (SELECT max(rowid) FROM t)",
+        super::growth::ROW
+    ))?
+    .execute([])?;
+    Ok(Vec::new())
+}
+
+/// P5b: hydrate of a snapshot plus the longest delta chain the default policy lets build up
+/// (deltas until their compressed bytes reach the snapshot's, or 4096 of them) against
+/// hydrate of one full snapshot of the same database. Both through `restore`, the same path
+/// as a writer's hydrate.
+pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
+    let mb: u64 = if quick { 4 } else { 100 };
+    let cap = Duration::from_secs(if quick { 3 } else { 90 });
+    let work = dir.join("p5-chain");
+    let reg = registry(&work).await?;
+    let org = reg.acquire("acme").await?;
+    super::growth::preload(&org, mb).await?;
+    let started = Instant::now();
+    // Writes until the policy ships its next full snapshot (the chain before it is the
+    // longest the policy allows), or until the time cap.
+    while org.stats().full_ships < 2 && started.elapsed() < cap {
+        acked_row_with(&org, 8, Duration::from_millis(250), update_1k).await?;
+    }
+    let replica = reg.replica().clone();
+    let id = org.id().clone();
+    let log = replica.history(&id).await?;
+    let snaps: Vec<u64> = log
+        .iter()
+        .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
+        .map(LogEntry::seq)
+        .collect();
+    let (chain_at, full_at) = match snaps.as_slice() {
+        [_, .., second] => (second - 1, *second),
+        _ => {
+            // The cap came first: the next writer's first ship is a full snapshot of the
+            // same database, right after the chain's last delta.
+            reg.shutdown().await;
+            let reg2 = registry(&work).await?;
+            let org2 = reg2.acquire("acme").await?;
+            org2.once("after", |tx| update_1k(tx, "after")).await?;
+            reg2.shutdown().await;
+            let log = replica.history(&id).await?;
+            let last_delta = log
+                .iter()
+                .rfind(|e| matches!(e, LogEntry::Delta { .. }))
+                .map(LogEntry::seq)
+                .ok_or("no delta shipped")?;
+            let full = log
+                .iter()
+                .rfind(|e| matches!(e, LogEntry::Snapshot { .. }))
+                .map(LogEntry::seq)
+                .ok_or("no snapshot")?;
+            (last_delta, full)
+        }
+    };
+    reg.shutdown().await;
+    let log = replica.history(&id).await?;
+    let base = log
+        .iter()
+        .filter(|e| matches!(e, LogEntry::Snapshot { .. }) && e.seq() < chain_at)
+        .next_back()
+        .ok_or("no base snapshot")?;
+    let deltas: Vec<&LogEntry> = log
+        .iter()
+        .filter(|e| matches!(e, LogEntry::Delta { .. }) && e.seq() > base.seq() && e.seq() <= chain_at)
+        .collect();
+    let stored = |e: &LogEntry| match e {
+        LogEntry::Snapshot { compressed_bytes, .. } | LogEntry::Delta { compressed_bytes, .. } => {
+            *compressed_bytes
+        }
+        _ => 0,
+    };
+    let delta_bytes: u64 = deltas.iter().map(|e| stored(e)).sum();
+    let t = Instant::now();
+    let h = replica.restore(&id, Some(chain_at), &work.join("chain.db")).await?;
+    let chain_time = t.elapsed();
+    let t = Instant::now();
+    replica.restore(&id, Some(full_at), &work.join("full.db")).await?;
+    let full_time = t.elapsed();
+    let _ = std::fs::remove_dir_all(&work);
+    println!(
+        "\nP5b hydrate after the longest delta chain the default policy allows ({:.1} MB database, {:.0} s of random 1 KB updates)",
+        h.snapshot.as_ref().map_or(0.0, |s| s.bytes as f64 / 1e6),
+        started.elapsed().as_secs_f64()
+    );
+    println!("| hydrate of | objects | stored MB | time |");
+    println!("|---|---|---|---|");
+    println!(
+        "| snapshot + {} deltas | {} | {:.1} | {} |",
+        deltas.len(),
+        deltas.len() + 1,
+        (stored(base) + delta_bytes) as f64 / 1e6,
+        super::ms(chain_time)
+    );
+    println!(
+        "| one full snapshot of the same database | 1 | {:.1} | {} |",
+        log.iter()
+            .find(|e| e.seq() == full_at)
+            .map_or(0, stored) as f64
+            / 1e6,
+        super::ms(full_time)
+    );
+    println!(
+        "chain/full hydrate ratio {:.2}x",
+        chain_time.as_secs_f64() / full_time.as_secs_f64().max(f64::MIN_POSITIVE)
     );
     Ok(())
 }

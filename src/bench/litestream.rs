@@ -24,7 +24,7 @@ impl Drop for Replicating {
     }
 }
 
-fn find(bin: Option<&Path>) -> Option<PathBuf> {
+pub(crate) fn find(bin: Option<&Path>) -> Option<PathBuf> {
     if let Some(b) = bin {
         return b.exists().then(|| b.to_owned());
     }
@@ -64,9 +64,10 @@ fn restored_marker(bin: &Path, replica: &Path, scratch: &Path) -> BenchResult<i6
 
 /// Runs Litestream over a fresh database for `time`, committing every `gap` (zero = full
 /// rate). Returns (lag per commit sorted, bytes written to L0 per commit, commits).
-fn litestream_row(
+pub(crate) fn litestream_row(
     bin: &Path,
     dir: &Path,
+    value: &str,
     gap: Duration,
     time: Duration,
 ) -> BenchResult<(Vec<Duration>, f64, usize)> {
@@ -124,7 +125,7 @@ fn litestream_row(
     while Instant::now() < end {
         i += 1;
         conn.execute_batch(&format!(
-            "BEGIN; INSERT INTO t VALUES ('k{i}', {VALUE}); UPDATE marker SET n = {i}; COMMIT;"
+            "BEGIN; INSERT INTO t VALUES ('k{i}', {value}); UPDATE marker SET n = {i}; COMMIT;"
         ))?;
         committed.push(Instant::now());
         if !gap.is_zero() {
@@ -184,7 +185,7 @@ pub async fn run(dir: &Path, quick: bool, bin: Option<&Path>, time: Duration) ->
                 let work = dir.join("p4-litestream");
                 let (bin, w) = (bin.clone(), work.clone());
                 let (lag, bytes, n) =
-                    tokio::task::spawn_blocking(move || litestream_row(&bin, &w, gap, time))
+                    tokio::task::spawn_blocking(move || litestream_row(&bin, &w, VALUE, gap, time))
                         .await??;
                 let _ = std::fs::remove_dir_all(&work);
                 println!(

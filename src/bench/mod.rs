@@ -76,7 +76,13 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         group::p2(&dir, args.row_time()).await.map_err(fail("p2"))?;
     }
     if args.wants("p3") {
-        growth::run(&dir, args.quick, args.gigabyte, args.row_time())
+        growth::run(
+            &dir,
+            args.quick,
+            args.gigabyte,
+            args.row_time(),
+            args.litestream.as_deref(),
+        )
             .await
             .map_err(fail("p3"))?;
     }
@@ -92,6 +98,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     }
     if args.wants("p5") {
         hydrate::run(&dir, args.quick).await.map_err(fail("p5"))?;
+        hydrate::chain(&dir, args.quick).await.map_err(fail("p5"))?;
     }
     if args.wants("p6") {
         group::p6(&dir, args.row_time()).await.map_err(fail("p6"))?;
