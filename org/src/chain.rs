@@ -50,7 +50,14 @@ pub(crate) struct ShipCtx {
     since_full_bytes: u64,
     since_full_deltas: u64,
     full_at: Instant,
+    /// Published content of pages shipped in this chain's deltas: the base a later delta
+    /// XOR-encodes a page against. Exactly the chain tip's content for each page it holds.
+    published: std::collections::HashMap<u32, Vec<u8>>,
 }
+
+/// Most pages kept in `ShipCtx::published` (about 32 MiB of 4 KiB pages); beyond it the
+/// cache restarts empty and pages ship whole until they are cached again.
+const PUBLISHED_PAGES: usize = 8192;
 
 impl ShipCtx {
     pub fn new(claim: Claim) -> ShipCtx {
@@ -64,6 +71,7 @@ impl ShipCtx {
             since_full_bytes: 0,
             since_full_deltas: 0,
             full_at: Instant::now(),
+            published: std::collections::HashMap::new(),
         }
     }
 
@@ -178,6 +186,7 @@ type Done = (u64, u64, bool);
 async fn ship_full(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Failure> {
     ctx.wal = WalState::Lost;
     ctx.pending = None;
+    ctx.published.clear();
     let cap = capture(io, 0, Checkpoint::Before).await?;
     let db = io.db.to_path_buf();
     let built = blocking(move || {
@@ -248,11 +257,20 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
     pending.pages.extend(frames.pages);
     let db_pages = ctx.db_pages;
     pending.pages.retain(|p, _| *p <= db_pages);
+    let published = &ctx.published;
     let delta = Delta::new(ctx.page_size, db_pages, pending.pages.clone(), commit)
-        .map_err(Fallback::Failed)?;
+        .map_err(Fallback::Failed)?
+        .encode_against(|p| published.get(&p).map(Vec::as_slice));
     match io.replica.ship_delta(&mut ctx.claim, delta).await {
         Ok(shipped) => {
-            ctx.pending = None;
+            if let Some(done) = ctx.pending.take() {
+                // The tip now holds these pages; pages past the end are gone from it.
+                ctx.published.retain(|p, _| *p <= db_pages);
+                if ctx.published.len() + done.pages.len() > PUBLISHED_PAGES {
+                    ctx.published.clear();
+                }
+                ctx.published.extend(done.pages);
+            }
             ctx.since_full_bytes += shipped.compressed_bytes;
             ctx.since_full_deltas += 1;
             Ok((commit, shipped.compressed_bytes, false))

@@ -22,6 +22,13 @@ use crate::entry::corrupt;
 /// Header bytes of an uncompressed delta body: page size, database pages, changed pages
 /// (three little-endian u32).
 const BODY_HEADER: usize = 12;
+/// Per page: page number (u32 LE) and encoding (u8), then `page_size` bytes.
+const PAGE_HEADER: usize = 5;
+/// The page bytes are the page itself.
+const WHOLE: u8 = 0;
+/// The page bytes are the page XOR its content at the delta's base position: an update of a
+/// few bytes becomes a run of zeros that zstd stores in a handful of bytes.
+const XOR: u8 = 1;
 
 /// Pages changed since the previous published position of a claim, ready to ship with
 /// [`crate::Replica::ship_delta`].
@@ -30,6 +37,8 @@ pub struct Delta {
     page_size: u32,
     db_pages: u32,
     pages: BTreeMap<u32, Vec<u8>>,
+    /// Pages encoded against their base content (page XOR base), by page number.
+    xor: BTreeMap<u32, Vec<u8>>,
     commit: u64,
 }
 
@@ -82,8 +91,35 @@ impl Delta {
             page_size,
             db_pages,
             pages,
+            xor: BTreeMap::new(),
             commit,
         })
+    }
+
+    /// Encodes every page whose content at the base position `base` knows as page XOR base
+    /// (smaller once compressed when a page changed in a few bytes). `base` must return the
+    /// page exactly as the base position holds it — the content the previous published
+    /// delta or snapshot left — or `None`; hydrate XORs with the page it rebuilt, and the
+    /// database checksum after the delta proves the result (I10). Page 1 bases are compared
+    /// in canonical form.
+    pub fn encode_against<'a>(mut self, base: impl Fn(u32) -> Option<&'a [u8]>) -> Delta {
+        let ps = self.page_size as usize;
+        for (&pgno, page) in &self.pages {
+            if let Some(b) = base(pgno).filter(|b| b.len() == ps) {
+                let mut b = b.to_vec();
+                if pgno == 1 {
+                    canonical_page1(&mut b);
+                }
+                let x: Vec<u8> = page.iter().zip(&b).map(|(n, o)| n ^ o).collect();
+                self.xor.insert(pgno, x);
+            }
+        }
+        self
+    }
+
+    /// The pages the delta carries (new content, page 1 canonical), by page number.
+    pub fn pages(&self) -> &BTreeMap<u32, Vec<u8>> {
+        &self.pages
     }
 
     /// The caller's commit counter the delta brings the database to.
@@ -106,23 +142,39 @@ impl Delta {
         self.pages.len()
     }
 
-    /// Uncompressed body: header, then each page as (u32 LE page number, page bytes) in
-    /// ascending page order.
+    /// Uncompressed body: header, then each page as (u32 LE page number, u8 encoding, page
+    /// bytes) in ascending page order; the encoding says whether the bytes are the page or
+    /// the page XOR its base content.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let ps = self.page_size as usize;
-        let mut out = Vec::with_capacity(BODY_HEADER + self.pages.len() * (4 + ps));
+        let mut out = Vec::with_capacity(BODY_HEADER + self.pages.len() * (PAGE_HEADER + ps));
         out.extend_from_slice(&self.page_size.to_le_bytes());
         out.extend_from_slice(&self.db_pages.to_le_bytes());
         out.extend_from_slice(&(self.pages.len() as u32).to_le_bytes());
         for (pgno, page) in &self.pages {
             out.extend_from_slice(&pgno.to_le_bytes());
-            out.extend_from_slice(page);
+            match self.xor.get(pgno) {
+                Some(x) => {
+                    out.push(XOR);
+                    out.extend_from_slice(x);
+                }
+                None => {
+                    out.push(WHOLE);
+                    out.extend_from_slice(page);
+                }
+            }
         }
         out
     }
 
-    /// Parses a body written by [`Delta::encode`], checking its shape.
-    pub(crate) fn decode(object: &str, body: &[u8], commit: u64) -> Result<Delta, Error> {
+    /// Parses a body written by [`Delta::encode`], checking its shape, and resolves XOR
+    /// pages against `image`, the database at the delta's base position.
+    pub(crate) fn decode(
+        object: &str,
+        body: &[u8],
+        commit: u64,
+        image: &[u8],
+    ) -> Result<Delta, Error> {
         let u32_at = |i: usize| -> Result<u32, Error> {
             body.get(i..i + 4)
                 .and_then(|b| b.try_into().ok())
@@ -135,7 +187,7 @@ impl Delta {
         }
         let ps = page_size as usize;
         let expected = count
-            .checked_mul(4 + ps)
+            .checked_mul(PAGE_HEADER + ps)
             .and_then(|n| n.checked_add(BODY_HEADER));
         if expected != Some(body.len()) {
             return Err(corrupt(
@@ -146,18 +198,37 @@ impl Delta {
         let mut pages = BTreeMap::new();
         let mut last = 0u32;
         for i in 0..count {
-            let at = BODY_HEADER + i * (4 + ps);
+            let at = BODY_HEADER + i * (PAGE_HEADER + ps);
             let pgno = u32_at(at)?;
             if pgno <= last || pgno > db_pages {
                 return Err(corrupt(object, format!("delta page {pgno} out of order")));
             }
             last = pgno;
-            pages.insert(pgno, body[at + 4..at + 4 + ps].to_vec());
+            let bytes = &body[at + PAGE_HEADER..at + PAGE_HEADER + ps];
+            let page = match body[at + 4] {
+                WHOLE => bytes.to_vec(),
+                XOR => {
+                    let from = (pgno as usize - 1) * ps;
+                    match image.get(from..from + ps) {
+                        Some(base) => {
+                            let mut b = base.to_vec();
+                            if pgno == 1 {
+                                canonical_page1(&mut b);
+                            }
+                            bytes.iter().zip(&b).map(|(x, o)| x ^ o).collect()
+                        }
+                        None => bytes.to_vec(),
+                    }
+                }
+                other => return Err(corrupt(object, format!("delta page encoding {other}"))),
+            };
+            pages.insert(pgno, page);
         }
         Ok(Delta {
             page_size,
             db_pages,
             pages,
+            xor: BTreeMap::new(),
             commit,
         })
     }
@@ -333,19 +404,47 @@ mod tests {
     }
 
     #[test]
+    fn xor_pages_decode_against_the_base_image() -> Result<(), Error> {
+        let base = image(3, 7);
+        let mut new3 = base[1024..].to_vec();
+        new3[100] = 42;
+        let mut new1 = base[..512].to_vec();
+        new1[200] = 9;
+        let pages = BTreeMap::from([(1, new1.clone()), (3, new3.clone())]);
+        let d = Delta::new(512, 3, pages, 2)?.encode_against(|p| {
+            let at = (p as usize - 1) * 512;
+            base.get(at..at + 512)
+        });
+        let body = d.encode();
+        // XOR pages are mostly zeros.
+        assert!(
+            body.iter().filter(|b| **b == 0).count() > 900,
+            "not XOR encoded"
+        );
+        let back = Delta::decode("x", &body, 2, &base)?;
+        assert_eq!(back.pages().get(&3), Some(&new3));
+        assert_eq!(back.pages().get(&1), Some(&new1));
+        // Against another base the result differs, and the checksum after it catches that.
+        let other = image(3, 8);
+        let wrong = Delta::decode("x", &body, 2, &other)?;
+        assert_ne!(wrong.pages().get(&3), Some(&new3));
+        Ok(())
+    }
+
+    #[test]
     fn body_round_trips_and_rejects_bad_shapes() -> Result<(), Error> {
         let mut pages = BTreeMap::new();
         pages.insert(1, image(1, 5));
         pages.insert(3, vec![4u8; 512]);
         let d = Delta::new(512, 3, pages, 9)?;
         let body = d.encode();
-        let back = Delta::decode("x", &body, 9)?;
+        let back = Delta::decode("x", &body, 9, &[])?;
         assert_eq!(back.encode(), body);
-        assert!(Delta::decode("x", &body[..body.len() - 1], 9).is_err());
+        assert!(Delta::decode("x", &body[..body.len() - 1], 9, &[]).is_err());
         let mut swapped = body.clone();
         swapped[12..16].copy_from_slice(&5u32.to_le_bytes());
         assert!(matches!(
-            Delta::decode("x", &swapped, 9),
+            Delta::decode("x", &swapped, 9, &[]),
             Err(Error::Corrupt { .. })
         ));
         assert!(Delta::new(512, 2, BTreeMap::from([(3, vec![0; 512])]), 1).is_err());

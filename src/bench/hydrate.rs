@@ -148,20 +148,29 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
         .ok_or("no base snapshot")?;
     let deltas: Vec<&LogEntry> = log
         .iter()
-        .filter(|e| matches!(e, LogEntry::Delta { .. }) && e.seq() > base.seq() && e.seq() <= chain_at)
+        .filter(|e| {
+            matches!(e, LogEntry::Delta { .. }) && e.seq() > base.seq() && e.seq() <= chain_at
+        })
         .collect();
     let stored = |e: &LogEntry| match e {
-        LogEntry::Snapshot { compressed_bytes, .. } | LogEntry::Delta { compressed_bytes, .. } => {
-            *compressed_bytes
+        LogEntry::Snapshot {
+            compressed_bytes, ..
         }
+        | LogEntry::Delta {
+            compressed_bytes, ..
+        } => *compressed_bytes,
         _ => 0,
     };
     let delta_bytes: u64 = deltas.iter().map(|e| stored(e)).sum();
     let t = Instant::now();
-    let h = replica.restore(&id, Some(chain_at), &work.join("chain.db")).await?;
+    let h = replica
+        .restore(&id, Some(chain_at), &work.join("chain.db"))
+        .await?;
     let chain_time = t.elapsed();
     let t = Instant::now();
-    replica.restore(&id, Some(full_at), &work.join("full.db")).await?;
+    replica
+        .restore(&id, Some(full_at), &work.join("full.db"))
+        .await?;
     let full_time = t.elapsed();
     let _ = std::fs::remove_dir_all(&work);
     println!(
@@ -180,10 +189,7 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     );
     println!(
         "| one full snapshot of the same database | 1 | {:.1} | {} |",
-        log.iter()
-            .find(|e| e.seq() == full_at)
-            .map_or(0, stored) as f64
-            / 1e6,
+        log.iter().find(|e| e.seq() == full_at).map_or(0, stored) as f64 / 1e6,
         super::ms(full_time)
     );
     println!(

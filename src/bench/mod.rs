@@ -83,8 +83,8 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
             args.row_time(),
             args.litestream.as_deref(),
         )
-            .await
-            .map_err(fail("p3"))?;
+        .await
+        .map_err(fail("p3"))?;
     }
     if args.wants("p4") {
         litestream::run(
