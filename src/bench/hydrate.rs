@@ -143,8 +143,7 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     let log = replica.history(&id).await?;
     let base = log
         .iter()
-        .filter(|e| matches!(e, LogEntry::Snapshot { .. }) && e.seq() < chain_at)
-        .next_back()
+        .rfind(|e| matches!(e, LogEntry::Snapshot { .. }) && e.seq() < chain_at)
         .ok_or("no base snapshot")?;
     let deltas: Vec<&LogEntry> = log
         .iter()
