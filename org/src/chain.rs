@@ -162,6 +162,7 @@ pub(crate) async fn ship_once(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<(), 
     c.ships.fetch_add(1, Ordering::Relaxed);
     if full {
         c.full_ships.fetch_add(1, Ordering::Relaxed);
+        c.full_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
     c.bytes_shipped.fetch_add(bytes, Ordering::Relaxed);
     let done = io.shared.lock().succeed(start, commit);

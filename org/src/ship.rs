@@ -85,6 +85,7 @@ impl ShipState {
 pub(crate) struct Counters {
     pub ships: AtomicU64,
     pub full_ships: AtomicU64,
+    pub full_bytes: AtomicU64,
     pub ship_failures: AtomicU64,
     pub bytes_shipped: AtomicU64,
     pub acks: AtomicU64,

@@ -57,24 +57,28 @@ pub async fn run(
         time.as_secs_f64()
     );
     println!(
-        "| database | acked req/s | ack p50 | ack p99 | ships (full) | bytes shipped/ack | bytes/ship |"
+        "| database | acked req/s | ack p50 | ack p99 | ships (full) | bytes shipped/ack | of which deltas | bytes/ship |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut per_ack = Vec::new();
     for mb in sizes {
         let work = dir.join(format!("p3-{mb}"));
         let reg = registry(&work).await?;
         let org = reg.acquire("acme").await?;
         preload(&org, mb).await?;
-        let fulls = org.stats().full_ships;
+        let before = org.stats();
         let row = acked_row_with(&org, clients, time, write_1k).await?;
-        let fulls = org.stats().full_ships - fulls;
+        let after = org.stats();
+        let fulls = after.full_ships - before.full_ships;
+        let full_bytes = after.full_bytes - before.full_bytes;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
-        let b = row.bytes_shipped as f64 / row.acks.max(1) as f64;
-        per_ack.push(b);
+        let acks = row.acks.max(1) as f64;
+        let b = row.bytes_shipped as f64 / acks;
+        let d = row.bytes_shipped.saturating_sub(full_bytes) as f64 / acks;
+        per_ack.push((b, d));
         println!(
-            "| {mb} MB | {:.0} | {} | {} | {} ({fulls}) | {b:.0} | {:.0} |",
+            "| {mb} MB | {:.0} | {} | {} | {} ({fulls}) | {b:.0} | {d:.0} | {:.0} |",
             row.rps,
             ms(row.p50),
             ms(row.p99),
@@ -82,12 +86,17 @@ pub async fn run(
             row.bytes_shipped as f64 / row.ships.max(1) as f64
         );
     }
-    let (lo, hi) = per_ack
-        .iter()
-        .fold((f64::MAX, 0f64), |(l, h), b| (l.min(*b), h.max(*b)));
+    let spread = |f: fn(&(f64, f64)) -> f64| {
+        let v: Vec<f64> = per_ack.iter().map(f).collect();
+        let (lo, hi) = v
+            .iter()
+            .fold((f64::MAX, 0f64), |(l, h), b| (l.min(*b), h.max(*b)));
+        (lo, hi, hi / lo.max(f64::MIN_POSITIVE))
+    };
+    let (lo, hi, all) = spread(|p| p.0);
+    let (_, _, deltas) = spread(|p| p.1);
     println!(
-        "bytes/ack largest/smallest across sizes: {:.2}x",
-        hi / lo.max(f64::MIN_POSITIVE)
+        "bytes/ack largest/smallest across sizes: {all:.2}x with full snapshots, {deltas:.2}x deltas only"
     );
     match find(litestream) {
         Some(bin) => {
