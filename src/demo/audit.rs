@@ -10,8 +10,10 @@ use crate::ledger::Receipt;
 /// What the audit found.
 #[derive(Debug, Default)]
 pub struct Audit {
-    /// Snapshots published (all orgs).
+    /// Snapshots and deltas published and still in the log (all orgs).
     pub ships: u64,
+    /// Full snapshots among `ships` (the rest are deltas).
+    pub full_snapshots: u64,
     /// Highest round per org.
     pub rounds: BTreeMap<String, u64>,
     /// Violations; empty means exactly-once held.
@@ -42,7 +44,8 @@ async fn audit_org(
 ) -> Result<(), String> {
     let org = OrgId::new(name).map_err(|e| e.to_string())?;
     let history = replica.history(&org).await.map_err(|e| crate::chain(&e))?;
-    a.ships += history
+    a.ships += history.iter().filter(|e| e.blob().is_some()).count() as u64;
+    a.full_snapshots += history
         .iter()
         .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
         .count() as u64;
@@ -53,7 +56,7 @@ async fn audit_org(
     let report = replica.verify(&org).await.map_err(|e| crate::chain(&e))?;
     for (seq, e) in &report.failed {
         a.violations.push(format!(
-            "org {name}: snapshot {seq} failed verification: {}",
+            "org {name}: seq {seq} failed verification: {}",
             crate::chain(e)
         ));
     }

@@ -24,6 +24,7 @@ pub struct Summary {
     unavailable_503: BTreeMap<String, u64>,
     connection_errors: u64,
     ships: u64,
+    full_snapshots: u64,
     final_rounds: BTreeMap<String, u64>,
     ack_latency_p50_ms: f64,
     ack_latency_p99_ms: f64,
@@ -65,6 +66,7 @@ impl Summary {
             unavailable_503: s.unavailable.clone(),
             connection_errors: s.connection_errors,
             ships: audit.ships,
+            full_snapshots: audit.full_snapshots,
             final_rounds: audit.rounds.clone(),
             ack_latency_p50_ms: percentile(&lat, 0.50),
             ack_latency_p99_ms: percentile(&lat, 0.99),
@@ -114,8 +116,8 @@ impl Summary {
             self.connection_errors
         );
         println!(
-            "ships          {} snapshots published; final rounds per org {:?}",
-            self.ships, rounds
+            "ships          {} published ({} full snapshots, the rest deltas); final rounds per org {:?}",
+            self.ships, self.full_snapshots, rounds
         );
         println!(
             "ack latency    p50 {:.1} ms, p99 {:.1} ms (ship-before-ack included)",
@@ -131,7 +133,7 @@ impl Summary {
         }
         if self.ok() {
             println!(
-                "exactly-once   OK: every acknowledged request applied exactly once, balances match, no effect without its key, every snapshot verified"
+                "exactly-once   OK: every acknowledged request applied exactly once, balances match, no effect without its key, every snapshot and delta verified"
             );
         } else {
             println!(
