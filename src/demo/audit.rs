@@ -1,4 +1,4 @@
-//! The demo's exactly-once audit, from the store's newest snapshots only.
+//! The demo's exactly-once audit, from the store's newest published states only.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

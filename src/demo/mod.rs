@@ -170,7 +170,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let replica = crate::store_url::parse(&store.display().to_string())?
         .open(idem_replica::Settings::default())
         .await?;
-    say("auditing the store's newest snapshots".into());
+    say("auditing the store's newest published states".into());
     let audit = audit::audit(&replica, &orgs, &stats.acked).await;
     let handoffs: Vec<Handoff> = events
         .iter()
