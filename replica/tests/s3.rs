@@ -82,6 +82,7 @@ suite!(
     broken_delta_chain_is_a_typed_error,
     delta_needs_a_snapshot_and_is_fenced,
     retention_keeps_the_delta_chain,
+    zombie_delta_is_fenced_and_collected,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use rusqlite::{Connection, MAIN_DB};
 
-use super::{TempDir, open, org, prefix};
+use super::{PauseAt, TempDir, open, org, prefix};
 use crate::delta::canonical_page1;
-use crate::{Delta, Error, LogEntry, Retention, Snapshot};
+use crate::{Delta, Error, FailPoint, LogEntry, Retention, Snapshot};
 
 /// An in-memory database whose exact image is read with `serialize`.
 struct Db(Connection);
@@ -337,5 +337,94 @@ pub async fn retention_keeps_the_delta_chain(store: Arc<dyn ObjectStore>) -> Res
     r.hydrate(&b, &tmp.path().join("db")).await?;
     let got = std::fs::read(tmp.path().join("db")).map_err(|e| Error::io(tmp.path(), e))?;
     assert!(new.last().is_some_and(|(_, img)| *img == got));
+    Ok(())
+}
+
+/// A zombie's delta paused between upload and publish lands, after the successor's
+/// retention freed the slot, below the successor's snapshot: it is fenced (never
+/// acknowledged), hydrate ignores it, and the next retention collects its entry and blob as
+/// an orphan (I7, I11).
+///
+/// # Errors
+/// Unexpected failures.
+pub async fn zombie_delta_is_fenced_and_collected(
+    store: Arc<dyn ObjectStore>,
+) -> Result<(), Error> {
+    let p = prefix()?;
+    let pause = PauseAt::new(FailPoint::ShipAfterUpload);
+    let za = crate::Replica::open_with(
+        store.clone(),
+        &p,
+        crate::Settings::default(),
+        Arc::new(crate::SystemClock),
+        Some(pause.clone()),
+    )
+    .await?;
+    let rb = open(store, &p).await?;
+    let o = org("acme");
+    let mut db = Db::new()?;
+    let first = db.image()?;
+    let mut a = za.claim(&o, "a", false).await?;
+    za.ship(&mut a, Snapshot::from_bytes(first.clone(), 1))
+        .await?;
+    db.exec("INSERT INTO t VALUES (7, x'07')")?;
+    let delta = diff(&first, &db.image()?, 2)?;
+    let handle = pause.arm().await;
+    let zombie = {
+        let (za, mut a) = (za.clone(), a.clone());
+        tokio::spawn(async move { za.ship_delta(&mut a, delta).await })
+    };
+    handle.reached.await.map_err(|_| Error::InvalidSettings {
+        reason: "zombie never paused".into(),
+    })?;
+    let mut b = rb.claim(&o, "b", true).await?;
+    rb.ship(&mut b, super::test_snapshot(3)?).await?;
+    let newest = rb.ship(&mut b, super::test_snapshot(4)?).await?;
+    let keep_one = Retention {
+        keep_snapshots: 1,
+        keep_ms: 0,
+    };
+    let freed = rb.retain(&o, &keep_one).await?;
+    assert!(freed.deleted_entries.contains(&b.seq), "{freed:?}");
+    let _ = handle.resume.send(());
+    let res = zombie.await.map_err(|source| Error::Task {
+        op: "zombie",
+        source,
+    })?;
+    assert!(
+        matches!(res, Err(Error::Fenced { .. })),
+        "zombie not fenced: {res:?}"
+    );
+    let log = rb.history(&o).await?;
+    let orphan = log
+        .iter()
+        .find(|e| matches!(e, LogEntry::Delta { .. }))
+        .map(|e| (e.seq(), e.blob().map(str::to_owned)));
+    let Some((orphan_seq, Some(orphan_blob))) = orphan else {
+        panic!("the zombie's delta entry should have landed in the freed slot: {log:?}");
+    };
+    assert!(orphan_seq < newest.seq);
+    let c = rb.claim(&o, "c", true).await?;
+    let tmp = TempDir::new()?;
+    let h = rb.hydrate(&c, &tmp.path().join("db")).await?;
+    assert_eq!(
+        h.position,
+        Some(newest.seq),
+        "hydrate must ignore the orphan"
+    );
+    let swept = rb.retain(&o, &keep_one).await?;
+    assert!(swept.deleted_entries.contains(&orphan_seq), "{swept:?}");
+    // The blob went with the first retention (an unreferenced blob at or below the head) or
+    // with this one; either way nothing of the zombie is left.
+    let blob_path = object_store::path::Path::from(format!("{p}/orgs/acme/snap/{orphan_blob}"));
+    assert!(
+        matches!(
+            rb.store().head(&blob_path).await,
+            Err(object_store::Error::NotFound { .. })
+        ),
+        "orphan blob {orphan_blob} survived: {swept:?}"
+    );
+    let report = rb.verify(&o).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
     Ok(())
 }
