@@ -1,15 +1,19 @@
 //! Randomized delta shipping: a writer commits random transactions (inserts with overflow
-//! pages, updates, deletes, schema changes, VACUUM, handoffs); after every acknowledged
-//! request a fresh restore from the store equals the writer's database byte for byte, at
-//! exactly the commit counter acknowledged (I6, I10).
+//! pages, updates, deletes, schema changes, VACUUM, handoffs), with and without store faults
+//! (failed blob puts, puts that land but fail, failed successor checks); after every
+//! acknowledged request a fresh restore from the store equals the writer's database byte for
+//! byte, at exactly the commit counter acknowledged (I6, I10).
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use common::{BoxErr, R};
 use idem_org::{Registry, Settings};
 use idem_replica::Replica;
+use idem_replica::fault::{Fault, FaultStore, Op};
+use object_store::ObjectStore;
 use rusqlite::{Connection, MAIN_DB, OpenFlags};
 
 /// xorshift64*: deterministic per seed, printed on failure.
@@ -78,13 +82,22 @@ fn random_sql(rng: &mut Rng, step: u64) -> String {
     }
 }
 
+async fn registry(
+    dir: &Path,
+    store: Arc<dyn ObjectStore>,
+    writer: &str,
+    settings: Settings,
+) -> Result<Registry, BoxErr> {
+    let replica = Replica::open(store, "t", idem_replica::Settings::default()).await?;
+    Ok(Registry::builder(dir.join("data"), replica, writer)
+        .settings(settings)
+        .on_open(|c| {
+            c.execute_batch("CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, v BLOB)")
+        })
+        .build()?)
+}
+
 async fn open(dir: &Path, writer: &str) -> Result<Registry, BoxErr> {
-    let replica = Replica::open(
-        Replica::local_store(&dir.join("store"))?,
-        "t",
-        idem_replica::Settings::default(),
-    )
-    .await?;
     let settings = Settings {
         // Small enough that checkpoints reset the WAL many times during the run.
         wal_checkpoint_bytes: 256 << 10,
@@ -94,12 +107,35 @@ async fn open(dir: &Path, writer: &str) -> Result<Registry, BoxErr> {
         force_claim: true,
         ..Settings::default()
     };
-    Ok(Registry::builder(dir.join("data"), replica, writer)
-        .settings(settings)
-        .on_open(|c| {
-            c.execute_batch("CREATE TABLE IF NOT EXISTS items(id INTEGER PRIMARY KEY, v BLOB)")
-        })
-        .build()?)
+    let store = Replica::local_store(&dir.join("store"))?;
+    registry(dir, store, writer, settings).await
+}
+
+/// Restores the newest published state and checks it is the writer's database, byte for
+/// byte, at the writer's commit counter.
+async fn check_restore(
+    reg: &Registry,
+    org: &idem_org::Org,
+    dir: &Path,
+    what: &str,
+) -> Result<(), BoxErr> {
+    let want = image(&local_db(&dir.join("data"))?)?;
+    let dest = dir.join("restore.db");
+    let got = reg.replica().restore(org.id(), None, &dest).await?;
+    assert_eq!(
+        got.commit,
+        org.stats().committed,
+        "{what}: restored commit counter"
+    );
+    let bytes = std::fs::read(&dest)?;
+    assert!(
+        bytes == want,
+        "{what}: restored database differs from the writer's ({} vs {} bytes)",
+        bytes.len(),
+        want.len()
+    );
+    std::fs::remove_file(&dest)?;
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,22 +175,7 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
         let local = local_db(&data)?;
         let wal = std::fs::metadata(local.with_extension("db-wal")).map_or(0, |m| m.len());
         max_wal = max_wal.max(wal);
-        let want = image(&local)?;
-        let dest = dir.path().join(format!("restore-{step}.db"));
-        let got = reg.replica().restore(org.id(), None, &dest).await?;
-        assert_eq!(
-            got.commit,
-            org.stats().committed,
-            "seed {seed} step {step}: restored commit counter"
-        );
-        let bytes = std::fs::read(&dest)?;
-        assert!(
-            bytes == want,
-            "seed {seed} step {step}: restored database differs from the writer's ({} vs {} bytes)",
-            bytes.len(),
-            want.len()
-        );
-        std::fs::remove_file(&dest)?;
+        check_restore(&reg, &org, dir.path(), &format!("seed {seed} step {step}")).await?;
     }
     let s = org.stats();
     ships += s.ships;
@@ -172,5 +193,78 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
         max_wal < (256 << 10) + (4 << 20),
         "the WAL stays bounded by the checkpoint size plus one ship's commits: {max_wal} bytes"
     );
+    Ok(())
+}
+
+/// The same with store faults before each request: a blob put that fails, one that lands
+/// but reports failure, two failures in a row, a failed successor check after a publish that
+/// landed. A failed ship keeps its captured pages and ships them with the next delta (or the
+/// claim falls back to a full snapshot); requests are retried with the same key until
+/// acknowledged, and every acknowledged state restores exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_restore_equals_the_writer_under_store_faults() -> R {
+    let seed = std::env::var("IDEM_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x1234_5678_9abc_def1u64);
+    let mut rng = Rng(seed);
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(FaultStore::new(Replica::local_store(
+        &dir.path().join("store"),
+    )?));
+    let settings = Settings {
+        wal_checkpoint_bytes: 64 << 10,
+        delta_budget_percent: 10_000,
+        max_deltas: 1000,
+        force_claim: true,
+        ..Settings::default()
+    };
+    let reg = registry(dir.path(), store.clone(), "w0", settings).await?;
+    let org = reg.acquire("acme").await?;
+    let mut retried = 0;
+    for step in 0..120u64 {
+        let fault = rng.below(6);
+        match fault {
+            0 => store.inject(Op::Put, "/snap/", 1, Fault::FailBefore),
+            1 => store.inject(Op::Put, "/snap/", 1, Fault::FailAfter),
+            2 => store.inject_times(Op::Put, "/snap/", 1, 2, Fault::FailBefore),
+            3 => store.inject(Op::List, "/log", 1, Fault::FailBefore),
+            _ => {}
+        }
+        let vacuum = rng.below(20) == 0;
+        let sql = random_sql(&mut rng, step);
+        let key = format!("k{step}");
+        for attempt in 0.. {
+            let done = if vacuum {
+                org.vacuum().await
+            } else {
+                let sql = sql.clone();
+                org.once(&key, move |tx| {
+                    tx.execute_batch(&sql)?;
+                    Ok::<_, rusqlite::Error>(sql.into_bytes())
+                })
+                .await
+                .map(|_| ())
+            };
+            match done {
+                Ok(()) => break,
+                Err(e) if attempt < 5 && e.is_retryable() => retried += 1,
+                Err(e) => return Err(format!("seed {seed} step {step}: {e}").into()),
+            }
+        }
+        store.clear();
+        let what = format!("seed {seed} step {step} (fault {fault})");
+        check_restore(&reg, &org, dir.path(), &what).await?;
+    }
+    let s = org.stats();
+    assert!(
+        s.ship_failures > 0 && retried > 0,
+        "faults must fail ships: {s:?}"
+    );
+    assert!(
+        s.ships > s.full_ships * 2,
+        "deltas must carry most ships: {s:?}"
+    );
+    reg.shutdown().await;
     Ok(())
 }

@@ -233,6 +233,36 @@ impl Delta {
         })
     }
 
+    /// Adds, as explicit zero pages, the pages past the base's end (`base_pages`) that the
+    /// delta grows the database by but does not carry (SQLite reads them as zeros). Every
+    /// shipped delta then carries each page it adds, which hydrate checks.
+    pub(crate) fn fill_growth(&mut self, base_pages: usize) {
+        let zero = vec![0u8; self.page_size as usize];
+        for p in (base_pages + 1)..=(self.db_pages as usize) {
+            self.pages.entry(p as u32).or_insert_with(|| zero.clone());
+        }
+    }
+
+    /// Refuses a delta that grows the database by pages it does not carry: shipped deltas
+    /// carry every page they add ([`Delta::fill_growth`]), and honouring more would allocate
+    /// memory the body never paid for (`db_pages` up to 2^32 pages).
+    pub(crate) fn check_growth(&self, object: &str, base_pages: usize) -> Result<(), Error> {
+        let added = (base_pages + 1..=self.db_pages as usize)
+            .take(self.pages.len() + 1)
+            .filter(|p| !self.pages.contains_key(&(*p as u32)))
+            .count();
+        if added > 0 {
+            return Err(corrupt(
+                object,
+                format!(
+                    "delta grows the database from {base_pages} to {} pages without carrying them",
+                    self.db_pages
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Applies the delta to a database image in place (resizing it to `db_pages`).
     pub(crate) fn apply_to(&self, image: &mut Vec<u8>) {
         let ps = self.page_size as usize;
@@ -317,13 +347,15 @@ impl PageHashes {
     /// and the checksum. O(changed pages + pages added or removed).
     fn after(&self, delta: &Delta) -> (Vec<(u32, u64)>, u64) {
         let zero = vec![0u8; self.page_size as usize];
-        let old = self.hashes.len() as u32;
+        let old = self.hashes.len();
+        let new = delta.db_pages as usize;
         let mut sum = self.sum;
-        for p in (delta.db_pages + 1)..=old {
-            sum ^= self.hashes[p as usize - 1];
+        for h in self.hashes.iter().skip(new) {
+            sum ^= h;
         }
         let mut changed = Vec::with_capacity(delta.pages.len());
-        for p in (old + 1)..=delta.db_pages {
+        for p in (old + 1)..=new {
+            let p = p as u32;
             if !delta.pages.contains_key(&p) {
                 let h = page_hash(p, &zero);
                 sum ^= h;
@@ -332,8 +364,8 @@ impl PageHashes {
         }
         for (&p, page) in &delta.pages {
             let h = page_hash(p, page);
-            if p <= old {
-                sum ^= self.hashes[p as usize - 1];
+            if let Some(old_hash) = self.hashes.get(p as usize - 1) {
+                sum ^= old_hash;
             }
             sum ^= h;
             changed.push((p, h));
@@ -341,7 +373,13 @@ impl PageHashes {
         (changed, sum)
     }
 
-    /// Applies `delta`'s pages to the hashes.
+    /// Pages in the database these hashes describe.
+    pub(crate) fn pages(&self) -> usize {
+        self.hashes.len()
+    }
+
+    /// Applies `delta`'s pages to the hashes. The caller bounds `delta.db_pages` first
+    /// ([`Delta::check_growth`]): hashes are kept for every page.
     pub(crate) fn apply(&mut self, delta: &Delta) {
         let (changed, sum) = self.after(delta);
         self.hashes.resize(delta.db_pages as usize, 0);

@@ -43,6 +43,11 @@ fn resolve(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, E
         .iter()
         .rposition(|e| matches!(e, LogEntry::Snapshot { .. }))
     else {
+        // Published deltas but no snapshot under them: the snapshot they need is gone. An
+        // empty database here would silently drop acknowledged state (I10).
+        if let Some(d) = below.iter().find(|e| matches!(e, LogEntry::Delta { .. })) {
+            return Err(broken(org, d.seq(), "no snapshot entry below this delta"));
+        }
         return Ok(None);
     };
     let snapshot = below[start].clone();
@@ -120,7 +125,7 @@ impl Replica {
         let log = self.history(org).await?;
         let limit = match at {
             Some(seq) => match log.iter().find(|e| e.seq() == seq) {
-                Some(LogEntry::Snapshot { .. } | LogEntry::Delta { .. }) => seq + 1,
+                Some(LogEntry::Snapshot { .. } | LogEntry::Delta { .. }) => seq.saturating_add(1),
                 _ => {
                     return Err(Error::NoSuchSnapshot {
                         org: org.to_string(),
@@ -208,17 +213,23 @@ impl Replica {
                     report.failed.push((entry.seq(), why));
                     Err(bad)
                 }
-                Ok((mut image, mut hashes)) => {
+                Ok((image, hashes)) => {
                     let applied = match self.fetch(org, entry).await {
                         Ok((obj, body)) => {
-                            apply_delta(org, entry, &obj, &body, &mut image, &mut hashes)
+                            let (org, entry) = (org.clone(), entry.clone());
+                            blocking("applying a delta", move || {
+                                let (mut image, mut hashes) = (image, hashes);
+                                apply_delta(&org, &entry, &obj, &body, &mut image, &mut hashes)?;
+                                Ok((image, hashes))
+                            })
+                            .await
                         }
                         Err(e) => Err(e),
                     };
                     match applied {
-                        Ok(()) => {
+                        Ok(state) => {
                             report.ok.push(entry.seq());
-                            Ok((image, hashes))
+                            Ok(state)
                         }
                         Err(e) => {
                             report.failed.push((entry.seq(), e));
@@ -395,6 +406,7 @@ fn apply_delta(
         ));
     }
     let delta = Delta::decode(object, body, *commit, image)?;
+    delta.check_growth(object, hashes.pages())?;
     if delta.page_size() != *page_size
         || delta.db_pages() != *db_pages
         || delta.changed_pages() != *changed_pages as usize

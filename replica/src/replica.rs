@@ -353,6 +353,8 @@ impl Replica {
         }
         let level = self.inner.settings.zstd_level;
         let commit = delta.commit();
+        let mut delta = delta;
+        delta.fill_growth(tip.hashes.pages());
         let (db_pages, page_size) = (delta.db_pages(), delta.page_size());
         let changed_pages = delta.changed_pages() as u32;
         let base_hashes = tip.hashes.clone();

@@ -13,12 +13,13 @@ impl Replica {
     /// Applies `policy` to `org`.
     ///
     /// Never deletes the newest snapshot entry, its blob, or any entry after it (its delta
-    /// chain). Deletes older snapshot entries (and then their blobs) that are beyond
-    /// `keep_snapshots` AND older than `keep_ms`, with the deltas chained to them;
-    /// claim/release entries and unchained deltas below the newest snapshot; and orphan
+    /// chain), nor any claim or release entry (so no slot a zombie writer would publish into
+    /// is ever freed). Deletes older snapshot entries (and then their blobs) that are beyond
+    /// `keep_snapshots` AND older than `keep_ms`, with the deltas chained to them; deltas
+    /// below the newest snapshot that no kept snapshot's chain reaches; and orphan
     /// blobs (named by no log entry) whose seq is at most the head seq — a blob above the
-    /// head may belong to a ship in flight. A zombie that later creates an entry in a freed
-    /// slot still finds itself fenced by its successor check.
+    /// head may belong to a ship in flight (a zombie's uploaded blob is an orphan: its entry
+    /// can never land).
     ///
     /// # Errors
     /// [`Error::Store`]; an unreadable log. A partial run is safe to repeat.
@@ -46,8 +47,11 @@ impl Replica {
             }
         }
         // Deltas stay while the snapshot they chain from stays (point-in-time restore);
-        // deltas no kept snapshot reaches (a fenced writer's orphans) go with claims and
-        // releases below the newest snapshot.
+        // deltas no kept snapshot reaches (a fenced writer's orphans) go. Claims and releases
+        // always stay: the entry after any writer's last entry is its own release or the next
+        // writer's claim, so keeping them means no slot a zombie writer would publish into is
+        // ever freed, and a zombie's create always collides (I7, I11). They cost one entry per
+        // handoff.
         let mut reachable = std::collections::HashSet::new();
         for (i, e) in log.iter().enumerate() {
             if matches!(e, LogEntry::Snapshot { .. }) && !doomed.iter().any(|d| d.seq() == e.seq())
@@ -56,16 +60,20 @@ impl Replica {
             }
         }
         doomed.extend(log.iter().filter(|e| {
-            !matches!(e, LogEntry::Snapshot { .. })
-                && e.seq() < newest
-                && !reachable.contains(&e.seq())
+            matches!(e, LogEntry::Delta { .. }) && e.seq() < newest && !reachable.contains(&e.seq())
         }));
         report.kept_snapshots = snaps.len()
             - doomed
                 .iter()
                 .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
                 .count();
-        // Entries first, then blobs: a reader never finds an entry whose blob is gone.
+        // Entries first, then blobs: a reader never finds an entry whose blob is gone. Deltas
+        // go newest first and before their snapshot, so an interrupted run leaves a snapshot
+        // with a prefix of its chain, never deltas without their snapshot.
+        doomed.sort_by_key(|e| {
+            let snapshot = matches!(e, LogEntry::Snapshot { .. });
+            (snapshot, std::cmp::Reverse(e.seq()))
+        });
         for e in &doomed {
             let path = self.inner.layout.log(org, e.seq());
             self.delete(&path).await?;

@@ -345,8 +345,10 @@ pub async fn overlapping_writers_old_ship_is_fenced(
     Ok(())
 }
 
-/// A zombie paused after uploading resumes after its successor shipped and retention
-/// freed its slot: its create lands, and it still finds itself fenced (I11).
+/// A zombie paused after uploading resumes after its successor shipped and retention ran:
+/// retention kept the successor's claim in the zombie's slot (claims are never deleted), so
+/// the zombie's create collides and it is fenced; hydrate installs the successor's snapshot
+/// (I7, I11).
 ///
 /// # Errors
 /// Unexpected failures.
@@ -388,11 +390,14 @@ pub async fn zombie_after_retention_is_fenced(store: Arc<dyn ObjectStore>) -> Re
         )
         .await?;
     assert!(
-        rep.deleted_entries.contains(&b.seq),
-        "retention did not free the slot: {rep:?}"
+        !rep.deleted_entries.contains(&b.seq),
+        "retention freed the claim in the zombie's slot: {rep:?}"
+    );
+    assert!(
+        rep.deleted_entries.contains(&s1.seq),
+        "retention deleted nothing: {rep:?}"
     );
     assert!(!rep.deleted_entries.contains(&s2.seq));
-    let _ = s1;
     let _ = handle.resume.send(());
     let res = zombie.await.map_err(|source| Error::Task {
         op: "zombie",
@@ -724,7 +729,8 @@ pub async fn retention_keeps_newest(store: Arc<dyn ObjectStore>) -> Result<(), E
     assert_eq!(rep.kept_snapshots, 2);
     let h = r.history(&o).await?;
     let seqs: Vec<u64> = h.iter().map(LogEntry::seq).collect();
-    assert_eq!(seqs, vec![shipped[2].seq, shipped[3].seq]);
+    // The claim stays: retention never frees a slot a zombie could publish into.
+    assert_eq!(seqs, vec![a.seq, shipped[2].seq, shipped[3].seq]);
     for s in &shipped[..2] {
         let gone = store.head(&Path::from(s.blob.as_str())).await;
         assert!(
