@@ -51,13 +51,10 @@ pub(crate) struct ShipCtx {
     since_full_deltas: u64,
     full_at: Instant,
     /// Published content of pages shipped in this chain's deltas: the base a later delta
-    /// XOR-encodes a page against. Exactly the chain tip's content for each page it holds.
+    /// XOR-encodes a page against. Exactly the chain tip's content for each page it holds;
+    /// at most `Settings::delta_cache_pages` pages.
     published: std::collections::HashMap<u32, Vec<u8>>,
 }
-
-/// Most pages kept in `ShipCtx::published` (about 32 MiB of 4 KiB pages); beyond it the
-/// cache restarts empty and pages ship whole until they are cached again.
-const PUBLISHED_PAGES: usize = 8192;
 
 impl ShipCtx {
     pub fn new(claim: Claim) -> ShipCtx {
@@ -267,10 +264,15 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
             if let Some(done) = ctx.pending.take() {
                 // The tip now holds these pages; pages past the end are gone from it.
                 ctx.published.retain(|p, _| *p <= db_pages);
-                if ctx.published.len() + done.pages.len() > PUBLISHED_PAGES {
+                // Beyond the bound the cache restarts with the newest pages: the pages changed
+                // most recently are the ones most likely to change again.
+                let cap = io.settings.delta_cache_pages;
+                if ctx.published.len() + done.pages.len() > cap {
                     ctx.published.clear();
                 }
-                ctx.published.extend(done.pages);
+                if done.pages.len() <= cap {
+                    ctx.published.extend(done.pages);
+                }
             }
             ctx.since_full_bytes += shipped.compressed_bytes;
             ctx.since_full_deltas += 1;

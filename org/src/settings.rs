@@ -26,6 +26,10 @@ pub struct Settings {
     /// Checkpoint the org's WAL (TRUNCATE) after a delta capture once it reaches this many
     /// bytes, keeping it bounded under steady load. Default 4 MiB.
     pub wal_checkpoint_bytes: u64,
+    /// Pages per open org whose last shipped content the shipper keeps, so a page changed
+    /// again ships as a XOR against it (a few bytes instead of a page). Memory per open org is
+    /// up to this many pages (default 1024: 4 MiB of 4 KiB pages); 0 ships whole pages.
+    pub delta_cache_pages: usize,
     /// The retention policy applied then.
     pub retention: idem_replica::Retention,
     /// Claim even when another writer's advisory lease is live (operator override).
@@ -43,6 +47,7 @@ impl Default for Settings {
             max_deltas: 4096,
             snapshot_interval_ms: 3_600_000,
             wal_checkpoint_bytes: 4 << 20,
+            delta_cache_pages: 1024,
             retention: idem_replica::Retention::default(),
             force_claim: false,
         }

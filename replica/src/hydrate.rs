@@ -297,24 +297,37 @@ impl Replica {
     /// database checksum before it and after it. Blobs are fetched concurrently.
     async fn rebuild(&self, org: &OrgId, chain: &Chain) -> Result<(Vec<u8>, String), Error> {
         let (object, image) = self.fetch(org, &chain.snapshot).await?;
+        let n = self.inner.settings.read_concurrency.max(1);
+        let mut state = blocking("hashing a snapshot", move || {
+            let hashes = PageHashes::of_image(&object, &image)?;
+            Ok((image, hashes))
+        })
+        .await?;
         // Collected first: a stream over a closure taking `&LogEntry` makes the future's
         // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove.
         let fetches: Vec<_> = chain.deltas.iter().map(|e| self.fetch(org, e)).collect();
-        let bodies: Vec<(String, Vec<u8>)> = futures::stream::iter(fetches)
-            .buffered(self.inner.settings.read_concurrency)
-            .try_collect()
+        let mut bodies = futures::stream::iter(fetches).buffered(n).try_chunks(n);
+        let mut entries = chain.deltas.iter();
+        // Deltas are fetched `n` at a time and applied in order as each batch arrives, so
+        // memory holds at most two batches of delta bodies besides the image.
+        while let Some(batch) = bodies.try_next().await.map_err(|e| e.1)? {
+            let batch: Vec<(LogEntry, (String, Vec<u8>))> = entries
+                .by_ref()
+                .take(batch.len())
+                .cloned()
+                .zip(batch)
+                .collect();
+            let org = org.clone();
+            state = blocking("applying deltas", move || {
+                let (mut image, mut hashes) = state;
+                for (entry, (obj, body)) in &batch {
+                    apply_delta(&org, entry, obj, body, &mut image, &mut hashes)?;
+                }
+                Ok((image, hashes))
+            })
             .await?;
-        let (org2, deltas) = (org.clone(), chain.deltas.clone());
-        let image = blocking("applying deltas", move || {
-            let mut image = image;
-            let mut hashes = PageHashes::of_image(&object, &image)?;
-            for (entry, (obj, body)) in deltas.iter().zip(bodies) {
-                apply_delta(&org2, entry, &obj, &body, &mut image, &mut hashes)?;
-            }
-            Ok(image)
-        })
-        .await?;
-        Ok((image, format!("{org}@{}", chain.position())))
+        }
+        Ok((state.0, format!("{org}@{}", chain.position())))
     }
 
     async fn install_chain(
