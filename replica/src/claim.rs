@@ -39,6 +39,8 @@ pub struct Claim {
     pub(crate) lease_renewed_ms: u64,
     pub(crate) unusable: Option<&'static str>,
     pub(crate) tip: Option<Tip>,
+    /// The snapshot the chain started from (compacted deltas apply to it).
+    pub(crate) snapshot_tip: Option<Tip>,
 }
 
 impl Claim {

@@ -39,6 +39,8 @@ pub struct Delta {
     pages: BTreeMap<u32, Vec<u8>>,
     /// Pages encoded against their base content (page XOR base), by page number.
     xor: BTreeMap<u32, Vec<u8>>,
+    /// A compacted delta: applies to the chain's snapshot, not to the previous delta.
+    compacted: bool,
     commit: u64,
 }
 
@@ -92,8 +94,25 @@ impl Delta {
             db_pages,
             pages,
             xor: BTreeMap::new(),
+            compacted: false,
             commit,
         })
+    }
+
+    /// Makes this a compacted delta: `pages` must hold every page changed since the claim's
+    /// snapshot, with its current content, so it applies to the snapshot directly and
+    /// supersedes the deltas before it (a hydrate then reads the snapshot, this delta and the
+    /// deltas after it). Pages are stored whole. [`crate::Replica::ship_delta`] checks the
+    /// claim: the result must equal the chain tip plus these pages.
+    pub fn compacted(mut self) -> Delta {
+        self.compacted = true;
+        self.xor.clear();
+        self
+    }
+
+    /// True for a compacted delta.
+    pub fn is_compacted(&self) -> bool {
+        self.compacted
     }
 
     /// Encodes every page whose content at the base position `base` knows as page XOR base
@@ -103,6 +122,9 @@ impl Delta {
     /// database checksum after the delta proves the result (I10). Page 1 bases are compared
     /// in canonical form.
     pub fn encode_against<'a>(mut self, base: impl Fn(u32) -> Option<&'a [u8]>) -> Delta {
+        if self.compacted {
+            return self;
+        }
         let ps = self.page_size as usize;
         for (&pgno, page) in &self.pages {
             if let Some(b) = base(pgno).filter(|b| b.len() == ps) {
@@ -229,6 +251,7 @@ impl Delta {
             db_pages,
             pages,
             xor: BTreeMap::new(),
+            compacted: false,
             commit,
         })
     }

@@ -32,11 +32,13 @@ fn broken(org: &OrgId, seq: u64, reason: impl Into<String>) -> Error {
     }
 }
 
-/// The newest snapshot in `log` and every delta after it that chains onto it, considering
-/// only entries with seq < `limit`. Entries after the snapshot are contiguous (retention never
-/// deletes them, and every publish takes the next free seq), so a missing seq, a delta of
-/// another round, or a delta whose base is not the previous chain entry is a broken chain —
-/// never a reason to stop early and install an older state (I10).
+/// The newest snapshot in `log` and the deltas after it that rebuild the newest state,
+/// considering only entries with seq < `limit`: from the newest compacted delta (base = the
+/// snapshot) on, or all of them. Entries after the snapshot are contiguous (retention never
+/// deletes them, and every publish takes the next free seq), so a missing seq (other than
+/// before a compacted delta), a delta of another round, or a delta whose base is neither the
+/// previous chain entry nor the snapshot is a broken chain — never a reason to stop early and
+/// install an older state (I10).
 fn resolve(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, Error> {
     let below: Vec<&LogEntry> = log.iter().filter(|e| e.seq() < limit).collect();
     let Some(start) = below
@@ -55,8 +57,16 @@ fn resolve(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, E
     let mut deltas = Vec::new();
     let (mut prev_seq, mut tip) = (snapshot.seq(), snapshot.seq());
     let mut ended = false;
-    for e in &below[start + 1..] {
-        if e.seq() != prev_seq + 1 {
+    // A compacted delta applies to the snapshot and supersedes the deltas before it: start
+    // from the newest one, so the entries between (which a reader may skip) do not matter.
+    let is_compacted = |e: &LogEntry| matches!(e, LogEntry::Delta { base, .. } if *base == snapshot.seq() && e.round() == round);
+    let from = below[start + 1..]
+        .iter()
+        .rposition(|e| is_compacted(e))
+        .map_or(start + 1, |i| start + 1 + i);
+    for e in &below[from..] {
+        let compacted = is_compacted(e);
+        if e.seq() != prev_seq + 1 && !compacted {
             return Err(broken(
                 org,
                 prev_seq + 1,
@@ -65,6 +75,11 @@ fn resolve(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, E
         }
         prev_seq = e.seq();
         match e {
+            LogEntry::Delta { .. } if !ended && e.round() == round && compacted => {
+                tip = e.seq();
+                deltas.clear();
+                deltas.push((*e).clone());
+            }
             LogEntry::Delta { base, .. } if !ended && e.round() == round && *base == tip => {
                 tip = e.seq();
                 deltas.push((*e).clone());
@@ -104,7 +119,7 @@ impl Replica {
     /// state cannot be rebuilt exactly; never falls back to an older one (I10).
     /// [`Error::Store`], [`Error::Io`].
     pub async fn hydrate(&self, claim: &Claim, dest: &Path) -> Result<Hydrated, Error> {
-        let log = self.history(&claim.org).await?;
+        let log = self.tail(&claim.org, claim.seq).await?;
         let chain = resolve(&claim.org, &log, claim.seq)?;
         self.install_chain(&claim.org, chain, dest).await
     }
@@ -122,7 +137,10 @@ impl Replica {
         at: Option<u64>,
         dest: &Path,
     ) -> Result<Hydrated, Error> {
-        let log = self.history(org).await?;
+        let log = match at {
+            Some(_) => self.history(org).await?,
+            None => self.tail(org, u64::MAX).await?,
+        };
         let limit = match at {
             Some(seq) => match log.iter().find(|e| e.seq() == seq) {
                 Some(LogEntry::Snapshot { .. } | LogEntry::Delta { .. }) => seq.saturating_add(1),
@@ -146,6 +164,57 @@ impl Replica {
             ));
         }
         self.install_chain(org, chain, dest).await
+    }
+
+    /// The entries a hydrate of the newest state below `limit` needs, read from the head
+    /// down: every entry after the newest snapshot, or after the newest compacted delta plus
+    /// that delta's snapshot. One LIST, then one GET per entry of that tail — not per entry of
+    /// the log, which keeps every delta a kept snapshot still has for point-in-time restore.
+    async fn tail(&self, org: &OrgId, limit: u64) -> Result<Vec<LogEntry>, Error> {
+        let seqs: Vec<u64> = self
+            .log_seqs(org)
+            .await?
+            .into_iter()
+            .filter(|s| *s < limit)
+            .collect();
+        let n = self.inner.settings.read_concurrency.max(1);
+        let mut down: Vec<LogEntry> = Vec::new();
+        let mut end = seqs.len();
+        while end > 0 {
+            let start = end.saturating_sub(n);
+            let reads: Vec<_> = seqs[start..end]
+                .iter()
+                .map(|s| self.read_entry(org, *s))
+                .collect();
+            let batch: Vec<Option<LogEntry>> = futures::stream::iter(reads)
+                .buffered(n)
+                .try_collect()
+                .await?;
+            for e in batch.into_iter().rev().flatten() {
+                match &e {
+                    LogEntry::Snapshot { .. } => {
+                        down.push(e);
+                        down.reverse();
+                        return Ok(down);
+                    }
+                    // A compacted delta: its base is the chain's snapshot, and the deltas
+                    // between are superseded.
+                    LogEntry::Delta { base, .. } if base.saturating_add(1) < e.seq() => {
+                        let base = *base;
+                        down.push(e);
+                        if let Some(snapshot) = self.read_entry(org, base).await? {
+                            down.push(snapshot);
+                        }
+                        down.reverse();
+                        return Ok(down);
+                    }
+                    _ => down.push(e),
+                }
+            }
+            end = start;
+        }
+        down.reverse();
+        Ok(down)
     }
 
     /// Downloads and fully checks every published snapshot (size, sha256,
@@ -196,9 +265,11 @@ impl Replica {
             Err(e) => Err(e),
         };
         // Ok(rebuilt state) or Err(seq of the entry that failed).
+        let mut snap_sum = 0;
         let mut state = match fetched {
             Ok(v) => {
                 report.ok.push(snap);
+                snap_sum = v.1.sum();
                 Ok(v)
             }
             Err(e) => {
@@ -219,7 +290,16 @@ impl Replica {
                             let (org, entry) = (org.clone(), entry.clone());
                             blocking("applying a delta", move || {
                                 let (mut image, mut hashes) = (image, hashes);
-                                apply_delta(&org, &entry, &obj, &body, &mut image, &mut hashes)?;
+                                let snapshot = (snap, snap_sum);
+                                apply_delta(
+                                    &org,
+                                    snapshot,
+                                    &entry,
+                                    &obj,
+                                    &body,
+                                    &mut image,
+                                    &mut hashes,
+                                )?;
                                 Ok((image, hashes))
                             })
                             .await
@@ -308,6 +388,7 @@ impl Replica {
         let fetches: Vec<_> = chain.deltas.iter().map(|e| self.fetch(org, e)).collect();
         let mut bodies = futures::stream::iter(fetches).buffered(n).try_chunks(n);
         let mut entries = chain.deltas.iter();
+        let snapshot = (chain.snapshot.seq(), state.1.sum());
         // Deltas are fetched `n` at a time and applied in order as each batch arrives, so
         // memory holds at most two batches of delta bodies besides the image.
         while let Some(batch) = bodies.try_next().await.map_err(|e| e.1)? {
@@ -321,7 +402,7 @@ impl Replica {
             state = blocking("applying deltas", move || {
                 let (mut image, mut hashes) = state;
                 for (entry, (obj, body)) in &batch {
-                    apply_delta(&org, entry, obj, body, &mut image, &mut hashes)?;
+                    apply_delta(&org, snapshot, entry, obj, body, &mut image, &mut hashes)?;
                 }
                 Ok((image, hashes))
             })
@@ -367,15 +448,17 @@ impl Replica {
     }
 }
 
-/// The deltas after `snapshot` in `rest` that chain onto it (same round, each based on the
-/// previous), stopping at the first entry that does not.
+/// Every delta after `snapshot` in `rest` on its chain (same round, contiguous, each based on
+/// the previous entry or, compacted, on the snapshot), stopping at the first that is not.
 pub(crate) fn chain_after(rest: &[LogEntry], snapshot: &LogEntry) -> Vec<LogEntry> {
     let mut tip = snapshot.seq();
     let mut out = Vec::new();
     for e in rest {
         match e {
             LogEntry::Delta { base, .. }
-                if *base == tip && e.round() == snapshot.round() && e.seq() == tip + 1 =>
+                if (*base == tip || *base == snapshot.seq())
+                    && e.round() == snapshot.round()
+                    && e.seq() == tip + 1 =>
             {
                 tip = e.seq();
                 out.push(e.clone());
@@ -386,9 +469,13 @@ pub(crate) fn chain_after(rest: &[LogEntry], snapshot: &LogEntry) -> Vec<LogEntr
     out
 }
 
-/// Checks a delta against its entry and the running checksum, then applies it.
+/// Checks a delta against its entry and the running checksum, then applies it. `snapshot`
+/// is the chain's snapshot (seq, checksum): a compacted delta must start from it, and applied
+/// to any later state of the chain it gives the same database as applied to the snapshot,
+/// because it carries every page changed since.
 fn apply_delta(
     org: &OrgId,
+    snapshot: (u64, u64),
     entry: &LogEntry,
     object: &str,
     body: &[u8],
@@ -397,6 +484,7 @@ fn apply_delta(
 ) -> Result<(), Error> {
     let LogEntry::Delta {
         seq,
+        base,
         commit,
         base_checksum,
         checksum,
@@ -408,7 +496,11 @@ fn apply_delta(
     else {
         return Err(broken(org, entry.seq(), "not a delta"));
     };
-    let before = checksum_hex(hashes.sum());
+    let before = checksum_hex(if *base == snapshot.0 {
+        snapshot.1
+    } else {
+        hashes.sum()
+    });
     if before != *base_checksum {
         return Err(broken(
             org,

@@ -253,6 +253,7 @@ impl Replica {
                 lease_renewed_ms: now,
                 unusable: None,
                 tip: None,
+                snapshot_tip: None,
             });
         }
         Err(Error::Contended {
@@ -313,10 +314,12 @@ impl Replica {
                 commit,
             })
             .await?;
-        claim.tip = Some(Tip {
+        let tip = Tip {
             seq: shipped.seq,
             hashes: Arc::new(hashes),
-        });
+        };
+        claim.snapshot_tip = Some(tip.clone());
+        claim.tip = Some(tip);
         Ok(shipped)
     }
 
@@ -325,10 +328,14 @@ impl Replica {
     /// and after it, and checks nothing newer exists above it. Costs O(changed pages), not
     /// O(database). Same acknowledgement and fencing rules as [`Replica::ship`] (I6, I7, I9).
     ///
+    /// A [compacted](Delta::compacted) delta names the chain's snapshot as its base instead,
+    /// so a hydrate skips the deltas before it; it is refused unless applying it to the
+    /// snapshot gives exactly the database the tip plus its pages gives.
+    ///
     /// # Errors
     /// [`Error::NoChainTip`] when the claim has shipped no snapshot yet (ship a full snapshot);
-    /// [`Error::InvalidSnapshot`] when the page size differs from the tip's; otherwise as
-    /// [`Replica::ship`].
+    /// [`Error::InvalidSnapshot`] when the page size differs from the tip's, or a compacted
+    /// delta misses a page changed since the snapshot; otherwise as [`Replica::ship`].
     pub async fn ship_delta(&self, claim: &mut Claim, delta: Delta) -> Result<Shipped, Error> {
         Self::usable(claim)?;
         let org = claim.org.clone();
@@ -353,18 +360,33 @@ impl Replica {
         }
         let level = self.inner.settings.zstd_level;
         let commit = delta.commit();
+        let base = match (&claim.snapshot_tip, delta.is_compacted()) {
+            (Some(snapshot), true) => snapshot.clone(),
+            _ => tip.clone(),
+        };
         let mut delta = delta;
-        delta.fill_growth(tip.hashes.pages());
+        delta.fill_growth(base.hashes.pages());
         let (db_pages, page_size) = (delta.db_pages(), delta.page_size());
         let changed_pages = delta.changed_pages() as u32;
-        let base_hashes = tip.hashes.clone();
+        let (tip_hashes, base_hashes) = (tip.hashes.clone(), base.hashes.clone());
+        let org_name = org.to_string();
         let (packed, hashes) = blocking("compressing a delta", move || {
             let mut hashes = (*base_hashes).clone();
             hashes.apply(&delta);
+            if delta.is_compacted() {
+                let mut via_tip = (*tip_hashes).clone();
+                via_tip.apply(&delta);
+                if via_tip.sum() != hashes.sum() {
+                    return Err(Error::InvalidSnapshot {
+                        org: org_name,
+                        reason: "compacted delta misses a page changed since the snapshot".into(),
+                    });
+                }
+            }
             Ok((pack(&delta.encode(), level)?, hashes))
         })
         .await?;
-        let (base_checksum, checksum) = (tip.hashes.sum(), hashes.sum());
+        let (base_checksum, checksum) = (base.hashes.sum(), hashes.sum());
         let name = delta_blob_name(claim.next_seq, claim.round, &new_nonce()?);
         let shipped = self
             .upload_and_publish(claim, packed, name, |common| LogEntry::Delta {
@@ -378,7 +400,7 @@ impl Replica {
                 bytes: common.bytes,
                 compressed_bytes: common.compressed_bytes,
                 commit,
-                base: tip.seq,
+                base: base.seq,
                 base_checksum: checksum_hex(base_checksum),
                 checksum: checksum_hex(checksum),
                 page_size,

@@ -60,6 +60,7 @@ suite!(
     delta_needs_a_snapshot_and_is_fenced,
     retention_keeps_the_delta_chain,
     zombie_delta_is_fenced_and_collected,
+    compacted_delta_supersedes_the_chain,
 );
 
 #[tokio::test]

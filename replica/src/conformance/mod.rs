@@ -9,9 +9,9 @@
 mod delta;
 
 pub use delta::{
-    broken_delta_chain_is_a_typed_error, delta_chain_hydrates_and_restores_every_position,
-    delta_needs_a_snapshot_and_is_fenced, retention_keeps_the_delta_chain,
-    zombie_delta_is_fenced_and_collected,
+    broken_delta_chain_is_a_typed_error, compacted_delta_supersedes_the_chain,
+    delta_chain_hydrates_and_restores_every_position, delta_needs_a_snapshot_and_is_fenced,
+    retention_keeps_the_delta_chain, zombie_delta_is_fenced_and_collected,
 };
 
 use std::path::PathBuf;
@@ -225,6 +225,7 @@ pub async fn run_all(make: impl Fn() -> Arc<dyn ObjectStore>) -> Result<(), Erro
     delta_needs_a_snapshot_and_is_fenced(make()).await?;
     retention_keeps_the_delta_chain(make()).await?;
     zombie_delta_is_fenced_and_collected(make()).await?;
+    compacted_delta_supersedes_the_chain(make()).await?;
     Ok(())
 }
 
