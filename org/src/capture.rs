@@ -139,3 +139,23 @@ fn file_page_size(image: &[u8]) -> Option<u32> {
     let ps = if raw == 1 { 65536 } else { raw };
     ((512..=65536).contains(&ps) && ps.is_power_of_two()).then_some(ps)
 }
+
+/// Reads `pages` (page numbers up to `db_pages`) from the database file, which must be
+/// stable: right after a capture whose checkpoint emptied the WAL.
+pub(crate) fn read_pages(
+    db: &Path,
+    page_size: u32,
+    db_pages: u32,
+    pages: &[u32],
+) -> std::io::Result<std::collections::BTreeMap<u32, Vec<u8>>> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(db)?;
+    let ps = page_size as usize;
+    let mut out = std::collections::BTreeMap::new();
+    for &p in pages.iter().filter(|p| **p >= 1 && **p <= db_pages) {
+        let mut buf = vec![0u8; ps];
+        f.read_exact_at(&mut buf, (u64::from(p) - 1) * ps as u64)?;
+        out.insert(p, buf);
+    }
+    Ok(out)
+}

@@ -50,6 +50,14 @@ pub(crate) struct ShipCtx {
     since_full_bytes: u64,
     since_full_deltas: u64,
     full_at: Instant,
+    /// Pages changed since the chain's snapshot (shipped or pending): a compacted delta
+    /// carries them all.
+    changed: std::collections::BTreeSet<u32>,
+    /// Deltas, and their compressed bytes, since the last compaction (or snapshot).
+    window_deltas: u64,
+    window_bytes: u64,
+    /// Database pages in the last full snapshot (with `full_bytes`: bytes per stored page).
+    full_pages: u64,
     /// Published content of pages shipped in this chain's deltas: the base a later delta
     /// XOR-encodes a page against. Exactly the chain tip's content for each page it holds;
     /// at most `Settings::delta_cache_pages` pages.
@@ -68,6 +76,10 @@ impl ShipCtx {
             since_full_bytes: 0,
             since_full_deltas: 0,
             full_at: Instant::now(),
+            changed: std::collections::BTreeSet::new(),
+            window_deltas: 0,
+            window_bytes: 0,
+            full_pages: 0,
             published: std::collections::HashMap::new(),
         }
     }
@@ -81,7 +93,27 @@ impl ShipCtx {
             || (s.snapshot_interval_ms > 0
                 && self.full_at.elapsed().as_millis() as u64 >= s.snapshot_interval_ms)
     }
+
+    /// A compaction is due after `compact_every_deltas` deltas, and worth it only while its
+    /// estimated size — the pages changed since the snapshot, at the last snapshot's stored
+    /// bytes per page (whole pages: a compaction cannot XOR-encode) — is at most a quarter of
+    /// what the deltas since the last compaction shipped, or at most [`COMPACTION_FLOOR`]:
+    /// bytes per acknowledgement then grow by at most a quarter (or about 1 KiB per delta
+    /// when deltas are tiny), and a hydrate reads the snapshot, it and the deltas after it
+    /// instead of the whole chain. A database that grows or changes everywhere fails the test
+    /// and keeps its chain until the budget ships a full snapshot.
+    fn wants_compaction(&self, s: &Settings) -> bool {
+        let per_page = self.full_bytes / self.full_pages.max(1);
+        let estimate = (self.changed.len() as u64).saturating_mul(per_page);
+        s.compact_every_deltas > 0
+            && self.window_deltas >= s.compact_every_deltas
+            && estimate <= (self.window_bytes / 4).max(COMPACTION_FLOOR)
+    }
 }
+
+/// A compaction this small (estimated stored bytes) is always worth the objects it saves a
+/// hydrate, whatever the deltas it supersedes weighed.
+const COMPACTION_FLOOR: u64 = 64 << 10;
 
 /// What a ship needs besides its context.
 pub(crate) struct ShipIo<'a> {
@@ -206,6 +238,10 @@ async fn ship_full(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Failure> 
     ctx.full_bytes = shipped.compressed_bytes;
     ctx.since_full_bytes = 0;
     ctx.since_full_deltas = 0;
+    ctx.changed.clear();
+    ctx.window_deltas = 0;
+    ctx.window_bytes = 0;
+    ctx.full_pages = u64::from(db_pages);
     ctx.full_at = Instant::now();
     Ok((commit, shipped.compressed_bytes, true))
 }
@@ -216,10 +252,18 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
         WalState::Fresh => None,
         WalState::Lost => return Err(Fallback::Full),
     };
+    // A compaction reads pages from the database file, so it checkpoints every time: after
+    // it the file holds exactly the captured state, and stays so until the next capture.
+    let compact = ctx.wants_compaction(io.settings);
+    let bound = if compact {
+        0
+    } else {
+        io.settings.wal_checkpoint_bytes
+    };
     let cap = capture(
         io,
         from.map_or(0, |p| p.offset),
-        Checkpoint::AfterIfOver(io.settings.wal_checkpoint_bytes),
+        Checkpoint::AfterIfOver(bound),
     )
     .await
     .map_err(Fallback::Failed)?;
@@ -255,13 +299,36 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
     pending.pages.extend(frames.pages);
     let db_pages = ctx.db_pages;
     pending.pages.retain(|p, _| *p <= db_pages);
-    let published = &ctx.published;
-    let delta = Delta::new(ctx.page_size, db_pages, pending.pages.clone(), commit)
-        .map_err(Fallback::Failed)?
-        .encode_against(|p| published.get(&p).map(Vec::as_slice));
+    ctx.changed.retain(|p| *p <= db_pages);
+    let delta = if compact && reset {
+        match compacted_delta(ctx, io, commit).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(org = %io.shared.org, error = ?e, "compaction failed; shipping a full snapshot");
+                return Err(Fallback::Full);
+            }
+        }
+    } else {
+        let published = &ctx.published;
+        Delta::new(ctx.page_size, db_pages, pending.pages.clone(), commit)
+            .map_err(Fallback::Failed)?
+            .encode_against(|p| published.get(&p).map(Vec::as_slice))
+    };
+    let compacted = delta.is_compacted();
     match io.replica.ship_delta(&mut ctx.claim, delta).await {
         Ok(shipped) => {
+            if compacted {
+                io.shared
+                    .counters
+                    .compactions
+                    .fetch_add(1, Ordering::Relaxed);
+                (ctx.window_deltas, ctx.window_bytes) = (0, 0);
+            } else {
+                ctx.window_deltas += 1;
+                ctx.window_bytes += shipped.compressed_bytes;
+            }
             if let Some(done) = ctx.pending.take() {
+                ctx.changed.extend(done.pages.keys().copied());
                 // The tip now holds these pages; pages past the end are gone from it.
                 ctx.published.retain(|p, _| *p <= db_pages);
                 // Beyond the bound the cache restarts with the newest pages: the pages changed
@@ -274,11 +341,40 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
                     ctx.published.extend(done.pages);
                 }
             }
-            ctx.since_full_bytes += shipped.compressed_bytes;
-            ctx.since_full_deltas += 1;
+            // The budget and the count bound what a hydrate reads: after a compaction that
+            // is the compacted delta and what follows it.
+            if compacted {
+                (ctx.since_full_bytes, ctx.since_full_deltas) = (shipped.compressed_bytes, 1);
+            } else {
+                ctx.since_full_bytes += shipped.compressed_bytes;
+                ctx.since_full_deltas += 1;
+            }
             Ok((commit, shipped.compressed_bytes, false))
         }
         Err(idem_replica::Error::NoChainTip { .. }) => Err(Fallback::Full),
+        // The store refused the compaction as inconsistent with the chain (it found a page
+        // changed since the snapshot missing): nothing was published; a full snapshot
+        // restarts the chain instead of retrying the same compaction.
+        Err(e @ idem_replica::Error::InvalidSnapshot { .. }) if compacted => {
+            tracing::warn!(org = %io.shared.org, error = %e, "compaction refused; shipping a full snapshot");
+            Err(Fallback::Full)
+        }
         Err(e) => Err(Fallback::Failed(e)),
     }
+}
+
+/// Builds a compacted delta after a capture whose checkpoint emptied the WAL: every page
+/// changed since the snapshot (pending ones included), read from the database file, which
+/// now holds exactly the captured state.
+async fn compacted_delta(ctx: &ShipCtx, io: &ShipIo<'_>, commit: u64) -> Result<Delta, Failure> {
+    let mut wanted: Vec<u32> = ctx.changed.iter().copied().collect();
+    if let Some(p) = &ctx.pending {
+        wanted.extend(p.pages.keys().copied());
+    }
+    wanted.sort_unstable();
+    wanted.dedup();
+    let (db, ps, db_pages) = (io.db.to_path_buf(), ctx.page_size, ctx.db_pages);
+    let read = blocking(move || capture::read_pages(&db, ps, db_pages, &wanted)).await?;
+    let pages = read.map_err(|e| io_error(io, e))?;
+    Delta::new(ps, db_pages, pages, commit).map(Delta::compacted)
 }

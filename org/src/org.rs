@@ -49,6 +49,8 @@ pub struct OrgStats {
     pub full_ships: u64,
     /// Compressed bytes of those full snapshots (part of `bytes_shipped`).
     pub full_bytes: u64,
+    /// Compacted deltas among the ships (each supersedes the deltas before it).
+    pub compactions: u64,
     /// Ships that failed (other than fenced).
     pub ship_failures: u64,
     /// Compressed bytes uploaded by this handle's ships (blobs; log entries not counted).
@@ -225,6 +227,7 @@ impl Org {
             ships: c.ships.load(Ordering::Relaxed),
             full_ships: c.full_ships.load(Ordering::Relaxed),
             full_bytes: c.full_bytes.load(Ordering::Relaxed),
+            compactions: c.compactions.load(Ordering::Relaxed),
             ship_failures: c.ship_failures.load(Ordering::Relaxed),
             bytes_shipped: c.bytes_shipped.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),

@@ -26,6 +26,10 @@ pub struct Settings {
     /// Checkpoint the org's WAL (TRUNCATE) after a delta capture once it reaches this many
     /// bytes, keeping it bounded under steady load. Default 4 MiB.
     pub wal_checkpoint_bytes: u64,
+    /// Ship a compacted delta (every page changed since the last full snapshot, applied to it
+    /// directly) after this many deltas, when it is no larger than what those deltas carried,
+    /// so a hydrate reads the snapshot, it and the deltas after it (0 = never). Default 64.
+    pub compact_every_deltas: u64,
     /// Pages per open org whose last shipped content the shipper keeps, so a page changed
     /// again ships as a XOR against it (a few bytes instead of a page). Memory per open org is
     /// up to this many pages (default 1024: 4 MiB of 4 KiB pages); 0 ships whole pages.
@@ -48,6 +52,7 @@ impl Default for Settings {
             snapshot_interval_ms: 3_600_000,
             wal_checkpoint_bytes: 4 << 20,
             delta_cache_pages: 1024,
+            compact_every_deltas: 64,
             retention: idem_replica::Retention::default(),
             force_claim: false,
         }

@@ -86,6 +86,7 @@ pub(crate) struct Counters {
     pub ships: AtomicU64,
     pub full_ships: AtomicU64,
     pub full_bytes: AtomicU64,
+    pub compactions: AtomicU64,
     pub ship_failures: AtomicU64,
     pub bytes_shipped: AtomicU64,
     pub acks: AtomicU64,

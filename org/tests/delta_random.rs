@@ -104,6 +104,8 @@ async fn open(dir: &Path, writer: &str) -> Result<Registry, BoxErr> {
         // Large enough that most ships are deltas; a short chain limit adds scheduled fulls.
         delta_budget_percent: 10_000,
         max_deltas: 25,
+        // Compactions happen whenever the changed pages fit the last window.
+        compact_every_deltas: 4,
         force_claim: true,
         ..Settings::default()
     };
@@ -264,6 +266,51 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
     assert!(
         s.ships > s.full_ships * 2,
         "deltas must carry most ships: {s:?}"
+    );
+    reg.shutdown().await;
+    Ok(())
+}
+
+/// A hot set of rows updated again and again: compactions keep what a hydrate reads short
+/// (the snapshot, one compacted delta and the deltas after it) while every restore still
+/// equals the writer byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compactions_keep_the_hydrate_chain_short() -> R {
+    let dir = tempfile::tempdir()?;
+    let settings = Settings {
+        compact_every_deltas: 8,
+        ..Settings::default()
+    };
+    let store = Replica::local_store(&dir.path().join("store"))?;
+    let reg = registry(dir.path(), store, "w", settings).await?;
+    let org = reg.acquire("acme").await?;
+    org.once("seed", |tx| {
+        tx.execute_batch(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 200) \
+             INSERT INTO items(id, v) SELECT i, randomblob(200) FROM n",
+        )?;
+        Ok::<_, rusqlite::Error>(Vec::new())
+    })
+    .await?;
+    let mut longest = 0;
+    for step in 0..60u64 {
+        let id = 1 + (step % 5) as i64;
+        org.once(&format!("hot{step}"), move |tx| {
+            tx.execute("UPDATE items SET v = randomblob(200) WHERE id = ?1", [id])?;
+            Ok::<_, rusqlite::Error>(Vec::new())
+        })
+        .await?;
+        let dest = dir.path().join("chain.db");
+        let h = reg.replica().restore(org.id(), None, &dest).await?;
+        longest = longest.max(h.deltas);
+        std::fs::remove_file(&dest)?;
+        check_restore(&reg, &org, dir.path(), &format!("hot step {step}")).await?;
+    }
+    let s = org.stats();
+    assert!(s.compactions >= 3, "{s:?}");
+    assert!(
+        longest <= 8 + 1,
+        "a hydrate read {longest} deltas; compaction every 8 bounds it at 9"
     );
     reg.shutdown().await;
     Ok(())
