@@ -165,6 +165,15 @@ pub enum Error {
         /// The claim's round.
         round: u64,
     },
+    /// Entries listed in the log vanished before they could be read (retention ran
+    /// concurrently), every time it was read; nothing was installed. Retry.
+    #[error("org {org}: the log changed while it was read {attempts} times")]
+    LogChanged {
+        /// The org.
+        org: String,
+        /// Reads attempted.
+        attempts: u32,
+    },
     /// An object carries a format version or kind this build does not know.
     #[error("object {object} has an unknown format: {detail}")]
     UnknownFormat {
@@ -224,6 +233,7 @@ impl Error {
             | Error::NoChainTip { .. } => ErrorKind::Input,
             Error::LeaseHeld { .. }
             | Error::Contended { .. }
+            | Error::LogChanged { .. }
             | Error::Injected { .. }
             | Error::Io { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::Unknown { .. } | Error::ClaimUnusable { .. } => {

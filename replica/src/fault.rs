@@ -71,6 +71,25 @@ pub struct FaultStore {
     counts: [AtomicU64; 4],
     ignore_create: AtomicBool,
     latency_ms: AtomicU64,
+    pause: Mutex<Option<Pause>>,
+}
+
+/// An armed pause: the next matching call reports on `reached` and waits for `resume`.
+#[derive(Debug)]
+struct Pause {
+    op: Op,
+    path_contains: String,
+    reached: tokio::sync::oneshot::Sender<()>,
+    resume: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// The two ends of an armed [`FaultStore::pause_next`].
+#[derive(Debug)]
+pub struct Paused {
+    /// Fires when the matching call has arrived (and is held).
+    pub reached: tokio::sync::oneshot::Receiver<()>,
+    /// Send (or drop) to let the held call go on.
+    pub resume: tokio::sync::oneshot::Sender<()>,
 }
 
 impl std::fmt::Display for FaultStore {
@@ -95,7 +114,22 @@ impl FaultStore {
             counts: Default::default(),
             ignore_create: AtomicBool::new(false),
             latency_ms: AtomicU64::new(0),
+            pause: Mutex::new(None),
         }
+    }
+
+    /// Holds the next call of `op` whose path contains `path_contains` until resumed, so a
+    /// test orders it against other work without sleeping.
+    pub fn pause_next(&self, op: Op, path_contains: &str) -> Paused {
+        let (reached_tx, reached) = tokio::sync::oneshot::channel();
+        let (resume, resume_rx) = tokio::sync::oneshot::channel();
+        *self.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some(Pause {
+            op,
+            path_contains: path_contains.to_owned(),
+            reached: reached_tx,
+            resume: resume_rx,
+        });
+        Paused { reached, resume }
     }
 
     /// Fires `fault` on the `nth` (1-based) call of `op` whose path contains `path_contains`
@@ -146,6 +180,17 @@ impl FaultStore {
 
     async fn enter(&self, op: Op, path: &Path) -> Option<Fault> {
         self.counts[op as usize].fetch_add(1, Ordering::SeqCst);
+        let held = {
+            let mut pause = self.pause.lock().unwrap_or_else(|p| p.into_inner());
+            match pause.as_ref() {
+                Some(p) if p.op == op && path.as_ref().contains(&p.path_contains) => pause.take(),
+                _ => None,
+            }
+        };
+        if let Some(p) = held {
+            let _ = p.reached.send(());
+            let _ = p.resume.await;
+        }
         let ms = self.latency_ms.load(Ordering::SeqCst);
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;

@@ -137,26 +137,33 @@ impl Replica {
         at: Option<u64>,
         dest: &Path,
     ) -> Result<Hydrated, Error> {
-        let log = match at {
-            Some(_) => self.history(org).await?,
-            None => self.tail(org, u64::MAX).await?,
-        };
-        let limit = match at {
-            Some(seq) => match log.iter().find(|e| e.seq() == seq) {
-                Some(LogEntry::Snapshot { .. } | LogEntry::Delta { .. }) => seq.saturating_add(1),
-                _ => {
-                    return Err(Error::NoSuchSnapshot {
-                        org: org.to_string(),
-                        seq,
-                    });
+        let Some(seq) = at else {
+            // The newest state may be retired by retention (a newer snapshot landed) between
+            // reading the log and downloading its blobs: read the log again, a few times,
+            // before reporting a missing blob.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let log = self.tail(org, u64::MAX).await?;
+                let chain = resolve(org, &log, u64::MAX)?;
+                match self.install_chain(org, chain, dest).await {
+                    Err(Error::MissingObject { .. }) if attempt < 4 => continue,
+                    other => return other,
                 }
-            },
-            None => u64::MAX,
+            }
         };
-        let chain = resolve(org, &log, limit)?;
-        if let (Some(seq), Some(c)) = (at, &chain)
-            && c.position() != seq
-        {
+        let log = self.history(org).await?;
+        if !matches!(
+            log.iter().find(|e| e.seq() == seq),
+            Some(LogEntry::Snapshot { .. } | LogEntry::Delta { .. })
+        ) {
+            return Err(Error::NoSuchSnapshot {
+                org: org.to_string(),
+                seq,
+            });
+        }
+        let chain = resolve(org, &log, seq.saturating_add(1))?;
+        if chain.as_ref().map(Chain::position) != Some(seq) {
             return Err(broken(
                 org,
                 seq,
@@ -171,6 +178,29 @@ impl Replica {
     /// that delta's snapshot. One LIST, then one GET per entry of that tail — not per entry of
     /// the log, which keeps every delta a kept snapshot still has for point-in-time restore.
     async fn tail(&self, org: &OrgId, limit: u64) -> Result<Vec<LogEntry>, Error> {
+        const ATTEMPTS: u32 = 4;
+        for attempt in 1..=ATTEMPTS {
+            if let Some(tail) = self.try_tail(org, limit, attempt == ATTEMPTS).await? {
+                return Ok(tail);
+            }
+        }
+        Err(Error::LogChanged {
+            org: org.to_string(),
+            attempts: ATTEMPTS,
+        })
+    }
+
+    /// One attempt of [`Replica::tail`]; `None` when a listed entry vanished before it was
+    /// read (retention deleting what this read still needed): skipping it could leave an
+    /// older state, or none, looking like the newest (I10). On the `last` attempt a compacted
+    /// delta whose snapshot is still missing is returned without it, which `resolve` reports
+    /// as a broken chain (damage, not a race).
+    async fn try_tail(
+        &self,
+        org: &OrgId,
+        limit: u64,
+        last: bool,
+    ) -> Result<Option<Vec<LogEntry>>, Error> {
         let seqs: Vec<u64> = self
             .log_seqs(org)
             .await?
@@ -190,23 +220,26 @@ impl Replica {
                 .buffered(n)
                 .try_collect()
                 .await?;
-            for e in batch.into_iter().rev().flatten() {
+            for e in batch.into_iter().rev() {
+                let Some(e) = e else { return Ok(None) };
                 match &e {
                     LogEntry::Snapshot { .. } => {
                         down.push(e);
                         down.reverse();
-                        return Ok(down);
+                        return Ok(Some(down));
                     }
                     // A compacted delta: its base is the chain's snapshot, and the deltas
                     // between are superseded.
                     LogEntry::Delta { base, .. } if base.saturating_add(1) < e.seq() => {
                         let base = *base;
                         down.push(e);
-                        if let Some(snapshot) = self.read_entry(org, base).await? {
-                            down.push(snapshot);
+                        match self.read_entry(org, base).await? {
+                            Some(snapshot) => down.push(snapshot),
+                            None if last => {}
+                            None => return Ok(None),
                         }
                         down.reverse();
-                        return Ok(down);
+                        return Ok(Some(down));
                     }
                     _ => down.push(e),
                 }
@@ -214,7 +247,7 @@ impl Replica {
             end = start;
         }
         down.reverse();
-        Ok(down)
+        Ok(Some(down))
     }
 
     /// Downloads and fully checks every published snapshot (size, sha256,

@@ -365,6 +365,9 @@ impl Replica {
             _ => tip.clone(),
         };
         let mut delta = delta;
+        // The tip comparison must see the pages as the caller gave them: filled zero pages
+        // would override the tip's content and hide a grown page the caller missed.
+        let unfilled = delta.is_compacted().then(|| delta.clone());
         delta.fill_growth(base.hashes.pages());
         let (db_pages, page_size) = (delta.db_pages(), delta.page_size());
         let changed_pages = delta.changed_pages() as u32;
@@ -373,9 +376,9 @@ impl Replica {
         let (packed, hashes) = blocking("compressing a delta", move || {
             let mut hashes = (*base_hashes).clone();
             hashes.apply(&delta);
-            if delta.is_compacted() {
+            if let Some(unfilled) = &unfilled {
                 let mut via_tip = (*tip_hashes).clone();
-                via_tip.apply(&delta);
+                via_tip.apply(unfilled);
                 if via_tip.sum() != hashes.sum() {
                     return Err(Error::InvalidSnapshot {
                         org: org_name,
