@@ -182,6 +182,9 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
     let s = org.stats();
     ships += s.ships;
     fulls += s.full_ships;
+    // Every chain in the store replays against its checksums.
+    let report = reg.replica().verify(org.id()).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
     reg.shutdown().await;
     assert!(
         ships - fulls >= ships / 2,
@@ -267,6 +270,9 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
         s.ships > s.full_ships * 2,
         "deltas must carry most ships: {s:?}"
     );
+    // Every chain in the store replays against its checksums.
+    let report = reg.replica().verify(org.id()).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
     reg.shutdown().await;
     Ok(())
 }
@@ -312,6 +318,9 @@ async fn compactions_keep_the_hydrate_chain_short() -> R {
         longest <= 8 + 1,
         "a hydrate read {longest} deltas; compaction every 8 bounds it at 9"
     );
+    // Every chain in the store replays against its checksums.
+    let report = reg.replica().verify(org.id()).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
     reg.shutdown().await;
     Ok(())
 }
