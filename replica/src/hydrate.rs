@@ -231,10 +231,15 @@ impl Replica {
                     // A compacted delta: its base is the chain's snapshot, and the deltas
                     // between are superseded.
                     LogEntry::Delta { base, .. } if base.saturating_add(1) < e.seq() => {
-                        let base = *base;
+                        let (base, round) = (*base, e.round());
                         down.push(e);
                         match self.read_entry(org, base).await? {
-                            Some(snapshot) => down.push(snapshot),
+                            Some(s @ LogEntry::Snapshot { .. }) if s.round() == round => {
+                                down.push(s)
+                            }
+                            // Not a snapshot of its round: not a compaction; `resolve` judges
+                            // it against the newest snapshot, which the read goes on to find.
+                            Some(_) => continue,
                             None if last => {}
                             None => return Ok(None),
                         }
@@ -299,10 +304,21 @@ impl Replica {
         };
         // Ok(rebuilt state) or Err(seq of the entry that failed).
         let mut snap_sum = 0;
+        // A compacted delta applies to the snapshot, as hydrate applies it: keep a copy of
+        // the snapshot's state when the chain has one.
+        let compacts = chain
+            .deltas
+            .iter()
+            .skip(1)
+            .any(|e| matches!(e, LogEntry::Delta { base, .. } if *base == snap));
+        let mut snapshot_state = None;
         let mut state = match fetched {
             Ok(v) => {
                 report.ok.push(snap);
                 snap_sum = v.1.sum();
+                if compacts {
+                    snapshot_state = Some(v.clone());
+                }
                 Ok(v)
             }
             Err(e) => {
@@ -317,7 +333,13 @@ impl Replica {
                     report.failed.push((entry.seq(), why));
                     Err(bad)
                 }
-                Ok((image, hashes)) => {
+                Ok(current) => {
+                    let (image, hashes) = match (&snapshot_state, entry) {
+                        (Some(at_snapshot), LogEntry::Delta { base, .. }) if *base == snap => {
+                            at_snapshot.clone()
+                        }
+                        _ => current,
+                    };
                     let applied = match self.fetch(org, entry).await {
                         Ok((obj, body)) => {
                             let (org, entry) = (org.clone(), entry.clone());

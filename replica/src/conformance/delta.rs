@@ -485,6 +485,10 @@ pub async fn compacted_delta_supersedes_the_chain(
         prev = next;
     }
     r.release(&mut a).await?;
+    // Verify replays the compaction from the snapshot, as hydrate does.
+    let report = r.verify(&acme).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.ok.len(), all.len());
     // A superseded delta vanishes: the newest state does not need it.
     let gone = images[2].0;
     let path = object_store::path::Path::from(format!("{pfx}/orgs/acme/log/{gone:020}.json"));
