@@ -35,6 +35,8 @@ pub(crate) enum Checkpoint {
 pub(crate) struct Captured {
     /// The commit counter of the last commit in the copy.
     pub commit: u64,
+    /// The database's page size in bytes.
+    pub page_size: u32,
     /// The WAL file's first 32 bytes (empty when there is no WAL content).
     pub head: Vec<u8>,
     /// The WAL bytes from the requested offset to the end of the file.
@@ -80,6 +82,9 @@ pub(crate) fn capture(
     checkpoint: Checkpoint,
 ) -> std::io::Result<Captured> {
     let wal = wal_path(db);
+    let page_size = conn
+        .query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))
+        .map_err(std::io::Error::other)?;
     let mut reset = false;
     if checkpoint == Checkpoint::Before {
         reset = truncate_checkpoint(conn, busy, &wal);
@@ -106,6 +111,7 @@ pub(crate) fn capture(
     }
     Ok(Captured {
         commit,
+        page_size,
         head,
         tail,
         reset,
@@ -114,13 +120,8 @@ pub(crate) fn capture(
 
 /// Builds the full database image (canonical page 1 is the replica's job) from the database
 /// file and the committed WAL frames over it. The file is stable: only captures checkpoint.
-pub(crate) fn image(db: &Path, frames: &Frames) -> std::io::Result<(Vec<u8>, u32)> {
+pub(crate) fn image(db: &Path, page_size: u32, frames: &Frames) -> std::io::Result<Vec<u8>> {
     let mut image = std::fs::read(db)?;
-    let page_size = match frames.end {
-        Some(pos) => pos.page_size,
-        None => file_page_size(&image)
-            .ok_or_else(|| std::io::Error::other("database file has no valid page size"))?,
-    };
     let ps = page_size as usize;
     let db_pages = match frames.db_pages {
         Some(n) => n as usize,
@@ -131,13 +132,7 @@ pub(crate) fn image(db: &Path, frames: &Frames) -> std::io::Result<(Vec<u8>, u32
         let at = (pgno as usize - 1) * ps;
         image[at..at + ps].copy_from_slice(page);
     }
-    Ok((image, page_size))
-}
-
-fn file_page_size(image: &[u8]) -> Option<u32> {
-    let raw = u16::from_be_bytes([*image.get(16)?, *image.get(17)?]) as u32;
-    let ps = if raw == 1 { 65536 } else { raw };
-    ((512..=65536).contains(&ps) && ps.is_power_of_two()).then_some(ps)
+    Ok(image)
 }
 
 /// Reads `pages` (page numbers up to `db_pages`) from the database file, which must be

@@ -222,8 +222,8 @@ async fn ship_full(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Failure> 
     let built = blocking(move || {
         let frames = wal::read(&cap.head, &cap.tail, None)
             .map_err(|e| std::io::Error::other(format!("reading the WAL: {}", e.0)))?;
-        let (image, page_size) = capture::image(&db, &frames)?;
-        Ok::<_, std::io::Error>((image, page_size, frames.end, cap.commit))
+        let image = capture::image(&db, cap.page_size, &frames)?;
+        Ok::<_, std::io::Error>((image, cap.page_size, frames.end, cap.commit))
     })
     .await?;
     let (image, page_size, end, commit) = built.map_err(|e| io_error(io, e))?;

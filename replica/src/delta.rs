@@ -368,7 +368,7 @@ impl PageHashes {
 
     /// The hashes after `delta`, computed without changing `self`: the new page hashes,
     /// and the checksum. O(changed pages + pages added or removed).
-    fn after(&self, delta: &Delta) -> (Vec<(u32, u64)>, u64) {
+    pub(crate) fn change(&self, delta: &Delta) -> HashChange {
         let zero = vec![0u8; self.page_size as usize];
         let old = self.hashes.len();
         let new = delta.db_pages as usize;
@@ -393,7 +393,11 @@ impl PageHashes {
             sum ^= h;
             changed.push((p, h));
         }
-        (changed, sum)
+        HashChange {
+            db_pages: delta.db_pages,
+            changed,
+            sum,
+        }
     }
 
     /// Pages in the database these hashes describe.
@@ -404,13 +408,28 @@ impl PageHashes {
     /// Applies `delta`'s pages to the hashes. The caller bounds `delta.db_pages` first
     /// ([`Delta::check_growth`]): hashes are kept for every page.
     pub(crate) fn apply(&mut self, delta: &Delta) {
-        let (changed, sum) = self.after(delta);
-        self.hashes.resize(delta.db_pages as usize, 0);
-        for (p, h) in changed {
+        let change = self.change(delta);
+        self.apply_change(change);
+    }
+
+    /// Applies a change computed by [`PageHashes::change`] on these same hashes.
+    pub(crate) fn apply_change(&mut self, change: HashChange) {
+        self.hashes.resize(change.db_pages as usize, 0);
+        for (p, h) in change.changed {
             self.hashes[p as usize - 1] = h;
         }
-        self.sum = sum;
+        self.sum = change.sum;
     }
+}
+
+/// What a delta does to [`PageHashes`]: the new size, the new hashes of the pages it sets,
+/// and the checksum after. Computed without changing the hashes, so a ship can compute it
+/// before publishing and apply it in place after: O(changed pages), no copy of the table.
+#[derive(Debug)]
+pub(crate) struct HashChange {
+    db_pages: u32,
+    changed: Vec<(u32, u64)>,
+    pub(crate) sum: u64,
 }
 
 /// A checksum as stored in log entries: 16 lowercase hex digits.

@@ -373,23 +373,20 @@ impl Replica {
         let changed_pages = delta.changed_pages() as u32;
         let (tip_hashes, base_hashes) = (tip.hashes.clone(), base.hashes.clone());
         let org_name = org.to_string();
-        let (packed, hashes) = blocking("compressing a delta", move || {
-            let mut hashes = (*base_hashes).clone();
-            hashes.apply(&delta);
-            if let Some(unfilled) = &unfilled {
-                let mut via_tip = (*tip_hashes).clone();
-                via_tip.apply(unfilled);
-                if via_tip.sum() != hashes.sum() {
-                    return Err(Error::InvalidSnapshot {
-                        org: org_name,
-                        reason: "compacted delta misses a page changed since the snapshot".into(),
-                    });
-                }
+        let (packed, change) = blocking("compressing a delta", move || {
+            let change = base_hashes.change(&delta);
+            if let Some(unfilled) = &unfilled
+                && tip_hashes.change(unfilled).sum != change.sum
+            {
+                return Err(Error::InvalidSnapshot {
+                    org: org_name,
+                    reason: "compacted delta misses a page changed since the snapshot".into(),
+                });
             }
-            Ok((pack(&delta.encode(), level)?, hashes))
+            Ok((pack(&delta.encode(), level)?, change))
         })
         .await?;
-        let (base_checksum, checksum) = (base.hashes.sum(), hashes.sum());
+        let (base_checksum, checksum) = (base.hashes.sum(), change.sum);
         let name = delta_blob_name(claim.next_seq, claim.round, &new_nonce()?);
         let shipped = self
             .upload_and_publish(claim, packed, name, |common| LogEntry::Delta {
@@ -411,9 +408,15 @@ impl Replica {
                 changed_pages,
             })
             .await?;
+        // Update the base's hashes in place: once the claim lets go of its tip, the table is
+        // usually ours alone (a compaction, or the first delta after a snapshot, copies it once).
+        drop(tip);
+        claim.tip = None;
+        let mut hashes = base.hashes;
+        Arc::make_mut(&mut hashes).apply_change(change);
         claim.tip = Some(Tip {
             seq: shipped.seq,
-            hashes: Arc::new(hashes),
+            hashes,
         });
         Ok(shipped)
     }

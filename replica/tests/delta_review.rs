@@ -1,10 +1,11 @@
-//! Regression tests from an adversarial review of delta shipping: restore of a delta whose
-//! snapshot is gone, a zombie delta after retention, and a crafted delta size (I7, I10, I11).
+//! Regression tests from two adversarial reviews of delta shipping: restore of a delta whose
+//! snapshot is gone, a zombie delta after retention, a crafted delta size, a compacted delta
+//! that misses grown pages, and restore of the newest state racing retention (I7, I10, I11).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idem_replica::{Delta, OrgId, Replica, Retention, Settings, Snapshot};
+use idem_replica::{Delta, Error, OrgId, Replica, Retention, Settings, Snapshot};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, memory::InMemory};
 use rusqlite::Connection;
@@ -18,17 +19,24 @@ fn snap(
     Ok(Snapshot::take(conn, |_| Ok(commit))?)
 }
 
-/// Pages that differ between two images, as a Delta.
-fn diff(
-    old: &[u8],
-    new: &[u8],
-    commit: u64,
-) -> Result<Delta, Box<dyn std::error::Error + Send + Sync>> {
+type BoxErr = Box<dyn std::error::Error + Send + Sync>;
+
+/// The exact image of an in-memory database, page 1 canonical.
+fn image(conn: &mut Connection) -> Result<Vec<u8>, BoxErr> {
+    let mut img = conn.serialize(rusqlite::MAIN_DB)?.to_vec();
+    img[18] = 1;
+    img[19] = 1;
+    Ok(img)
+}
+
+/// Pages that differ between two images and pass `keep`, as a Delta.
+fn diff(old: &[u8], new: &[u8], commit: u64, keep: impl Fn(u32) -> bool) -> Result<Delta, BoxErr> {
     let ps = u16::from_be_bytes([new[16], new[17]]) as usize;
     let mut pages = BTreeMap::new();
     for (i, p) in new.chunks(ps).enumerate() {
-        if old.get(i * ps..(i + 1) * ps) != Some(p) {
-            pages.insert(i as u32 + 1, p.to_vec());
+        let pgno = i as u32 + 1;
+        if old.get(i * ps..(i + 1) * ps) != Some(p) && keep(pgno) {
+            pages.insert(pgno, p.to_vec());
         }
     }
     Ok(Delta::new(
@@ -59,7 +67,7 @@ async fn restore_at_a_delta_without_its_snapshot_is_an_error_not_an_empty_db() -
     conn.execute_batch("INSERT INTO t VALUES (2);")?;
     let s2 = snap(&conn, 2)?;
     let d = replica
-        .ship_delta(&mut claim, diff(s.bytes(), s2.bytes(), 2)?)
+        .ship_delta(&mut claim, diff(s.bytes(), s2.bytes(), 2, |_| true)?)
         .await?;
     // The snapshot entry goes (as an interrupted retention run would leave it).
     store
@@ -95,7 +103,7 @@ async fn a_zombie_delta_after_retention_never_lands() -> R {
     conn.execute_batch("INSERT INTO t VALUES (2);")?;
     let s2 = snap(&conn, 2)?;
     replica
-        .ship_delta(&mut w1, diff(s1.bytes(), s2.bytes(), 2)?)
+        .ship_delta(&mut w1, diff(s1.bytes(), s2.bytes(), 2, |_| true)?)
         .await?;
     // w2 takes over from the published state (2 rows) and ships its own snapshot.
     let mut w2 = replica.claim(&org, "w2", true).await?;
@@ -118,7 +126,7 @@ async fn a_zombie_delta_after_retention_never_lands() -> R {
     let s3 = snap(&conn, 3)?;
     let zombie_seq = w1.next_seq();
     let err = replica
-        .ship_delta(&mut w1, diff(s2.bytes(), s3.bytes(), 3)?)
+        .ship_delta(&mut w1, diff(s2.bytes(), s3.bytes(), 3, |_| true)?)
         .await
         .err()
         .ok_or("zombie acknowledged")?;
@@ -214,5 +222,115 @@ async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic() -> R {
     );
     let kind = restored.as_ref().err().map(|e| e.kind());
     assert_eq!(kind, Some(idem_replica::ErrorKind::Corrupt), "{restored:?}");
+    Ok(())
+}
+
+/// A compacted delta that omits pages the chain added past the snapshot's end was accepted:
+/// `ship_delta` zero-filled them before comparing snapshot+delta with tip+delta, so the
+/// comparison never saw them, and the published compaction rebuilt a database that was not
+/// the tip. The comparison now sees the pages as given, and refuses it.
+#[tokio::test]
+async fn compaction_missing_grown_pages_is_refused() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let replica = Replica::open(store.clone(), "", Settings::default()).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let mut conn = Connection::open_in_memory()?;
+    conn.execute_batch(
+        "PRAGMA page_size=1024; CREATE TABLE t(x BLOB); INSERT INTO t VALUES (randomblob(100));",
+    )?;
+    let s1 = image(&mut conn)?;
+    let n = (s1.len() / 1024) as u32;
+    replica
+        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
+        .await?;
+    conn.execute_batch("INSERT INTO t VALUES (randomblob(5000));")?;
+    let s2 = image(&mut conn)?;
+    assert!(s2.len() / 1024 > n as usize);
+    replica
+        .ship_delta(&mut claim, diff(&s1, &s2, 2, |_| true)?)
+        .await?;
+    // The compaction carries the changed pages inside the snapshot, not the grown ones.
+    let bad = diff(&s1, &s2, 2, |p| p <= n)?.compacted();
+    let shipped = replica.ship_delta(&mut claim, bad).await;
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("x.db");
+    let restored = replica.restore(&org, None, &dest).await;
+    let same = restored.is_ok() && std::fs::read(&dest)? == s2;
+    let verify = replica.verify(&org).await?;
+    assert!(
+        matches!(shipped, Err(Error::InvalidSnapshot { .. })),
+        "compaction missing grown pages accepted: {shipped:?}; restore: {restored:?}, equals tip: {same}; verify failed: {:?}",
+        verify.failed
+    );
+    Ok(())
+}
+
+/// `restore(None)` reads the log, then retention retires what it read (a newer snapshot was
+/// published) before it finishes: held at its first log GET (entries vanish) or at its first
+/// blob GET (blobs vanish). It used to skip vanished entries and "restore" an empty database
+/// over `dest`, or fail with a missing blob; it now reads the log again and restores the
+/// newer snapshot. The held call makes the order exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_newest_racing_retention_reads_again() -> R {
+    use idem_replica::fault::{FaultStore, Op};
+    for held_at in ["/log/", "/snap/"] {
+        let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let held = Arc::new(FaultStore::new(mem.clone()));
+        let writer = Replica::open(mem.clone(), "", Settings::default()).await?;
+        // One GET at a time: the held one is the first of the read.
+        let one = Settings {
+            read_concurrency: 1,
+            ..Settings::default()
+        };
+        let reader = Replica::open(held.clone(), "", one).await?;
+        let org = OrgId::new("acme")?;
+        let mut claim = writer.claim(&org, "w", false).await?;
+        let mut conn = Connection::open_in_memory()?;
+        conn.execute_batch(
+            "PRAGMA page_size=1024; CREATE TABLE t(x BLOB); INSERT INTO t VALUES (randomblob(100));",
+        )?;
+        let s1 = image(&mut conn)?;
+        writer
+            .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
+            .await?;
+        conn.execute_batch("INSERT INTO t VALUES (randomblob(100));")?;
+        let s2 = image(&mut conn)?;
+        writer
+            .ship_delta(&mut claim, diff(&s1, &s2, 2, |_| true)?)
+            .await?;
+        let pause = held.pause_next(Op::Get, held_at);
+        let dir = tempfile::tempdir()?;
+        let dest = dir.path().join("x.db");
+        let (r2, o2, d2) = (reader.clone(), org.clone(), dest.clone());
+        let restore = tokio::spawn(async move { r2.restore(&o2, None, &d2).await });
+        pause.reached.await?;
+        conn.execute_batch("INSERT INTO t VALUES (randomblob(100));")?;
+        let s3 = image(&mut conn)?;
+        writer
+            .ship(&mut claim, Snapshot::from_bytes(s3.clone(), 3))
+            .await?;
+        let kept = writer
+            .retain(
+                &org,
+                &idem_replica::Retention {
+                    keep_snapshots: 1,
+                    keep_ms: 0,
+                },
+            )
+            .await?;
+        assert!(!kept.deleted_entries.is_empty(), "{kept:?}");
+        let _ = pause.resume.send(());
+        let got = restore.await??;
+        assert_eq!(got.commit, 3, "held at {held_at}: {got:?}");
+        let restored = std::fs::read(&dest)?;
+        let mut want = s3;
+        want[18] = 1;
+        want[19] = 1;
+        assert!(
+            restored == want,
+            "held at {held_at}: not the newest snapshot"
+        );
+    }
     Ok(())
 }
