@@ -189,14 +189,36 @@ impl Delta {
         out
     }
 
-    /// Parses a body written by [`Delta::encode`], checking its shape, and resolves XOR
-    /// pages against `image`, the database at the delta's base position.
-    pub(crate) fn decode(
-        object: &str,
-        body: &[u8],
-        commit: u64,
-        image: &[u8],
-    ) -> Result<Delta, Error> {
+    /// Adds, as explicit zero pages, the pages past the base's end (`base_pages`) that the
+    /// delta grows the database by but does not carry (SQLite reads them as zeros). Every
+    /// shipped delta then carries each page it adds, which hydrate checks.
+    pub(crate) fn fill_growth(&mut self, base_pages: usize) {
+        let zero = vec![0u8; self.page_size as usize];
+        for p in (base_pages + 1)..=(self.db_pages as usize) {
+            self.pages.entry(p as u32).or_insert_with(|| zero.clone());
+        }
+    }
+}
+
+/// A published delta body, its shape checked, applied straight into a database image: no
+/// per-page copies, so a hydrate's memory is the image plus the bodies in flight.
+pub(crate) struct DeltaBody<'a> {
+    object: &'a str,
+    body: &'a [u8],
+    page_size: u32,
+    db_pages: u32,
+    count: usize,
+    /// Pages numbered above this many are pages the delta adds (its base's size).
+    carried_above: Option<usize>,
+}
+
+impl<'a> DeltaBody<'a> {
+    /// Parses a body written by [`Delta::encode`]: header, length, page numbers strictly
+    /// ascending and within `db_pages`, known encodings.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming `object` for any other shape.
+    pub(crate) fn parse(object: &'a str, body: &'a [u8]) -> Result<DeltaBody<'a>, Error> {
         let u32_at = |i: usize| -> Result<u32, Error> {
             body.get(i..i + 4)
                 .and_then(|b| b.try_into().ok())
@@ -217,83 +239,128 @@ impl Delta {
                 "delta body length does not match its header",
             ));
         }
-        let mut pages = BTreeMap::new();
+        let parsed = DeltaBody {
+            object,
+            body,
+            page_size,
+            db_pages,
+            count,
+            carried_above: None,
+        };
         let mut last = 0u32;
-        for i in 0..count {
-            let at = BODY_HEADER + i * (PAGE_HEADER + ps);
-            let pgno = u32_at(at)?;
+        for (pgno, encoding, _) in parsed.entries() {
             if pgno <= last || pgno > db_pages {
                 return Err(corrupt(object, format!("delta page {pgno} out of order")));
             }
+            if encoding != WHOLE && encoding != XOR {
+                return Err(corrupt(object, format!("delta page encoding {encoding}")));
+            }
             last = pgno;
-            let bytes = &body[at + PAGE_HEADER..at + PAGE_HEADER + ps];
-            let page = match body[at + 4] {
-                WHOLE => bytes.to_vec(),
-                XOR => {
-                    let from = (pgno as usize - 1) * ps;
-                    match image.get(from..from + ps) {
-                        Some(base) => {
-                            let mut b = base.to_vec();
-                            if pgno == 1 {
-                                canonical_page1(&mut b);
-                            }
-                            bytes.iter().zip(&b).map(|(x, o)| x ^ o).collect()
-                        }
-                        None => bytes.to_vec(),
-                    }
-                }
-                other => return Err(corrupt(object, format!("delta page encoding {other}"))),
-            };
-            pages.insert(pgno, page);
         }
-        Ok(Delta {
-            page_size,
-            db_pages,
-            pages,
-            xor: BTreeMap::new(),
-            compacted: false,
-            commit,
-        })
+        Ok(parsed)
     }
 
-    /// Adds, as explicit zero pages, the pages past the base's end (`base_pages`) that the
-    /// delta grows the database by but does not carry (SQLite reads them as zeros). Every
-    /// shipped delta then carries each page it adds, which hydrate checks.
-    pub(crate) fn fill_growth(&mut self, base_pages: usize) {
-        let zero = vec![0u8; self.page_size as usize];
-        for p in (base_pages + 1)..=(self.db_pages as usize) {
-            self.pages.entry(p as u32).or_insert_with(|| zero.clone());
-        }
+    /// (page number, encoding, page bytes) of each page, in body order. The length check in
+    /// [`DeltaBody::parse`] makes every slice in bounds.
+    fn entries(&self) -> impl Iterator<Item = (u32, u8, &'a [u8])> + '_ {
+        let ps = self.page_size as usize;
+        let body: &'a [u8] = self.body;
+        body.get(BODY_HEADER..)
+            .unwrap_or_default()
+            .chunks_exact(PAGE_HEADER + ps)
+            .take(self.count)
+            .map(|c| {
+                let (head, page) = c.split_at(PAGE_HEADER);
+                let pgno = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+                (pgno, head[4], page)
+            })
+    }
+
+    /// Page size in bytes.
+    pub(crate) fn page_size(&self) -> u32 {
+        self.page_size
+    }
+
+    /// Database size in pages after the delta.
+    pub(crate) fn db_pages(&self) -> u32 {
+        self.db_pages
+    }
+
+    /// Number of pages the body carries.
+    pub(crate) fn changed_pages(&self) -> usize {
+        self.count
     }
 
     /// Refuses a delta that grows the database by pages it does not carry: shipped deltas
     /// carry every page they add ([`Delta::fill_growth`]), and honouring more would allocate
-    /// memory the body never paid for (`db_pages` up to 2^32 pages).
-    pub(crate) fn check_growth(&self, object: &str, base_pages: usize) -> Result<(), Error> {
-        let added = (base_pages + 1..=self.db_pages as usize)
-            .take(self.pages.len() + 1)
-            .filter(|p| !self.pages.contains_key(&(*p as u32)))
+    /// memory the body never paid for (`db_pages` up to 2^32 pages). Pages are unique and
+    /// within `db_pages`, so it carries them all exactly when it carries that many above
+    /// `base_pages`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the object.
+    pub(crate) fn check_growth(&mut self, base_pages: usize) -> Result<(), Error> {
+        let needed = (self.db_pages as usize).saturating_sub(base_pages);
+        let carried = self
+            .entries()
+            .filter(|(p, _, _)| *p as usize > base_pages)
             .count();
-        if added > 0 {
+        if carried < needed {
             return Err(corrupt(
-                object,
+                self.object,
                 format!(
                     "delta grows the database from {base_pages} to {} pages without carrying them",
                     self.db_pages
                 ),
             ));
         }
+        self.carried_above = Some(base_pages);
         Ok(())
     }
 
-    /// Applies the delta to a database image in place (resizing it to `db_pages`).
-    pub(crate) fn apply_to(&self, image: &mut Vec<u8>) {
-        let ps = self.page_size as usize;
-        image.resize(self.db_pages as usize * ps, 0);
-        for (&pgno, page) in &self.pages {
-            let at = (pgno as usize - 1) * ps;
-            image[at..at + ps].copy_from_slice(page);
+    /// Applies the pages to `image` (the database at the delta's base, resized to
+    /// `db_pages`) and updates `hashes` to match: XOR pages against the base content, page 1
+    /// in canonical form. O(changed pages + pages removed). Only after
+    /// [`DeltaBody::check_growth`] against `hashes`, with the same page size.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] when called without that check.
+    pub(crate) fn apply(&self, image: &mut Vec<u8>, hashes: &mut PageHashes) -> Result<(), Error> {
+        if self.carried_above != Some(hashes.pages()) || self.page_size != hashes.page_size {
+            return Err(corrupt(
+                self.object,
+                "delta applied without its growth check",
+            ));
         }
+        let ps = self.page_size as usize;
+        let new = self.db_pages as usize;
+        let old = hashes.hashes.len();
+        let mut sum = hashes.sum;
+        for h in hashes.hashes.iter().skip(new) {
+            sum ^= h;
+        }
+        hashes.hashes.resize(new, 0);
+        image.resize(new * ps, 0);
+        for (pgno, encoding, bytes) in self.entries() {
+            let at = (pgno as usize - 1) * ps;
+            let page = &mut image[at..at + ps];
+            if encoding == XOR {
+                if pgno == 1 {
+                    canonical_page1(page);
+                }
+                page.iter_mut().zip(bytes).for_each(|(o, x)| *o ^= x);
+            } else {
+                page.copy_from_slice(bytes);
+            }
+            let h = page_hash(pgno, page);
+            if (pgno as usize) <= old {
+                sum ^= hashes.hashes[pgno as usize - 1];
+            }
+            sum ^= h;
+            hashes.hashes[pgno as usize - 1] = h;
+        }
+        hashes.sum = sum;
+        Ok(())
     }
 }
 
@@ -405,13 +472,6 @@ impl PageHashes {
         self.hashes.len()
     }
 
-    /// Applies `delta`'s pages to the hashes. The caller bounds `delta.db_pages` first
-    /// ([`Delta::check_growth`]): hashes are kept for every page.
-    pub(crate) fn apply(&mut self, delta: &Delta) {
-        let change = self.change(delta);
-        self.apply_change(change);
-    }
-
     /// Applies a change computed by [`PageHashes::change`] on these same hashes.
     pub(crate) fn apply_change(&mut self, change: HashChange) {
         self.hashes.resize(change.db_pages as usize, 0);
@@ -449,6 +509,20 @@ mod tests {
         img
     }
 
+    /// Applies `d` as hydrate does (encoded, parsed, growth-checked) and as a ship does
+    /// (`change` then `apply_change`); both must equal hashing the result from scratch.
+    fn apply_both_ways(d: &Delta, img: &mut Vec<u8>, hashes: &mut PageHashes) -> Result<(), Error> {
+        let mut shipped = hashes.clone();
+        shipped.apply_change(shipped.change(d));
+        let body = d.encode();
+        let mut parsed = DeltaBody::parse("t", &body)?;
+        parsed.check_growth(hashes.pages())?;
+        parsed.apply(img, hashes)?;
+        assert_eq!(*hashes, PageHashes::of_image("t", img)?);
+        assert_eq!(shipped, *hashes);
+        Ok(())
+    }
+
     #[test]
     fn incremental_checksum_equals_recomputed_after_grow_change_and_shrink() -> Result<(), Error> {
         let mut img = image(4, 7);
@@ -456,15 +530,33 @@ mod tests {
         let mut pages = BTreeMap::new();
         pages.insert(2, vec![9u8; 512]);
         pages.insert(6, vec![3u8; 512]);
-        // Grows to 6 pages; page 5 is absent and reads as zeros.
-        let d = Delta::new(512, 6, pages, 1)?;
-        d.apply_to(&mut img);
-        hashes.apply(&d);
-        assert_eq!(hashes, PageHashes::of_image("t", &img)?);
+        // Grows to 6 pages; page 5 is carried as the zeros SQLite reads there.
+        let mut d = Delta::new(512, 6, pages, 1)?;
+        d.fill_growth(4);
+        apply_both_ways(&d, &mut img, &mut hashes)?;
+        assert_eq!(img.len(), 6 * 512);
         let shrink = Delta::new(512, 3, BTreeMap::new(), 2)?;
-        shrink.apply_to(&mut img);
-        hashes.apply(&shrink);
-        assert_eq!(hashes, PageHashes::of_image("t", &img)?);
+        apply_both_ways(&shrink, &mut img, &mut hashes)?;
+        assert_eq!(img.len(), 3 * 512);
+        Ok(())
+    }
+
+    #[test]
+    fn a_delta_that_grows_without_carrying_the_pages_is_refused() -> Result<(), Error> {
+        let img = image(2, 7);
+        let hashes = PageHashes::of_image("t", &img)?;
+        let body = Delta::new(512, 4, BTreeMap::from([(4, vec![1u8; 512])]), 1)?.encode();
+        let mut parsed = DeltaBody::parse("t", &body)?;
+        assert!(matches!(
+            parsed.check_growth(hashes.pages()),
+            Err(Error::Corrupt { .. })
+        ));
+        let (mut img2, mut hashes2) = (img.clone(), hashes.clone());
+        assert!(
+            parsed.apply(&mut img2, &mut hashes2).is_err(),
+            "applied unchecked"
+        );
+        assert_eq!((img2, hashes2), (img, hashes));
         Ok(())
     }
 
@@ -501,13 +593,19 @@ mod tests {
             body.iter().filter(|b| **b == 0).count() > 900,
             "not XOR encoded"
         );
-        let back = Delta::decode("x", &body, 2, &base)?;
-        assert_eq!(back.pages().get(&3), Some(&new3));
-        assert_eq!(back.pages().get(&1), Some(&new1));
+        let apply = |img: &[u8]| -> Result<Vec<u8>, Error> {
+            let (mut img, mut hashes) = (img.to_vec(), PageHashes::of_image("x", img)?);
+            let mut parsed = DeltaBody::parse("x", &body)?;
+            parsed.check_growth(hashes.pages())?;
+            parsed.apply(&mut img, &mut hashes)?;
+            Ok(img)
+        };
+        let back = apply(&base)?;
+        assert_eq!(&back[1024..], &new3[..]);
+        assert_eq!(&back[..512], &new1[..]);
         // Against another base the result differs, and the checksum after it catches that.
-        let other = image(3, 8);
-        let wrong = Delta::decode("x", &body, 2, &other)?;
-        assert_ne!(wrong.pages().get(&3), Some(&new3));
+        let other = apply(&image(3, 8))?;
+        assert_ne!(&other[1024..], &new3[..]);
         Ok(())
     }
 
@@ -518,13 +616,26 @@ mod tests {
         pages.insert(3, vec![4u8; 512]);
         let d = Delta::new(512, 3, pages, 9)?;
         let body = d.encode();
-        let back = Delta::decode("x", &body, 9, &[])?;
-        assert_eq!(back.encode(), body);
-        assert!(Delta::decode("x", &body[..body.len() - 1], 9, &[]).is_err());
+        let parsed = DeltaBody::parse("x", &body)?;
+        assert_eq!(
+            (
+                parsed.page_size(),
+                parsed.db_pages(),
+                parsed.changed_pages()
+            ),
+            (512, 3, 2)
+        );
+        assert!(DeltaBody::parse("x", &body[..body.len() - 1]).is_err());
         let mut swapped = body.clone();
         swapped[12..16].copy_from_slice(&5u32.to_le_bytes());
         assert!(matches!(
-            Delta::decode("x", &swapped, 9, &[]),
+            DeltaBody::parse("x", &swapped),
+            Err(Error::Corrupt { .. })
+        ));
+        let mut encoding = body.clone();
+        encoding[16] = 7;
+        assert!(matches!(
+            DeltaBody::parse("x", &encoding),
             Err(Error::Corrupt { .. })
         ));
         assert!(Delta::new(512, 2, BTreeMap::from([(3, vec![0; 512])]), 1).is_err());

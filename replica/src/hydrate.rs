@@ -6,7 +6,7 @@ use std::path::Path;
 use futures::{StreamExt, TryStreamExt};
 use tracing::info;
 
-use crate::delta::{Delta, PageHashes, checksum_hex};
+use crate::delta::{DeltaBody, PageHashes, checksum_hex};
 use crate::layout::new_nonce;
 use crate::replica::blocking;
 use crate::snapshot::{install, integrity_check_image, remove_db, unpack};
@@ -444,9 +444,11 @@ impl Replica {
         let mut bodies = futures::stream::iter(fetches).buffered(n).try_chunks(n);
         let mut entries = chain.deltas.iter();
         let snapshot = (chain.snapshot.seq(), state.1.sum());
-        // Deltas are fetched `n` at a time and applied in order as each batch arrives, so
-        // memory holds at most two batches of delta bodies besides the image.
-        while let Some(batch) = bodies.try_next().await.map_err(|e| e.1)? {
+        // Deltas are fetched `n` at a time and applied in order, each batch while the next
+        // one downloads and decompresses, so memory holds at most two batches of delta
+        // bodies besides the image.
+        let mut next = bodies.try_next().await.map_err(|e| e.1)?;
+        while let Some(batch) = next {
             let batch: Vec<(LogEntry, (String, Vec<u8>))> = entries
                 .by_ref()
                 .take(batch.len())
@@ -454,14 +456,16 @@ impl Replica {
                 .zip(batch)
                 .collect();
             let org = org.clone();
-            state = blocking("applying deltas", move || {
+            let applying = blocking("applying deltas", move || {
                 let (mut image, mut hashes) = state;
                 for (entry, (obj, body)) in &batch {
                     apply_delta(&org, snapshot, entry, obj, body, &mut image, &mut hashes)?;
                 }
                 Ok((image, hashes))
-            })
-            .await?;
+            });
+            let (applied, fetched) = futures::join!(applying, bodies.try_next());
+            state = applied?;
+            next = fetched.map_err(|e| e.1)?;
         }
         Ok((state.0, format!("{org}@{}", chain.position())))
     }
@@ -540,7 +544,6 @@ fn apply_delta(
     let LogEntry::Delta {
         seq,
         base,
-        commit,
         base_checksum,
         checksum,
         page_size,
@@ -565,8 +568,8 @@ fn apply_delta(
             ),
         ));
     }
-    let delta = Delta::decode(object, body, *commit, image)?;
-    delta.check_growth(object, hashes.pages())?;
+    let mut delta = DeltaBody::parse(object, body)?;
+    delta.check_growth(hashes.pages())?;
     if delta.page_size() != *page_size
         || delta.db_pages() != *db_pages
         || delta.changed_pages() != *changed_pages as usize
@@ -577,8 +580,7 @@ fn apply_delta(
             "delta body does not match its log entry",
         ));
     }
-    hashes.apply(&delta);
-    delta.apply_to(image);
+    delta.apply(image, hashes)?;
     let after = checksum_hex(hashes.sum());
     if after != *checksum {
         return Err(broken(

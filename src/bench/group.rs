@@ -36,10 +36,15 @@ pub(crate) struct Row {
 
 /// A registry over a fresh local-directory store in `dir`.
 pub(crate) async fn registry(dir: &Path) -> BenchResult<Registry> {
+    registry_with(dir, Settings::default()).await
+}
+
+/// [`registry`] with other settings.
+pub(crate) async fn registry_with(dir: &Path, settings: Settings) -> BenchResult<Registry> {
     let store = Replica::local_store(&dir.join("store"))?;
     let replica = Replica::open(store, "", idem_replica::Settings::default()).await?;
     Ok(Registry::builder(dir.join("data"), replica, "bench")
-        .settings(Settings::default())
+        .settings(settings)
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT, v BLOB)"))
         .build()?)
 }
