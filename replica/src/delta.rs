@@ -27,8 +27,22 @@ const PAGE_HEADER: usize = 5;
 /// The page bytes are the page itself.
 const WHOLE: u8 = 0;
 /// The page bytes are the page XOR its content at the delta's base position: an update of a
-/// few bytes becomes a run of zeros that zstd stores in a handful of bytes.
+/// few bytes becomes a run of zeros that zstd stores in a handful of bytes. Used when few
+/// bytes changed in place (a counter, a pointer): cheaper to make than a patch.
 const XOR: u8 = 1;
+/// A u32 LE length, then a zstd frame of the page compressed with its content at the delta's
+/// base position as a raw-content dictionary (zstd's "patch from" use): unlike a XOR, cells
+/// that moved within the page (an insert shifting the cell pointers, a B-tree rebalance)
+/// still match, so a changed page costs about its new bytes.
+const PATCH: u8 = 2;
+/// zstd level of a page patch (each is one small frame; 1 is zstd's fastest positive level).
+const PATCH_LEVEL: i32 = 1;
+/// Changed bytes up to which a page ships as XOR without trying a patch: a patch would save
+/// at most these few bytes and costs a compression.
+const XOR_ENOUGH: usize = 64;
+/// Little-endian first bytes of a zstd formatted dictionary: a base page starting with them
+/// would be read as one, so such a page ships whole.
+const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 
 /// Pages changed since the previous published position of a claim, ready to ship with
 /// [`crate::Replica::ship_delta`].
@@ -37,8 +51,9 @@ pub struct Delta {
     page_size: u32,
     db_pages: u32,
     pages: BTreeMap<u32, Vec<u8>>,
-    /// Pages encoded against their base content (page XOR base), by page number.
-    xor: BTreeMap<u32, Vec<u8>>,
+    /// Pages encoded against their base content, by page number: ([`XOR`], page XOR base)
+    /// or ([`PATCH`], zstd frame).
+    encoded: BTreeMap<u32, (u8, Vec<u8>)>,
     /// A compacted delta: applies to the chain's snapshot, not to the previous delta.
     compacted: bool,
     commit: u64,
@@ -93,7 +108,7 @@ impl Delta {
             page_size,
             db_pages,
             pages,
-            xor: BTreeMap::new(),
+            encoded: BTreeMap::new(),
             compacted: false,
             commit,
         })
@@ -106,7 +121,7 @@ impl Delta {
     /// claim: the result must equal the chain tip plus these pages.
     pub fn compacted(mut self) -> Delta {
         self.compacted = true;
-        self.xor.clear();
+        self.encoded.clear();
         self
     }
 
@@ -115,26 +130,44 @@ impl Delta {
         self.compacted
     }
 
-    /// Encodes every page whose content at the base position `base` knows as page XOR base
-    /// (smaller once compressed when a page changed in a few bytes). `base` must return the
-    /// page exactly as the base position holds it — the content the previous published
-    /// delta or snapshot left — or `None`; hydrate XORs with the page it rebuilt, and the
-    /// database checksum after the delta proves the result (I10). Page 1 bases are compared
-    /// in canonical form.
+    /// Encodes every page whose content at the base position `base` knows against that
+    /// content: as page XOR base when at most [`XOR_ENOUGH`] bytes differ, else as a zstd
+    /// patch (about the page's new bytes, even when cells moved within the page), else —
+    /// when the patch is no smaller than the differing bytes — as XOR again. `base` must
+    /// return the page exactly as the base position holds it — the content the previous
+    /// published delta or snapshot left — or `None` (the page ships whole); hydrate decodes
+    /// against the page it rebuilt, and the database checksum after the delta proves the
+    /// result (I10). Page 1 bases are used in canonical form.
     pub fn encode_against<'a>(mut self, base: impl Fn(u32) -> Option<&'a [u8]>) -> Delta {
         if self.compacted {
             return self;
         }
         let ps = self.page_size as usize;
+        let mut cctx = zstd::zstd_safe::CCtx::create();
+        let mut canonical = Vec::new();
         for (&pgno, page) in &self.pages {
-            if let Some(b) = base(pgno).filter(|b| b.len() == ps) {
-                let mut b = b.to_vec();
-                if pgno == 1 {
-                    canonical_page1(&mut b);
-                }
-                let x: Vec<u8> = page.iter().zip(&b).map(|(n, o)| n ^ o).collect();
-                self.xor.insert(pgno, x);
+            let Some(mut b) = base(pgno).filter(|b| b.len() == ps) else {
+                continue;
+            };
+            if pgno == 1 {
+                canonical.clear();
+                canonical.extend_from_slice(b);
+                canonical_page1(&mut canonical);
+                b = &canonical;
             }
+            let differing = page.iter().zip(b).filter(|(n, o)| n != o).count();
+            let xor = || (XOR, page.iter().zip(b).map(|(n, o)| n ^ o).collect());
+            if differing <= XOR_ENOUGH || b.starts_with(&ZSTD_DICT_MAGIC) {
+                self.encoded.insert(pgno, xor());
+                continue;
+            }
+            let mut frame = Vec::with_capacity(ps);
+            let patched = cctx.compress_using_dict(&mut frame, page, b, PATCH_LEVEL);
+            let encoding = match patched {
+                Ok(n) if n + 4 < differing => (PATCH, frame),
+                _ => xor(),
+            };
+            self.encoded.insert(pgno, encoding);
         }
         self
     }
@@ -164,9 +197,9 @@ impl Delta {
         self.pages.len()
     }
 
-    /// Uncompressed body: header, then each page as (u32 LE page number, u8 encoding, page
-    /// bytes) in ascending page order; the encoding says whether the bytes are the page or
-    /// the page XOR its base content.
+    /// Uncompressed body: header, then each page as (u32 LE page number, u8 encoding, bytes)
+    /// in ascending page order: [`WHOLE`] and [`XOR`] are followed by `page_size` bytes,
+    /// [`PATCH`] by a u32 LE length and that many bytes of zstd frame.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let ps = self.page_size as usize;
         let mut out = Vec::with_capacity(BODY_HEADER + self.pages.len() * (PAGE_HEADER + ps));
@@ -175,9 +208,14 @@ impl Delta {
         out.extend_from_slice(&(self.pages.len() as u32).to_le_bytes());
         for (pgno, page) in &self.pages {
             out.extend_from_slice(&pgno.to_le_bytes());
-            match self.xor.get(pgno) {
-                Some(x) => {
-                    out.push(XOR);
+            match self.encoded.get(pgno) {
+                Some((PATCH, frame)) => {
+                    out.push(PATCH);
+                    out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+                    out.extend_from_slice(frame);
+                }
+                Some((encoding, x)) => {
+                    out.push(*encoding);
                     out.extend_from_slice(x);
                 }
                 None => {
@@ -212,9 +250,47 @@ pub(crate) struct DeltaBody<'a> {
     carried_above: Option<usize>,
 }
 
+/// The page records of a body, in order; `None` at the first malformed one (which
+/// [`DeltaBody::parse`] turns into an error, so later walks never meet it).
+struct Records<'a> {
+    body: &'a [u8],
+    at: usize,
+    left: usize,
+    ps: usize,
+}
+
+impl<'a> Iterator for Records<'a> {
+    /// (page number, encoding, bytes).
+    type Item = (u32, u8, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            return None;
+        }
+        let head = self.body.get(self.at..self.at.checked_add(PAGE_HEADER)?)?;
+        let pgno = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let encoding = head[4];
+        let mut at = self.at + PAGE_HEADER;
+        let len = match encoding {
+            WHOLE | XOR => self.ps,
+            PATCH => {
+                let len = self.body.get(at..at + 4)?;
+                at += 4;
+                u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize
+            }
+            _ => return None,
+        };
+        let bytes = self.body.get(at..at.checked_add(len)?)?;
+        self.at = at + len;
+        self.left -= 1;
+        Some((pgno, encoding, bytes))
+    }
+}
+
 impl<'a> DeltaBody<'a> {
-    /// Parses a body written by [`Delta::encode`]: header, length, page numbers strictly
-    /// ascending and within `db_pages`, known encodings.
+    /// Parses a body written by [`Delta::encode`]: header, every record complete and the
+    /// last one ending the body, page numbers strictly ascending and within `db_pages`,
+    /// known encodings, patches no longer than a page.
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming `object` for any other shape.
@@ -229,16 +305,6 @@ impl<'a> DeltaBody<'a> {
         if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
             return Err(corrupt(object, format!("delta page size {page_size}")));
         }
-        let ps = page_size as usize;
-        let expected = count
-            .checked_mul(PAGE_HEADER + ps)
-            .and_then(|n| n.checked_add(BODY_HEADER));
-        if expected != Some(body.len()) {
-            return Err(corrupt(
-                object,
-                "delta body length does not match its header",
-            ));
-        }
         let parsed = DeltaBody {
             object,
             body,
@@ -247,33 +313,35 @@ impl<'a> DeltaBody<'a> {
             count,
             carried_above: None,
         };
-        let mut last = 0u32;
-        for (pgno, encoding, _) in parsed.entries() {
+        let (mut last, mut seen, mut records) = (0u32, 0usize, parsed.records());
+        for (pgno, encoding, bytes) in records.by_ref() {
             if pgno <= last || pgno > db_pages {
                 return Err(corrupt(object, format!("delta page {pgno} out of order")));
             }
-            if encoding != WHOLE && encoding != XOR {
-                return Err(corrupt(object, format!("delta page encoding {encoding}")));
+            if encoding == PATCH && bytes.len() >= page_size as usize {
+                return Err(corrupt(
+                    object,
+                    format!("delta page {pgno}: patch longer than a page"),
+                ));
             }
-            last = pgno;
+            (last, seen) = (pgno, seen + 1);
+        }
+        if seen != count || records.at != body.len() {
+            return Err(corrupt(
+                object,
+                "delta body length does not match its header",
+            ));
         }
         Ok(parsed)
     }
 
-    /// (page number, encoding, page bytes) of each page, in body order. The length check in
-    /// [`DeltaBody::parse`] makes every slice in bounds.
-    fn entries(&self) -> impl Iterator<Item = (u32, u8, &'a [u8])> + '_ {
-        let ps = self.page_size as usize;
-        let body: &'a [u8] = self.body;
-        body.get(BODY_HEADER..)
-            .unwrap_or_default()
-            .chunks_exact(PAGE_HEADER + ps)
-            .take(self.count)
-            .map(|c| {
-                let (head, page) = c.split_at(PAGE_HEADER);
-                let pgno = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
-                (pgno, head[4], page)
-            })
+    fn records(&self) -> Records<'a> {
+        Records {
+            body: self.body,
+            at: BODY_HEADER,
+            left: self.count,
+            ps: self.page_size as usize,
+        }
     }
 
     /// Page size in bytes.
@@ -302,7 +370,7 @@ impl<'a> DeltaBody<'a> {
     pub(crate) fn check_growth(&mut self, base_pages: usize) -> Result<(), Error> {
         let needed = (self.db_pages as usize).saturating_sub(base_pages);
         let carried = self
-            .entries()
+            .records()
             .filter(|(p, _, _)| *p as usize > base_pages)
             .count();
         if carried < needed {
@@ -319,12 +387,14 @@ impl<'a> DeltaBody<'a> {
     }
 
     /// Applies the pages to `image` (the database at the delta's base, resized to
-    /// `db_pages`) and updates `hashes` to match: XOR pages against the base content, page 1
-    /// in canonical form. O(changed pages + pages removed). Only after
-    /// [`DeltaBody::check_growth`] against `hashes`, with the same page size.
+    /// `db_pages`) and updates `hashes` to match: XOR and patch pages decode against the
+    /// base content, page 1 in canonical form. O(changed pages + pages removed). Only after
+    /// [`DeltaBody::check_growth`] against `hashes`, with the same page size. On an error
+    /// the image is part-applied and must be dropped.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] when called without that check.
+    /// [`Error::Corrupt`] when a patch does not decode to a page against its base, or when
+    /// called without that check.
     pub(crate) fn apply(&self, image: &mut Vec<u8>, hashes: &mut PageHashes) -> Result<(), Error> {
         if self.carried_above != Some(hashes.pages()) || self.page_size != hashes.page_size {
             return Err(corrupt(
@@ -341,16 +411,28 @@ impl<'a> DeltaBody<'a> {
         }
         hashes.hashes.resize(new, 0);
         image.resize(new * ps, 0);
-        for (pgno, encoding, bytes) in self.entries() {
+        let mut dctx = zstd::zstd_safe::DCtx::create();
+        let mut scratch = Vec::with_capacity(ps);
+        for (pgno, encoding, bytes) in self.records() {
             let at = (pgno as usize - 1) * ps;
             let page = &mut image[at..at + ps];
-            if encoding == XOR {
-                if pgno == 1 {
-                    canonical_page1(page);
+            if pgno == 1 && encoding != WHOLE {
+                canonical_page1(page);
+            }
+            match encoding {
+                XOR => page.iter_mut().zip(bytes).for_each(|(o, x)| *o ^= x),
+                PATCH => {
+                    scratch.clear();
+                    let decoded = dctx.decompress_using_dict(&mut scratch, bytes, page);
+                    if decoded.ok() != Some(ps) {
+                        return Err(corrupt(
+                            self.object,
+                            format!("delta page {pgno}: patch does not decode against its base"),
+                        ));
+                    }
+                    page.copy_from_slice(&scratch);
                 }
-                page.iter_mut().zip(bytes).for_each(|(o, x)| *o ^= x);
-            } else {
-                page.copy_from_slice(bytes);
+                _ => page.copy_from_slice(bytes),
             }
             let h = page_hash(pgno, page);
             if (pgno as usize) <= old {
@@ -575,11 +657,45 @@ mod tests {
         Ok(())
     }
 
+    /// Deterministic pseudo-random bytes (xorshift), so pages do not compress on their own.
+    fn noise(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    /// A canonical 3-page image of noise.
+    fn noisy_image(seed: u64) -> Vec<u8> {
+        let mut img = noise(seed, 3 * 512);
+        img[..16].copy_from_slice(b"SQLite format 3\0");
+        img[16..18].copy_from_slice(&512u16.to_be_bytes());
+        canonical_page1(&mut img[..512]);
+        img
+    }
+
+    /// Parses `body` and applies it to `img`, as hydrate does.
+    fn apply_body(body: &[u8], img: &[u8]) -> Result<Vec<u8>, Error> {
+        let (mut img, mut hashes) = (img.to_vec(), PageHashes::of_image("x", img)?);
+        let mut parsed = DeltaBody::parse("x", body)?;
+        parsed.check_growth(hashes.pages())?;
+        parsed.apply(&mut img, &mut hashes)?;
+        assert_eq!(hashes, PageHashes::of_image("x", &img)?);
+        Ok(img)
+    }
+
     #[test]
-    fn xor_pages_decode_against_the_base_image() -> Result<(), Error> {
-        let base = image(3, 7);
-        let mut new3 = base[1024..].to_vec();
-        new3[100] = 42;
+    fn patch_pages_decode_against_the_base_image_even_when_content_moved() -> Result<(), Error> {
+        let base = noisy_image(7);
+        // Page 3: 40 new bytes inserted in the middle, shifting the rest (a B-tree insert).
+        let mut new3 = base[1024..1224].to_vec();
+        new3.extend_from_slice(&noise(99, 40));
+        new3.extend_from_slice(&base[1224..1536 - 40]);
         let mut new1 = base[..512].to_vec();
         new1[200] = 9;
         let pages = BTreeMap::from([(1, new1.clone()), (3, new3.clone())]);
@@ -587,25 +703,72 @@ mod tests {
             let at = (p as usize - 1) * 512;
             base.get(at..at + 512)
         });
+        // One byte changed in place: XOR. Content shifted: a patch, about the 40 new bytes
+        // (a XOR of the shifted page would be noise).
+        assert_eq!(d.encoded.get(&1).map(|e| e.0), Some(XOR));
+        assert_eq!(d.encoded.get(&3).map(|e| e.0), Some(PATCH));
         let body = d.encode();
-        // XOR pages are mostly zeros.
-        assert!(
-            body.iter().filter(|b| **b == 0).count() > 900,
-            "not XOR encoded"
-        );
-        let apply = |img: &[u8]| -> Result<Vec<u8>, Error> {
-            let (mut img, mut hashes) = (img.to_vec(), PageHashes::of_image("x", img)?);
-            let mut parsed = DeltaBody::parse("x", &body)?;
-            parsed.check_growth(hashes.pages())?;
-            parsed.apply(&mut img, &mut hashes)?;
-            Ok(img)
-        };
-        let back = apply(&base)?;
+        let stored = zstd::bulk::compress(&body, 3).map_err(|e| corrupt("x", e))?;
+        assert!(stored.len() < 200, "{} bytes stored", stored.len());
+        let back = apply_body(&body, &base)?;
         assert_eq!(&back[1024..], &new3[..]);
         assert_eq!(&back[..512], &new1[..]);
-        // Against another base the result differs, and the checksum after it catches that.
-        let other = apply(&image(3, 8))?;
-        assert_ne!(&other[1024..], &new3[..]);
+        // Against another base the result differs (or does not decode); the checksum after
+        // the delta catches the first case.
+        match apply_body(&body, &noisy_image(8)) {
+            Ok(other) => assert_ne!(&other[1024..], &new3[..]),
+            Err(e) => assert!(matches!(e, Error::Corrupt { .. }), "{e}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn xor_bodies_from_earlier_versions_still_decode() -> Result<(), Error> {
+        let base = noisy_image(3);
+        let mut new2 = base[512..1024].to_vec();
+        new2[10] ^= 0xff;
+        let mut body = Vec::new();
+        for v in [512u32, 3, 1, 2] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.push(XOR);
+        body.extend(new2.iter().zip(&base[512..1024]).map(|(n, o)| n ^ o));
+        let back = apply_body(&body, &base)?;
+        assert_eq!(&back[512..1024], &new2[..]);
+        Ok(())
+    }
+
+    #[test]
+    fn crafted_patches_are_corrupt_not_panics() -> Result<(), Error> {
+        let base = noisy_image(5);
+        let record = |len: u32, frame: &[u8]| {
+            let mut body = Vec::new();
+            for v in [512u32, 3, 1, 2] {
+                body.extend_from_slice(&v.to_le_bytes());
+            }
+            body.push(PATCH);
+            body.extend_from_slice(&len.to_le_bytes());
+            body.extend_from_slice(frame);
+            body
+        };
+        // A length past the body, u32::MAX, a patch as long as a page, garbage, an empty
+        // frame, and a frame of a page too big: each a typed error.
+        let big = zstd::bulk::compress(&noise(1, 1024), 3).map_err(|e| corrupt("x", e))?;
+        let short = zstd::bulk::compress(&noise(1, 100), 3).map_err(|e| corrupt("x", e))?;
+        for body in [
+            record(100, &[1, 2, 3]),
+            record(u32::MAX, &[1, 2, 3]),
+            record(512, &[0; 512]),
+            record(3, &[1, 2, 3]),
+            record(0, &[]),
+            record(big.len() as u32, &big),
+            record(short.len() as u32, &short),
+        ] {
+            match apply_body(&body, &base) {
+                Err(Error::Corrupt { .. }) => {}
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
+        }
         Ok(())
     }
 
