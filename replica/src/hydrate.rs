@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use futures::future::Either;
 use futures::{StreamExt, TryStreamExt};
 use tracing::info;
 
@@ -428,6 +429,22 @@ impl Replica {
         Ok((object, out))
     }
 
+    /// Fetches the blobs of `entries`, `n` at a time, in order.
+    async fn fetch_batch(
+        &self,
+        org: &OrgId,
+        entries: &[LogEntry],
+        n: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        // Collected first: a stream over a closure taking `&LogEntry` makes the future's
+        // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove.
+        let fetches: Vec<_> = entries.iter().map(|e| self.fetch(org, e)).collect();
+        futures::stream::iter(fetches)
+            .buffered(n)
+            .try_collect()
+            .await
+    }
+
     /// Rebuilds the image of a chain: the snapshot, then each delta after checking the
     /// database checksum before it and after it. Blobs are fetched concurrently.
     async fn rebuild(&self, org: &OrgId, chain: &Chain) -> Result<(Vec<u8>, String), Error> {
@@ -438,34 +455,43 @@ impl Replica {
             Ok((image, hashes))
         })
         .await?;
-        // Collected first: a stream over a closure taking `&LogEntry` makes the future's
-        // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove.
-        let fetches: Vec<_> = chain.deltas.iter().map(|e| self.fetch(org, e)).collect();
-        let mut bodies = futures::stream::iter(fetches).buffered(n).try_chunks(n);
-        let mut entries = chain.deltas.iter();
+        // Deltas are fetched `n` at a time (download, decompress, sha256), and each batch is
+        // applied in order while exactly the next one is fetched: memory holds the image and
+        // at most two batches of bodies. An apply error returns at once (the fetch is
+        // dropped); when both fail, the apply's error, earlier in the chain, wins.
         let snapshot = (chain.snapshot.seq(), state.1.sum());
-        // Deltas are fetched `n` at a time and applied in order, each batch while the next
-        // one downloads and decompresses, so memory holds at most two batches of delta
-        // bodies besides the image.
-        let mut next = bodies.try_next().await.map_err(|e| e.1)?;
-        while let Some(batch) = next {
-            let batch: Vec<(LogEntry, (String, Vec<u8>))> = entries
-                .by_ref()
-                .take(batch.len())
-                .cloned()
-                .zip(batch)
-                .collect();
-            let org = org.clone();
+        let mut batches = chain.deltas.chunks(n);
+        let mut next = match batches.next() {
+            Some(entries) => Some((entries, self.fetch_batch(org, entries, n).await?)),
+            None => None,
+        };
+        while let Some((entries, bodies)) = next {
+            let batch: Vec<(LogEntry, (String, Vec<u8>))> =
+                entries.iter().cloned().zip(bodies).collect();
+            let org_ = org.clone();
             let applying = blocking("applying deltas", move || {
                 let (mut image, mut hashes) = state;
                 for (entry, (obj, body)) in &batch {
-                    apply_delta(&org, snapshot, entry, obj, body, &mut image, &mut hashes)?;
+                    apply_delta(&org_, snapshot, entry, obj, body, &mut image, &mut hashes)?;
                 }
                 Ok((image, hashes))
             });
-            let (applied, fetched) = futures::join!(applying, bodies.try_next());
-            state = applied?;
-            next = fetched.map_err(|e| e.1)?;
+            let Some(following) = batches.next() else {
+                state = applying.await?;
+                break;
+            };
+            let applying = std::pin::pin!(applying);
+            let fetching = std::pin::pin!(self.fetch_batch(org, following, n));
+            next = match futures::future::select(applying, fetching).await {
+                Either::Left((applied, fetching)) => {
+                    state = applied?;
+                    Some((following, fetching.await?))
+                }
+                Either::Right((fetched, applying)) => {
+                    state = applying.await?;
+                    Some((following, fetched?))
+                }
+            };
         }
         Ok((state.0, format!("{org}@{}", chain.position())))
     }

@@ -1,6 +1,7 @@
 //! Regression tests from two adversarial reviews of delta shipping: restore of a delta whose
 //! snapshot is gone, a zombie delta after retention, a crafted delta size, a compacted delta
-//! that misses grown pages, and restore of the newest state racing retention (I7, I10, I11).
+//! that misses grown pages, restore of the newest state racing retention, and a failed apply
+//! that waited for the next fetch (I7, I10, I11).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -332,5 +333,68 @@ async fn restore_newest_racing_retention_reads_again() -> R {
             "held at {held_at}: not the newest snapshot"
         );
     }
+    Ok(())
+}
+
+/// Hydrate applies a batch of deltas while it fetches the next. It used to wait for the
+/// whole next batch even after the apply failed, so a stalled GET held a broken chain's
+/// error (and the caller) as long as the store client allowed; the apply error now returns
+/// at once. The GET of a delta in the second batch is held (never resumed) while the first
+/// batch fails its checksum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_apply_returns_without_waiting_for_the_next_fetch() -> R {
+    use idem_replica::fault::{FaultStore, Op};
+    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let held = Arc::new(FaultStore::new(mem.clone()));
+    let writer = Replica::open(mem.clone(), "", Settings::default()).await?;
+    let two = Settings {
+        read_concurrency: 2,
+        ..Settings::default()
+    };
+    let reader = Replica::open(held.clone(), "", two).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = writer.claim(&org, "w", false).await?;
+    let mut conn = Connection::open_in_memory()?;
+    conn.execute_batch("PRAGMA page_size=1024; CREATE TABLE t(x BLOB);")?;
+    let mut prev = image(&mut conn)?;
+    writer
+        .ship(&mut claim, Snapshot::from_bytes(prev.clone(), 1))
+        .await?;
+    let mut deltas = Vec::new();
+    for commit in 2..=6 {
+        conn.execute("INSERT INTO t VALUES (randomblob(300))", [])?;
+        let next = image(&mut conn)?;
+        deltas.push(
+            writer
+                .ship_delta(&mut claim, diff(&prev, &next, commit, |_| true)?)
+                .await?,
+        );
+        prev = next;
+    }
+    // The first delta's checksum after it is wrong: the first batch (deltas 1-2) fails.
+    let entry_path = Path::from(format!("orgs/acme/log/{:020}.json", deltas[0].seq));
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&mem.get(&entry_path).await?.bytes().await?)?;
+    v["checksum"] = "0000000000000000".into();
+    mem.put(&entry_path, PutPayload::from(serde_json::to_vec(&v)?))
+        .await?;
+    // The third delta's blob (second batch) never arrives while the test runs.
+    let blob = deltas[2]
+        .blob
+        .rsplit('/')
+        .next()
+        .ok_or("no blob name")?
+        .to_owned();
+    let pause = held.pause_next(Op::Get, &blob);
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("x.db");
+    let (r2, o2, d2) = (reader.clone(), org.clone(), dest.clone());
+    let restore = tokio::spawn(async move { r2.restore(&o2, None, &d2).await });
+    let got = tokio::time::timeout(std::time::Duration::from_secs(60), restore)
+        .await
+        .map_err(|_| "restore waited for the held GET after its apply failed")??;
+    assert!(matches!(got, Err(Error::ChainBroken { .. })), "{got:?}");
+    assert!(!dest.exists(), "nothing is installed");
+    drop(pause);
     Ok(())
 }
