@@ -131,7 +131,7 @@ impl Delta {
     }
 
     /// Encodes every page whose content at the base position `base` knows against that
-    /// content: as page XOR base when at most [`XOR_ENOUGH`] bytes differ, else as a zstd
+    /// content: as page XOR base when at most 64 bytes differ, else as a zstd
     /// patch (about the page's new bytes, even when cells moved within the page), else —
     /// when the patch is no smaller than the differing bytes — as XOR again. `base` must
     /// return the page exactly as the base position holds it — the content the previous
