@@ -43,6 +43,9 @@ const XOR_ENOUGH: usize = 64;
 /// Little-endian first bytes of a zstd formatted dictionary: a base page starting with them
 /// would be read as one, so such a page ships whole.
 const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
+/// Little-endian first bytes of a standard zstd frame: a patch is exactly one such frame (no
+/// legacy-format, skippable or concatenated frames, which the decoder would also take).
+const ZSTD_FRAME_MAGIC: [u8; 4] = 0xFD2F_B528u32.to_le_bytes();
 
 /// Pages changed since the previous published position of a claim, ready to ship with
 /// [`crate::Replica::ship_delta`].
@@ -359,11 +362,12 @@ impl<'a> DeltaBody<'a> {
         self.count
     }
 
-    /// Refuses a delta that grows the database by pages it does not carry: shipped deltas
-    /// carry every page they add ([`Delta::fill_growth`]), and honouring more would allocate
-    /// memory the body never paid for (`db_pages` up to 2^32 pages). Pages are unique and
-    /// within `db_pages`, so it carries them all exactly when it carries that many above
-    /// `base_pages`.
+    /// Refuses a delta that grows the database by pages it does not carry whole: shipped
+    /// deltas carry every page they add ([`Delta::fill_growth`]), as whole pages (a page past
+    /// the base's end has no base content to encode against), and honouring less would
+    /// allocate memory the body never paid for (`db_pages` up to 2^32 pages; a patch of a few
+    /// bytes can stand for a page of zeros). Pages are unique and within `db_pages`, so it
+    /// carries them all exactly when it carries that many above `base_pages`.
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming the object.
@@ -371,7 +375,7 @@ impl<'a> DeltaBody<'a> {
         let needed = (self.db_pages as usize).saturating_sub(base_pages);
         let carried = self
             .records()
-            .filter(|(p, _, _)| *p as usize > base_pages)
+            .filter(|(p, encoding, _)| *p as usize > base_pages && *encoding == WHOLE)
             .count();
         if carried < needed {
             return Err(corrupt(
@@ -423,8 +427,14 @@ impl<'a> DeltaBody<'a> {
                 XOR => page.iter_mut().zip(bytes).for_each(|(o, x)| *o ^= x),
                 PATCH => {
                     scratch.clear();
-                    let decoded = dctx.decompress_using_dict(&mut scratch, bytes, page);
-                    if decoded.ok() != Some(ps) {
+                    let one_frame = bytes.starts_with(&ZSTD_FRAME_MAGIC)
+                        && zstd::zstd_safe::find_frame_compressed_size(bytes).ok()
+                            == Some(bytes.len());
+                    let decoded = match one_frame {
+                        true => dctx.decompress_using_dict(&mut scratch, bytes, page).ok(),
+                        false => None,
+                    };
+                    if decoded != Some(ps) {
                         return Err(corrupt(
                             self.object,
                             format!("delta page {pgno}: patch does not decode against its base"),
@@ -769,6 +779,45 @@ mod tests {
                 other => panic!("expected Corrupt, got {other:?}"),
             }
         }
+        // Input the zstd decoder takes but the encoder never writes, here decoding to exactly
+        // the right page: two concatenated frames, a skippable frame before a real one.
+        let mut want = noise(9, 64);
+        want.resize(512, 0);
+        let half = |r: std::ops::Range<usize>| zstd::bulk::compress(&want[r], 3);
+        let mut two = half(0..256).map_err(|e| corrupt("x", e))?;
+        two.extend(half(256..512).map_err(|e| corrupt("x", e))?);
+        let mut skippable = 0x184D_2A50u32.to_le_bytes().to_vec();
+        skippable.extend_from_slice(&4u32.to_le_bytes());
+        skippable.extend_from_slice(&[0; 4]);
+        skippable.extend(zstd::bulk::compress(&want, 3).map_err(|e| corrupt("x", e))?);
+        for frames in [two, skippable] {
+            match apply_body(&record(frames.len() as u32, &frames), &base) {
+                Err(Error::Corrupt { .. }) => {}
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_grown_page_must_be_carried_whole() -> Result<(), Error> {
+        // A 9-byte patch against the zeros past the end would stand for a whole page: the
+        // body must pay for the pages it adds.
+        let base = noisy_image(6);
+        let zeros = zstd::bulk::compress(&[0u8; 512], 1).map_err(|e| corrupt("x", e))?;
+        let mut body = Vec::new();
+        for v in [512u32, 4, 1, 4] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.push(PATCH);
+        body.extend_from_slice(&(zeros.len() as u32).to_le_bytes());
+        body.extend_from_slice(&zeros);
+        let hashes = PageHashes::of_image("x", &base)?;
+        let mut parsed = DeltaBody::parse("x", &body)?;
+        assert!(matches!(
+            parsed.check_growth(hashes.pages()),
+            Err(Error::Corrupt { .. })
+        ));
         Ok(())
     }
 
