@@ -352,11 +352,12 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
             Ok((commit, shipped.compressed_bytes, false))
         }
         Err(idem_replica::Error::NoChainTip { .. }) => Err(Fallback::Full),
-        // The store refused the compaction as inconsistent with the chain (it found a page
-        // changed since the snapshot missing): nothing was published; a full snapshot
-        // restarts the chain instead of retrying the same compaction.
-        Err(e @ idem_replica::Error::InvalidSnapshot { .. }) if compacted => {
-            tracing::warn!(org = %io.shared.org, error = %e, "compaction refused; shipping a full snapshot");
+        // The store refused the delta as inconsistent with the chain (a compaction missing a
+        // page changed since the snapshot, or a page encoded against content the tip does
+        // not hold): nothing was published; a full snapshot restarts the chain, and the
+        // page cache with it, instead of retrying the same delta.
+        Err(e @ idem_replica::Error::InvalidSnapshot { .. }) => {
+            tracing::warn!(org = %io.shared.org, error = %e, compacted, "delta refused; shipping a full snapshot");
             Err(Fallback::Full)
         }
         Err(e) => Err(Fallback::Failed(e)),

@@ -55,8 +55,9 @@ pub struct Delta {
     db_pages: u32,
     pages: BTreeMap<u32, Vec<u8>>,
     /// Pages encoded against their base content, by page number: ([`XOR`], page XOR base)
-    /// or ([`PATCH`], zstd frame).
-    encoded: BTreeMap<u32, (u8, Vec<u8>)>,
+    /// or ([`PATCH`], zstd frame), with the hash of the base content used, which
+    /// [`crate::Replica::ship_delta`] checks against the chain tip before publishing.
+    encoded: BTreeMap<u32, (u8, Vec<u8>, u64)>,
     /// A compacted delta: applies to the chain's snapshot, not to the previous delta.
     compacted: bool,
     commit: u64,
@@ -159,7 +160,14 @@ impl Delta {
                 b = &canonical;
             }
             let differing = page.iter().zip(b).filter(|(n, o)| n != o).count();
-            let xor = || (XOR, page.iter().zip(b).map(|(n, o)| n ^ o).collect());
+            let base_hash = page_hash(pgno, b);
+            let xor = || {
+                (
+                    XOR,
+                    page.iter().zip(b).map(|(n, o)| n ^ o).collect(),
+                    base_hash,
+                )
+            };
             if differing <= XOR_ENOUGH || b.starts_with(&ZSTD_DICT_MAGIC) {
                 self.encoded.insert(pgno, xor());
                 continue;
@@ -167,7 +175,7 @@ impl Delta {
             let mut frame = Vec::with_capacity(ps);
             let patched = cctx.compress_using_dict(&mut frame, page, b, PATCH_LEVEL);
             let encoding = match patched {
-                Ok(n) if n + 4 < differing => (PATCH, frame),
+                Ok(n) if n + 4 < differing => (PATCH, frame, base_hash),
                 _ => xor(),
             };
             self.encoded.insert(pgno, encoding);
@@ -212,12 +220,12 @@ impl Delta {
         for (pgno, page) in &self.pages {
             out.extend_from_slice(&pgno.to_le_bytes());
             match self.encoded.get(pgno) {
-                Some((PATCH, frame)) => {
+                Some((PATCH, frame, _)) => {
                     out.push(PATCH);
                     out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
                     out.extend_from_slice(frame);
                 }
-                Some((encoding, x)) => {
+                Some((encoding, x, _)) => {
                     out.push(*encoding);
                     out.extend_from_slice(x);
                 }
@@ -559,6 +567,17 @@ impl PageHashes {
         }
     }
 
+    /// The first page `delta` encoded against content other than these hashes describe
+    /// (a caller's stale or wrong base): publishing it would make a delta no hydrate can
+    /// rebuild.
+    pub(crate) fn wrong_base(&self, delta: &Delta) -> Option<u32> {
+        delta
+            .encoded
+            .iter()
+            .find(|(p, (_, _, h))| self.hashes.get(**p as usize - 1) != Some(h))
+            .map(|(p, _)| *p)
+    }
+
     /// Pages in the database these hashes describe.
     pub(crate) fn pages(&self) -> usize {
         self.hashes.len()
@@ -716,6 +735,11 @@ mod tests {
         // One byte changed in place: XOR. Content shifted: a patch, about the 40 new bytes
         // (a XOR of the shifted page would be noise).
         assert_eq!(d.encoded.get(&1).map(|e| e.0), Some(XOR));
+        assert_eq!(PageHashes::of_image("x", &base)?.wrong_base(&d), None);
+        assert_eq!(
+            PageHashes::of_image("x", &noisy_image(8))?.wrong_base(&d),
+            Some(1)
+        );
         assert_eq!(d.encoded.get(&3).map(|e| e.0), Some(PATCH));
         let body = d.encode();
         let stored = zstd::bulk::compress(&body, 3).map_err(|e| corrupt("x", e))?;

@@ -334,8 +334,10 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::NoChainTip`] when the claim has shipped no snapshot yet (ship a full snapshot);
-    /// [`Error::InvalidSnapshot`] when the page size differs from the tip's, or a compacted
-    /// delta misses a page changed since the snapshot; otherwise as [`Replica::ship`].
+    /// [`Error::InvalidSnapshot`] when the page size differs from the tip's, a page was
+    /// [encoded](Delta::encode_against) against content the tip does not hold, or a
+    /// compacted delta misses a page changed since the snapshot (nothing is published);
+    /// otherwise as [`Replica::ship`].
     pub async fn ship_delta(&self, claim: &mut Claim, delta: Delta) -> Result<Shipped, Error> {
         Self::usable(claim)?;
         let org = claim.org.clone();
@@ -374,6 +376,14 @@ impl Replica {
         let (tip_hashes, base_hashes) = (tip.hashes.clone(), base.hashes.clone());
         let org_name = org.to_string();
         let (packed, change) = blocking("compressing a delta", move || {
+            if let Some(page) = base_hashes.wrong_base(&delta) {
+                return Err(Error::InvalidSnapshot {
+                    org: org_name,
+                    reason: format!(
+                        "page {page} was encoded against content the chain tip does not hold"
+                    ),
+                });
+            }
             let change = base_hashes.change(&delta);
             if let Some(unfilled) = &unfilled
                 && tip_hashes.change(unfilled).sum != change.sum

@@ -398,3 +398,53 @@ async fn a_failed_apply_returns_without_waiting_for_the_next_fetch() -> R {
     drop(pause);
     Ok(())
 }
+
+/// A page encoded against content the chain tip does not hold (a caller's stale page cache)
+/// was published and only failed at hydrate, as `ChainBroken`: a writer could acknowledge
+/// requests whose state no successor can rebuild. `ship_delta` now refuses it before
+/// publishing, and the next correct delta ships on the same chain.
+#[tokio::test]
+async fn a_delta_encoded_against_a_wrong_base_is_refused_before_publishing() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let replica = Replica::open(store.clone(), "", Settings::default()).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let mut conn = Connection::open_in_memory()?;
+    conn.execute_batch(
+        "PRAGMA page_size=1024; CREATE TABLE t(x BLOB); INSERT INTO t VALUES (randomblob(300));",
+    )?;
+    let s1 = image(&mut conn)?;
+    replica
+        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
+        .await?;
+    conn.execute_batch("UPDATE t SET x = randomblob(300);")?;
+    let s2 = image(&mut conn)?;
+    let stale: Vec<u8> = s1.iter().map(|b| b ^ 0x5a).collect();
+    let wrong = diff(&s1, &s2, 2, |_| true)?.encode_against(|p| {
+        let at = (p as usize - 1) * 1024;
+        stale.get(at..at + 1024)
+    });
+    let before = replica.history(&org).await?.len();
+    let refused = replica.ship_delta(&mut claim, wrong).await;
+    assert!(
+        matches!(refused, Err(Error::InvalidSnapshot { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        replica.history(&org).await?.len(),
+        before,
+        "nothing published"
+    );
+    let right = diff(&s1, &s2, 2, |_| true)?.encode_against(|p| {
+        let at = (p as usize - 1) * 1024;
+        s1.get(at..at + 1024)
+    });
+    replica.ship_delta(&mut claim, right).await?;
+    let dir = tempfile::tempdir()?;
+    let got = replica
+        .restore(&org, None, &dir.path().join("x.db"))
+        .await?;
+    assert_eq!((got.commit, got.deltas), (2, 1));
+    assert_eq!(std::fs::read(dir.path().join("x.db"))?, s2);
+    Ok(())
+}
