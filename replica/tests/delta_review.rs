@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use idem_replica::{Delta, Error, OrgId, Replica, Retention, Settings, Snapshot};
+use idem_replica::{Claim, Delta, Error, OrgId, Replica, Retention, Settings, Snapshot};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, memory::InMemory};
 use rusqlite::Connection;
@@ -50,6 +50,24 @@ fn diff(old: &[u8], new: &[u8], commit: u64, keep: impl Fn(u32) -> bool) -> Resu
 
 fn count(path: &std::path::Path) -> rusqlite::Result<i64> {
     Connection::open(path)?.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+}
+
+/// A claimed org on an in-memory store whose chain starts with a full snapshot of a 1 KiB-page
+/// database holding one `bytes`-byte random row: (replica, org, claim, connection, image).
+async fn started(bytes: usize) -> Result<(Replica, OrgId, Claim, Connection, Vec<u8>), BoxErr> {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let replica = Replica::open(store, "", Settings::default()).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let mut conn = Connection::open_in_memory()?;
+    conn.execute_batch(&format!(
+        "PRAGMA page_size=1024; CREATE TABLE t(x BLOB); INSERT INTO t VALUES (randomblob({bytes}));"
+    ))?;
+    let s1 = image(&mut conn)?;
+    replica
+        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
+        .await?;
+    Ok((replica, org, claim, conn, s1))
 }
 
 /// A delta entry with no snapshot below it (e.g. retention interrupted after deleting the
@@ -232,19 +250,8 @@ async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic() -> R {
 /// the tip. The comparison now sees the pages as given, and refuses it.
 #[tokio::test]
 async fn compaction_missing_grown_pages_is_refused() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let replica = Replica::open(store.clone(), "", Settings::default()).await?;
-    let org = OrgId::new("acme")?;
-    let mut claim = replica.claim(&org, "w", false).await?;
-    let mut conn = Connection::open_in_memory()?;
-    conn.execute_batch(
-        "PRAGMA page_size=1024; CREATE TABLE t(x BLOB); INSERT INTO t VALUES (randomblob(100));",
-    )?;
-    let s1 = image(&mut conn)?;
+    let (replica, org, mut claim, mut conn, s1) = started(100).await?;
     let n = (s1.len() / 1024) as u32;
-    replica
-        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
-        .await?;
     conn.execute_batch("INSERT INTO t VALUES (randomblob(5000));")?;
     let s2 = image(&mut conn)?;
     assert!(s2.len() / 1024 > n as usize);
@@ -405,18 +412,7 @@ async fn a_failed_apply_returns_without_waiting_for_the_next_fetch() -> R {
 /// publishing, and the next correct delta ships on the same chain.
 #[tokio::test]
 async fn a_delta_encoded_against_a_wrong_base_is_refused_before_publishing() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let replica = Replica::open(store.clone(), "", Settings::default()).await?;
-    let org = OrgId::new("acme")?;
-    let mut claim = replica.claim(&org, "w", false).await?;
-    let mut conn = Connection::open_in_memory()?;
-    conn.execute_batch(
-        "PRAGMA page_size=1024; CREATE TABLE t(x BLOB); INSERT INTO t VALUES (randomblob(300));",
-    )?;
-    let s1 = image(&mut conn)?;
-    replica
-        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
-        .await?;
+    let (replica, org, mut claim, mut conn, s1) = started(300).await?;
     conn.execute_batch("UPDATE t SET x = randomblob(300);")?;
     let s2 = image(&mut conn)?;
     let stale: Vec<u8> = s1.iter().map(|b| b ^ 0x5a).collect();
