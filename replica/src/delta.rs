@@ -26,20 +26,26 @@ const BODY_HEADER: usize = 12;
 const PAGE_HEADER: usize = 5;
 /// The page bytes are the page itself.
 const WHOLE: u8 = 0;
-/// The page bytes are the page XOR its content at the delta's base position: an update of a
-/// few bytes becomes a run of zeros that zstd stores in a handful of bytes. Used when few
-/// bytes changed in place (a counter, a pointer): cheaper to make than a patch.
+/// The page bytes are the page XOR its content at the delta's base position. Read; written
+/// only when [`RUNS`] would not be shorter than a page.
 const XOR: u8 = 1;
 /// A u32 LE length, then a zstd frame of the page compressed with its content at the delta's
 /// base position as a raw-content dictionary (zstd's "patch from" use): unlike a XOR, cells
 /// that moved within the page (an insert shifting the cell pointers, a B-tree rebalance)
 /// still match, so a changed page costs about its new bytes.
 const PATCH: u8 = 2;
+/// A u32 LE length, then the page XOR its base content as runs: (u16 LE offset, u16 LE
+/// length, that many bytes) for each span that differs, ascending. An in-place change costs
+/// its bytes, not a page of mostly zeros to hash and decompress. Used when few bytes
+/// changed in place (a counter, a pointer, a rewritten value): cheaper to make than a patch.
+const RUNS: u8 = 3;
+/// Equal bytes a run absorbs rather than ending: a run header costs 4 bytes.
+const RUN_GAP: usize = 4;
 /// zstd level of a page patch (each is one small frame; 1 is zstd's fastest positive level).
 const PATCH_LEVEL: i32 = 1;
-/// Changed bytes up to which a page ships as XOR without trying a patch: a patch would save
+/// Run bytes up to which a page ships as [`RUNS`] without trying a patch: a patch would save
 /// at most these few bytes and costs a compression.
-const XOR_ENOUGH: usize = 64;
+const RUNS_ENOUGH: usize = 64;
 /// Little-endian first bytes of a zstd formatted dictionary: a base page starting with them
 /// would be read as one, so such a page ships whole.
 const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
@@ -54,8 +60,8 @@ pub struct Delta {
     page_size: u32,
     db_pages: u32,
     pages: BTreeMap<u32, Vec<u8>>,
-    /// Pages encoded against their base content, by page number: ([`XOR`], page XOR base)
-    /// or ([`PATCH`], zstd frame), with the hash of the base content used, which
+    /// Pages encoded against their base content, by page number: ([`RUNS`], differing
+    /// spans), ([`XOR`], page XOR base) or ([`PATCH`], zstd frame), with the hash of the base content used, which
     /// [`crate::Replica::ship_delta`] checks against the chain tip before publishing.
     encoded: BTreeMap<u32, (u8, Vec<u8>, u64)>,
     /// A compacted delta: applies to the chain's snapshot, not to the previous delta.
@@ -135,9 +141,9 @@ impl Delta {
     }
 
     /// Encodes every page whose content at the base position `base` knows against that
-    /// content: as page XOR base when at most 64 bytes differ, else as a zstd
+    /// content: as the spans that differ when they take at most 64 bytes, else as a zstd
     /// patch (about the page's new bytes, even when cells moved within the page), else —
-    /// when the patch is no smaller than the differing bytes — as XOR again. `base` must
+    /// when the patch is no smaller than the spans — as the spans again. `base` must
     /// return the page exactly as the base position holds it — the content the previous
     /// published delta or snapshot left — or `None` (the page ships whole); hydrate decodes
     /// against the page it rebuilt, and the database checksum after the delta proves the
@@ -159,24 +165,26 @@ impl Delta {
                 canonical_page1(&mut canonical);
                 b = &canonical;
             }
-            let differing = page.iter().zip(b).filter(|(n, o)| n != o).count();
             let base_hash = page_hash(pgno, b);
-            let xor = || {
-                (
+            let runs = xor_runs(page, b);
+            // Spans as long as a page (changes everywhere) ship as a plain XOR.
+            let spans = |runs: Vec<u8>| match runs.len() < ps {
+                true => (RUNS, runs, base_hash),
+                false => (
                     XOR,
                     page.iter().zip(b).map(|(n, o)| n ^ o).collect(),
                     base_hash,
-                )
+                ),
             };
-            if differing <= XOR_ENOUGH || b.starts_with(&ZSTD_DICT_MAGIC) {
-                self.encoded.insert(pgno, xor());
+            if runs.len() <= RUNS_ENOUGH || b.starts_with(&ZSTD_DICT_MAGIC) {
+                self.encoded.insert(pgno, spans(runs));
                 continue;
             }
             let mut frame = Vec::with_capacity(ps);
             let patched = cctx.compress_using_dict(&mut frame, page, b, PATCH_LEVEL);
             let encoding = match patched {
-                Ok(n) if n + 4 < differing => (PATCH, frame, base_hash),
-                _ => xor(),
+                Ok(n) if n < runs.len() => (PATCH, frame, base_hash),
+                _ => spans(runs),
             };
             self.encoded.insert(pgno, encoding);
         }
@@ -210,7 +218,7 @@ impl Delta {
 
     /// Uncompressed body: header, then each page as (u32 LE page number, u8 encoding, bytes)
     /// in ascending page order: [`WHOLE`] and [`XOR`] are followed by `page_size` bytes,
-    /// [`PATCH`] by a u32 LE length and that many bytes of zstd frame.
+    /// [`RUNS`] and [`PATCH`] by a u32 LE length and that many bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let ps = self.page_size as usize;
         let mut out = Vec::with_capacity(BODY_HEADER + self.pages.len() * (PAGE_HEADER + ps));
@@ -220,8 +228,8 @@ impl Delta {
         for (pgno, page) in &self.pages {
             out.extend_from_slice(&pgno.to_le_bytes());
             match self.encoded.get(pgno) {
-                Some((PATCH, frame, _)) => {
-                    out.push(PATCH);
+                Some((encoding @ (PATCH | RUNS), frame, _)) => {
+                    out.push(*encoding);
                     out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
                     out.extend_from_slice(frame);
                 }
@@ -284,7 +292,7 @@ impl<'a> Iterator for Records<'a> {
         let mut at = self.at + PAGE_HEADER;
         let len = match encoding {
             WHOLE | XOR => self.ps,
-            PATCH => {
+            RUNS | PATCH => {
                 let len = self.body.get(at..at + 4)?;
                 at += 4;
                 u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize
@@ -329,10 +337,10 @@ impl<'a> DeltaBody<'a> {
             if pgno <= last || pgno > db_pages {
                 return Err(corrupt(object, format!("delta page {pgno} out of order")));
             }
-            if encoding == PATCH && bytes.len() >= page_size as usize {
+            if (encoding == PATCH || encoding == RUNS) && bytes.len() >= page_size as usize {
                 return Err(corrupt(
                     object,
-                    format!("delta page {pgno}: patch longer than a page"),
+                    format!("delta page {pgno}: encoding longer than a page"),
                 ));
             }
             (last, seen) = (pgno, seen + 1);
@@ -433,6 +441,12 @@ impl<'a> DeltaBody<'a> {
             }
             match encoding {
                 XOR => page.iter_mut().zip(bytes).for_each(|(o, x)| *o ^= x),
+                RUNS => apply_runs(page, bytes).ok_or_else(|| {
+                    corrupt(
+                        self.object,
+                        format!("delta page {pgno}: runs outside the page"),
+                    )
+                })?,
                 PATCH => {
                     scratch.clear();
                     let one_frame = bytes.starts_with(&ZSTD_FRAME_MAGIC)
@@ -462,6 +476,58 @@ impl<'a> DeltaBody<'a> {
         hashes.sum = sum;
         Ok(())
     }
+}
+
+/// The spans where `page` differs from `base`, as [`RUNS`] bytes: (u16 LE offset, u16 LE
+/// length, page XOR base over the span). Up to [`RUN_GAP`] equal bytes stay inside a run;
+/// runs are split to fit u16 lengths.
+fn xor_runs(page: &[u8], base: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < page.len() {
+        if page[i] == base[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        let (mut end, mut same) = (i + 1, 0);
+        i += 1;
+        while i < page.len() && i - start < usize::from(u16::MAX) && same < RUN_GAP {
+            if page[i] == base[i] {
+                same += 1;
+            } else {
+                (end, same) = (i + 1, 0);
+            }
+            i += 1;
+        }
+        i = end;
+        // Pages are at most 65536 bytes, so a run starts below 65536 and its length fits.
+        out.extend_from_slice(&(start as u16).to_le_bytes());
+        out.extend_from_slice(&((end - start) as u16).to_le_bytes());
+        out.extend(
+            page[start..end]
+                .iter()
+                .zip(&base[start..end])
+                .map(|(n, o)| n ^ o),
+        );
+    }
+    out
+}
+
+/// XORs [`RUNS`] bytes into `page`; `None` when a run is cut short or leaves the page.
+fn apply_runs(page: &mut [u8], mut runs: &[u8]) -> Option<()> {
+    while !runs.is_empty() {
+        let head = runs.get(..4)?;
+        let at = usize::from(u16::from_le_bytes([head[0], head[1]]));
+        let len = usize::from(u16::from_le_bytes([head[2], head[3]]));
+        let bytes = runs.get(4..4 + len)?;
+        page.get_mut(at..at + len)?
+            .iter_mut()
+            .zip(bytes)
+            .for_each(|(o, x)| *o ^= x);
+        runs = &runs[4 + len..];
+    }
+    Some(())
 }
 
 /// Sets page 1's read/write format bytes to rollback-journal mode.
@@ -732,9 +798,9 @@ mod tests {
             let at = (p as usize - 1) * 512;
             base.get(at..at + 512)
         });
-        // One byte changed in place: XOR. Content shifted: a patch, about the 40 new bytes
+        // One byte changed in place: runs. Content shifted: a patch, about the 40 new bytes
         // (a XOR of the shifted page would be noise).
-        assert_eq!(d.encoded.get(&1).map(|e| e.0), Some(XOR));
+        assert_eq!(d.encoded.get(&1).map(|e| e.0), Some(RUNS));
         assert_eq!(PageHashes::of_image("x", &base)?.wrong_base(&d), None);
         assert_eq!(
             PageHashes::of_image("x", &noisy_image(8))?.wrong_base(&d),
@@ -752,6 +818,71 @@ mod tests {
         match apply_body(&body, &noisy_image(8)) {
             Ok(other) => assert_ne!(&other[1024..], &new3[..]),
             Err(e) => assert!(matches!(e, Error::Corrupt { .. }), "{e}"),
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn runs_round_trip_sparse_dense_and_page_long_changes() -> Result<(), Error> {
+        // 64 KiB pages: a change longer than a u16 run, sparse bytes, a rewritten value.
+        let ps = 65536usize;
+        let mut base = noise(11, 2 * ps);
+        base[..16].copy_from_slice(b"SQLite format 3\0");
+        base[16..18].copy_from_slice(&1u16.to_be_bytes());
+        canonical_page1(&mut base[..ps]);
+        let mut new2 = base[ps..].to_vec();
+        for (i, b) in new2.iter_mut().enumerate() {
+            if i % 9 == 0 || (1000..1512).contains(&i) {
+                *b ^= 0x33;
+            }
+        }
+        let mut new1 = base[..ps].to_vec();
+        new1[100..100 + 65000].iter_mut().for_each(|b| *b = !*b);
+        let pages = BTreeMap::from([(1, new1.clone()), (2, new2.clone())]);
+        let d = Delta::new(65536, 2, pages, 2)?.encode_against(|p| {
+            let at = (p as usize - 1) * ps;
+            base.get(at..at + ps)
+        });
+        let back = apply_body(&d.encode(), &base)?;
+        assert_eq!(&back[..ps], &new1[..]);
+        assert_eq!(&back[ps..], &new2[..]);
+        // A one-byte change costs a run, not a page.
+        let mut small = base[ps..].to_vec();
+        small[5] ^= 1;
+        let d =
+            Delta::new(65536, 2, BTreeMap::from([(2, small.clone())]), 3)?.encode_against(|p| {
+                let at = (p as usize - 1) * ps;
+                base.get(at..at + ps)
+            });
+        assert_eq!(d.encoded.get(&2).map(|e| (e.0, e.1.len())), Some((RUNS, 5)));
+        assert_eq!(&apply_body(&d.encode(), &base)?[ps..], &small[..]);
+        Ok(())
+    }
+
+    #[test]
+    fn crafted_runs_are_corrupt_not_panics() -> Result<(), Error> {
+        let base = noisy_image(4);
+        let record = |runs: &[u8]| {
+            let mut body = Vec::new();
+            for v in [512u32, 3, 1, 2] {
+                body.extend_from_slice(&v.to_le_bytes());
+            }
+            body.push(RUNS);
+            body.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+            body.extend_from_slice(runs);
+            body
+        };
+        // Past the page's end, a length past the record, a header cut short, a run as long
+        // as the page (the record would not be shorter than a page).
+        let past = [0xff, 0x01, 2, 0, 1, 1];
+        let long = [0, 0, 200, 0, 1, 2, 3];
+        let mut full = vec![0, 0, 0, 2];
+        full.extend_from_slice(&[1; 512]);
+        for runs in [&past[..], &long[..], &[1, 2, 3][..], &full[..]] {
+            match apply_body(&record(runs), &base) {
+                Err(Error::Corrupt { .. }) => {}
+                other => panic!("expected Corrupt, got {other:?}"),
+            }
         }
         Ok(())
     }
