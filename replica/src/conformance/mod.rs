@@ -829,11 +829,16 @@ pub async fn snapshot_under_concurrent_writes(store: Arc<dyn ObjectStore>) -> Re
         .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);")
         .map_err(sql)?;
     drop(setup);
+    // Row i is counted in `begun` before its INSERT and in `committed` after it returns: a
+    // snapshot taken between two reads of them holds at least the first `committed` and at
+    // most the second `begun` rows (the commit lands before `committed` is raised).
+    let begun = Arc::new(AtomicU64::new(0));
     let committed = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let (started_tx, mut started) = mpsc::channel::<()>(1);
     let writer = {
-        let (db, committed, stop) = (db.clone(), committed.clone(), stop.clone());
+        let (db, begun, committed, stop) =
+            (db.clone(), begun.clone(), committed.clone(), stop.clone());
         std::thread::spawn(move || -> Result<(), Error> {
             let conn = rusqlite::Connection::open(&db).map_err(sql)?;
             conn.busy_timeout(std::time::Duration::from_secs(10))
@@ -841,6 +846,7 @@ pub async fn snapshot_under_concurrent_writes(store: Arc<dyn ObjectStore>) -> Re
             let mut i: u64 = 0;
             while !stop.load(Ordering::SeqCst) {
                 i += 1;
+                begun.store(i, Ordering::SeqCst);
                 conn.execute(
                     "INSERT INTO t(id, v) VALUES (?1, zeroblob(512))",
                     [i as i64],
@@ -857,14 +863,14 @@ pub async fn snapshot_under_concurrent_writes(store: Arc<dyn ObjectStore>) -> Re
     let _ = started.recv().await;
     for _ in 0..3 {
         let before = committed.load(Ordering::SeqCst);
-        let (db2, c2) = (db.clone(), committed.clone());
+        let (db2, b2) = (db.clone(), begun.clone());
         let snap = tokio::task::spawn_blocking(move || {
             let conn = rusqlite::Connection::open(&db2).map_err(sql)?;
             let s = Snapshot::take(&conn, |c| {
                 c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
                     .map(|n| n as u64)
             })?;
-            Ok::<_, Error>((s, c2.load(Ordering::SeqCst)))
+            Ok::<_, Error>((s, b2.load(Ordering::SeqCst)))
         })
         .await
         .map_err(|source| Error::Task {
