@@ -59,8 +59,8 @@ pub(crate) struct ShipCtx {
     /// Database pages in the last full snapshot (with `full_bytes`: bytes per stored page).
     full_pages: u64,
     /// Published content of pages shipped in this chain's deltas: the base a later delta
-    /// encodes a page against (XOR or zstd patch). Exactly the chain tip's content for each page it holds;
-    /// at most `Settings::delta_cache_pages` pages.
+    /// encodes a page against (spans or a zstd patch). Exactly the chain tip's content for
+    /// each page it holds; at most `Settings::delta_cache_pages` pages.
     published: std::collections::HashMap<u32, Vec<u8>>,
 }
 

@@ -31,8 +31,9 @@ pub struct Settings {
     /// so a hydrate reads the snapshot, it and the deltas after it (0 = never). Default 64.
     pub compact_every_deltas: u64,
     /// Pages per open org whose last shipped content the shipper keeps, so a page changed
-    /// again ships encoded against it (about its changed bytes instead of a page). Memory per open org is
-    /// up to this many pages (default 1024: 4 MiB of 4 KiB pages); 0 ships whole pages.
+    /// again ships encoded against it (about its changed bytes instead of a page). Memory
+    /// per open org is up to this many pages (default 1024: 4 MiB of 4 KiB pages); 0 ships
+    /// whole pages.
     pub delta_cache_pages: usize,
     /// The retention policy applied then.
     pub retention: idem_replica::Retention,

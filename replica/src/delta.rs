@@ -60,13 +60,23 @@ pub struct Delta {
     page_size: u32,
     db_pages: u32,
     pages: BTreeMap<u32, Vec<u8>>,
-    /// Pages encoded against their base content, by page number: ([`RUNS`], differing
-    /// spans), ([`XOR`], page XOR base) or ([`PATCH`], zstd frame), with the hash of the base content used, which
-    /// [`crate::Replica::ship_delta`] checks against the chain tip before publishing.
-    encoded: BTreeMap<u32, (u8, Vec<u8>, u64)>,
+    /// Pages encoded against their base content, by page number.
+    encoded: BTreeMap<u32, Encoded>,
     /// A compacted delta: applies to the chain's snapshot, not to the previous delta.
     compacted: bool,
     commit: u64,
+}
+
+/// A page encoded against its content at the delta's base.
+#[derive(Clone)]
+struct Encoded {
+    /// [`RUNS`], [`XOR`] or [`PATCH`].
+    kind: u8,
+    /// The record's bytes after its kind (and length, for runs and patches).
+    bytes: Vec<u8>,
+    /// Hash of the base content used, which [`crate::Replica::ship_delta`] checks against
+    /// the chain tip before publishing.
+    base_hash: u64,
 }
 
 impl std::fmt::Debug for Delta {
@@ -168,13 +178,17 @@ impl Delta {
             let base_hash = page_hash(pgno, b);
             let runs = xor_runs(page, b);
             // Spans as long as a page (changes everywhere) ship as a plain XOR.
-            let spans = |runs: Vec<u8>| match runs.len() < ps {
-                true => (RUNS, runs, base_hash),
-                false => (
-                    XOR,
-                    page.iter().zip(b).map(|(n, o)| n ^ o).collect(),
+            let spans = |runs: Vec<u8>| {
+                let (kind, bytes) = if runs.len() < ps {
+                    (RUNS, runs)
+                } else {
+                    (XOR, page.iter().zip(b).map(|(n, o)| n ^ o).collect())
+                };
+                Encoded {
+                    kind,
+                    bytes,
                     base_hash,
-                ),
+                }
             };
             if runs.len() <= RUNS_ENOUGH || b.starts_with(&ZSTD_DICT_MAGIC) {
                 self.encoded.insert(pgno, spans(runs));
@@ -183,7 +197,11 @@ impl Delta {
             let mut frame = Vec::with_capacity(ps);
             let patched = cctx.compress_using_dict(&mut frame, page, b, PATCH_LEVEL);
             let encoding = match patched {
-                Ok(n) if n < runs.len() => (PATCH, frame, base_hash),
+                Ok(n) if n < runs.len() => Encoded {
+                    kind: PATCH,
+                    bytes: frame,
+                    base_hash,
+                },
                 _ => spans(runs),
             };
             self.encoded.insert(pgno, encoding);
@@ -228,14 +246,12 @@ impl Delta {
         for (pgno, page) in &self.pages {
             out.extend_from_slice(&pgno.to_le_bytes());
             match self.encoded.get(pgno) {
-                Some((encoding @ (PATCH | RUNS), frame, _)) => {
-                    out.push(*encoding);
-                    out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-                    out.extend_from_slice(frame);
-                }
-                Some((encoding, x, _)) => {
-                    out.push(*encoding);
-                    out.extend_from_slice(x);
+                Some(e) => {
+                    out.push(e.kind);
+                    if e.kind != XOR {
+                        out.extend_from_slice(&(e.bytes.len() as u32).to_le_bytes());
+                    }
+                    out.extend_from_slice(&e.bytes);
                 }
                 None => {
                     out.push(WHOLE);
@@ -265,8 +281,6 @@ pub(crate) struct DeltaBody<'a> {
     page_size: u32,
     db_pages: u32,
     count: usize,
-    /// Pages numbered above this many are pages the delta adds (its base's size).
-    carried_above: Option<usize>,
 }
 
 /// The page records of a body, in order; `None` at the first malformed one (which
@@ -309,7 +323,7 @@ impl<'a> Iterator for Records<'a> {
 impl<'a> DeltaBody<'a> {
     /// Parses a body written by [`Delta::encode`]: header, every record complete and the
     /// last one ending the body, page numbers strictly ascending and within `db_pages`,
-    /// known encodings, patches no longer than a page.
+    /// known encodings, runs and patches shorter than a page.
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming `object` for any other shape.
@@ -330,7 +344,6 @@ impl<'a> DeltaBody<'a> {
             page_size,
             db_pages,
             count,
-            carried_above: None,
         };
         let (mut last, mut seen, mut records) = (0u32, 0usize, parsed.records());
         for (pgno, encoding, bytes) in records.by_ref() {
@@ -378,7 +391,7 @@ impl<'a> DeltaBody<'a> {
         self.count
     }
 
-    /// Refuses a delta that grows the database by pages it does not carry whole: shipped
+    /// Refuses a delta that grows a `base_pages` database by pages it does not carry whole: shipped
     /// deltas carry every page they add ([`Delta::fill_growth`]), as whole pages (a page past
     /// the base's end has no base content to encode against), and honouring less would
     /// allocate memory the body never paid for (`db_pages` up to 2^32 pages; a patch of a few
@@ -387,7 +400,7 @@ impl<'a> DeltaBody<'a> {
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming the object.
-    pub(crate) fn check_growth(&mut self, base_pages: usize) -> Result<(), Error> {
+    fn check_growth(&self, base_pages: usize) -> Result<(), Error> {
         let needed = (self.db_pages as usize).saturating_sub(base_pages);
         let carried = self
             .records()
@@ -402,24 +415,25 @@ impl<'a> DeltaBody<'a> {
                 ),
             ));
         }
-        self.carried_above = Some(base_pages);
         Ok(())
     }
 
     /// Applies the pages to `image` (the database at the delta's base, resized to
     /// `db_pages`) and updates `hashes` to match: XOR and patch pages decode against the
-    /// base content, page 1 in canonical form. O(changed pages + pages removed). Only after
-    /// [`DeltaBody::check_growth`] against `hashes`, with the same page size. On an error
-    /// the image is part-applied and must be dropped.
+    /// base content, page 1 in canonical form. O(changed pages + pages removed). The
+    /// growth check ([`DeltaBody::check_growth`]) and the page size come first and change
+    /// nothing when they fail; a later error leaves the image part-applied, to be dropped.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] when a patch does not decode to a page against its base, or when
-    /// called without that check.
+    /// [`Error::Corrupt`] when the delta grows the database by pages it does not carry
+    /// whole, its page size differs from the image's, or a run or patch does not decode
+    /// against its base.
     pub(crate) fn apply(&self, image: &mut Vec<u8>, hashes: &mut PageHashes) -> Result<(), Error> {
-        if self.carried_above != Some(hashes.pages()) || self.page_size != hashes.page_size {
+        self.check_growth(hashes.pages())?;
+        if self.page_size != hashes.page_size {
             return Err(corrupt(
                 self.object,
-                "delta applied without its growth check",
+                "delta page size differs from the image's",
             ));
         }
         let ps = self.page_size as usize;
@@ -452,9 +466,10 @@ impl<'a> DeltaBody<'a> {
                     let one_frame = bytes.starts_with(&ZSTD_FRAME_MAGIC)
                         && zstd::zstd_safe::find_frame_compressed_size(bytes).ok()
                             == Some(bytes.len());
-                    let decoded = match one_frame {
-                        true => dctx.decompress_using_dict(&mut scratch, bytes, page).ok(),
-                        false => None,
+                    let decoded = if one_frame {
+                        dctx.decompress_using_dict(&mut scratch, bytes, page).ok()
+                    } else {
+                        None
                     };
                     if decoded != Some(ps) {
                         return Err(corrupt(
@@ -640,7 +655,7 @@ impl PageHashes {
         delta
             .encoded
             .iter()
-            .find(|(p, (_, _, h))| self.hashes.get(**p as usize - 1) != Some(h))
+            .find(|(p, e)| self.hashes.get(**p as usize - 1) != Some(&e.base_hash))
             .map(|(p, _)| *p)
     }
 
@@ -692,9 +707,7 @@ mod tests {
         let mut shipped = hashes.clone();
         shipped.apply_change(shipped.change(d));
         let body = d.encode();
-        let mut parsed = DeltaBody::parse("t", &body)?;
-        parsed.check_growth(hashes.pages())?;
-        parsed.apply(img, hashes)?;
+        DeltaBody::parse("t", &body)?.apply(img, hashes)?;
         assert_eq!(*hashes, PageHashes::of_image("t", img)?);
         assert_eq!(shipped, *hashes);
         Ok(())
@@ -723,16 +736,10 @@ mod tests {
         let img = image(2, 7);
         let hashes = PageHashes::of_image("t", &img)?;
         let body = Delta::new(512, 4, BTreeMap::from([(4, vec![1u8; 512])]), 1)?.encode();
-        let mut parsed = DeltaBody::parse("t", &body)?;
-        assert!(matches!(
-            parsed.check_growth(hashes.pages()),
-            Err(Error::Corrupt { .. })
-        ));
         let (mut img2, mut hashes2) = (img.clone(), hashes.clone());
-        assert!(
-            parsed.apply(&mut img2, &mut hashes2).is_err(),
-            "applied unchecked"
-        );
+        let applied = DeltaBody::parse("t", &body)?.apply(&mut img2, &mut hashes2);
+        assert!(matches!(applied, Err(Error::Corrupt { .. })), "{applied:?}");
+        // Refused before anything changed.
         assert_eq!((img2, hashes2), (img, hashes));
         Ok(())
     }
@@ -777,9 +784,7 @@ mod tests {
     /// Parses `body` and applies it to `img`, as hydrate does.
     fn apply_body(body: &[u8], img: &[u8]) -> Result<Vec<u8>, Error> {
         let (mut img, mut hashes) = (img.to_vec(), PageHashes::of_image("x", img)?);
-        let mut parsed = DeltaBody::parse("x", body)?;
-        parsed.check_growth(hashes.pages())?;
-        parsed.apply(&mut img, &mut hashes)?;
+        DeltaBody::parse("x", body)?.apply(&mut img, &mut hashes)?;
         assert_eq!(hashes, PageHashes::of_image("x", &img)?);
         Ok(img)
     }
@@ -800,13 +805,13 @@ mod tests {
         });
         // One byte changed in place: runs. Content shifted: a patch, about the 40 new bytes
         // (a XOR of the shifted page would be noise).
-        assert_eq!(d.encoded.get(&1).map(|e| e.0), Some(RUNS));
+        assert_eq!(d.encoded.get(&1).map(|e| e.kind), Some(RUNS));
         assert_eq!(PageHashes::of_image("x", &base)?.wrong_base(&d), None);
         assert_eq!(
             PageHashes::of_image("x", &noisy_image(8))?.wrong_base(&d),
             Some(1)
         );
-        assert_eq!(d.encoded.get(&3).map(|e| e.0), Some(PATCH));
+        assert_eq!(d.encoded.get(&3).map(|e| e.kind), Some(PATCH));
         let body = d.encode();
         let stored = zstd::bulk::compress(&body, 3).map_err(|e| corrupt("x", e))?;
         assert!(stored.len() < 200, "{} bytes stored", stored.len());
@@ -854,7 +859,10 @@ mod tests {
                 let at = (p as usize - 1) * ps;
                 base.get(at..at + ps)
             });
-        assert_eq!(d.encoded.get(&2).map(|e| (e.0, e.1.len())), Some((RUNS, 5)));
+        assert_eq!(
+            d.encoded.get(&2).map(|e| (e.kind, e.bytes.len())),
+            Some((RUNS, 5))
+        );
         assert_eq!(&apply_body(&d.encode(), &base)?[ps..], &small[..]);
         Ok(())
     }
@@ -967,10 +975,8 @@ mod tests {
         body.push(PATCH);
         body.extend_from_slice(&(zeros.len() as u32).to_le_bytes());
         body.extend_from_slice(&zeros);
-        let hashes = PageHashes::of_image("x", &base)?;
-        let mut parsed = DeltaBody::parse("x", &body)?;
         assert!(matches!(
-            parsed.check_growth(hashes.pages()),
+            apply_body(&body, &base),
             Err(Error::Corrupt { .. })
         ));
         Ok(())

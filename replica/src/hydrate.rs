@@ -468,11 +468,11 @@ impl Replica {
         while let Some((entries, bodies)) = next {
             let batch: Vec<(LogEntry, (String, Vec<u8>))> =
                 entries.iter().cloned().zip(bodies).collect();
-            let org_ = org.clone();
+            let org_id = org.clone();
             let applying = blocking("applying deltas", move || {
                 let (mut image, mut hashes) = state;
                 for (entry, (obj, body)) in &batch {
-                    apply_delta(&org_, snapshot, entry, obj, body, &mut image, &mut hashes)?;
+                    apply_delta(&org_id, snapshot, entry, obj, body, &mut image, &mut hashes)?;
                 }
                 Ok((image, hashes))
             });
@@ -594,8 +594,7 @@ fn apply_delta(
             ),
         ));
     }
-    let mut delta = DeltaBody::parse(object, body)?;
-    delta.check_growth(hashes.pages())?;
+    let delta = DeltaBody::parse(object, body)?;
     if delta.page_size() != *page_size
         || delta.db_pages() != *db_pages
         || delta.changed_pages() != *changed_pages as usize
