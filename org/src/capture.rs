@@ -1,10 +1,11 @@
 //! Capturing what a ship publishes, on the writer thread, between two transactions.
 //!
-//! The writer thread is the only connection that writes, and `wal_autocheckpoint` is off, so
-//! between two of its jobs the WAL holds exactly the commits up to the commit counter it
-//! last raised. A capture copies the WAL bytes after the previous capture (a delta) or the
-//! whole WAL (a full snapshot, read together with the database file) and that counter, so
-//! the shipper knows exactly which commits it ships (I6).
+//! The writer thread is the only connection that writes (it holds the database exclusively,
+//! see `crate::owned`), and `wal_autocheckpoint` is off, so between two of its jobs the WAL
+//! holds exactly the commits up to the commit counter it last raised. A capture copies the
+//! WAL bytes after the previous capture (a delta) or the whole WAL (a full snapshot, read
+//! together with the database file) and that counter, so the shipper knows which commits it
+//! ships (I6); the shipper then proves it from the captured pages (`crate::proof`).
 //!
 //! Checkpoints run only here: a full capture checkpoints first (the database file is then
 //! stable until the next capture, which the same shipper issues after it has read the file);
@@ -12,14 +13,19 @@
 //! the copy, when the WAL has outgrown its bound. A copied frame whose delta then fails to
 //! publish is kept by the shipper and shipped with the next delta, so a checkpoint never
 //! loses a frame that no published entry holds.
+//!
+//! Before copying anything, a capture checks that nobody else touched the files since the
+//! last one (I13): the names still lead to the writer's inodes, the database file is as the
+//! writer's last checkpoint left it, and the WAL header is the generation the writer last saw
+//! or one its own checkpoints restarted it into.
 
-use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::wal::{self, Frames};
+use crate::owned::{DbState, Foreign, OwnedFiles};
+use crate::wal::{self, Frames, Generation};
 
 /// When a capture checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,13 +36,37 @@ pub(crate) enum Checkpoint {
     AfterIfOver(u64),
 }
 
+/// Why a capture, or a read of the file it left, failed.
+#[derive(Debug)]
+pub(crate) enum CaptureError {
+    /// A local I/O or SQLite failure: the ship fails, retryably.
+    Io(std::io::Error),
+    /// Someone else changed the org's files: the org is poisoned.
+    Foreign(Foreign),
+}
+
+impl From<std::io::Error> for CaptureError {
+    fn from(e: std::io::Error) -> Self {
+        CaptureError::Io(e)
+    }
+}
+
+impl From<Foreign> for CaptureError {
+    fn from(f: Foreign) -> Self {
+        CaptureError::Foreign(f)
+    }
+}
+
 /// What a capture copied.
 #[derive(Debug)]
 pub(crate) struct Captured {
-    /// The commit counter of the last commit in the copy.
+    /// The writer's commit counter at the capture: what the ship will acknowledge, once the
+    /// captured pages prove it.
     pub commit: u64,
     /// The database's page size in bytes.
     pub page_size: u32,
+    /// The root page of `idem_org_commit`, where the pages hold the counter.
+    pub counter_page: u32,
     /// The WAL file's first 32 bytes (empty when there is no WAL content).
     pub head: Vec<u8>,
     /// The WAL bytes from the requested offset to the end of the file.
@@ -44,17 +74,76 @@ pub(crate) struct Captured {
     /// True when a checkpoint after the copy emptied the WAL: the next capture starts a new
     /// WAL generation at offset 0.
     pub reset: bool,
+    /// The database file as this capture left it: reads of it must find it so.
+    pub db: DbState,
 }
 
-pub(crate) fn wal_path(db: &Path) -> PathBuf {
-    let mut p = db.as_os_str().to_owned();
-    p.push("-wal");
-    PathBuf::from(p)
+/// What the writer thread remembers between captures to tell its own changes from others'.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    db: DbState,
+    generation: Option<Generation>,
+    /// A checkpoint of ours emptied the WAL since `generation` was seen.
+    restarted: bool,
 }
 
-/// `PRAGMA wal_checkpoint(TRUNCATE)` without waiting on readers: the writer thread must not
-/// block. Returns true when the WAL is now empty.
-fn truncate_checkpoint(conn: &Connection, busy: Duration, wal: &Path) -> bool {
+impl Watch {
+    /// The files as the writer opened them.
+    ///
+    /// # Errors
+    /// An I/O error, or [`Foreign`] for a damaged WAL header.
+    pub fn new(files: &OwnedFiles) -> Result<Watch, CaptureError> {
+        let mut watch = Watch {
+            db: files.db_state()?,
+            generation: None,
+            restarted: false,
+        };
+        let head = read_head(files)?;
+        watch.observe(&head)?;
+        Ok(watch)
+    }
+
+    /// Checks a WAL header against the last one seen, then remembers it.
+    fn observe(&mut self, head: &[u8]) -> Result<(), Foreign> {
+        if head.is_empty() {
+            return match self.generation {
+                Some(_) if !self.restarted => Err(Foreign(
+                    "the WAL was emptied outside the writer's checkpoints".into(),
+                )),
+                _ => Ok(()),
+            };
+        }
+        let now = Generation::of(head)
+            .map_err(|e| Foreign(format!("the WAL header is damaged: {}", e.0)))?;
+        match self.generation {
+            Some(seen) if seen == now => {}
+            Some(seen) if self.restarted && seen.restarted_into(&now) => {}
+            Some(_) => {
+                return Err(Foreign(
+                    "the WAL was restarted outside the writer's checkpoints".into(),
+                ));
+            }
+            None => {}
+        }
+        self.generation = Some(now);
+        self.restarted = false;
+        Ok(())
+    }
+}
+
+fn read_head(files: &OwnedFiles) -> std::io::Result<Vec<u8>> {
+    let len = files.wal_len()?;
+    files.read_wal(0, len.min(wal::HEADER as u64))
+}
+
+/// `PRAGMA wal_checkpoint(TRUNCATE)` without waiting: the writer thread must not block.
+/// Records the database file as the checkpoint left it; returns true when the WAL is empty.
+fn truncate_checkpoint(
+    conn: &Connection,
+    busy: Duration,
+    files: &OwnedFiles,
+    watch: &mut Watch,
+) -> Result<bool, CaptureError> {
     let ran = conn.busy_timeout(Duration::ZERO).and_then(|()| {
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
             r.get::<_, i64>(0)
@@ -63,65 +152,87 @@ fn truncate_checkpoint(conn: &Connection, busy: Duration, wal: &Path) -> bool {
     if let Err(e) = conn.busy_timeout(busy) {
         tracing::warn!(error = %e, "could not restore busy_timeout after a checkpoint");
     }
-    match ran {
-        Ok(_) => std::fs::metadata(wal).map(|m| m.len() == 0).unwrap_or(true),
-        Err(e) => {
-            tracing::debug!(error = %e, "checkpoint skipped");
-            false
-        }
+    if let Err(e) = ran {
+        tracing::debug!(error = %e, "checkpoint skipped");
     }
+    // Whether or not it finished, a checkpoint may have written the database file.
+    watch.db = files.db_state()?;
+    let emptied = files.wal_len()? == 0;
+    watch.restarted |= emptied;
+    Ok(emptied)
 }
 
 /// Runs on the writer thread between two jobs.
+///
+/// # Errors
+/// [`CaptureError::Foreign`] when the files are not as the writer left them;
+/// [`CaptureError::Io`] for a local failure.
 pub(crate) fn capture(
     conn: &Connection,
-    db: &Path,
+    files: &OwnedFiles,
+    watch: &mut Watch,
     busy: Duration,
     commit: u64,
     from: u64,
     checkpoint: Checkpoint,
-) -> std::io::Result<Captured> {
-    let wal = wal_path(db);
+) -> Result<Captured, CaptureError> {
+    files.check_names()?;
+    files.check_db(watch.db)?;
+    let sql = std::io::Error::other;
     let page_size = conn
         .query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))
-        .map_err(std::io::Error::other)?;
+        .map_err(sql)?;
+    let counter_page = conn
+        .prepare_cached("SELECT rootpage FROM sqlite_schema WHERE name = 'idem_org_commit'")
+        .and_then(|mut s| s.query_row([], |r| r.get::<_, u32>(0)))
+        .map_err(sql)?;
+    watch.observe(&read_head(files)?)?;
     let mut reset = false;
-    if checkpoint == Checkpoint::Before {
-        reset = truncate_checkpoint(conn, busy, &wal);
-    }
-    let (head, tail, len) = match std::fs::File::open(&wal) {
-        Ok(mut f) => {
-            let len = f.metadata()?.len();
-            let mut head = Vec::with_capacity(wal::HEADER);
-            (&mut f).take(wal::HEADER as u64).read_to_end(&mut head)?;
-            let mut tail = Vec::new();
-            if from < len {
-                f.seek(SeekFrom::Start(from))?;
-                f.read_to_end(&mut tail)?;
-            }
-            (head, tail, len)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Vec::new(), Vec::new(), 0),
-        Err(e) => return Err(e),
+    let from = if checkpoint == Checkpoint::Before {
+        reset = truncate_checkpoint(conn, busy, files, watch)?;
+        0
+    } else {
+        from
+    };
+    let len = files.wal_len()?;
+    let head = read_head(files)?;
+    watch.observe(&head)?;
+    let tail = if from < len {
+        files.read_wal(from, len)?
+    } else {
+        Vec::new()
     };
     if let Checkpoint::AfterIfOver(bound) = checkpoint
         && len >= bound
     {
-        reset = truncate_checkpoint(conn, busy, &wal);
+        reset = truncate_checkpoint(conn, busy, files, watch)?;
     }
     Ok(Captured {
         commit,
         page_size,
+        counter_page,
         head,
         tail,
         reset,
+        db: watch.db,
     })
 }
 
 /// Builds the full database image (canonical page 1 is the replica's job) from the database
-/// file and the committed WAL frames over it. The file is stable: only captures checkpoint.
-pub(crate) fn image(db: &Path, page_size: u32, frames: &Frames) -> std::io::Result<Vec<u8>> {
-    let mut image = std::fs::read(db)?;
+/// file, which must still be as the capture left it (`db`), and the committed WAL frames
+/// over it.
+///
+/// # Errors
+/// [`CaptureError::Foreign`] when the file changed before or during the read.
+pub(crate) fn image(
+    files: &OwnedFiles,
+    db: DbState,
+    page_size: u32,
+    frames: &Frames,
+) -> Result<Vec<u8>, CaptureError> {
+    files.check_db(db)?;
+    let mut image = files.read_db(0, db.len())?;
+    files.check_db(db)?;
     let ps = page_size as usize;
     let db_pages = match frames.db_pages {
         Some(n) => n as usize,
@@ -135,22 +246,25 @@ pub(crate) fn image(db: &Path, page_size: u32, frames: &Frames) -> std::io::Resu
     Ok(image)
 }
 
-/// Reads `pages` (page numbers up to `db_pages`) from the database file, which must be
-/// stable: right after a capture whose checkpoint emptied the WAL.
+/// Reads `pages` (page numbers up to `db_pages`) from the database file, which must still be
+/// as a capture whose checkpoint emptied the WAL left it (`db`).
+///
+/// # Errors
+/// [`CaptureError::Foreign`] when the file changed before or during the read.
 pub(crate) fn read_pages(
-    db: &Path,
+    files: &OwnedFiles,
+    db: DbState,
     page_size: u32,
     db_pages: u32,
     pages: &[u32],
-) -> std::io::Result<std::collections::BTreeMap<u32, Vec<u8>>> {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::File::open(db)?;
-    let ps = page_size as usize;
-    let mut out = std::collections::BTreeMap::new();
+) -> Result<BTreeMap<u32, Vec<u8>>, CaptureError> {
+    files.check_db(db)?;
+    let ps = u64::from(page_size);
+    let mut out = BTreeMap::new();
     for &p in pages.iter().filter(|p| **p >= 1 && **p <= db_pages) {
-        let mut buf = vec![0u8; ps];
-        f.read_exact_at(&mut buf, (u64::from(p) - 1) * ps as u64)?;
-        out.insert(p, buf);
+        let at = (u64::from(p) - 1) * ps;
+        out.insert(p, files.read_db(at, at + ps)?);
     }
+    files.check_db(db)?;
     Ok(out)
 }

@@ -8,18 +8,18 @@
 //! [`Settings::snapshot_interval_ms`]: this bounds what a hydrate downloads and applies.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use idem_replica::{Claim, Delta, Replica, Snapshot};
 use tokio::sync::oneshot;
 
-use crate::capture::{self, Captured, Checkpoint};
+use crate::capture::{self, CaptureError, Captured, Checkpoint};
+use crate::owned::{Foreign, OwnedFiles};
 use crate::ship::Shared;
-use crate::wal::{self, Frames, WalPos};
+use crate::wal::{self, WalPos};
 use crate::writer::Job;
 use crate::{Error, Settings};
 
@@ -62,6 +62,9 @@ pub(crate) struct ShipCtx {
     /// encodes a page against (spans or a zstd patch). Exactly the chain tip's content for
     /// each page it holds; at most `Settings::delta_cache_pages` pages.
     published: std::collections::HashMap<u32, Vec<u8>>,
+    /// The commit counter the last capture proved from its pages: a capture whose new frames
+    /// do not touch the counter must hold exactly this one.
+    proven: Option<u64>,
 }
 
 impl ShipCtx {
@@ -81,6 +84,7 @@ impl ShipCtx {
             window_bytes: 0,
             full_pages: 0,
             published: std::collections::HashMap::new(),
+            proven: None,
         }
     }
 
@@ -122,7 +126,8 @@ pub(crate) struct ShipIo<'a> {
     /// The writer's job queue; never holds the sender across an await (a held
     /// `Sender<Job>` trips rustc's higher-ranked `Send` check in callers).
     pub jobs: &'a Mutex<Option<Sender<Job>>>,
-    pub db: &'a Path,
+    /// The writer's database and WAL, read through descriptors it owns (I13).
+    pub files: &'a Arc<OwnedFiles>,
     pub settings: &'a Settings,
 }
 
@@ -140,29 +145,61 @@ async fn capture(io: &ShipIo<'_>, from: u64, checkpoint: Checkpoint) -> Result<C
     let got = if sent { rx.await.ok() } else { None };
     match got {
         Some(Ok(c)) => Ok(c),
-        Some(Err(source)) => Err(io_error(io, source)),
-        None => Err(io_error(
+        Some(Err(e)) => Err(capture_error(io, e)),
+        None => Err(capture_error(
             io,
-            std::io::Error::other("the writer thread has stopped"),
+            CaptureError::Io(std::io::Error::other("the writer thread has stopped")),
         )),
     }
 }
 
-/// A local failure while capturing, as the replica error the waiters are failed with.
-fn io_error(io: &ShipIo<'_>, source: std::io::Error) -> Failure {
-    idem_replica::Error::Io {
-        path: io.db.display().to_string(),
-        source,
+/// A capture's failure as a ship failure: a local I/O error fails the ship like a store
+/// error would (retryable); a foreign change poisons the org.
+fn capture_error(io: &ShipIo<'_>, e: CaptureError) -> Failure {
+    match e {
+        CaptureError::Io(source) => Failure::Store(idem_replica::Error::Io {
+            path: io.files.db_path().display().to_string(),
+            source,
+        }),
+        CaptureError::Foreign(f) => Failure::Foreign(f),
     }
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Failure> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|source| idem_replica::Error::Task {
+    tokio::task::spawn_blocking(f).await.map_err(|source| {
+        Failure::Store(idem_replica::Error::Task {
             op: "preparing a ship",
             source,
         })
+    })
+}
+
+/// Checks a capture against its own pages (I13): the newest captured version of the
+/// counter page holds `cap_commit`, or, when the new frames leave that page alone, the
+/// counter is the one the previous capture proved.
+fn prove(
+    counter: Option<&[u8]>,
+    counter_page: u32,
+    cap_commit: u64,
+    previous: Option<u64>,
+) -> Result<(), Foreign> {
+    let found = match counter {
+        Some(page) => Some(
+            crate::proof::commit_counter(page, counter_page).map_err(|e| {
+                Foreign(format!("the captured counter page is not the counter: {e}"))
+            })?,
+        ),
+        None => previous,
+    };
+    match found {
+        Some(n) if n == cap_commit => Ok(()),
+        Some(n) => Err(Foreign(format!(
+            "the captured pages hold commit {n}, the writer committed {cap_commit}"
+        ))),
+        None => Err(Foreign(format!(
+            "the captured pages do not show commit {cap_commit}"
+        ))),
+    }
 }
 
 /// Ships everything committed so far and settles the waiters it covers.
@@ -185,7 +222,8 @@ pub(crate) async fn ship_once(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<(), 
     };
     let (commit, bytes, full) = match shipped {
         Ok(v) => v,
-        Err(e) => return Err(io.shared.failed(start, covering, e)),
+        Err(Failure::Store(e)) => return Err(io.shared.failed(start, covering, e)),
+        Err(Failure::Foreign(f)) => return Err(io.shared.poison(&f.0)),
     };
     let c = &io.shared.counters;
     c.ships.fetch_add(1, Ordering::Relaxed);
@@ -202,8 +240,19 @@ pub(crate) async fn ship_once(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<(), 
     Ok(())
 }
 
-/// Why a ship failed; local failures are carried as the replica's `Io`/`Task` errors.
-type Failure = idem_replica::Error;
+/// Why a ship failed.
+enum Failure {
+    /// The store's error, or a local failure carried as the replica's `Io`/`Task` error.
+    Store(idem_replica::Error),
+    /// The org's files were changed by someone else: nothing may be published.
+    Foreign(Foreign),
+}
+
+impl From<idem_replica::Error> for Failure {
+    fn from(e: idem_replica::Error) -> Self {
+        Failure::Store(e)
+    }
+}
 
 enum Fallback {
     Full,
@@ -218,15 +267,19 @@ async fn ship_full(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Failure> 
     ctx.pending = None;
     ctx.published.clear();
     let cap = capture(io, 0, Checkpoint::Before).await?;
-    let db = io.db.to_path_buf();
+    let files = io.files.clone();
     let built = blocking(move || {
         let frames = wal::read(&cap.head, &cap.tail, None)
-            .map_err(|e| std::io::Error::other(format!("reading the WAL: {}", e.0)))?;
-        let image = capture::image(&db, cap.page_size, &frames)?;
-        Ok::<_, std::io::Error>((image, cap.page_size, frames.end, cap.commit))
+            .map_err(|e| Foreign(format!("the WAL cannot be read: {}", e.0)))?;
+        let image = capture::image(&files, cap.db, cap.page_size, &frames)?;
+        let ps = cap.page_size as usize;
+        let at = (cap.counter_page as usize).saturating_sub(1) * ps;
+        prove(image.get(at..at + ps), cap.counter_page, cap.commit, None)?;
+        Ok::<_, CaptureError>((image, cap.page_size, frames.end, cap.commit))
     })
     .await?;
-    let (image, page_size, end, commit) = built.map_err(|e| io_error(io, e))?;
+    let (image, page_size, end, commit) = built.map_err(|e| capture_error(io, e))?;
+    ctx.proven = Some(commit);
     let db_pages = (image.len() / page_size as usize) as u32;
     let shipped = io
         .replica
@@ -267,18 +320,25 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
     )
     .await
     .map_err(Fallback::Failed)?;
-    let (commit, reset) = (cap.commit, cap.reset);
-    let frames: Result<Frames, wal::WalError> =
-        blocking(move || wal::read(&cap.head, &cap.tail, from))
-            .await
-            .map_err(Fallback::Failed)?;
-    let frames = match frames {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!(org = %io.shared.org, reason = %e.0, "WAL position lost; shipping a full snapshot");
-            return Err(Fallback::Full);
-        }
-    };
+    let (commit, reset, db_state) = (cap.commit, cap.reset, cap.db);
+    let previous = ctx.proven;
+    let frames = blocking(move || {
+        // Only this writer restarts its WAL, and it tracks where: frames that cannot be
+        // read from the chain's position mean someone else rewrote the WAL.
+        let frames = wal::read(&cap.head, &cap.tail, from).map_err(|e| {
+            Foreign(format!(
+                "the WAL cannot be read from the chain's position: {}",
+                e.0
+            ))
+        })?;
+        let counter = frames.pages.get(&cap.counter_page).map(Vec::as_slice);
+        prove(counter, cap.counter_page, cap.commit, previous)?;
+        Ok::<_, Foreign>(frames)
+    })
+    .await
+    .map_err(Fallback::Failed)?
+    .map_err(|f| Fallback::Failed(Failure::Foreign(f)))?;
+    ctx.proven = Some(commit);
     if let Some(pos) = frames.end
         && pos.page_size != ctx.page_size
     {
@@ -301,9 +361,10 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
     pending.pages.retain(|p, _| *p <= db_pages);
     ctx.changed.retain(|p| *p <= db_pages);
     let delta = if compact && reset {
-        match compacted_delta(ctx, io, commit).await {
+        match compacted_delta(ctx, io, commit, db_state).await {
             Ok(d) => d,
-            Err(e) => {
+            Err(f @ Failure::Foreign(_)) => return Err(Fallback::Failed(f)),
+            Err(Failure::Store(e)) => {
                 tracing::warn!(org = %io.shared.org, error = ?e, "compaction failed; shipping a full snapshot");
                 return Err(Fallback::Full);
             }
@@ -311,7 +372,7 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
     } else {
         let published = &ctx.published;
         Delta::new(ctx.page_size, db_pages, pending.pages.clone(), commit)
-            .map_err(Fallback::Failed)?
+            .map_err(|e| Fallback::Failed(e.into()))?
             .encode_against(|p| published.get(&p).map(Vec::as_slice))
     };
     let compacted = delta.is_compacted();
@@ -360,22 +421,27 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
             tracing::warn!(org = %io.shared.org, error = %e, compacted, "delta refused; shipping a full snapshot");
             Err(Fallback::Full)
         }
-        Err(e) => Err(Fallback::Failed(e)),
+        Err(e) => Err(Fallback::Failed(e.into())),
     }
 }
 
 /// Builds a compacted delta after a capture whose checkpoint emptied the WAL: every page
 /// changed since the snapshot (pending ones included), read from the database file, which
 /// now holds exactly the captured state.
-async fn compacted_delta(ctx: &ShipCtx, io: &ShipIo<'_>, commit: u64) -> Result<Delta, Failure> {
+async fn compacted_delta(
+    ctx: &ShipCtx,
+    io: &ShipIo<'_>,
+    commit: u64,
+    db: crate::owned::DbState,
+) -> Result<Delta, Failure> {
     let mut wanted: Vec<u32> = ctx.changed.iter().copied().collect();
     if let Some(p) = &ctx.pending {
         wanted.extend(p.pages.keys().copied());
     }
     wanted.sort_unstable();
     wanted.dedup();
-    let (db, ps, db_pages) = (io.db.to_path_buf(), ctx.page_size, ctx.db_pages);
-    let read = blocking(move || capture::read_pages(&db, ps, db_pages, &wanted)).await?;
-    let pages = read.map_err(|e| io_error(io, e))?;
-    Delta::new(ps, db_pages, pages, commit).map(Delta::compacted)
+    let (files, ps, db_pages) = (io.files.clone(), ctx.page_size, ctx.db_pages);
+    let read = blocking(move || capture::read_pages(&files, db, ps, db_pages, &wanted)).await?;
+    let pages = read.map_err(|e| capture_error(io, e))?;
+    Ok(Delta::new(ps, db_pages, pages, commit).map(Delta::compacted)?)
 }

@@ -37,6 +37,28 @@ pub enum Error {
         /// This writer's round.
         ours: u64,
     },
+    /// The org's local files were changed outside its writer (another process wrote,
+    /// checkpointed, replaced or removed them, I13): nothing captured from them was published
+    /// and nothing since the last ship is acknowledged. The handle is poisoned and its local
+    /// files discarded; acquiring the org again hydrates it from the store.
+    #[error("org {org}: writer of round {round} stopped: {reason}")]
+    Poisoned {
+        /// The org.
+        org: OrgId,
+        /// The poisoned writer's round.
+        round: u64,
+        /// What was found changed.
+        reason: String,
+    },
+    /// A read on the writer connection ([`crate::Org::read`]) failed.
+    #[error("org {org}: read failed")]
+    Read {
+        /// The org.
+        org: OrgId,
+        /// The SQLite error, or the panic.
+        #[source]
+        source: idem::BoxError,
+    },
     /// The handle was released (shutdown, eviction, explicit release): acquire again.
     #[error("org {org}: handle of round {round} is closed")]
     Closed {
@@ -111,9 +133,10 @@ impl Error {
     /// What the caller should do; one exhaustive match over every variant.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Fenced { .. } | Error::Closed { .. } | Error::WriterGone { .. } => {
-                ErrorKind::Reacquire
-            }
+            Error::Fenced { .. }
+            | Error::Closed { .. }
+            | Error::WriterGone { .. }
+            | Error::Poisoned { .. } => ErrorKind::Reacquire,
             Error::ShipFailed { .. } => ErrorKind::Retry,
             Error::Idem { source, .. } => match source.kind() {
                 idem::ErrorKind::Retry => ErrorKind::Retry,
@@ -129,7 +152,7 @@ impl Error {
                 idem_replica::ErrorKind::Corrupt => ErrorKind::Corrupt,
                 _ => ErrorKind::Fatal,
             },
-            Error::Local { .. } | Error::Sqlite { .. } => ErrorKind::Fatal,
+            Error::Local { .. } | Error::Sqlite { .. } | Error::Read { .. } => ErrorKind::Fatal,
             Error::InvalidSettings { .. } => ErrorKind::Input,
         }
     }

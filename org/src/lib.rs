@@ -55,6 +55,8 @@ mod effect;
 mod error;
 mod local;
 mod org;
+mod owned;
+mod proof;
 mod registry;
 mod settings;
 mod ship;

@@ -11,8 +11,9 @@ use tokio::sync::oneshot;
 
 use crate::chain::{ShipCtx, ShipIo, ship_once};
 use crate::local::LocalFiles;
+use crate::owned::{Opened, OwnedFiles};
 use crate::ship::{Counters, Shared, ShipState, Stop, confirm_once};
-use crate::writer::{self, ApplyFn, InitFn, Job, WriterCtx};
+use crate::writer::{self, ApplyFn, InitFn, Job, ReadFn, WriterCtx};
 use crate::{Error, Settings};
 
 /// A handle on an acquired org: this process is its one writer for one round. Cheap to clone.
@@ -64,7 +65,9 @@ struct Inner {
     replica: Replica,
     settings: Settings,
     ship: tokio::sync::Mutex<ShipCtx>,
-    db: std::path::PathBuf,
+    /// The writer's files, read by the shipper through descriptors that outlive the writer
+    /// connection (I13).
+    owned: Arc<OwnedFiles>,
     jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     /// False once a release began: requests are refused, ships may still run. Read and
     /// written under the `jobs` lock, so no request is queued behind the final capture.
@@ -113,17 +116,18 @@ impl Org {
             .map_err(rerr)?;
         let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
         let opened = Self::open_files(&replica, &claim, &files, &settings, init).await;
-        let conn = match opened {
+        let (opened, watch) = match opened {
             Ok(v) => v,
             Err(e) => {
                 files.remove();
                 return Err(e);
             }
         };
-        let committed = writer::read_commit(&conn).map_err(|source| Error::Sqlite {
+        let committed = writer::read_commit(&opened.conn).map_err(|source| Error::Sqlite {
             org: org.clone(),
             source,
         })?;
+        let owned = opened.files.clone();
         let shared = Arc::new(Shared {
             org: org.clone(),
             round: claim.round,
@@ -140,12 +144,11 @@ impl Org {
             round: claim.round,
             committed: shared.committed.clone(),
             clock,
-            db: files.db.clone(),
             busy: Duration::from_millis(settings.busy_timeout_ms),
         };
         let thread = std::thread::Builder::new()
             .name(format!("idem-writer-{org}"))
-            .spawn(move || writer::run(conn, ctx, jobs_rx))
+            .spawn(move || writer::run(opened, watch, ctx, jobs_rx))
             .map_err(|source| Error::Local {
                 org: org.to_string(),
                 path: files.db.clone(),
@@ -157,7 +160,7 @@ impl Org {
             replica,
             settings,
             ship: tokio::sync::Mutex::new(ShipCtx::new(claim)),
-            db: files.db.clone(),
+            owned,
             jobs: Mutex::new(Some(jobs_tx)),
             accepting: std::sync::atomic::AtomicBool::new(true),
             writer_thread: Mutex::new(Some(thread)),
@@ -175,7 +178,7 @@ impl Org {
         files: &LocalFiles,
         settings: &Settings,
         init: Option<InitFn>,
-    ) -> Result<Connection, Error> {
+    ) -> Result<(Opened, crate::capture::Watch), Error> {
         let org = claim.org.clone();
         replica
             .hydrate(claim, &files.db)
@@ -185,8 +188,33 @@ impl Org {
         let busy = Duration::from_millis(settings.busy_timeout_ms);
         let org2 = org.clone();
         tokio::task::spawn_blocking(move || {
-            writer::open_writer(&path, busy, init.as_ref())
-                .map_err(|source| Error::idem(&org2, source))
+            let opened = writer::open_writer(&path, busy, init.as_ref()).map_err(|e| match e {
+                writer::OpenError::Idem(source) => Error::idem(&org2, source),
+                writer::OpenError::Mode(reason) => Error::Local {
+                    org: org2.to_string(),
+                    path: path.clone(),
+                    source: std::io::Error::other(format!(
+                        "the writer connection could not take the database exclusively: {reason}"
+                    )),
+                },
+                writer::OpenError::Files(source) => Error::Local {
+                    org: org2.to_string(),
+                    path: path.clone(),
+                    source,
+                },
+            })?;
+            let watch = crate::capture::Watch::new(&opened.files).map_err(|e| {
+                let source = match e {
+                    crate::capture::CaptureError::Io(e) => e,
+                    crate::capture::CaptureError::Foreign(f) => std::io::Error::other(f.0),
+                };
+                Error::Local {
+                    org: org2.to_string(),
+                    path: path.clone(),
+                    source,
+                }
+            })?;
+            Ok((opened, watch))
         })
         .await
         .map_err(|e| {
@@ -306,6 +334,70 @@ impl Org {
         Ok(rec)
     }
 
+    /// Runs `read` on the org's writer connection, inside a transaction that is rolled back
+    /// afterwards (nothing it writes stays), and returns its result only once every commit
+    /// it could see is shipped and a confirmation that started after this call found no
+    /// successor (I6, I7): a read never reveals a state the store does not hold.
+    ///
+    /// This is how an application reads an org's data while it is served: the writer holds
+    /// the database file exclusively (I13), so other connections get "database is locked".
+    ///
+    /// # Errors
+    /// [`Error::Read`] when `read` fails or panics (nothing waited for); otherwise as
+    /// [`Org::once_with`].
+    pub async fn read<T, F>(&self, read: F) -> Result<T, Error>
+    where
+        F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.read_mut(move |conn| {
+            let tx = conn.transaction()?;
+            read(&tx)
+        })
+        .await
+    }
+
+    /// The database image as the writer connection sees it (`sqlite3_serialize`), once it
+    /// is shipped and confirmed like [`Org::read`]: for tests that compare it with a restore.
+    ///
+    /// # Errors
+    /// As [`Org::read`].
+    #[doc(hidden)]
+    pub async fn image(&self) -> Result<Vec<u8>, Error> {
+        self.read_mut(|conn| Ok(conn.serialize(rusqlite::MAIN_DB)?.to_vec()))
+            .await
+    }
+
+    async fn read_mut<T, F>(&self, read: F) -> Result<T, Error>
+    where
+        F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        let job: ReadFn = Box::new(move |conn| {
+            let _ = tx.send(read(conn));
+        });
+        let c = self.call(|reply| Job::Read { read: job, reply }).await?;
+        let org = self.inner.shared.org.clone();
+        let out = match rx.await {
+            Ok(Ok(v)) => v,
+            Ok(Err(source)) => {
+                return Err(Error::Read {
+                    org,
+                    source: source.into(),
+                });
+            }
+            Err(_) => {
+                return Err(Error::Read {
+                    org,
+                    source: "the read panicked".into(),
+                });
+            }
+        };
+        self.inner.shared.wait_confirmed(c).await?;
+        Ok(out)
+    }
+
     /// Deletes keys applied strictly before `cutoff` (see `idem::prune`), then ships, and
     /// returns how many were deleted.
     ///
@@ -349,7 +441,8 @@ impl Org {
         inner
             .last_used
             .store(TICK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
-        if let Some(stop) = inner.shared.lock().stop {
+        let stopped = inner.shared.lock().stop.clone();
+        if let Some(stop) = stopped {
             return Err(inner.shared.stop_error(stop));
         }
         let (tx, rx) = oneshot::channel();
@@ -380,25 +473,19 @@ impl Org {
         let result = {
             // Wait for a ship in flight first.
             let mut ctx = inner.ship.lock().await;
-            // Refuse new requests and queue a no-op capture behind every request already
-            // queued, under one lock: once it answers, `committed` covers them all.
+            // Refuse new requests and queue a barrier behind every request already queued,
+            // under one lock: once it answers, `committed` covers them all.
             let drained = {
                 let (tx, rx) = oneshot::channel();
                 let sent = {
                     let jobs = lock(&inner.jobs);
                     inner.accepting.store(false, Ordering::SeqCst);
-                    jobs.as_ref().is_some_and(|j| {
-                        j.send(Job::Capture {
-                            from: u64::MAX,
-                            checkpoint: crate::capture::Checkpoint::AfterIfOver(u64::MAX),
-                            reply: tx,
-                        })
-                        .is_ok()
-                    })
+                    jobs.as_ref()
+                        .is_some_and(|j| j.send(Job::Barrier { reply: tx }).is_ok())
                 };
                 sent && rx.await.is_ok()
             };
-            let stopped = inner.shared.lock().stop;
+            let stopped = inner.shared.lock().stop.clone();
             let result = match stopped {
                 Some(stop) => Err(inner.shared.stop_error(stop)),
                 None if !drained => Err(inner.shared.stop_error(Stop::Closed)),
@@ -410,7 +497,7 @@ impl Org {
                             shared: &inner.shared,
                             replica: &inner.replica,
                             jobs: &inner.jobs,
-                            db: &inner.db,
+                            files: &inner.owned,
                             settings: &inner.settings,
                         };
                         ship_once(&mut ctx, &io).await
@@ -515,7 +602,7 @@ async fn shipper(inner: Arc<Inner>) {
                     shared: &inner.shared,
                     replica: &inner.replica,
                     jobs: &inner.jobs,
-                    db: &inner.db,
+                    files: &inner.owned,
                     settings: &inner.settings,
                 };
                 let shipped = ship_once(&mut ctx, &io).await;
@@ -527,6 +614,19 @@ async fn shipper(inner: Arc<Inner>) {
             }
         };
         match shipped {
+            Err(Error::Poisoned { .. }) => {
+                // I13: nothing was published; end the round so a successor (this process
+                // on its next acquire, or another replica) claims at once and hydrates.
+                {
+                    let mut ctx = inner.ship.lock().await;
+                    if let Err(e) = inner.replica.release(&mut ctx.claim).await {
+                        tracing::warn!(org = %inner.shared.org, round = inner.shared.round, error = %e, "release after poisoning failed");
+                    }
+                }
+                inner.close_writer().await;
+                inner.discard_files();
+                return;
+            }
             Err(Error::Fenced { .. }) => {
                 // I7: a fenced writer acks nothing more and discards its local database.
                 inner.close_writer().await;

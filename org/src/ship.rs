@@ -31,10 +31,12 @@ pub(crate) struct Waiter {
 }
 
 /// Why an org stopped serving.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Stop {
     Fenced,
     Closed,
+    /// Someone else changed the org's files (I13); the reason as seen.
+    Poisoned(Arc<str>),
 }
 
 #[derive(Default)]
@@ -111,6 +113,11 @@ impl Shared {
 
     pub fn stop_error(&self, stop: Stop) -> Error {
         match stop {
+            Stop::Poisoned(reason) => Error::Poisoned {
+                org: self.org.clone(),
+                round: self.round,
+                reason: reason.to_string(),
+            },
             Stop::Fenced => Error::Fenced {
                 org: self.org.clone(),
                 ours: self.round,
@@ -136,7 +143,7 @@ impl Shared {
     async fn wait(&self, c: u64, fresh: bool) -> Result<(), Error> {
         let rx = {
             let mut st = self.lock();
-            if let Some(stop) = st.stop {
+            if let Some(stop) = st.stop.clone() {
                 return Err(self.stop_error(stop));
             }
             let waiter_min = if fresh { st.starts + 1 } else { 0 };
@@ -174,17 +181,26 @@ impl Shared {
         st.waiters.iter().any(|w| w.commit > st.shipped)
     }
 
-    /// Fails every waiter and stops the org.
+    /// Fails every waiter and stops the org (the first reason to stop it stays).
     pub fn stop(&self, stop: Stop) {
-        let waiters = {
+        let (stop, waiters) = {
             let mut st = self.lock();
-            st.stop.get_or_insert(stop);
-            std::mem::take(&mut st.waiters)
+            let stop = st.stop.get_or_insert(stop).clone();
+            (stop, std::mem::take(&mut st.waiters))
         };
         for w in waiters {
-            let _ = w.tx.send(Err(self.stop_error(stop)));
+            let _ = w.tx.send(Err(self.stop_error(stop.clone())));
         }
         self.demand.notify_one();
+    }
+
+    /// Stops the org because its files were changed by someone else (I13): every waiter
+    /// fails, nothing more is published or acknowledged; one log line.
+    pub(crate) fn poison(&self, reason: &str) -> Error {
+        tracing::error!(org = %self.org, round = self.round, reason, "org poisoned: its local files were changed outside the writer; nothing more is acknowledged, it re-opens from the store");
+        self.stop(Stop::Poisoned(reason.into()));
+        let stop = self.lock().stop.clone().unwrap_or(Stop::Closed);
+        self.stop_error(stop)
     }
 }
 

@@ -19,6 +19,7 @@ const MAGIC_BE: u32 = 0x377f_0683;
 pub(crate) struct WalPos {
     pub offset: u64,
     salt: [u8; 8],
+    ckpt: u32,
     cksum: [u32; 2],
     big_endian: bool,
     pub page_size: u32,
@@ -93,10 +94,40 @@ fn header(h: &[u8]) -> Result<WalPos, WalError> {
     Ok(WalPos {
         offset: HEADER as u64,
         salt,
+        ckpt: be32(&h[12..16]),
         cksum,
         big_endian,
         page_size,
     })
+}
+
+/// A WAL generation: the checkpoint sequence number and first salt of its header. SQLite
+/// adds one to both each time a checkpoint restarts the WAL, and draws the second salt anew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Generation {
+    ckpt: u32,
+    salt: [u8; 8],
+}
+
+impl Generation {
+    /// The generation of a WAL header (its first 32 bytes).
+    ///
+    /// # Errors
+    /// [`WalError`] when the header is damaged.
+    pub(crate) fn of(head: &[u8]) -> Result<Generation, WalError> {
+        let h = header(head)?;
+        Ok(Generation {
+            ckpt: h.ckpt,
+            salt: h.salt,
+        })
+    }
+
+    /// True when `later` can follow `self` through restarts of the WAL by checkpoints: its
+    /// checkpoint sequence and first salt advanced by the same non-zero count.
+    pub(crate) fn restarted_into(&self, later: &Generation) -> bool {
+        let steps = later.ckpt.wrapping_sub(self.ckpt);
+        steps != 0 && be32(&later.salt[..4]).wrapping_sub(be32(&self.salt[..4])) == steps
+    }
 }
 
 /// Reads the committed frames after `from`.
@@ -119,7 +150,9 @@ pub(crate) fn read(head: &[u8], tail: &[u8], from: Option<WalPos>) -> Result<Fra
     // `base` is the file offset of `tail[0]`; `at` indexes into `tail`.
     let (mut pos, base, mut at) = match from {
         None => (now, 0u64, HEADER),
-        Some(p) if p.salt == now.salt && p.page_size == now.page_size => (p, p.offset, 0),
+        Some(p) if p.salt == now.salt && p.ckpt == now.ckpt && p.page_size == now.page_size => {
+            (p, p.offset, 0)
+        }
         Some(_) => return Err(WalError("WAL was restarted since the last capture".into())),
     };
     let ps = pos.page_size as usize;

@@ -13,7 +13,8 @@ use idem::{BoxError, Options, Outcome, Record};
 use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
-use crate::capture::{Captured, Checkpoint};
+use crate::capture::{CaptureError, Captured, Checkpoint, Watch};
+use crate::owned::{Opened, OwnedFiles};
 
 /// The boxed `apply` closure of a request.
 pub(crate) type ApplyFn =
@@ -47,9 +48,20 @@ pub(crate) enum Job {
     Capture {
         from: u64,
         checkpoint: Checkpoint,
-        reply: oneshot::Sender<std::io::Result<Captured>>,
+        reply: oneshot::Sender<Result<Captured, CaptureError>>,
     },
+    /// A read on the writer connection (`Org::read`); answers the commit counter it saw.
+    Read {
+        read: ReadFn,
+        reply: oneshot::Sender<Result<u64, idem::Error>>,
+    },
+    /// Answers once every job queued before it has run (a drain before a release).
+    Barrier { reply: oneshot::Sender<()> },
 }
+
+/// A boxed read: runs on the writer connection between two jobs and sends its own typed
+/// result (a panic drops the sender). A transaction it leaves open is rolled back.
+pub(crate) type ReadFn = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
 
 pub(crate) const COMMIT_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS idem_org_commit (
@@ -73,8 +85,15 @@ fn bump_commit(tx: &Transaction<'_>) -> rusqlite::Result<u64> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// Opens the org's writer connection: WAL, synchronous=NORMAL, no automatic checkpoints,
-/// schema, commit counter.
+/// Opens the org's writer connection: exclusive locking, WAL, synchronous=NORMAL, no
+/// automatic checkpoints, schema, commit counter; then the descriptors the shipper reads
+/// through (I13).
+///
+/// `locking_mode = EXCLUSIVE` is set before the first access, so the WAL index lives in the
+/// writer's heap (no `-shm` file) and the first write transaction takes the database's
+/// exclusive lock for the connection's lifetime: another process opening the file gets
+/// "database is locked" and can neither read, write, checkpoint, nor remove the WAL. The
+/// writer takes that lock here, before it serves and before the descriptors are opened.
 ///
 /// synchronous=NORMAL: a local commit is made durable across machines by the ship that
 /// acknowledges it, and the local file is discarded on every re-acquire, so an fsync per
@@ -84,18 +103,49 @@ pub(crate) fn open_writer(
     path: &std::path::Path,
     busy_timeout: Duration,
     init: Option<&InitFn>,
-) -> Result<Connection, idem::Error> {
+) -> Result<Opened, OpenError> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(busy_timeout)?;
+    let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
+    let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if !locking.eq_ignore_ascii_case("exclusive") || !journal.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::Mode(format!(
+            "locking mode {locking}, journal mode {journal}"
+        )));
+    }
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0;",
+        "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;",
     )?;
     conn.execute_batch(COMMIT_SCHEMA)?;
     idem::ensure_schema(&conn)?;
     if let Some(init) = init {
         init(&conn)?;
     }
-    Ok(conn)
+    let files = OwnedFiles::open(path).map_err(OpenError::Files)?;
+    Ok(Opened {
+        conn,
+        files: Arc::new(files),
+    })
+}
+
+/// Why the writer connection could not be opened.
+#[derive(Debug)]
+pub(crate) enum OpenError {
+    Idem(idem::Error),
+    Mode(String),
+    Files(std::io::Error),
+}
+
+impl From<idem::Error> for OpenError {
+    fn from(e: idem::Error) -> Self {
+        OpenError::Idem(e)
+    }
+}
+
+impl From<rusqlite::Error> for OpenError {
+    fn from(e: rusqlite::Error) -> Self {
+        OpenError::Idem(e.into())
+    }
 }
 
 /// Runs jobs until every sender is dropped. `committed` is raised after each commit that
@@ -104,18 +154,24 @@ pub(crate) struct WriterCtx {
     pub round: u64,
     pub committed: Arc<AtomicU64>,
     pub clock: Arc<dyn idem::Clock>,
-    pub db: std::path::PathBuf,
     pub busy: Duration,
 }
 
-pub(crate) fn run(mut conn: Connection, ctx: WriterCtx, jobs: std::sync::mpsc::Receiver<Job>) {
+pub(crate) fn run(
+    mut opened: Opened,
+    mut watch: Watch,
+    ctx: WriterCtx,
+    jobs: std::sync::mpsc::Receiver<Job>,
+) {
     let WriterCtx {
         round,
         committed,
         clock,
-        db,
         busy,
     } = ctx;
+    // `opened` is used through its fields and dropped whole: the connection closes before
+    // the descriptors (I13).
+    let conn = &mut opened.conn;
     while let Ok(job) = jobs.recv() {
         match job {
             Job::Once {
@@ -129,7 +185,7 @@ pub(crate) fn run(mut conn: Connection, ctx: WriterCtx, jobs: std::sync::mpsc::R
                 // A panic in apply rolls its transaction back (the Transaction is dropped while
                 // unwinding); catching it keeps the org's writer alive for other requests.
                 let out = catch_unwind(AssertUnwindSafe(|| {
-                    idem::once_with(&mut conn, &key, round, &opts, |tx| {
+                    idem::once_with(conn, &key, round, &opts, |tx| {
                         let result = apply(tx)?;
                         n = bump_commit(tx)?;
                         Ok::<_, BoxError>(result)
@@ -151,11 +207,11 @@ pub(crate) fn run(mut conn: Connection, ctx: WriterCtx, jobs: std::sync::mpsc::R
                 let _ = reply.send(out);
             }
             Job::Applied { key, reply } => {
-                let out = idem::applied(&conn, &key).map(|r| (r, committed.load(Ordering::SeqCst)));
+                let out = idem::applied(conn, &key).map(|r| (r, committed.load(Ordering::SeqCst)));
                 let _ = reply.send(out);
             }
             Job::Prune { cutoff, reply } => {
-                let out = idem::prune(&mut conn, cutoff).and_then(|deleted| {
+                let out = idem::prune(conn, cutoff).and_then(|deleted| {
                     let tx = conn.transaction()?;
                     let n = bump_commit(&tx)?;
                     tx.commit()?;
@@ -177,15 +233,35 @@ pub(crate) fn run(mut conn: Connection, ctx: WriterCtx, jobs: std::sync::mpsc::R
                     .map_err(idem::Error::from);
                 let _ = reply.send(out);
             }
-            Job::Effect(job) => crate::effect::run_job(&mut conn, &committed, &clock, job),
+            Job::Effect(job) => crate::effect::run_job(conn, &committed, &clock, job),
             Job::Capture {
                 from,
                 checkpoint,
                 reply,
             } => {
                 let commit = committed.load(Ordering::SeqCst);
-                let out = crate::capture::capture(&conn, &db, busy, commit, from, checkpoint);
+                let out = crate::capture::capture(
+                    conn,
+                    &opened.files,
+                    &mut watch,
+                    busy,
+                    commit,
+                    from,
+                    checkpoint,
+                );
                 let _ = reply.send(out);
+            }
+            Job::Read { read, reply } => {
+                let seen = committed.load(Ordering::SeqCst);
+                // A panic in the read drops its result sender: the caller sees it.
+                let _ = catch_unwind(AssertUnwindSafe(|| read(conn)));
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+                let _ = reply.send(Ok(seen));
+            }
+            Job::Barrier { reply } => {
+                let _ = reply.send(());
             }
         }
     }

@@ -2,19 +2,26 @@
 //! pages, updates, deletes, schema changes, VACUUM, handoffs), with and without store faults
 //! (failed blob puts, puts that land but fail, failed successor checks); after every
 //! acknowledged request a fresh restore from the store equals the writer's database byte for
-//! byte, at exactly the commit counter acknowledged (I6, I10).
+//! byte, at exactly the commit counter acknowledged (I6, I10); an outside reader opening the
+//! served file now and then is refused (I13).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use common::outside::{all_locked, outside};
 use common::{BoxErr, R};
 use idem_org::{Registry, Settings};
 use idem_replica::Replica;
 use idem_replica::fault::{Fault, FaultStore, Op};
 use object_store::ObjectStore;
-use rusqlite::{Connection, MAIN_DB, OpenFlags};
+
+/// The child process of `common::outside`.
+#[test]
+fn outsider() -> R {
+    common::outside::child()
+}
 
 /// xorshift64*: deterministic per seed, printed on failure.
 struct Rng(u64);
@@ -41,10 +48,9 @@ fn local_db(data: &Path) -> Result<PathBuf, BoxErr> {
     Err("no local database".into())
 }
 
-/// The database as a reader of `path` sees it, page 1 in canonical (rollback) form.
-fn image(path: &Path) -> Result<Vec<u8>, BoxErr> {
-    let mut conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    let mut img = conn.serialize(MAIN_DB)?.to_vec();
+/// The database as the writer connection sees it, page 1 in canonical (rollback) form.
+async fn image(org: &idem_org::Org) -> Result<Vec<u8>, BoxErr> {
+    let mut img = org.image().await?;
     img[18] = 1;
     img[19] = 1;
     Ok(img)
@@ -121,7 +127,7 @@ async fn check_restore(
     dir: &Path,
     what: &str,
 ) -> Result<(), BoxErr> {
-    let want = image(&local_db(&dir.join("data"))?)?;
+    let want = image(org).await?;
     let dest = dir.join("restore.db");
     let got = reg.replica().restore(org.id(), None, &dest).await?;
     assert_eq!(
@@ -177,6 +183,11 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
         let local = local_db(&data)?;
         let wal = std::fs::metadata(local.with_extension("db-wal")).map_or(0, |m| m.len());
         max_wal = max_wal.max(wal);
+        if step % 16 == 5 {
+            // Another process opening the served file is refused and changes nothing (I13).
+            let lines = outside("read", &local, 1)?;
+            all_locked("read", &lines)?;
+        }
         check_restore(&reg, &org, dir.path(), &format!("seed {seed} step {step}")).await?;
     }
     let s = org.stats();

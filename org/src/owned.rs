@@ -1,0 +1,182 @@
+//! The writer's own files (I13): the org database and its WAL, held exclusively by the writer
+//! connection and read by the shipper through descriptors that outlive it.
+//!
+//! SQLite's locks are POSIX advisory locks. They belong to the process and the inode, and
+//! closing *any* descriptor of the inode in the process drops *all* of them ("How To Corrupt
+//! An SQLite Database File", section 2.2). So:
+//!
+//! - the writer connection runs with `locking_mode = EXCLUSIVE` and takes its write lock when
+//!   it opens: another process that opens the database gets "database is locked" and can
+//!   neither read, write, checkpoint, nor delete the WAL on close (there is no `-shm`: the
+//!   WAL index lives in the writer's heap);
+//! - the shipper reads the database and WAL through the two descriptors opened here, right
+//!   after the writer connection took its lock. They are closed only after the connection is
+//!   closed ([`Opened`] drops the connection first, and every [`OwnedFiles`] clone is
+//!   dropped after it), so a read never drops a lock SQLite holds. No other code in the
+//!   serving process opens these files;
+//! - since the paths can still be unlinked or renamed over, and the bytes written by a process
+//!   that ignores locks, every capture checks that the names still lead to these inodes and
+//!   that the database file is exactly as the writer's last checkpoint left it (in WAL mode
+//!   only a checkpoint writes it). Anything else is [`Foreign`]: the org is poisoned.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+
+/// Another process (or a file operation outside SQLite) changed the org's files; what was
+/// seen. The org must stop serving: nothing captured from these files may be acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Foreign(pub String);
+
+/// The state of the database file that only the writer's own checkpoints change: inode,
+/// size and change times (nanoseconds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DbState {
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl DbState {
+    /// The file's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn of(m: &std::fs::Metadata) -> DbState {
+        DbState {
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        }
+    }
+}
+
+/// Read-only descriptors of the writer's database and WAL, opened while the writer holds
+/// its exclusive lock and never closed before the writer connection (see the module docs).
+#[derive(Debug)]
+pub(crate) struct OwnedFiles {
+    db_path: PathBuf,
+    wal_path: PathBuf,
+    db: File,
+    wal: File,
+    ids: [(u64, u64); 2],
+}
+
+/// The writer connection and the descriptors the shipper reads through. Fields drop in
+/// declaration order: the connection closes (releasing its locks) before the descriptors.
+pub(crate) struct Opened {
+    pub conn: Connection,
+    pub files: std::sync::Arc<OwnedFiles>,
+}
+
+fn id(m: &std::fs::Metadata) -> (u64, u64) {
+    (m.dev(), m.ino())
+}
+
+/// The WAL file's path for a database path.
+pub(crate) fn wal_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push("-wal");
+    PathBuf::from(p)
+}
+
+impl OwnedFiles {
+    /// Opens the descriptors. Call only once the writer connection holds its exclusive lock
+    /// and has created the WAL.
+    ///
+    /// # Errors
+    /// The I/O error of opening either file (a missing WAL included).
+    pub fn open(db_path: &Path) -> std::io::Result<OwnedFiles> {
+        let wal_path = wal_path(db_path);
+        let db = File::open(db_path)?;
+        let wal = File::open(&wal_path)?;
+        let ids = [id(&db.metadata()?), id(&wal.metadata()?)];
+        Ok(OwnedFiles {
+            db_path: db_path.to_owned(),
+            wal_path,
+            db,
+            wal,
+            ids,
+        })
+    }
+
+    /// The database file's path.
+    pub fn db_path(&self) -> &Path {
+        &self.db_path
+    }
+
+    /// Checks that both paths still name the files the writer has open (`stat` only: no
+    /// descriptor is opened).
+    pub fn check_names(&self) -> Result<(), Foreign> {
+        for (path, want, what) in [
+            (&self.db_path, self.ids[0], "database"),
+            (&self.wal_path, self.ids[1], "WAL"),
+        ] {
+            match std::fs::metadata(path) {
+                Ok(m) if id(&m) == want => {}
+                Ok(_) => return Err(Foreign(format!("the {what} file was replaced"))),
+                Err(e) => return Err(Foreign(format!("the {what} file is gone ({e})"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// The database file's current state.
+    ///
+    /// # Errors
+    /// The I/O error of `fstat`.
+    pub fn db_state(&self) -> std::io::Result<DbState> {
+        Ok(DbState::of(&self.db.metadata()?))
+    }
+
+    /// Checks the database file is still in `want` (as the writer's last checkpoint left it).
+    pub fn check_db(&self, want: DbState) -> Result<(), Foreign> {
+        match self.db_state() {
+            Ok(now) if now == want => Ok(()),
+            Ok(now) => Err(Foreign(format!(
+                "the database file changed outside the writer's checkpoints \
+                 ({} bytes, was {})",
+                now.len, want.len
+            ))),
+            Err(e) => Err(Foreign(format!(
+                "the database file cannot be examined ({e})"
+            ))),
+        }
+    }
+
+    /// The WAL file's current length in bytes.
+    ///
+    /// # Errors
+    /// The I/O error of `fstat`.
+    pub fn wal_len(&self) -> std::io::Result<u64> {
+        Ok(self.wal.metadata()?.len())
+    }
+
+    /// Reads the WAL bytes `[from, to)`.
+    ///
+    /// # Errors
+    /// The I/O error of the read (a WAL shorter than `to` included).
+    pub fn read_wal(&self, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+        read_range(&self.wal, from, to)
+    }
+
+    /// Reads the database file bytes `[from, to)`.
+    ///
+    /// # Errors
+    /// The I/O error of the read (a file shorter than `to` included).
+    pub fn read_db(&self, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+        read_range(&self.db, from, to)
+    }
+}
+
+fn read_range(f: &File, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+    let len = usize::try_from(to.saturating_sub(from)).map_err(std::io::Error::other)?;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, from)?;
+    Ok(buf)
+}
