@@ -7,6 +7,7 @@
 
 mod audit;
 mod client;
+mod outside;
 mod replica;
 mod report;
 
@@ -127,6 +128,14 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let trigger = |phase: usize| (third * phase).saturating_sub(a.clients / 2).max(1);
     let mut events: Vec<(String, Instant)> = Vec::new();
 
+    // Halfway to the first handoff, an operator on the host reads every served database.
+    let _ = acked_rx.wait_for(|n| *n >= trigger(1) / 2).await;
+    let outside = outside::read_all(&data).await;
+    say(format!(
+        "outside reader: {} of {} served database files refused (database is locked)",
+        outside.refused, outside.files
+    ));
+
     let _ = acked_rx.wait_for(|n| *n >= trigger(1)).await;
     let rep_b = ReplicaProc::start("B", &store, &data, &dir, a.lease_ms).await?;
     say(format!(
@@ -180,7 +189,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
             max_org_gap_ms: report::max_gap_ms(&stats.ack_times, *t),
         })
         .collect();
-    let summary = report::Summary::new(&a, &stats, &audit, handoffs, started.elapsed());
+    let summary = report::Summary::new(&a, &stats, &audit, &outside, handoffs, started.elapsed());
     summary.print(a.json);
     if a.dir.is_some() && !a.json {
         eprintln!("replica logs and the store are in {}", dir.display());

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use super::audit::Audit;
 use super::client::Stats;
+use super::outside::OutsideReads;
 use super::{DemoArgs, Handoff};
 
 /// Everything the demo prints.
@@ -29,6 +30,7 @@ pub struct Summary {
     ack_latency_p50_ms: f64,
     ack_latency_p99_ms: f64,
     handoffs: Vec<Handoff>,
+    outside_reads: OutsideReads,
     violations: Vec<String>,
     wall_s: f64,
 }
@@ -39,6 +41,7 @@ impl Summary {
         a: &DemoArgs,
         s: &Stats,
         audit: &Audit,
+        outside: &OutsideReads,
         handoffs: Vec<Handoff>,
         wall: Duration,
     ) -> Summary {
@@ -46,6 +49,15 @@ impl Summary {
         lat.sort_by(f64::total_cmp);
         let mut violations = s.violations.clone();
         violations.extend(audit.violations.iter().cloned());
+        violations.extend(
+            outside
+                .opened
+                .iter()
+                .map(|f| format!("an outside process read the served database {f}")),
+        );
+        if outside.files == 0 {
+            violations.push("the outside reader found no served database to read".into());
+        }
         if s.acked.len() != a.requests {
             violations.push(format!(
                 "{} of {} requests acknowledged",
@@ -71,6 +83,7 @@ impl Summary {
             ack_latency_p50_ms: percentile(&lat, 0.50),
             ack_latency_p99_ms: percentile(&lat, 0.99),
             handoffs,
+            outside_reads: outside.clone(),
             violations,
             wall_s: wall.as_secs_f64(),
         }
@@ -131,6 +144,10 @@ impl Summary {
                 h.max_org_gap_ms
             );
         }
+        println!(
+            "outside reader {} of {} served database files refused to another process (database is locked)",
+            self.outside_reads.refused, self.outside_reads.files
+        );
         if self.ok() {
             println!(
                 "exactly-once   OK: every acknowledged request applied exactly once, balances match, no effect without its key, every snapshot and delta verified"
