@@ -106,3 +106,68 @@ pub fn open_claims(data_dir: &Path) -> usize {
         .filter(|e| e.path().extension().is_some_and(|x| x == "lock"))
         .count()
 }
+
+/// The data directory's identity and exclusive lock, which prove a restart (DESIGN's writer
+/// identity): `<data>/home.id` holds a random id made once, and `<data>/home.lock` is held by
+/// the process working in the directory. A process that holds the lock knows every earlier
+/// process that worked here is gone (each held it until it died), so a live lease of its own
+/// writer id and this home is a dead process's, and need not be waited out.
+#[derive(Debug)]
+pub(crate) struct Home {
+    pub id: String,
+    lock_path: PathBuf,
+    lock: std::sync::Mutex<Option<File>>,
+}
+
+impl Home {
+    /// Reads or creates the id, and tries the lock once.
+    pub fn open(data_dir: &Path) -> std::io::Result<Home> {
+        let id_path = data_dir.join("home.id");
+        if !id_path.exists() {
+            // Written aside, then linked into place: a concurrent reader never sees it empty.
+            let mut raw = [0u8; 12];
+            getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
+            let id = hex::encode(raw);
+            let tmp = data_dir.join(format!("home.id.{id}"));
+            std::fs::write(&tmp, &id)?;
+            File::open(&tmp)?.sync_all()?;
+            let linked = std::fs::hard_link(&tmp, &id_path);
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+        }
+        let id = std::fs::read_to_string(&id_path)?.trim().to_owned();
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(std::io::Error::other(format!(
+                "{} is not a data directory id",
+                id_path.display()
+            )));
+        }
+        let home = Home {
+            id,
+            lock_path: data_dir.join("home.lock"),
+            lock: std::sync::Mutex::new(None),
+        };
+        home.locked();
+        Ok(home)
+    }
+
+    /// True when this process holds the data directory's lock (tried again if not yet held:
+    /// the process that held it may have died since).
+    pub fn locked(&self) -> bool {
+        let mut held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if held.is_none()
+            && let Ok(f) = OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&self.lock_path)
+            && f.try_lock().is_ok()
+        {
+            *held = Some(f);
+        }
+        held.is_some()
+    }
+}

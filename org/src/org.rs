@@ -14,7 +14,7 @@ use crate::local::LocalFiles;
 use crate::owned::{Opened, OwnedFiles};
 use crate::ship::{Counters, Shared, ShipState, Stop, confirm_once};
 use crate::writer::{self, ApplyFn, InitFn, Job, ReadFn, WriterCtx};
-use crate::{Error, Settings};
+use crate::{Error, ErrorKind, Settings};
 
 /// A handle on an acquired org: this process is its one writer for one round. Cheap to clone.
 ///
@@ -105,13 +105,15 @@ impl Org {
         data_dir: &std::path::Path,
         org: OrgId,
         writer_id: &str,
+        home: &crate::local::Home,
         settings: Settings,
         clock: Arc<dyn idem::Clock>,
         init: Option<InitFn>,
     ) -> Result<Org, Error> {
         let rerr = |e| Error::replica(org.as_str(), e);
+        let home = Some((home.id.as_str(), home.locked()));
         let claim = replica
-            .claim(&org, writer_id, settings.force_claim)
+            .claim_from(&org, writer_id, home, settings.force_claim)
             .await
             .map_err(rerr)?;
         let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
@@ -457,7 +459,20 @@ impl Org {
         let org = inner.shared.org.clone();
         match rx.await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(Error::idem(&org, source)),
+            Ok(Err(source)) => {
+                let refused = Error::idem(&org, source);
+                // A refusal decided from the database (a fingerprint mismatch, exhausted
+                // attempts, an `apply` that failed on what it read, an effect in the wrong
+                // state) is an answer too: it waits for the same confirmation as a replay,
+                // so it never reveals a commit the store does not hold (I6, I7). Until then
+                // the caller gets the confirmation's retryable or fenced error instead. Only
+                // bad input, decided without reading anything, is answered at once.
+                if refused.kind() != ErrorKind::Input {
+                    let seen = inner.shared.committed.load(Ordering::SeqCst);
+                    inner.shared.wait_confirmed(seen).await?;
+                }
+                Err(refused)
+            }
             Err(_) => Err(Error::WriterGone { org }),
         }
     }

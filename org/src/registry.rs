@@ -64,6 +64,11 @@ impl RegistryBuilder {
             path: self.data_dir.clone(),
             source,
         })?;
+        let home = crate::local::Home::open(&self.data_dir).map_err(|source| Error::Local {
+            org: String::new(),
+            path: self.data_dir.clone(),
+            source,
+        })?;
         Ok(Registry {
             inner: Arc::new(RegistryInner {
                 data_dir: self.data_dir,
@@ -72,6 +77,7 @@ impl RegistryBuilder {
                 settings: self.settings,
                 clock: self.clock,
                 init: self.init,
+                home: Arc::new(home),
                 orgs: Mutex::new(HashMap::new()),
             }),
         })
@@ -91,6 +97,7 @@ struct RegistryInner {
     settings: Settings,
     clock: Arc<dyn idem::Clock>,
     init: Option<InitFn>,
+    home: Arc<crate::local::Home>,
     orgs: Mutex<HashMap<OrgId, Slot>>,
 }
 
@@ -153,6 +160,7 @@ impl Registry {
                         &inner.data_dir,
                         id.clone(),
                         &inner.writer_id,
+                        &inner.home,
                         inner.settings.clone(),
                         inner.clock.clone(),
                         inner.init.clone(),

@@ -37,6 +37,8 @@ pub struct Claim {
     pub seq: u64,
     pub(crate) next_seq: u64,
     pub(crate) lease_renewed_ms: u64,
+    /// The home written into this claim's leases.
+    pub(crate) home: Option<String>,
     pub(crate) unusable: Option<&'static str>,
     pub(crate) tip: Option<Tip>,
     /// The snapshot the chain started from (compacted deltas apply to it).

@@ -256,6 +256,14 @@ pub struct Lease {
     pub round: u64,
     /// Expiry, ms since the Unix epoch.
     pub expires_at_ms: u64,
+    /// The holder's process instance (random per [`crate::Replica`] opened): two processes
+    /// configured with one writer id are told apart by it. Empty in leases of older versions.
+    #[serde(default)]
+    pub instance: String,
+    /// The holder's home: the id of the data directory it works in, if it gave one
+    /// ([`crate::Replica::claim_from`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]

@@ -91,6 +91,19 @@ pub enum Error {
         /// The round of the entry found in our slot or above it.
         theirs: u64,
     },
+    /// The store refused to write a log entry: the put failed twice and reading the slot back
+    /// found it empty both times (I9: absent, retried once). Nothing was published under it
+    /// and no newer round is implied; retry later.
+    #[error("org {org}: the store refused to write log entry {seq}")]
+    StoreRefused {
+        /// The org.
+        org: String,
+        /// The log position it refused.
+        seq: u64,
+        /// The store's error on the last try.
+        #[source]
+        source: Box<Error>,
+    },
     /// A publish failed and the re-read could not settle whether it landed (I9).
     /// The claim is poisoned; nothing may be acknowledged from it.
     #[error("org {org}: outcome of publishing log entry {seq} is unknown")]
@@ -235,6 +248,7 @@ impl Error {
             | Error::Contended { .. }
             | Error::LogChanged { .. }
             | Error::Injected { .. }
+            | Error::StoreRefused { .. }
             | Error::Io { .. } => ErrorKind::Retry,
             Error::Fenced { .. } | Error::Unknown { .. } | Error::ClaimUnusable { .. } => {
                 ErrorKind::Reacquire

@@ -32,6 +32,9 @@ pub(crate) struct Inner {
     pub(crate) settings: Settings,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
+    /// This process's instance: written into every lease it holds, so a claim tells another
+    /// live process with the same writer id from itself.
+    pub(crate) instance: String,
 }
 
 /// The fields every snapshot and delta entry shares, filled in by `upload_and_publish`.
@@ -149,6 +152,7 @@ impl Replica {
                 settings,
                 clock,
                 failpoints,
+                instance: new_nonce()?,
             }),
         })
     }
@@ -178,13 +182,34 @@ impl Replica {
     /// fencing every older writer (I7), and writes the advisory lease.
     ///
     /// A live lease of another writer blocks the claim unless `force`; a `Release` entry at
-    /// the head lets it through at once. A lease held by the same `writer` id never blocks.
+    /// the head lets it through at once. A lease of the same `writer` id blocks too unless it
+    /// is this instance's own (this [`Replica`]): two live processes configured with one
+    /// writer id never take orgs from each other. See [`Replica::claim_from`] for a restart.
     ///
     /// # Errors
     /// [`Error::LeaseHeld`]; [`Error::Contended`] after `claim_retries` lost races;
+    /// [`Error::StoreRefused`] when the store refuses the claim's write;
     /// [`Error::InvalidWriter`]; [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`]
     /// for an unreadable log.
     pub async fn claim(&self, org: &OrgId, writer: &str, force: bool) -> Result<Claim, Error> {
+        self.claim_from(org, writer, None, force).await
+    }
+
+    /// [`Replica::claim`] by a writer working in a data directory with id `home.0`. The
+    /// lease records the home; when `home.1` is true — the caller holds that directory's
+    /// exclusive lock, which every earlier process working in it held until it died — a live
+    /// lease of the same writer id and the same home belongs to a dead process and does not
+    /// block the claim (a restart after `kill -9` claims at once).
+    ///
+    /// # Errors
+    /// As [`Replica::claim`].
+    pub async fn claim_from(
+        &self,
+        org: &OrgId,
+        writer: &str,
+        home: Option<(&str, bool)>,
+        force: bool,
+    ) -> Result<Claim, Error> {
         check_writer(writer)?;
         let attempts = self.inner.settings.claim_retries.saturating_add(1);
         for attempt in 0..attempts {
@@ -194,11 +219,12 @@ impl Replica {
             let now = self.inner.clock.now_ms();
             if !force && let Some(lease) = self.lease(org).await? {
                 let released = matches!(log.last(), Some(LogEntry::Release { round, .. }) if *round >= lease.round);
-                if lease.writer != writer
-                    && lease.expires_at_ms > now
-                    && !released
-                    && lease.round >= max_round
-                {
+                let ours = lease.writer == writer
+                    && (lease.instance == self.inner.instance
+                        || home.is_some_and(|(id, locked)| {
+                            locked && lease.home.as_deref() == Some(id)
+                        }));
+                if !ours && lease.expires_at_ms > now && !released && lease.round >= max_round {
                     return Err(Error::LeaseHeld {
                         org: org.to_string(),
                         holder: lease.writer,
@@ -236,10 +262,13 @@ impl Replica {
                 continue;
             };
             self.failpoint(FailPoint::ClaimAfterPublish, org).await?;
+            let home = home.map(|(id, _)| id.to_owned());
             let lease = Lease {
                 writer: writer.to_owned(),
                 round,
                 expires_at_ms: now + self.inner.settings.lease_ms,
+                instance: self.inner.instance.clone(),
+                home: home.clone(),
             };
             self.put_lease(org, &lease).await;
             info!(%org, round, seq, writer, "claimed");
@@ -251,6 +280,7 @@ impl Replica {
                 seq,
                 next_seq: seq + 1,
                 lease_renewed_ms: now,
+                home,
                 unusable: None,
                 tip: None,
                 snapshot_tip: None,
@@ -552,15 +582,15 @@ impl Replica {
         if now.saturating_sub(claim.lease_renewed_ms) * 2 <= self.inner.settings.lease_ms {
             return Ok(());
         }
-        self.confirm(claim).await?;
-        self.renew_lease(claim).await;
-        Ok(())
+        // Confirming renews the lease.
+        self.confirm(claim).await
     }
 
     /// Confirms that this claim still owns the org: no entry was appended to the log after
     /// the claim's last entry (one LIST). A writer answers a replay or a read only after a
     /// ship or a confirmation that started after the request arrived, so a fenced writer never
-    /// acknowledges from its local file (I6, I7).
+    /// acknowledges from its local file (I6, I7). Renews the advisory lease once past half
+    /// its term, as a ship does, so a writer serving only replays keeps its org.
     ///
     /// # Errors
     /// [`Error::Fenced`] when a successor appended (the claim becomes unusable);
@@ -568,7 +598,10 @@ impl Replica {
     pub async fn confirm(&self, claim: &mut Claim) -> Result<(), Error> {
         Self::usable(claim)?;
         let last = claim.next_seq.saturating_sub(1);
-        self.check_no_successor(claim, last).await
+        self.check_no_successor(claim, last).await?;
+        // A writer that only answers replays and reads is active: it must not look dead.
+        self.renew_lease(claim).await;
+        Ok(())
     }
 
     /// After our create at `seq`, anything above it means a successor owns the org (I11).
@@ -605,6 +638,8 @@ impl Replica {
                 writer: claim.writer.clone(),
                 round: claim.round,
                 expires_at_ms: now + self.inner.settings.lease_ms,
+                instance: self.inner.instance.clone(),
+                home: claim.home.clone(),
             };
             if self.put_lease(&claim.org, &lease).await {
                 claim.lease_renewed_ms = now;
@@ -667,6 +702,9 @@ impl Replica {
                     retried = true;
                     continue;
                 }
+                // Put failed twice and the slot read back empty twice: the store refused
+                // it. A put that still lands later holds our own entry, which a later
+                // create at this slot reads back as taken: conservative, never an ack.
                 Ok(None) => {
                     let source = match cause {
                         Some(source) => Error::store("put", &path, source),
@@ -674,7 +712,11 @@ impl Replica {
                             path: path.to_string(),
                         },
                     };
-                    return Err(unknown(source));
+                    return Err(Error::StoreRefused {
+                        org: org.to_string(),
+                        seq,
+                        source: Box::new(source),
+                    });
                 }
                 Err(e) => return Err(unknown(e)),
             }
