@@ -54,7 +54,11 @@ struct ServeArgs {
     /// Local data directory for org databases (a cache; the store is the authority).
     #[arg(long, default_value = "idem-data")]
     data: PathBuf,
-    /// Writer id recorded in claims (default: `idem-serve-<pid>`).
+    /// Writer id recorded in claims and leases (default: `idem-serve-<id of --data>`, an id
+    /// kept in DATA/home.id, so a restart on the same data directory keeps it). Each process
+    /// also has its own instance, so two live processes with one id never take orgs from
+    /// each other; a restart that finds the data directory's lock free (the old process is
+    /// gone) claims its orgs at once instead of waiting out their leases.
     #[arg(long)]
     writer: Option<String>,
     /// Run the in-process pruner this often (e.g. 1h).
@@ -63,11 +67,13 @@ struct ServeArgs {
     /// With --prune-every: delete keys applied longer ago than this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
     prune_older_than: Duration,
-    /// Advisory lease length in ms (a crashed writer's orgs wait this long).
-    #[arg(long, default_value_t = 30_000, hide = true)]
+    /// Advisory lease length in ms: how long another replica waits before it claims the
+    /// orgs of a writer that died without releasing them (SIGTERM releases at once).
+    #[arg(long, default_value_t = 30_000)]
     lease_ms: u64,
-    /// Claim orgs even when another writer's lease is live (operator override).
-    #[arg(long, hide = true)]
+    /// Claim orgs even when another writer's lease is live, fencing that writer (operator
+    /// override, e.g. when a host is known dead).
+    #[arg(long)]
     force_claim: bool,
 }
 
@@ -88,9 +94,18 @@ impl Cli {
         match self.command {
             Command::Demo(a) => crate::demo::run(a).await,
             Command::Serve(a) => {
-                let writer = a
-                    .writer
-                    .unwrap_or_else(|| format!("idem-serve-{}", std::process::id()));
+                let writer = match a.writer {
+                    Some(w) => w,
+                    None => {
+                        std::fs::create_dir_all(&a.data).map_err(|e| {
+                            format!("cannot create data directory {}: {e}", a.data.display())
+                        })?;
+                        let id = idem_org::home_id(&a.data).map_err(|e| {
+                            format!("cannot read the id of {}: {e}", a.data.display())
+                        })?;
+                        format!("idem-serve-{id}")
+                    }
+                };
                 crate::serve::run(crate::serve::ServeConfig {
                     store: a.store,
                     listen: a.listen,

@@ -64,7 +64,7 @@ mod wal;
 mod writer;
 
 pub use error::{Error, ErrorKind};
-pub use local::open_claims;
+pub use local::{home_id, open_claims};
 pub use org::{Org, OrgStats};
 pub use registry::{PruneProgress, Registry, RegistryBuilder};
 pub use settings::Settings;

@@ -122,29 +122,7 @@ pub(crate) struct Home {
 impl Home {
     /// Reads or creates the id, and tries the lock once.
     pub fn open(data_dir: &Path) -> std::io::Result<Home> {
-        let id_path = data_dir.join("home.id");
-        if !id_path.exists() {
-            // Written aside, then linked into place: a concurrent reader never sees it empty.
-            let mut raw = [0u8; 12];
-            getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
-            let id = hex::encode(raw);
-            let tmp = data_dir.join(format!("home.id.{id}"));
-            std::fs::write(&tmp, &id)?;
-            File::open(&tmp)?.sync_all()?;
-            let linked = std::fs::hard_link(&tmp, &id_path);
-            let _ = std::fs::remove_file(&tmp);
-            match linked {
-                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
-                _ => {}
-            }
-        }
-        let id = std::fs::read_to_string(&id_path)?.trim().to_owned();
-        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(std::io::Error::other(format!(
-                "{} is not a data directory id",
-                id_path.display()
-            )));
-        }
+        let id = home_id(data_dir)?;
         let home = Home {
             id,
             lock_path: data_dir.join("home.lock"),
@@ -170,4 +148,36 @@ impl Home {
         }
         held.is_some()
     }
+}
+
+/// The id of a data directory: random, made once and kept in `<data>/home.id`. Default writer
+/// ids are built from it, so a process restarted on the same data directory keeps its id.
+///
+/// # Errors
+/// The I/O error of reading or creating the file; a file that holds no id.
+pub fn home_id(data_dir: &Path) -> std::io::Result<String> {
+    let id_path = data_dir.join("home.id");
+    if !id_path.exists() {
+        // Written aside, then linked into place: a concurrent reader never sees it empty.
+        let mut raw = [0u8; 12];
+        getrandom::fill(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let id = hex::encode(raw);
+        let tmp = data_dir.join(format!("home.id.{id}"));
+        std::fs::write(&tmp, &id)?;
+        File::open(&tmp)?.sync_all()?;
+        let linked = std::fs::hard_link(&tmp, &id_path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    let id = std::fs::read_to_string(&id_path)?.trim().to_owned();
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(std::io::Error::other(format!(
+            "{} is not a data directory id",
+            id_path.display()
+        )));
+    }
+    Ok(id)
 }

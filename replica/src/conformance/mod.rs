@@ -420,8 +420,9 @@ pub async fn zombie_after_retention_is_fenced(store: Arc<dyn ObjectStore>) -> Re
     Ok(())
 }
 
-/// A put that lands but returns an error is settled by the I9 re-read; a put that keeps
-/// failing ends `Unknown` and poisons the claim; neither is a false success or a lost publish.
+/// A put that lands but returns an error is settled by the I9 re-read; a put the store keeps
+/// refusing (read back empty after the one retry) is `StoreRefused`, retryable, and the claim
+/// ships on; neither is a false success or a lost publish.
 ///
 /// # Errors
 /// Unexpected failures.
@@ -445,10 +446,15 @@ pub async fn landed_but_error_put_is_settled_by_reread(
     let s2 = r.ship(&mut a, test_snapshot(3)?).await?;
     assert_eq!(s2.seq, s.seq + 1);
     fs.inject_times(Op::Put, "/log/", 1, 2, Fault::FailBefore);
+    // Refused twice and read back empty twice: the store refused the write. That is named
+    // as such (not an unknown outcome, not fencing), and the claim stays usable.
     let res = r.ship(&mut a, test_snapshot(4)?).await;
-    assert!(matches!(res, Err(Error::Unknown { .. })), "{res:?}");
-    assert!(a.unusable().is_some());
+    assert!(matches!(res, Err(Error::StoreRefused { .. })), "{res:?}");
+    assert!(res.as_ref().is_err_and(Error::is_retryable), "{res:?}");
+    assert!(a.unusable().is_none());
     assert!(r.read_entry(&o, s2.seq + 1).await?.is_none());
+    let s3 = r.ship(&mut a, test_snapshot(4)?).await?;
+    assert_eq!(s3.seq, s2.seq + 1);
     // A claim settled through a landed-but-error put.
     fs.inject(Op::Put, "/log/", 1, Fault::FailAfter);
     let b = r.claim(&o, "b", true).await?;
