@@ -87,6 +87,17 @@ pub(crate) fn send_job(jobs: &Mutex<Option<std::sync::mpsc::Sender<Job>>>, job: 
     lock(jobs).as_ref().is_some_and(|j| j.send(job).is_ok())
 }
 
+/// What opening an org needs from its registry.
+pub(crate) struct Opening<'a> {
+    pub replica: Replica,
+    pub data_dir: &'a std::path::Path,
+    pub writer_id: &'a str,
+    pub home: &'a crate::local::Home,
+    pub settings: Settings,
+    pub clock: Arc<dyn idem::Clock>,
+    pub init: Option<InitFn>,
+}
+
 static TICK: AtomicU64 = AtomicU64::new(0);
 
 /// Decrements the in-flight count when a request ends, however it ends.
@@ -100,16 +111,16 @@ impl Drop for InFlight<'_> {
 impl Org {
     /// Claims, hydrates and opens an org (I8): nothing is served before the latest snapshot
     /// published before the claim is installed in a fresh, locked local file.
-    pub(crate) async fn open(
-        replica: Replica,
-        data_dir: &std::path::Path,
-        org: OrgId,
-        writer_id: &str,
-        home: &crate::local::Home,
-        settings: Settings,
-        clock: Arc<dyn idem::Clock>,
-        init: Option<InitFn>,
-    ) -> Result<Org, Error> {
+    pub(crate) async fn open(opening: Opening<'_>, org: OrgId) -> Result<Org, Error> {
+        let Opening {
+            replica,
+            data_dir,
+            writer_id,
+            home,
+            settings,
+            clock,
+            init,
+        } = opening;
         let rerr = |e| Error::replica(org.as_str(), e);
         let home = Some((home.id.as_str(), home.locked()));
         let claim = replica

@@ -156,14 +156,16 @@ impl Registry {
             let handle = slot
                 .get_or_try_init(|| {
                     Org::open(
-                        inner.replica.clone(),
-                        &inner.data_dir,
+                        crate::org::Opening {
+                            replica: inner.replica.clone(),
+                            data_dir: &inner.data_dir,
+                            writer_id: &inner.writer_id,
+                            home: &inner.home,
+                            settings: inner.settings.clone(),
+                            clock: inner.clock.clone(),
+                            init: inner.init.clone(),
+                        },
                         id.clone(),
-                        &inner.writer_id,
-                        &inner.home,
-                        inner.settings.clone(),
-                        inner.clock.clone(),
-                        inner.init.clone(),
                     )
                 })
                 .await
