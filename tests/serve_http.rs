@@ -188,3 +188,38 @@ async fn sigterm_hands_off_to_a_second_server_while_a_client_retries() -> TestRe
     assert_eq!(bal["balances"], json!({"x": -total, "y": total}));
     Ok(())
 }
+
+/// Regression: the default writer id held the pid, so a restart after `kill -9` answered 503
+/// for a whole lease on every org; and a lease "of the same writer" never blocked, so two
+/// live servers configured with one id took orgs from each other.
+#[tokio::test]
+async fn a_restart_after_kill_9_claims_at_once_and_a_twin_id_waits() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let long = ["--lease-ms", "600000"];
+    let http = client();
+    let body = json!({"from": "alice", "to": "bob", "cents": 5});
+    let mut first = Server::start_with(&store, &dir.path().join("data"), &long, &[])?;
+    assert_eq!(
+        post(&http, &first.url, "acme", Some("k1"), &body).await?.0,
+        201
+    );
+    first.child.kill()?;
+    first.child.wait()?;
+    // Same data directory, default id: the dead process's 10-minute lease does not block.
+    let again = Server::start_with(&store, &dir.path().join("data"), &long, &[])?;
+    let (s, replayed, _) = post(&http, &again.url, "acme", Some("k1"), &body).await?;
+    assert_eq!((s, replayed), (201, true), "the restart replays k1 at once");
+    assert_eq!(
+        post(&http, &again.url, "acme", Some("k2"), &body).await?.0,
+        201
+    );
+    // Two live servers with one configured id: the second waits, the first keeps its org.
+    let twin_args = ["--lease-ms", "600000", "--writer", "same"];
+    let a = Server::start_with(&store, &dir.path().join("a"), &twin_args, &[])?;
+    let b = Server::start_with(&store, &dir.path().join("b"), &twin_args, &[])?;
+    assert_eq!(post(&http, &a.url, "beta", Some("k1"), &body).await?.0, 201);
+    assert_eq!(post(&http, &b.url, "beta", Some("k2"), &body).await?.0, 503);
+    assert_eq!(post(&http, &a.url, "beta", Some("k3"), &body).await?.0, 201);
+    Ok(())
+}

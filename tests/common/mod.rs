@@ -54,13 +54,23 @@ impl Server {
         writer: &str,
         env: &[(&str, &Path)],
     ) -> TestResult<Server> {
+        Self::start_with(store, data, &["--writer", writer], env)
+    }
+
+    /// [`Server::start`] with other flags instead of `--writer`.
+    pub fn start_with(
+        store: &Path,
+        data: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> TestResult<Server> {
         let mut cmd = idem();
         cmd.arg("serve")
             .arg("--store")
             .arg(store)
             .args(["--listen", "127.0.0.1:0", "--data"])
             .arg(data)
-            .args(["--writer", writer])
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         for (k, v) in env {
