@@ -455,6 +455,11 @@ pub async fn landed_but_error_put_is_settled_by_reread(
     assert!(r.read_entry(&o, s2.seq + 1).await?.is_none());
     let s3 = r.ship(&mut a, test_snapshot(4)?).await?;
     assert_eq!(s3.seq, s2.seq + 1);
+    // A claim the store refuses is named so, not a lost race after every retry.
+    fs.inject_times(Op::Put, "/log/", 1, 2, Fault::FailBefore);
+    let refused = r.claim(&o, "c", true).await;
+    assert!(matches!(refused, Err(Error::StoreRefused { .. })), "{refused:?}");
+    fs.clear();
     // A claim settled through a landed-but-error put.
     fs.inject(Op::Put, "/log/", 1, Fault::FailAfter);
     let b = r.claim(&o, "b", true).await?;
