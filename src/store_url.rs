@@ -68,6 +68,27 @@ pub fn parse(text: &str) -> Result<StoreUrl, String> {
     Ok(StoreUrl { store, prefix })
 }
 
+/// [`parse`] for commands that only read: a local store directory must already exist.
+///
+/// # Errors
+/// As [`parse`]; a local path that is not an existing directory.
+pub fn parse_existing(text: &str) -> Result<StoreUrl, String> {
+    let dir = if text.contains("://") {
+        Url::parse(text)
+            .ok()
+            .filter(|u| u.scheme() == "file")
+            .and_then(|u| u.to_file_path().ok())
+    } else {
+        Some(PathBuf::from(text))
+    };
+    if let Some(dir) = dir
+        && !dir.is_dir()
+    {
+        return Err(format!("no store at {}: not a directory", dir.display()));
+    }
+    parse(text)
+}
+
 fn local(dir: PathBuf) -> Result<StoreUrl, String> {
     let store = idem_replica::Replica::local_store(&dir)
         .map_err(|e| format!("cannot open local store {}: {e}", dir.display()))?;
@@ -78,6 +99,18 @@ fn local(dir: PathBuf) -> Result<StoreUrl, String> {
 }
 
 impl StoreUrl {
+    /// Opens the replica for reading only: no probe, no writes.
+    ///
+    /// # Errors
+    /// The replica's error, as one line.
+    pub fn open_read_only(
+        &self,
+        settings: idem_replica::Settings,
+    ) -> Result<idem_replica::Replica, String> {
+        idem_replica::Replica::open_read_only(self.store.clone(), &self.prefix, settings)
+            .map_err(|e| format!("cannot open store: {}", crate::chain(&e)))
+    }
+
     /// Opens the replica over this store (runs the create-only probe).
     ///
     /// # Errors

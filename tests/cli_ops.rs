@@ -299,3 +299,86 @@ fn check_store_leaves_no_org_behind_and_prune_stays_green() -> TestResult {
     assert!(!text.contains("idem-check"), "{text}");
     Ok(())
 }
+
+/// Every entry under `dir` with its modification time: a create or delete anywhere changes a
+/// directory's time, so two equal listings mean nothing was written.
+fn tree(dir: &Path) -> TestResult<Vec<(String, std::time::SystemTime)>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        out.push((d.display().to_string(), std::fs::metadata(&d)?.modified()?));
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push((p.display().to_string(), std::fs::metadata(&p)?.modified()?));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Regression: every read-only command ran the create-only probe (a write), so it failed
+/// with an auditor's read-only credentials; a mistyped local store path was created and
+/// verified as an empty store ("verified 0 orgs", exit 0); `restore --to` created a missing
+/// parent directory.
+#[test]
+fn read_only_commands_write_nothing_and_refuse_a_missing_store() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let before = tree(Path::new(&store))?;
+    let to = dir.path().join("copy.db");
+    for args in [
+        vec!["inspect", "acme", "--store", &store],
+        vec!["snapshots", "acme", "--store", &store],
+        vec!["verify", "--store", &store],
+        vec!["effects", "acme", "--store", &store],
+        vec![
+            "restore",
+            "acme",
+            "--store",
+            &store,
+            "--to",
+            to.to_str().ok_or("path")?,
+        ],
+    ] {
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        tree(Path::new(&store))?,
+        before,
+        "a read-only command wrote to the store"
+    );
+
+    let missing = dir.path().join("no-such-store");
+    let m = missing.to_str().ok_or("path")?;
+    for args in [
+        vec!["verify", "--store", m],
+        vec!["inspect", "acme", "--store", m],
+    ] {
+        assert_clean_failure(&run(&args), "no store at");
+    }
+    assert!(
+        !missing.exists(),
+        "a read-only command created the store directory"
+    );
+    let nowhere = dir.path().join("missing-dir").join("x.db");
+    let out = run(&[
+        "restore",
+        "acme",
+        "--store",
+        &store,
+        "--to",
+        nowhere.to_str().ok_or("path")?,
+    ]);
+    assert_clean_failure(&out, "does not exist");
+    assert!(!dir.path().join("missing-dir").exists());
+    Ok(())
+}

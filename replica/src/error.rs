@@ -49,6 +49,12 @@ pub enum Error {
         /// What is wrong with the bytes.
         reason: String,
     },
+    /// A write through a replica opened with [`crate::Replica::open_read_only`].
+    #[error("the store was opened read-only; {op} writes to it")]
+    ReadOnly {
+        /// What was refused (claim, retention).
+        op: &'static str,
+    },
     /// Settings or a retention policy are out of range.
     #[error("invalid settings: {reason}")]
     InvalidSettings {
@@ -238,7 +244,8 @@ impl Error {
     /// What the caller should do; one exhaustive match over every variant.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidOrgId { .. }
+            Error::ReadOnly { .. }
+            | Error::InvalidOrgId { .. }
             | Error::InvalidWriter { .. }
             | Error::InvalidSnapshot { .. }
             | Error::InvalidSettings { .. }

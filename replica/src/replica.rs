@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     /// This process's instance: written into every lease it holds, so a claim tells another
     /// live process with the same writer id from itself.
     pub(crate) instance: String,
+    /// Opened with [`Replica::open_read_only`]: claims and retention are refused.
+    pub(crate) read_only: bool,
 }
 
 /// The fields every snapshot and delta entry shares, filled in by `upload_and_publish`.
@@ -153,8 +155,41 @@ impl Replica {
                 clock,
                 failpoints,
                 instance: new_nonce()?,
+                read_only: false,
             }),
         })
+    }
+
+    /// Opens for reading only (inspect, verify, restore, listing effects): no probe, and
+    /// nothing through this handle ever writes to the store — claims and retention are
+    /// refused with [`Error::ReadOnly`] — so read-only credentials (an auditor's) suffice.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`].
+    pub fn open_read_only(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        settings: Settings,
+    ) -> Result<Replica, Error> {
+        settings.check()?;
+        Ok(Replica {
+            inner: Arc::new(Inner {
+                store,
+                layout: Layout::new(prefix),
+                settings,
+                clock: Arc::new(SystemClock),
+                failpoints: None,
+                instance: new_nonce()?,
+                read_only: true,
+            }),
+        })
+    }
+
+    pub(crate) fn writable(&self, op: &'static str) -> Result<(), Error> {
+        if self.inner.read_only {
+            return Err(Error::ReadOnly { op });
+        }
+        Ok(())
     }
 
     /// The settings in use.
@@ -210,6 +245,7 @@ impl Replica {
         home: Option<(&str, bool)>,
         force: bool,
     ) -> Result<Claim, Error> {
+        self.writable("claim")?;
         check_writer(writer)?;
         let attempts = self.inner.settings.claim_retries.saturating_add(1);
         for attempt in 0..attempts {

@@ -24,6 +24,7 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`]; an unreadable log. A partial run is safe to repeat.
     pub async fn retain(&self, org: &OrgId, policy: &Retention) -> Result<RetentionReport, Error> {
+        self.writable("retention")?;
         let log = self.history(org).await?;
         let mut report = RetentionReport::default();
         let Some(head) = log.last().map(LogEntry::seq) else {

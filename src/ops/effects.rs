@@ -9,7 +9,7 @@ use idem::{Effect, EffectState, Resolution};
 use idem_org::Registry;
 use serde_json::{Value, json};
 
-use super::{history, open, org_id, print_json, rfc3339};
+use super::{history, open, open_read_only, org_id, print_json, rfc3339};
 
 /// `idem effects`.
 #[derive(Debug, Args)]
@@ -87,7 +87,7 @@ fn effect_json(e: &Effect) -> Value {
 /// # Errors
 /// Bad store URL or org id, unknown org, store or snapshot failures.
 pub async fn effects(a: EffectsArgs) -> Result<ExitCode, String> {
-    let replica = open(&a.store).await?;
+    let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     history(&replica, &org).await?;
     let rows = match crate::restored::restore(&replica, &org, None).await? {

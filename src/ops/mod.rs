@@ -101,6 +101,13 @@ async fn open(store: &str) -> Result<Replica, String> {
         .await
 }
 
+/// Opens for commands that only read: no create-only probe, nothing written, so read-only
+/// credentials suffice; a local store directory must already exist (a mistyped path is an
+/// error, never an empty store).
+fn open_read_only(store: &str) -> Result<Replica, String> {
+    crate::store_url::parse_existing(store)?.open_read_only(idem_replica::Settings::default())
+}
+
 fn org_id(org: &str) -> Result<OrgId, String> {
     OrgId::new(org).map_err(|e| e.to_string())
 }

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use idem_replica::LogEntry;
 use serde_json::{Value, json};
 
-use super::{OrgArgs, RestoreArgs, VerifyArgs, history, open, org_id, print_json, rfc3339};
+use super::{
+    OrgArgs, RestoreArgs, VerifyArgs, history, open_read_only, org_id, print_json, rfc3339,
+};
 
 /// A published position (snapshot or delta) as JSON; `None` for claims and releases.
 fn position_json(e: &LogEntry) -> Option<Value> {
@@ -53,7 +55,7 @@ fn snapshot_json(e: &LogEntry) -> Option<Value> {
 /// # Errors
 /// Bad store URL or org id, unknown org, store or snapshot failures.
 pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
-    let replica = open(&a.store).await?;
+    let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     let log = history(&replica, &org).await?;
     let lease = replica.lease(&org).await.map_err(|e| crate::chain(&e))?;
@@ -155,7 +157,7 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
 /// # Errors
 /// As [`inspect`].
 pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
-    let replica = open(&a.store).await?;
+    let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     let snaps: Vec<Value> = history(&replica, &org)
         .await?
@@ -192,13 +194,23 @@ pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
 /// # Errors
 /// Destination exists, unknown org or position, checksum or integrity failure.
 pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
+    if let Some(parent) = a.to.parent()
+        && !parent.as_os_str().is_empty()
+        && !parent.is_dir()
+    {
+        return Err(format!(
+            "{}: the directory {} does not exist",
+            a.to.display(),
+            parent.display()
+        ));
+    }
     if a.to.exists() {
         return Err(format!(
             "{} already exists; restore writes a new file",
             a.to.display()
         ));
     }
-    let replica = open(&a.store).await?;
+    let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     history(&replica, &org).await?;
     let got = replica
@@ -227,7 +239,7 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
 /// # Errors
 /// Bad store URL or org id, unknown org, store unreachable. Faults found give exit 1.
 pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
-    let replica = open(&a.store).await?;
+    let replica = open_read_only(&a.store)?;
     let orgs = match &a.org {
         Some(o) => {
             let id = org_id(o)?;

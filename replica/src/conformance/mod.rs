@@ -458,7 +458,10 @@ pub async fn landed_but_error_put_is_settled_by_reread(
     // A claim the store refuses is named so, not a lost race after every retry.
     fs.inject_times(Op::Put, "/log/", 1, 2, Fault::FailBefore);
     let refused = r.claim(&o, "c", true).await;
-    assert!(matches!(refused, Err(Error::StoreRefused { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Error::StoreRefused { .. })),
+        "{refused:?}"
+    );
     fs.clear();
     // A claim settled through a landed-but-error put.
     fs.inject(Op::Put, "/log/", 1, Fault::FailAfter);
