@@ -168,6 +168,55 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
     resp
 }
 
+/// The `Idempotency-Key` of a request (IETF draft: one Structured Field item, a string).
+///
+/// Exactly one field with one value: a second field, or a value that is a list (`k, k`), is
+/// refused, so one logical request can never run under two keys. The key is 1–255 visible
+/// ASCII characters (0x21–0x7E); it may be sent as an sf-string (`"abc"` is the key `abc`,
+/// with `\"` and `\\` escapes) or bare, as most clients do. Anything else — a TAB or other
+/// control byte, a space outside quotes — is refused.
+///
+/// # Errors
+/// Why the header is refused, for a 400.
+fn idempotency_key(headers: &HeaderMap) -> Result<String, String> {
+    let mut fields = headers.get_all("idempotency-key").iter();
+    let (Some(value), None) = (fields.next(), fields.next()) else {
+        return Err(if headers.contains_key("idempotency-key") {
+            "Idempotency-Key must be sent once".into()
+        } else {
+            "missing Idempotency-Key header".into()
+        });
+    };
+    let raw = value.as_bytes().trim_ascii();
+    let visible = |b: &u8| (0x21..=0x7e).contains(b);
+    let key = match raw.strip_prefix(b"\"") {
+        Some(rest) => {
+            let mut key = Vec::new();
+            let mut bytes = rest.iter();
+            loop {
+                match bytes.next() {
+                    Some(b'"') => break,
+                    Some(b'\\') => match bytes.next() {
+                        Some(&c @ (b'"' | b'\\')) => key.push(c),
+                        _ => return Err("Idempotency-Key has a bad escape".into()),
+                    },
+                    Some(&c) if visible(&c) => key.push(c),
+                    Some(_) => return Err("Idempotency-Key must be visible ASCII".into()),
+                    None => return Err("Idempotency-Key has an unterminated string".into()),
+                }
+            }
+            if bytes.next().is_some() {
+                return Err("Idempotency-Key must hold one value".into());
+            }
+            key
+        }
+        None if raw.contains(&b',') => return Err("Idempotency-Key must hold one value".into()),
+        None if raw.iter().all(visible) => raw.to_vec(),
+        None => return Err("Idempotency-Key must be visible ASCII".into()),
+    };
+    String::from_utf8(key).map_err(|_| "Idempotency-Key must be visible ASCII".into())
+}
+
 async fn transfer(
     State(st): State<Arc<AppState>>,
     Path(org): Path<String>,
@@ -177,22 +226,9 @@ async fn transfer(
     if let Err(e) = OrgId::new(&org) {
         return error(StatusCode::BAD_REQUEST, "input", e.to_string());
     }
-    let key = match headers.get("idempotency-key").map(|v| v.to_str()) {
-        None => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "input",
-                "missing Idempotency-Key header",
-            );
-        }
-        Some(Err(_)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "input",
-                "Idempotency-Key is not visible ASCII",
-            );
-        }
-        Some(Ok(k)) => k.to_owned(),
+    let key = match idempotency_key(&headers) {
+        Ok(k) => k,
+        Err(why) => return error(StatusCode::BAD_REQUEST, "input", why),
     };
     if let Err(e) = idem::validate_key(&key) {
         return error(StatusCode::BAD_REQUEST, "input", e.to_string());

@@ -223,3 +223,54 @@ async fn a_restart_after_kill_9_claims_at_once_and_a_twin_id_waits() -> TestResu
     assert_eq!(post(&http, &a.url, "beta", Some("k3"), &body).await?.0, 201);
     Ok(())
 }
+
+/// Regression: the same `Idempotency-Key` field sent twice, or one field holding `k, k`, was
+/// accepted (the second as the literal key `k, k`: one logical request ran twice), and a key
+/// with a TAB was stored. The header is one Structured Field item: a quoted key is its
+/// content, anything that is not one visible-ASCII value is 400 with the JSON error body.
+#[tokio::test]
+async fn the_idempotency_key_is_one_visible_ascii_value() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &dir.path().join("data"),
+        "t",
+        &[],
+    )?;
+    let http = client();
+    let body = json!({"from": "alice", "to": "bob", "cents": 7});
+    let url = format!("{}/orgs/acme/transfers", srv.url);
+    let send = |keys: Vec<&'static [u8]>| {
+        let mut req = http.post(&url).json(&body);
+        for k in keys {
+            req = req.header(
+                "Idempotency-Key",
+                reqwest::header::HeaderValue::from_bytes(k).unwrap(),
+            );
+        }
+        req.send()
+    };
+    for keys in [
+        vec![&b"k"[..], &b"k"[..]],
+        vec![&b"k, k"[..]],
+        vec![&b"k\tx"[..]],
+        vec![&b"k x"[..]],
+        vec![&b"\"unterminated"[..]],
+        vec![&b"\"a\" b"[..]],
+    ] {
+        let resp = send(keys.clone()).await?;
+        assert_eq!(resp.status().as_u16(), 400, "{keys:?}");
+        let err: Value = resp.json().await?;
+        assert_eq!(err["kind"], "input", "{keys:?}: {err}");
+    }
+    let first = send(vec![b"\"abc\""]).await?;
+    assert_eq!(first.status().as_u16(), 201);
+    let bare = send(vec![b"abc"]).await?;
+    assert_eq!(bare.status().as_u16(), 201);
+    assert_eq!(
+        bare.headers()["idempotent-replayed"],
+        "true",
+        "\"abc\" is the key abc"
+    );
+    Ok(())
+}

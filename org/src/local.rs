@@ -32,7 +32,8 @@ fn local_err(org: &OrgId, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
 impl LocalFiles {
     /// Creates and locks the lock file of this claim, then removes files of dead claims.
     pub fn create(data_dir: &Path, org: &OrgId, round: u64, nonce: &str) -> Result<Self, Error> {
-        // OrgId is validated ([A-Za-z0-9][A-Za-z0-9._-]*, never ".."): one path component (I12).
+        // OrgId is validated ([a-z0-9][a-z0-9._-]*, never "..", never a trailing "."): one
+        // path component, one spelling per tenant on any file system (I12).
         let dir = data_dir.join("orgs").join(org.as_str());
         std::fs::create_dir_all(&dir).map_err(local_err(org, &dir))?;
         let base = format!("{round:020}-{nonce}");

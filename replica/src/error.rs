@@ -25,7 +25,7 @@ pub enum ErrorKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The org id does not match `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$` or contains `..` (I12).
+    /// The org id does not match `^[a-z0-9][a-z0-9._-]{0,127}$`, contains `..` or ends in `.` (I12).
     #[error("invalid org id {id:?}: {reason}")]
     InvalidOrgId {
         /// The rejected id (truncated to 200 bytes).

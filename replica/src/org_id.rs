@@ -4,8 +4,12 @@ use crate::Error;
 
 /// A validated org (tenant) id.
 ///
-/// Matches `^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$` and never contains `..`, so it is always
-/// exactly one safe path segment: no traversal, no separator, no prefix confusion (I12).
+/// Matches `^[a-z0-9][a-z0-9._-]{0,127}$`, never contains `..` and never ends in `.`, so it
+/// is always exactly one safe path segment: no traversal, no separator, no prefix confusion,
+/// and no two ids that one file system maps to one directory (I12). Upper case is refused,
+/// not folded: `Acme` and `acme` would be two tenants on a case-sensitive file system and
+/// one on a case-insensitive one, so only one spelling exists (a trailing dot likewise,
+/// which some file systems strip).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct OrgId(String);
 
@@ -13,8 +17,9 @@ impl OrgId {
     /// Validates `s` as an org id.
     ///
     /// # Errors
-    /// [`Error::InvalidOrgId`] when `s` is empty, longer than 128 bytes, does not start with an
-    /// ASCII letter or digit, contains anything but `A-Z a-z 0-9 . _ -`, or contains `..`.
+    /// [`Error::InvalidOrgId`] when `s` is empty, longer than 128 bytes, does not start with a
+    /// lowercase ASCII letter or digit, contains anything but `a-z 0-9 . _ -`, contains `..`,
+    /// or ends in `.`.
     pub fn new(s: &str) -> Result<OrgId, Error> {
         let reject = |reason| {
             let mut id: String = s.chars().take(200).collect();
@@ -27,17 +32,21 @@ impl OrgId {
         if s.len() > 128 {
             return reject("longer than 128 bytes");
         }
-        if !first.is_ascii_alphanumeric() {
-            return reject("must start with an ascii letter or digit");
+        let lower_alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        if !lower_alnum(first) {
+            return reject("must start with a lowercase ascii letter or digit");
         }
         if !s
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+            .all(|b| lower_alnum(b) || b == b'.' || b == b'_' || b == b'-')
         {
-            return reject("only ascii letters, digits, '.', '_' and '-' are allowed");
+            return reject("only lowercase ascii letters, digits, '.', '_' and '-' are allowed");
         }
         if s.contains("..") {
             return reject("must not contain '..'");
+        }
+        if s.ends_with('.') {
+            return reject("must not end in '.'");
         }
         Ok(OrgId(s.to_owned()))
     }
@@ -90,7 +99,7 @@ mod tests {
 
     #[test]
     fn good_ids_are_accepted() -> Result<(), Error> {
-        for s in ["acme", "a", "A.b_c-9", &"x".repeat(128), "0org"] {
+        for s in ["acme", "a", "a.b_c-9", &"x".repeat(128), "0org"] {
             assert_eq!(OrgId::new(s)?.as_str(), s);
         }
         Ok(())
@@ -101,7 +110,7 @@ mod tests {
         let kb = "a".repeat(1024);
         for s in [
             "", "../x", "a/b", "..", "a..b", ".hidden", "-x", "é", "acme\0", "a b", &kb, "a\\b",
-            "x/",
+            "x/", "Acme", "ACME", "acme.", "aCme",
         ] {
             let e = OrgId::new(s);
             assert!(
