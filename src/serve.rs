@@ -73,6 +73,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// # Errors
 /// Bad store URL, store probe failure, bind failure: one line.
 pub async fn run(cfg: ServeConfig) -> Result<(), String> {
+    if cfg.prune_every.is_some_and(|every| every.is_zero()) {
+        return Err("--prune-every must be longer than 0s".into());
+    }
     let store = crate::store_url::parse(&cfg.store)?;
     let settings = idem_replica::Settings {
         lease_ms: cfg.lease_ms,

@@ -11,7 +11,8 @@ use super::{PruneArgs, open, org_id};
 
 /// Prunes every (or each given) org: acquire (respecting live leases unless `--force`),
 /// delete keys applied before the cutoff, ship, release. One org's failure does not stop
-/// the others; the exit code is non-zero if any failed.
+/// the others; the exit code is non-zero if any failed. An org a live writer holds is
+/// skipped and counted apart, not a failure: beside a running server, a cron job stays green.
 ///
 /// # Errors
 /// Bad store URL or org id, store unreachable.
@@ -51,11 +52,12 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     } else {
         indicatif::ProgressBar::hidden()
     };
+    let named = !a.orgs.is_empty();
     let (mut deleted, mut results) = (0u64, Vec::new());
     for org in &orgs {
         bar.set_message(org.to_string());
-        let r = prune_one(&registry, &replica, org, cutoff).await;
-        if let Ok(n) = r {
+        let r = prune_one(&registry, &replica, org, cutoff, named).await;
+        if let Ok(Pruned::Deleted(n)) = r {
             deleted += n;
         }
         results.push((org.clone(), r));
@@ -63,26 +65,45 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     }
     bar.finish_and_clear();
     let failed: Vec<_> = results.iter().filter(|(_, r)| r.is_err()).collect();
+    let skipped: Vec<_> = results
+        .iter()
+        .filter_map(|(o, r)| match r {
+            Ok(Pruned::Skipped(holder)) => Some((o, holder)),
+            _ => None,
+        })
+        .collect();
     if a.json {
         let rows: Vec<_> = results
             .iter()
             .map(|(o, r)| match r {
-                Ok(n) => json!({"org": o.as_str(), "deleted": n}),
+                Ok(Pruned::Deleted(n)) => json!({"org": o.as_str(), "deleted": n}),
+                Ok(Pruned::Skipped(holder)) => json!({"org": o.as_str(), "skipped": holder}),
                 Err(e) => json!({"org": o.as_str(), "error": e}),
             })
             .collect();
-        super::print_json(&json!({"deleted": deleted, "orgs": rows, "failed": failed.len()}));
+        super::print_json(&json!({
+            "deleted": deleted,
+            "orgs": rows,
+            "skipped": skipped.len(),
+            "failed": failed.len(),
+        }));
     } else {
+        for (o, holder) in &skipped {
+            eprintln!(
+                "idem: org {o}: skipped, held by live writer {holder} (retry later, or --force)"
+            );
+        }
         for (o, r) in &failed {
             if let Err(e) = r {
                 eprintln!("idem: org {o}: {e}");
             }
         }
         println!(
-            "pruned {deleted} keys older than {} in {} of {} orgs; {} failed",
+            "pruned {deleted} keys older than {} in {} of {} orgs; {} skipped (held by a live writer); {} failed",
             humantime::format_duration(a.older_than),
-            results.len() - failed.len(),
+            results.len() - failed.len() - skipped.len(),
             results.len(),
+            skipped.len(),
             failed.len()
         );
     }
@@ -93,29 +114,45 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     })
 }
 
+/// What pruning one org did.
+enum Pruned {
+    /// Keys deleted.
+    Deleted(u64),
+    /// A live writer holds the org (its writer id): not touched.
+    Skipped(String),
+}
+
 async fn prune_one(
     registry: &Registry,
     replica: &idem_replica::Replica,
     org: &idem_replica::OrgId,
     cutoff: SystemTime,
-) -> Result<u64, String> {
+    named: bool,
+) -> Result<Pruned, String> {
     let history = replica.history(org).await.map_err(|e| crate::chain(&e))?;
     if history.is_empty() {
         // A folder without a log (a local store keeps empty folders after deletes): nothing
-        // to prune, and no reason to claim it.
-        return Ok(0);
-    }
-    let handle = registry.acquire(org.as_str()).await.map_err(|e| {
-        let msg = crate::chain(&e);
-        if msg.contains("leased by") {
-            format!("{msg}; skipped (a live writer holds it: retry later or use --force)")
-        } else {
-            msg
+        // to prune, and no reason to claim it. An org named on the command line must exist.
+        if named {
+            return Err("does not exist in the store".into());
         }
-    })?;
+        return Ok(Pruned::Deleted(0));
+    }
+    let handle = match registry.acquire(org.as_str()).await {
+        Ok(h) => h,
+        Err(idem_org::Error::Replica { source, .. })
+            if matches!(*source, idem_replica::Error::LeaseHeld { .. }) =>
+        {
+            let idem_replica::Error::LeaseHeld { holder, .. } = *source else {
+                return Err("lease held".into());
+            };
+            return Ok(Pruned::Skipped(holder));
+        }
+        Err(e) => return Err(crate::chain(&e)),
+    };
     let pruned = handle.prune(cutoff).await.map_err(|e| crate::chain(&e));
     let released = handle.release().await.map_err(|e| crate::chain(&e));
     let n = pruned?;
     released?;
-    Ok(n)
+    Ok(Pruned::Deleted(n))
 }
