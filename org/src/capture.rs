@@ -98,6 +98,7 @@ impl Watch {
             generation: None,
             restarted: false,
         };
+        files.expect(watch.db);
         let head = read_head(files)?;
         watch.observe(&head)?;
         Ok(watch)
@@ -155,11 +156,12 @@ fn truncate_checkpoint(
     if let Err(e) = ran {
         tracing::debug!(error = %e, "checkpoint skipped");
     }
-    // Whether or not it finished, a checkpoint may have written the database file.
+    // Whether or not it finished, a checkpoint may have written the database file and
+    // restarted the WAL's generation (the relation `restarted_into` checks stays strict).
+    watch.restarted = true;
     watch.db = files.db_state()?;
-    let emptied = files.wal_len()? == 0;
-    watch.restarted |= emptied;
-    Ok(emptied)
+    files.expect(watch.db);
+    Ok(files.wal_len()? == 0)
 }
 
 /// Runs on the writer thread between two jobs.

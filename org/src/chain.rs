@@ -313,13 +313,21 @@ async fn ship_delta(ctx: &mut ShipCtx, io: &ShipIo<'_>) -> Result<Done, Fallback
     } else {
         io.settings.wal_checkpoint_bytes
     };
-    let cap = capture(
+    let cap = match capture(
         io,
         from.map_or(0, |p| p.offset),
         Checkpoint::AfterIfOver(bound),
     )
     .await
-    .map_err(Fallback::Failed)?;
+    {
+        Ok(cap) => cap,
+        Err(e) => {
+            // A capture that failed may have checkpointed first: the position is ours but
+            // unknown, so the next ship is a full snapshot (never a read of a moved WAL).
+            ctx.wal = WalState::Lost;
+            return Err(Fallback::Failed(e));
+        }
+    };
     let (commit, reset, db_state) = (cap.commit, cap.reset, cap.db);
     let previous = ctx.proven;
     let frames = blocking(move || {

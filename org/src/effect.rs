@@ -71,7 +71,9 @@ fn writer_opts(opts: EffectOptions, clock: &Arc<dyn idem::Clock>) -> EffectOptio
 
 /// Runs one effect job on the writer connection. The reply carries the commit counter the
 /// caller must see shipped: every commit so far (the writer thread is the only writer, so this
-/// covers the job's own transition and, for a replay, the commit that settled the key).
+/// covers the job's own transition and, for a replay, the commit that settled the key). It is
+/// raised before every reply, an error's included: a transition may commit and then refuse
+/// (a lapsed reservation turned AMBIGUOUS).
 pub(crate) fn run_job(
     conn: &mut Connection,
     committed: &AtomicU64,
@@ -87,7 +89,8 @@ pub(crate) fn run_job(
     match job {
         EffectJob::Reserve { key, opts, reply } => {
             let out = idem::reserve(conn, &key, &writer_opts(opts, clock));
-            let _ = reply.send(out.map(|r| (r, counter(conn))));
+            let c = counter(conn);
+            let _ = reply.send(out.map(|r| (r, c)));
         }
         EffectJob::Settle {
             reservation,
@@ -96,7 +99,8 @@ pub(crate) fn run_job(
             reply,
         } => {
             let out = idem::settle(conn, &reservation, settlement, &writer_opts(opts, clock));
-            let _ = reply.send(out.map(|r| (r, counter(conn))));
+            let c = counter(conn);
+            let _ = reply.send(out.map(|r| (r, c)));
         }
         EffectJob::Resolve {
             key,
@@ -106,14 +110,16 @@ pub(crate) fn run_job(
         } => {
             let opts = writer_opts(EffectOptions::new(), clock);
             let out = idem::resolve_with(conn, &key, resolution, &by, clock.now_ms(), &opts);
-            let _ = reply.send(out.map(|r| (r, counter(conn))));
+            let c = counter(conn);
+            let _ = reply.send(out.map(|r| (r, c)));
         }
         EffectJob::Read { key, state, reply } => {
             let out = match key {
                 Some(k) => idem::effect(conn, &k).map(|r| r.into_iter().collect()),
                 None => idem::effects(conn, state),
             };
-            let _ = reply.send(out.map(|r| (r, counter(conn))));
+            let c = counter(conn);
+            let _ = reply.send(out.map(|r| (r, c)));
         }
     }
 }

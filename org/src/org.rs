@@ -68,6 +68,9 @@ struct Inner {
     /// The writer's files, read by the shipper through descriptors that outlive the writer
     /// connection (I13).
     owned: Arc<OwnedFiles>,
+    /// The data directory's lock, held while any org of it serves (not only while its
+    /// registry lives): it is what tells a restart that this process is gone.
+    _home: Arc<crate::local::Home>,
     jobs: Mutex<Option<std::sync::mpsc::Sender<Job>>>,
     /// False once a release began: requests are refused, ships may still run. Read and
     /// written under the `jobs` lock, so no request is queued behind the final capture.
@@ -92,7 +95,7 @@ pub(crate) struct Opening<'a> {
     pub replica: Replica,
     pub data_dir: &'a std::path::Path,
     pub writer_id: &'a str,
-    pub home: &'a crate::local::Home,
+    pub home: &'a Arc<crate::local::Home>,
     pub settings: Settings,
     pub clock: Arc<dyn idem::Clock>,
     pub init: Option<InitFn>,
@@ -122,9 +125,13 @@ impl Org {
             init,
         } = opening;
         let rerr = |e| Error::replica(org.as_str(), e);
-        let home = Some((home.id.as_str(), home.locked()));
         let claim = replica
-            .claim_from(&org, writer_id, home, settings.force_claim)
+            .claim_from(
+                &org,
+                writer_id,
+                Some((home.id.as_str(), home.locked())),
+                settings.force_claim,
+            )
             .await
             .map_err(rerr)?;
         let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
@@ -136,10 +143,17 @@ impl Org {
                 return Err(e);
             }
         };
-        let committed = writer::read_commit(&opened.conn).map_err(|source| Error::Sqlite {
-            org: org.clone(),
-            source,
-        })?;
+        let committed = match writer::read_commit(&opened.conn) {
+            Ok(n) => n,
+            Err(source) => {
+                drop(opened); // the connection closes before its files are removed
+                files.remove();
+                return Err(Error::Sqlite {
+                    org: org.clone(),
+                    source,
+                });
+            }
+        };
         let owned = opened.files.clone();
         let shared = Arc::new(Shared {
             org: org.clone(),
@@ -174,6 +188,7 @@ impl Org {
             settings,
             ship: tokio::sync::Mutex::new(ShipCtx::new(claim)),
             owned,
+            _home: home.clone(),
             jobs: Mutex::new(Some(jobs_tx)),
             accepting: std::sync::atomic::AtomicBool::new(true),
             writer_thread: Mutex::new(Some(thread)),
@@ -365,6 +380,9 @@ impl Org {
     {
         self.read_mut(move |conn| {
             let tx = conn.transaction()?;
+            // Reading first holds the read snapshot, so a checkpoint the closure attempts
+            // fails as locked instead of rewriting the database file behind the writer.
+            writer::read_commit(&tx)?;
             read(&tx)
         })
         .await
@@ -393,22 +411,19 @@ impl Org {
         let c = self.call(|reply| Job::Read { read: job, reply }).await?;
         let org = self.inner.shared.org.clone();
         let out = match rx.await {
-            Ok(Ok(v)) => v,
-            Ok(Err(source)) => {
-                return Err(Error::Read {
-                    org,
-                    source: source.into(),
-                });
-            }
-            Err(_) => {
-                return Err(Error::Read {
-                    org,
-                    source: "the read panicked".into(),
-                });
-            }
+            Ok(Ok(v)) => Ok(v),
+            // A read's error ("no such row") depends on the data as much as its result.
+            Ok(Err(source)) => Err(Error::Read {
+                org,
+                source: source.into(),
+            }),
+            Err(_) => Err(Error::Read {
+                org,
+                source: "the read panicked".into(),
+            }),
         };
         self.inner.shared.wait_confirmed(c).await?;
-        Ok(out)
+        out
     }
 
     /// Deletes keys applied strictly before `cutoff` (see `idem::prune`), then ships, and
@@ -635,7 +650,8 @@ async fn shipper(inner: Arc<Inner>) {
                 let full = inner.shared.counters.full_ships.load(Ordering::Relaxed) > before;
                 (shipped, full)
             } else {
-                let shipped = confirm_once(&inner.shared, &inner.replica, &mut ctx.claim).await;
+                let shipped =
+                    confirm_once(&inner.shared, &inner.replica, &mut ctx.claim, &inner.owned).await;
                 (shipped, false)
             }
         };

@@ -65,6 +65,9 @@ pub(crate) struct OwnedFiles {
     db: File,
     wal: File,
     ids: [(u64, u64); 2],
+    /// The database file as the writer's last checkpoint left it (kept by the writer
+    /// thread's `Watch`), so a confirmation can check it too.
+    expected: std::sync::Mutex<Option<DbState>>,
 }
 
 /// The writer connection and the descriptors the shipper reads through. Fields drop in
@@ -92,17 +95,41 @@ impl OwnedFiles {
     /// # Errors
     /// The I/O error of opening either file (a missing WAL included).
     pub fn open(db_path: &Path) -> std::io::Result<OwnedFiles> {
+        // The WAL first: SQLite keeps no lock on it, so dropping it on an error is harmless.
+        // The database descriptor is opened last, after every fallible step, so no error path
+        // closes it while the connection is open.
         let wal_path = wal_path(db_path);
-        let db = File::open(db_path)?;
         let wal = File::open(&wal_path)?;
-        let ids = [id(&db.metadata()?), id(&wal.metadata()?)];
+        let wal_id = id(&wal.metadata()?);
+        let db_id = id(&std::fs::metadata(db_path)?);
+        let db = File::open(db_path)?;
+        let ids = [db_id, wal_id];
         Ok(OwnedFiles {
             db_path: db_path.to_owned(),
             wal_path,
             db,
             wal,
             ids,
+            expected: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Records the database file's state after the writer's own open or checkpoint.
+    pub fn expect(&self, state: DbState) {
+        *self.expected.lock().unwrap_or_else(|p| p.into_inner()) = Some(state);
+    }
+
+    /// The checks a capture makes on the files, for answers that ship nothing (replays,
+    /// reads, refusals): the names lead to the writer's inodes and the database file is as
+    /// its last checkpoint left it. Callers hold the org's ship lock, so no checkpoint runs
+    /// meanwhile.
+    pub fn check_unchanged(&self) -> Result<(), Foreign> {
+        self.check_names()?;
+        let expected = *self.expected.lock().unwrap_or_else(|p| p.into_inner());
+        match expected {
+            Some(state) => self.check_db(state),
+            None => Ok(()),
+        }
     }
 
     /// The database file's path.

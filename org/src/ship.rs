@@ -205,7 +205,8 @@ impl Shared {
 }
 
 /// Confirms, without shipping, that no successor appended to the log since this claim's last
-/// entry, then acknowledges the replays and reads waiting for a confirmation.
+/// entry and that the org's files are unchanged, then acknowledges the replays and reads
+/// waiting for a confirmation.
 ///
 /// # Errors
 /// As `chain::ship_once`.
@@ -213,12 +214,21 @@ pub(crate) async fn confirm_once(
     shared: &Shared,
     replica: &Replica,
     claim: &mut Claim,
+    files: &crate::owned::OwnedFiles,
 ) -> Result<(), Error> {
     let (start, shipped) = {
         let mut st = shared.lock();
         (st.begin(), st.shipped)
     };
-    match replica.confirm(claim).await {
+    let confirmed = replica.confirm(claim).await;
+    // The answers this confirms were read from the files: they must still be the writer's
+    // own, unchanged since its last checkpoint (I13).
+    if confirmed.is_ok()
+        && let Err(f) = files.check_unchanged()
+    {
+        return Err(shared.poison(&f.0));
+    }
+    match confirmed {
         Ok(()) => {
             let done = shared.lock().succeed(start, shipped);
             for w in done {

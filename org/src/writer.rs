@@ -72,10 +72,38 @@ INSERT OR IGNORE INTO idem_org_commit (id, n) VALUES (0, 0);";
 
 /// Reads the commit counter (inside the caller's transaction, if any).
 pub(crate) fn read_commit(conn: &Connection) -> rusqlite::Result<u64> {
-    let n: i64 = conn.query_row("SELECT n FROM idem_org_commit WHERE id = 0", [], |r| {
-        r.get(0)
-    })?;
+    let n: i64 = conn
+        .prepare_cached("SELECT n FROM idem_org_commit WHERE id = 0")?
+        .query_row([], |r| r.get(0))?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Where a job starts: SQLite's count of changed rows and the commit counter.
+fn mark(conn: &Connection) -> (u64, u64) {
+    (conn.total_changes(), read_commit(conn).unwrap_or(0))
+}
+
+/// After a job: when it committed something without bumping the counter (a failed attempt
+/// counted, a prune), commits one bump, so that state ships before any answer that read it;
+/// then raises `committed` to the database's counter, before the job's reply. `total_changes`
+/// also counts rolled-back writes, so this may bump once too often — a counter page more in
+/// a ship, never a commit missed.
+fn counted(conn: &mut Connection, committed: &AtomicU64, (changes, counter): (u64, u64)) {
+    let now = read_commit(conn).unwrap_or(0);
+    if conn.total_changes() != changes && now == counter {
+        let bumped = conn.transaction().and_then(|tx| {
+            let n = bump_commit(&tx)?;
+            tx.commit()?;
+            Ok(n)
+        });
+        match bumped {
+            Ok(n) => {
+                committed.fetch_max(n, Ordering::SeqCst);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not bump the commit counter after a write"),
+        }
+    }
+    committed.fetch_max(now, Ordering::SeqCst);
 }
 
 fn bump_commit(tx: &Transaction<'_>) -> rusqlite::Result<u64> {
@@ -120,6 +148,16 @@ pub(crate) fn open_writer(
     idem::ensure_schema(&conn)?;
     if let Some(init) = init {
         init(&conn)?;
+        // The hook may have changed what the writer's ownership rests on (I13): restore it,
+        // and refuse a database it took out of exclusive WAL mode.
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+        let locking: String = conn.query_row("PRAGMA locking_mode", [], |r| r.get(0))?;
+        let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        if !locking.eq_ignore_ascii_case("exclusive") || !journal.eq_ignore_ascii_case("wal") {
+            return Err(OpenError::Mode(format!(
+                "the open hook left locking mode {locking}, journal mode {journal}"
+            )));
+        }
     }
     let files = OwnedFiles::open(path).map_err(OpenError::Files)?;
     Ok(Opened {
@@ -180,14 +218,14 @@ pub(crate) fn run(
                 apply,
                 reply,
             } => {
-                let mut n = 0;
+                let before = mark(conn);
                 let opts = opts.clock(clock.clone());
                 // A panic in apply rolls its transaction back (the Transaction is dropped while
                 // unwinding); catching it keeps the org's writer alive for other requests.
                 let out = catch_unwind(AssertUnwindSafe(|| {
                     idem::once_with(conn, &key, round, &opts, |tx| {
                         let result = apply(tx)?;
-                        n = bump_commit(tx)?;
+                        bump_commit(tx)?;
                         Ok::<_, BoxError>(result)
                     })
                 }))
@@ -197,28 +235,21 @@ pub(crate) fn run(
                         source: "apply panicked".into(),
                     })
                 });
-                let out = out.map(|o| {
-                    if o.applied {
-                        committed.fetch_max(n, Ordering::SeqCst);
-                    }
-                    // A replay waits for every commit so far: its key's commit is among them.
-                    (o, committed.load(Ordering::SeqCst))
-                });
-                let _ = reply.send(out);
+                counted(conn, &committed, before);
+                // Every answer waits for every commit so far: a replay's or a refusal's key
+                // row is among them.
+                let _ = reply.send(out.map(|o| (o, committed.load(Ordering::SeqCst))));
             }
             Job::Applied { key, reply } => {
                 let out = idem::applied(conn, &key).map(|r| (r, committed.load(Ordering::SeqCst)));
                 let _ = reply.send(out);
             }
             Job::Prune { cutoff, reply } => {
-                let out = idem::prune(conn, cutoff).and_then(|deleted| {
-                    let tx = conn.transaction()?;
-                    let n = bump_commit(&tx)?;
-                    tx.commit()?;
-                    committed.fetch_max(n, Ordering::SeqCst);
-                    Ok((deleted, n))
-                });
-                let _ = reply.send(out);
+                let before = mark(conn);
+                let out = idem::prune(conn, cutoff);
+                counted(conn, &committed, before);
+                let n = committed.load(Ordering::SeqCst);
+                let _ = reply.send(out.map(|deleted| (deleted, n)));
             }
             Job::Vacuum { reply } => {
                 let out = conn
@@ -239,7 +270,18 @@ pub(crate) fn run(
                 checkpoint,
                 reply,
             } => {
-                let commit = committed.load(Ordering::SeqCst);
+                // The database's own counter, not the atomic: a capture must label what the
+                // pages hold, and the proof then checks the pages agree.
+                let commit = match read_commit(conn) {
+                    Ok(n) => {
+                        committed.fetch_max(n, Ordering::SeqCst);
+                        n
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(CaptureError::Io(std::io::Error::other(e))));
+                        continue;
+                    }
+                };
                 let out = crate::capture::capture(
                     conn,
                     &opened.files,

@@ -292,3 +292,26 @@ async fn a_database_renamed_over_poisons_the_org() -> R {
     )
     .await
 }
+
+/// Regression (review): an answer that ships nothing (a replay, a read) was confirmed without
+/// looking at the files, so a database overwritten in place could answer from the old copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_after_the_database_was_overwritten_poisons_the_org() -> R {
+    let w = world_with(Settings {
+        wal_checkpoint_bytes: 16 << 10,
+        ..Settings::default()
+    })
+    .await?;
+    let acked = load(&w.reg, "a", 4, 10).await?.0;
+    let db = local_db(&w.dir.path().join("data"))?;
+    let old = db.with_extension("old");
+    run(Command::new("cp").arg(&db).arg(&old))?;
+    let more = load(&w.reg, "b", 4, 10).await?.0;
+    run(Command::new("cp").arg(&old).arg(&db))?;
+    let org = w.reg.acquire("acme").await?;
+    let got = org.applied("b-0-0").await;
+    assert!(matches!(got, Err(Error::Poisoned { .. })), "{got:?}");
+    let mut all = acked;
+    all.extend(more);
+    check_store(w, &all).await
+}

@@ -298,7 +298,11 @@ impl Replica {
                 continue;
             };
             self.failpoint(FailPoint::ClaimAfterPublish, org).await?;
-            let home = home.map(|(id, _)| id.to_owned());
+            // Only a holder of the home's lock names it: a process waiting for the lock (the
+            // old one still runs) must not write leases the old one would take as its own.
+            let home = home
+                .filter(|(_, locked)| *locked)
+                .map(|(id, _)| id.to_owned());
             let lease = Lease {
                 writer: writer.to_owned(),
                 round,
