@@ -75,6 +75,10 @@ struct ServeArgs {
     /// override, e.g. when a host is known dead).
     #[arg(long)]
     force_claim: bool,
+    /// After SIGTERM: how long open connections may take to finish (a slow or half-sent
+    /// body, an idle keep-alive) before every org is released anyway and the process exits 0.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    drain_timeout: Duration,
 }
 
 impl Cli {
@@ -115,6 +119,7 @@ impl Cli {
                     force_claim: a.force_claim,
                     prune_every: a.prune_every,
                     prune_older_than: a.prune_older_than,
+                    drain_timeout: a.drain_timeout,
                 })
                 .await
                 .map(|()| ExitCode::SUCCESS)

@@ -48,6 +48,9 @@ pub struct ServeConfig {
     pub prune_every: Option<Duration>,
     /// Pruner deletes keys older than this.
     pub prune_older_than: Duration,
+    /// After SIGTERM, how long open connections may take to finish before every org is
+    /// released anyway.
+    pub drain_timeout: Duration,
 }
 
 struct AppState {
@@ -112,10 +115,26 @@ pub async fn run(cfg: ServeConfig) -> Result<(), String> {
     let pruner = cfg
         .prune_every
         .map(|every| tokio::spawn(prune_loop(registry.clone(), every, cfg.prune_older_than)));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop_signal())
-        .await
-        .map_err(|e| format!("server failed: {e}"))?;
+    let (stopped_tx, mut stopped) = tokio::sync::watch::channel(false);
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stop_signal().await;
+        let _ = stopped_tx.send(true);
+    });
+    // A client that sent half a body, or idles on a keep-alive connection, must not keep
+    // this process (and its leases) alive: after the drain timeout every org is released
+    // anyway and the process exits; the requests still open were never acknowledged.
+    let drain = cfg.drain_timeout;
+    let deadline = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+        tokio::time::sleep(drain).await;
+    };
+    tokio::select! {
+        served = server.into_future() => served.map_err(|e| format!("server failed: {e}"))?,
+        () = deadline => tracing::warn!(
+            drain_ms = drain.as_millis() as u64,
+            "drain timeout: releasing every org with connections still open"
+        ),
+    }
     if let Some(p) = pruner {
         p.abort();
     }

@@ -274,3 +274,42 @@ async fn the_idempotency_key_is_one_visible_ascii_value() -> TestResult {
     );
     Ok(())
 }
+
+/// Regression: a client that sent its headers and half its body kept a SIGTERMed server alive
+/// (renewing its leases) for as long as it held the connection, and a successor answered 503
+/// for every org. The drain is bounded: the server releases every org and exits 0.
+#[tokio::test]
+async fn sigterm_with_a_half_sent_body_exits_after_the_drain_timeout() -> TestResult {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let args = [
+        "--writer",
+        "a",
+        "--lease-ms",
+        "600000",
+        "--drain-timeout",
+        "1s",
+    ];
+    let mut a = Server::start_with(&store, &dir.path().join("a"), &args, &[])?;
+    let http = client();
+    let body = json!({"from": "alice", "to": "bob", "cents": 3});
+    assert_eq!(post(&http, &a.url, "acme", Some("k1"), &body).await?.0, 201);
+    let addr = a.url.trim_start_matches("http://").to_owned();
+    let mut half = tokio::net::TcpStream::connect(&addr).await?;
+    half.write_all(
+        b"POST /orgs/acme/transfers HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k2\r\n\
+          Content-Type: application/json\r\nContent-Length: 200\r\n\r\n{\"from\":",
+    )
+    .await?;
+    let idle = tokio::net::TcpStream::connect(&addr).await?;
+    let status =
+        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
+    assert!(status.success(), "{status}");
+    drop((half, idle));
+    // Released: a successor with another id claims at once despite the 10-minute lease.
+    let b = Server::start_with(&store, &dir.path().join("b"), &["--writer", "b"], &[])?;
+    let (s, replayed, _) = post(&http, &b.url, "acme", Some("k1"), &body).await?;
+    assert_eq!((s, replayed), (201, true));
+    Ok(())
+}
