@@ -29,6 +29,19 @@ fn local_err(org: &OrgId, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Local { org, path, source }
 }
 
+/// Makes sure the org's local directory exists and takes a new file, before anything is
+/// claimed: a writer that cannot make its files must not fence the org's current writer.
+///
+/// # Errors
+/// [`Error::Local`] when the directory cannot be created or written.
+pub(crate) fn prepare(data_dir: &Path, org: &OrgId) -> Result<(), Error> {
+    let dir = data_dir.join("orgs").join(org.as_str());
+    std::fs::create_dir_all(&dir).map_err(local_err(org, &dir))?;
+    let probe = dir.join(format!(".probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(local_err(org, &probe))?;
+    std::fs::remove_file(&probe).map_err(local_err(org, &probe))
+}
+
 impl LocalFiles {
     /// Creates and locks the lock file of this claim, then removes files of dead claims.
     pub fn create(data_dir: &Path, org: &OrgId, round: u64, nonce: &str) -> Result<Self, Error> {

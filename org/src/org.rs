@@ -125,6 +125,7 @@ impl Org {
             init,
         } = opening;
         let rerr = |e| Error::replica(org.as_str(), e);
+        crate::local::prepare(data_dir, &org)?;
         let claim = replica
             .claim_from(
                 &org,

@@ -141,3 +141,23 @@ async fn two_thousand_orgs_with_a_low_open_limit_stay_bounded_and_correct() -> R
     reg.shutdown().await;
     Ok(())
 }
+
+/// Regression: a writer that could not make its local files claimed first, writing a new
+/// round (fencing the org's live writer) on every request it then failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_cannot_make_its_files_claims_nothing() -> R {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(InMemory::new());
+    let data = dir.path().join("data");
+    let replica = replica(store.clone(), None).await?;
+    let reg = registry(&data, replica.clone(), "A", Settings::default())?;
+    std::fs::create_dir_all(data.join("orgs"))?;
+    std::fs::write(data.join("orgs").join("acme"), b"not a directory")?;
+    for _ in 0..3 {
+        let e = reg.acquire("acme").await.err().ok_or("acquired")?;
+        assert_eq!(e.kind(), ErrorKind::Fatal, "{e}");
+    }
+    let history = replica.history(&idem_replica::OrgId::new("acme")?).await?;
+    assert!(history.is_empty(), "claims written: {}", history.len());
+    Ok(())
+}

@@ -824,11 +824,10 @@ impl Replica {
                 {
                     seqs.push(seq)
                 }
+                // Not a log entry's name (an editor's backup, a `.DS_Store`): no entry is
+                // ever written under another name, so it is not history; skip it, loudly.
                 _ => {
-                    return Err(Error::UnknownFormat {
-                        object: m.location.to_string(),
-                        detail: "unexpected object in log".into(),
-                    });
+                    tracing::warn!(%org, object = %m.location, "skipping an object that is not a log entry");
                 }
             }
         }
