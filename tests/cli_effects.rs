@@ -122,7 +122,44 @@ fn resolve_refuses_what_is_not_ambiguous_and_bad_input() -> TestResult {
         "--store",
         &store,
     ]);
-    assert_clean_failure(&out, "not ambiguous");
+    assert_clean_failure(&out, "nothing to resolve");
+    // It looked before claiming: no round was written (the live writer was not fenced), and
+    // `--force` changes nothing about that.
+    let claims = || -> TestResult<usize> {
+        let log = Path::new(&store).join("orgs").join("acme").join("log");
+        Ok(std::fs::read_dir(log)?.count())
+    };
+    let before = claims()?;
+    for extra in [&[][..], &["--force"][..]] {
+        let mut args = vec![
+            "resolve",
+            "acme",
+            "sent",
+            "--not-executed",
+            "--by",
+            "x",
+            "--store",
+            &store,
+        ];
+        args.extend_from_slice(extra);
+        assert_clean_failure(&run(&args), "nothing to resolve");
+        let out = run(&[
+            "resolve",
+            "acme",
+            "never",
+            "--not-executed",
+            "--by",
+            "x",
+            "--store",
+            &store,
+        ]);
+        assert_clean_failure(&out, "no effect");
+    }
+    assert_eq!(
+        claims()?,
+        before,
+        "resolve claimed the org to find nothing to do"
+    );
     let out = run(&["resolve", "acme", "lost-1", "--by", "x", "--store", &store]);
     assert_clean_failure(&out, "--executed");
     let out = run(&[

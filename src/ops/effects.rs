@@ -128,6 +128,23 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
         (true, None) => return Err("--executed needs --result".into()),
         (false, _) => Resolution::NotExecuted,
     };
+    // Look before claiming: a claim fences the org's live writer, which is only worth it
+    // when the newest published state holds something to resolve.
+    let published = match crate::restored::restore(&replica, &org, None).await? {
+        None => None,
+        Some(r) => idem::effect(&r.open()?, &a.key)
+            .map_err(|e| format!("reading the newest snapshot: {}", crate::chain(&e)))?,
+    };
+    match published.as_ref().map(|e| e.state) {
+        None => return Err(format!("org {org}: no effect {:?} in the store", a.key)),
+        Some(s @ (EffectState::Committed | EffectState::Failed)) => {
+            return Err(format!(
+                "org {org}: effect {:?} is already {s}: nothing to resolve (nothing claimed)",
+                a.key
+            ));
+        }
+        Some(_) => {}
+    }
     let scratch = match &a.data {
         Some(_) => None,
         None => Some(tempfile::tempdir().map_err(|e| format!("cannot create a temp dir: {e}"))?),
