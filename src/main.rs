@@ -42,8 +42,11 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in a log file or a pipe.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.default_log())),

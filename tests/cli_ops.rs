@@ -405,3 +405,26 @@ fn read_only_commands_write_nothing_and_refuse_a_missing_store() -> TestResult {
     assert!(!dir.path().join("missing-dir").exists());
     Ok(())
 }
+
+/// Regression: `demo --dir` on a used directory audited the previous run's store (53 false
+/// violations); logs carried colour codes into files and pipes.
+#[test]
+fn demo_refuses_a_used_dir_and_logs_carry_no_colour_codes() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("left-over"), b"")?;
+    let out = run(&["demo", "--dir", dir.path().to_str().ok_or("path")?]);
+    assert_clean_failure(&out, "not empty");
+    let store = seeded_store(dir.path())?;
+    let out = common::idem()
+        .args(["inspect", "acme", "--store", &store])
+        .env("IDEM_LOG", "debug")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(" INFO idem_replica"),
+        "IDEM_LOG=debug shows the log lines: {err}"
+    );
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
+    Ok(())
+}

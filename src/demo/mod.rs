@@ -76,6 +76,13 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let started = Instant::now();
     let (_tmp, dir) = match &a.dir {
         Some(d) => {
+            // A previous run's store and data would be audited as this run's: refuse them.
+            if std::fs::read_dir(d).is_ok_and(|mut e| e.next().is_some()) {
+                return Err(format!(
+                    "--dir {} is not empty (a previous run?): give a new or empty directory",
+                    d.display()
+                ));
+            }
             std::fs::create_dir_all(d)
                 .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
             (None, d.clone())
