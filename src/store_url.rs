@@ -17,6 +17,8 @@ pub struct StoreUrl {
     pub store: Arc<dyn ObjectStore>,
     /// Prefix inside the store ("" for the root).
     pub prefix: String,
+    /// The directory of a local store (deletes there leave empty folders behind).
+    pub local_root: Option<PathBuf>,
 }
 
 /// Parses `text` into a store. A string without `://` is a local directory path.
@@ -65,7 +67,11 @@ pub fn parse(text: &str) -> Result<StoreUrl, String> {
         }
     };
     let store = built.map_err(|e| format!("cannot build store {text:?}: {e}"))?;
-    Ok(StoreUrl { store, prefix })
+    Ok(StoreUrl {
+        store,
+        prefix,
+        local_root: None,
+    })
 }
 
 /// [`parse`] for commands that only read: a local store directory must already exist.
@@ -95,6 +101,7 @@ fn local(dir: PathBuf) -> Result<StoreUrl, String> {
     Ok(StoreUrl {
         store,
         prefix: String::new(),
+        local_root: Some(dir),
     })
 }
 

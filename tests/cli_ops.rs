@@ -291,6 +291,11 @@ fn check_store_round_trips_on_a_local_directory() -> TestResult {
     assert_eq!(v["ok"], true);
     let url = format!("file://{}", dir.path().join("s2").display());
     assert!(run(&["check-store", &url]).status.success());
+    // It leaves nothing behind, not even empty folders.
+    for s in ["s", "s2"] {
+        let left: Vec<_> = std::fs::read_dir(dir.path().join(s))?.collect();
+        assert!(left.is_empty(), "{s}: {left:?}");
+    }
     Ok(())
 }
 

@@ -33,6 +33,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
         .copied()
         .collect::<Vec<_>>()
         .join("/"),
+        local_root: url.local_root.clone(),
     };
     let t0 = Instant::now();
     let replica = scratch.open(Settings::default()).await?;
@@ -87,11 +88,16 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Deletes every object under the scratch prefix (best effort).
+/// Deletes every object under the scratch prefix (best effort), and on a local store the
+/// folders the deletes leave behind: the check leaves nothing.
 async fn cleanup(scratch: &crate::store_url::StoreUrl) {
     let path = object_store::path::Path::from(scratch.prefix.as_str());
     let listed: Result<Vec<_>, _> = scratch.store.list(Some(&path)).try_collect().await;
     for meta in listed.unwrap_or_default() {
         let _ = scratch.store.delete(&meta.location).await;
+    }
+    if let Some(root) = &scratch.local_root {
+        // The scratch prefix is this run's own (a random name), so the whole folder goes.
+        let _ = std::fs::remove_dir_all(root.join(&scratch.prefix));
     }
 }
