@@ -243,8 +243,15 @@ async fn transfer(
     State(st): State<Arc<AppState>>,
     Path(org): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    // A body refused by the extractor (too large: 413) gets the same JSON error shape.
+    let body = match body {
+        Ok(b) => b,
+        Err(rejection) => {
+            return error(rejection.status(), "input", rejection.body_text());
+        }
+    };
     if let Err(e) = OrgId::new(&org) {
         return error(StatusCode::BAD_REQUEST, "input", e.to_string());
     }
