@@ -78,8 +78,16 @@ impl Transfer {
     /// Applies the transfer inside the idem transaction and returns the receipt as JSON.
     ///
     /// # Errors
-    /// SQLite errors (the whole transaction then rolls back).
-    pub fn apply(&self, key: &str, tx: &Transaction<'_>) -> rusqlite::Result<Vec<u8>> {
+    /// [`ApplyError::Pruned`] when a transfer with this key exists but its idempotency key
+    /// was pruned (a retry older than the retention window: the stored response is gone, and
+    /// the transfer is not applied again); SQLite errors (the transaction then rolls back).
+    pub fn apply(&self, key: &str, tx: &Transaction<'_>) -> Result<Vec<u8>, ApplyError> {
+        let exists = tx
+            .prepare_cached("SELECT 1 FROM transfers WHERE key = ?1")?
+            .exists([key])?;
+        if exists {
+            return Err(ApplyError::Pruned(key.to_owned()));
+        }
         tx.execute(
             "INSERT INTO transfers (key, src, dst, cents) VALUES (?1, ?2, ?3, ?4)",
             params![key, self.from, self.to, self.cents],
@@ -96,8 +104,22 @@ impl Transfer {
             to_balance,
         };
         serde_json::to_vec(&receipt)
-            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+            .map_err(|e| ApplyError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))
     }
+}
+
+/// Why a transfer was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// The transfer was applied long ago and its idempotency key has since been pruned.
+    #[error(
+        "transfer {0} was applied earlier and its idempotency key has been pruned \
+         (older than the retention window): it is not applied again and its response is gone"
+    )]
+    Pruned(String),
+    /// SQLite failed.
+    #[error("ledger")]
+    Sqlite(#[from] rusqlite::Error),
 }
 
 /// Every account's balance, sorted by id.
@@ -108,4 +130,37 @@ pub fn balances(conn: &Connection) -> rusqlite::Result<Vec<(String, i64)>> {
     let mut stmt = conn.prepare("SELECT id, balance FROM accounts ORDER BY id")?;
     let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
     rows.collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: a retry of a pruned key failed with SQLite's `UNIQUE constraint failed`.
+    #[test]
+    fn a_transfer_whose_key_was_pruned_is_refused_in_words()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let mut conn = Connection::open_in_memory()?;
+        init(&conn)?;
+        let t = Transfer {
+            from: "alice".into(),
+            to: "bob".into(),
+            cents: 5,
+        };
+        let tx = conn.transaction()?;
+        t.apply("k1", &tx)?;
+        tx.commit()?;
+        let tx = conn.transaction()?;
+        let again = t.apply("k1", &tx);
+        assert!(
+            matches!(again, Err(ApplyError::Pruned(ref k)) if k == "k1"),
+            "{again:?}"
+        );
+        let said = again.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            said.contains("pruned") && !said.contains("UNIQUE"),
+            "{said}"
+        );
+        Ok(())
+    }
 }
