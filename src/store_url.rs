@@ -19,6 +19,8 @@ pub struct StoreUrl {
     pub prefix: String,
     /// The directory of a local store (deletes there leave empty folders behind).
     pub local_root: Option<PathBuf>,
+    /// What to tell the user when the store cannot be reached (missing credentials).
+    pub hint: Option<String>,
 }
 
 /// Parses `text` into a store. A string without `://` is a local directory path.
@@ -67,10 +69,21 @@ pub fn parse(text: &str) -> Result<StoreUrl, String> {
         }
     };
     let store = built.map_err(|e| format!("cannot build store {text:?}: {e}"))?;
+    let hint = (scheme == ObjectStoreScheme::AmazonS3
+        && std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
+        && std::env::var_os("AWS_PROFILE").is_none()
+        && std::env::var_os("AWS_WEB_IDENTITY_TOKEN_FILE").is_none())
+    .then(|| {
+        "no S3 credentials in the environment: set AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY \
+         and AWS_REGION (and AWS_ENDPOINT, AWS_ALLOW_HTTP=true for an S3-compatible server), \
+         or run where instance metadata provides credentials"
+            .to_owned()
+    });
     Ok(StoreUrl {
         store,
         prefix,
         local_root: None,
+        hint,
     })
 }
 
@@ -102,6 +115,7 @@ fn local(dir: PathBuf) -> Result<StoreUrl, String> {
         store,
         prefix: String::new(),
         local_root: Some(dir),
+        hint: None,
     })
 }
 
@@ -128,7 +142,10 @@ impl StoreUrl {
     ) -> Result<idem_replica::Replica, String> {
         idem_replica::Replica::open(self.store.clone(), &self.prefix, settings)
             .await
-            .map_err(|e| format!("cannot open store: {}", crate::chain(&e)))
+            .map_err(|e| match &self.hint {
+                Some(hint) => format!("cannot open store: {hint} ({})", crate::chain(&e)),
+                None => format!("cannot open store: {}", crate::chain(&e)),
+            })
     }
 }
 

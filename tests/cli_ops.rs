@@ -433,3 +433,26 @@ fn demo_refuses_a_used_dir_and_logs_carry_no_colour_codes() -> TestResult {
     assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
     Ok(())
 }
+
+/// Regression: `s3://` with no credentials in the environment failed with a request to the
+/// cloud metadata address; the error now names the variables to set.
+#[test]
+fn s3_without_credentials_names_the_variables_to_set() -> TestResult {
+    let mut cmd = common::idem();
+    for (k, _) in std::env::vars() {
+        if k.starts_with("AWS_") {
+            cmd.env_remove(k);
+        }
+    }
+    // Nothing listens there: the metadata lookup fails at once instead of timing out.
+    let out = cmd
+        .args(["check-store", "s3://bucket/prefix"])
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9")
+        .env("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+        .env("AWS_ENDPOINT", "http://127.0.0.1:9")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .output()?;
+    assert_clean_failure(&out, "AWS_ACCESS_KEY_ID");
+    Ok(())
+}

@@ -34,6 +34,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
         .collect::<Vec<_>>()
         .join("/"),
         local_root: url.local_root.clone(),
+        hint: url.hint.clone(),
     };
     let t0 = Instant::now();
     let replica = scratch.open(Settings::default()).await?;
