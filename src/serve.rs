@@ -360,6 +360,29 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
         Ok(id) => id,
         Err(e) => return error(StatusCode::BAD_REQUEST, "input", e.to_string()),
     };
+    // This replica's own writer answers from its database, once confirmed (I6, I7): no
+    // download. An org it does not hold is read from the store's newest published state
+    // (never claimed for a read: that would fence the writer that holds it).
+    let held = st
+        .registry
+        .open_orgs()
+        .into_iter()
+        .find(|o| o.id() == &id && o.is_serving());
+    if let Some(handle) = held {
+        match handle.read(|c| ledger::balances(c)).await {
+            Ok(rows) => {
+                let map: serde_json::Map<String, serde_json::Value> =
+                    rows.into_iter().map(|(k, v)| (k, v.into())).collect();
+                return axum::Json(serde_json::json!({
+                    "org": org, "source": "writer", "round": handle.round(), "balances": map,
+                }))
+                .into_response();
+            }
+            Err(e) => {
+                tracing::debug!(org = %id, error = %crate::chain(&e), "balances from the store instead")
+            }
+        }
+    }
     let restored = match crate::restored::restore(st.registry.replica(), &id, None).await {
         Ok(r) => r,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "retry", e),
@@ -378,6 +401,8 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
     };
     let map: serde_json::Map<String, serde_json::Value> =
         rows.into_iter().map(|(k, v)| (k, v.into())).collect();
-    axum::Json(serde_json::json!({ "org": org, "snapshot_seq": seq, "balances": map }))
-        .into_response()
+    axum::Json(serde_json::json!({
+        "org": org, "source": "store", "snapshot_seq": seq, "balances": map,
+    }))
+    .into_response()
 }

@@ -79,6 +79,10 @@ async fn bad_requests_are_400_and_replays_are_marked() -> TestResult {
         .json()
         .await?;
     assert_eq!(bal["balances"], json!({"alice": -250, "bob": 250}));
+    assert_eq!(
+        bal["source"], "writer",
+        "the replica holding the org answers from it"
+    );
     Ok(())
 }
 
@@ -221,6 +225,20 @@ async fn a_restart_after_kill_9_claims_at_once_and_a_twin_id_waits() -> TestResu
     assert_eq!(post(&http, &a.url, "beta", Some("k1"), &body).await?.0, 201);
     assert_eq!(post(&http, &b.url, "beta", Some("k2"), &body).await?.0, 503);
     assert_eq!(post(&http, &a.url, "beta", Some("k3"), &body).await?.0, 201);
+    // The replica that does not hold the org reads the store's newest state, claiming nothing.
+    let bal: Value = http
+        .get(format!("{}/orgs/beta/balances", b.url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(bal["source"], "store");
+    assert_eq!(bal["balances"], json!({"alice": -10, "bob": 10}));
+    assert_eq!(
+        post(&http, &a.url, "beta", Some("k4"), &body).await?.0,
+        201,
+        "a was not fenced"
+    );
     Ok(())
 }
 
