@@ -369,7 +369,7 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
         .into_iter()
         .find(|o| o.id() == &id && o.is_serving());
     if let Some(handle) = held {
-        match handle.read(|c| ledger::balances(c)).await {
+        match handle.read(ledger::balances).await {
             Ok(rows) => {
                 let map: serde_json::Map<String, serde_json::Value> =
                     rows.into_iter().map(|(k, v)| (k, v.into())).collect();
