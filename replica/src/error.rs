@@ -70,7 +70,7 @@ pub enum Error {
         seq: u64,
     },
     /// Another live writer holds the advisory lease; claim again later or with `force`.
-    #[error("org {org} is leased by writer {holder:?} until {expires_at_ms} ms")]
+    #[error("org {org} is leased by writer {holder} until {}", rfc3339(*expires_at_ms))]
     LeaseHeld {
         /// The org.
         org: String,
@@ -240,6 +240,11 @@ pub enum Error {
     },
 }
 
+/// Milliseconds since the Unix epoch as RFC 3339 (UTC, milliseconds), for messages.
+fn rfc3339(ms: u64) -> humantime::Rfc3339Timestamp {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+}
+
 impl Error {
     /// What the caller should do; one exhaustive match over every variant.
     pub fn kind(&self) -> ErrorKind {
@@ -311,5 +316,23 @@ fn store_kind(e: &object_store::Error) -> ErrorKind {
         | E::Unauthenticated { .. }
         | E::UnknownConfigurationKey { .. } => ErrorKind::Fatal,
         _ => ErrorKind::Retry,
+    }
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::Error;
+
+    #[test]
+    fn a_held_lease_names_its_expiry_in_rfc3339() {
+        let e = Error::LeaseHeld {
+            org: "acme".into(),
+            holder: "w".into(),
+            expires_at_ms: 1_764_547_200_123,
+        };
+        assert_eq!(
+            e.to_string(),
+            "org acme is leased by writer w until 2025-12-01T00:00:00.123Z"
+        );
     }
 }

@@ -125,7 +125,11 @@ impl Summary {
         );
         println!(
             "retried        HTTP 503 answers by reason: {}; connection errors {}",
-            unavailable.join(", "),
+            if unavailable.is_empty() {
+                "none".to_owned()
+            } else {
+                unavailable.join(", ")
+            },
             self.connection_errors
         );
         println!(
