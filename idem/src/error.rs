@@ -185,7 +185,10 @@ pub enum Error {
     },
     /// A settlement or resolution found the row no longer as it expected (a contender made a
     /// lapsed lease AMBIGUOUS, an operator resolved it); nothing was written.
-    #[error("effect {key:?} moved on before this write (now {found:?})")]
+    #[error(
+        "effect {key:?} moved on before this write (now {})",
+        state_name(found)
+    )]
     EffectLost {
         /// The effect key.
         key: String,
@@ -193,7 +196,7 @@ pub enum Error {
         found: Option<crate::EffectState>,
     },
     /// Only an AMBIGUOUS effect can be resolved.
-    #[error("effect {key:?} is not ambiguous (state {state:?})")]
+    #[error("effect {key:?} is not ambiguous (it is {})", state_name(state))]
     EffectNotAmbiguous {
         /// The effect key.
         key: String,
@@ -221,6 +224,11 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+}
+
+/// An effect state for messages: its name, or "absent" when there is no row.
+fn state_name(state: &Option<crate::EffectState>) -> String {
+    state.map_or_else(|| "absent".to_owned(), |s| s.to_string())
 }
 
 impl Error {
@@ -265,4 +273,30 @@ pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     )
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::Error;
+
+    /// Regression: messages showed Rust `Debug` output (`state None`).
+    #[test]
+    fn effect_states_read_as_words() {
+        let absent = Error::EffectNotAmbiguous {
+            key: "k".into(),
+            state: None,
+        };
+        assert_eq!(
+            absent.to_string(),
+            "effect \"k\" is not ambiguous (it is absent)"
+        );
+        let lost = Error::EffectLost {
+            key: "k".into(),
+            found: Some(crate::EffectState::Committed),
+        };
+        assert_eq!(
+            lost.to_string(),
+            "effect \"k\" moved on before this write (now committed)"
+        );
+    }
 }
