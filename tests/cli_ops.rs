@@ -456,3 +456,30 @@ fn s3_without_credentials_names_the_variables_to_set() -> TestResult {
     assert_clean_failure(&out, "AWS_ACCESS_KEY_ID");
     Ok(())
 }
+
+/// Regression: the `snapshots` table's columns did not line up with its header (JSON values
+/// ignore widths, and writer ids are longer than the fixed column).
+#[test]
+fn the_snapshots_table_lines_up() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let out = run(&["snapshots", "acme", "--store", &store]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout)?;
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 3, "{text}");
+    // Each header word ends where its column's cells end (numbers right-aligned) or starts
+    // where they start (text left-aligned).
+    let header = lines[0];
+    let end_of = |word: &str| header.find(word).map(|i| i + word.len());
+    let commit_end = end_of("commit").ok_or("no commit column")?;
+    let writer_at = header.find("writer").ok_or("no writer column")?;
+    for row in &lines[1..] {
+        assert_eq!(row.len(), commit_end, "row {row:?} vs header {header:?}");
+        assert!(
+            row[writer_at..].starts_with("seed"),
+            "row {row:?} vs header {header:?}"
+        );
+    }
+    Ok(())
+}

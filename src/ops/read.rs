@@ -168,22 +168,52 @@ pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
         print_json(&Value::Array(snaps));
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:>8} {:<8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
-        "seq", "kind", "round", "writer", "at", "bytes", "stored", "commit"
-    );
-    for s in &snaps {
-        println!(
-            "{:>8} {:<8} {:>6} {:<20} {:<25} {:>10} {:>10} {:>8}",
-            s["seq"],
-            s["kind"].as_str().unwrap_or(""),
-            s["round"],
-            s["writer"].as_str().unwrap_or(""),
-            s["at"].as_str().unwrap_or(""),
-            s["bytes"],
-            s["compressed_bytes"],
-            s["commit"]
-        );
+    let header = [
+        "seq", "kind", "round", "writer", "at", "bytes", "stored", "commit",
+    ];
+    let fields = [
+        "seq",
+        "kind",
+        "round",
+        "writer",
+        "at",
+        "bytes",
+        "compressed_bytes",
+        "commit",
+    ];
+    let cell = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    let rows: Vec<Vec<String>> = snaps
+        .iter()
+        .map(|s| fields.iter().map(|f| cell(&s[*f])).collect())
+        .collect();
+    // Every column as wide as its widest cell; text left-aligned, numbers right-aligned.
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: &[String]| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| match i {
+                1 | 3 | 4 => format!("{c:<w$}", w = widths[i]),
+                _ => format!("{c:>w$}", w = widths[i]),
+            })
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(&header.map(str::to_owned));
+    for r in &rows {
+        line(r);
     }
     Ok(ExitCode::SUCCESS)
 }
