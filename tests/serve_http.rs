@@ -223,7 +223,13 @@ async fn a_restart_after_kill_9_claims_at_once_and_a_twin_id_waits() -> TestResu
     let a = Server::start_with(&store, &dir.path().join("a"), &twin_args, &[])?;
     let b = Server::start_with(&store, &dir.path().join("b"), &twin_args, &[])?;
     assert_eq!(post(&http, &a.url, "beta", Some("k1"), &body).await?.0, 201);
-    assert_eq!(post(&http, &b.url, "beta", Some("k2"), &body).await?.0, 503);
+    let (s, _, refused) = post(&http, &b.url, "beta", Some("k2"), &body).await?;
+    assert_eq!(s, 503);
+    // One readable line: the org named once, the expiry in RFC 3339.
+    let why: Value = serde_json::from_slice(&refused)?;
+    let why = why["error"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(why.matches("org beta").count(), 1, "{why}");
+    assert!(why.contains("leased by writer same until 20"), "{why}");
     assert_eq!(post(&http, &a.url, "beta", Some("k3"), &body).await?.0, 201);
     // The replica that does not hold the org reads the store's newest state, claiming nothing.
     let bal: Value = http

@@ -87,7 +87,8 @@ pub enum Error {
         source: Box<idem::Error>,
     },
     /// From the snapshot store (claim, hydrate, release, invalid org id).
-    #[error("org {org}: replica: {source}")]
+    // The replica's messages name the org already: not repeated here.
+    #[error("{source}")]
     Replica {
         /// The org, or the raw id text when it did not validate.
         org: String,

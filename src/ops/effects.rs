@@ -169,7 +169,7 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     let handle = registry
         .acquire(org.as_str())
         .await
-        .map_err(|e| format!("org {org}: {}", crate::chain(&e)))?;
+        .map_err(|e| super::about(&org, &crate::chain(&e)))?;
     let resolved = handle
         .resolve(&a.key, resolution, &a.by)
         .await

@@ -108,6 +108,15 @@ fn open_read_only(store: &str) -> Result<Replica, String> {
     crate::store_url::parse_existing(store)?.open_read_only(idem_replica::Settings::default())
 }
 
+/// `org X: why`, unless `why` already names the org (no repeated prefixes).
+pub(crate) fn about(org: &OrgId, why: &str) -> String {
+    if why.starts_with(&format!("org {org}")) {
+        why.to_owned()
+    } else {
+        format!("org {org}: {why}")
+    }
+}
+
 fn org_id(org: &str) -> Result<OrgId, String> {
     OrgId::new(org).map_err(|e| e.to_string())
 }
@@ -117,7 +126,7 @@ async fn history(replica: &Replica, org: &OrgId) -> Result<Vec<idem_replica::Log
     let h = replica
         .history(org)
         .await
-        .map_err(|e| format!("org {org}: {}", crate::chain(&e)))?;
+        .map_err(|e| about(org, &crate::chain(&e)))?;
     if h.is_empty() {
         return Err(format!("org {org} not found in the store"));
     }

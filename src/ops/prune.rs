@@ -95,7 +95,7 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
         }
         for (o, r) in &failed {
             if let Err(e) = r {
-                eprintln!("idem: org {o}: {e}");
+                eprintln!("idem: {}", super::about(o, e));
             }
         }
         println!(

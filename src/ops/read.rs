@@ -283,7 +283,7 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
         let report = replica
             .verify(org)
             .await
-            .map_err(|e| format!("org {org}: {}", crate::chain(&e)))?;
+            .map_err(|e| super::about(org, &crate::chain(&e)))?;
         ok += report.ok.len();
         let failed: Vec<Value> = report
             .failed
