@@ -483,3 +483,13 @@ fn the_snapshots_table_lines_up() -> TestResult {
     }
     Ok(())
 }
+
+/// `serve --help` shows the lease, drain and force-claim flags an operator needs.
+#[test]
+fn serve_help_shows_the_operator_flags() {
+    let out = run(&["serve", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--lease-ms", "--force-claim", "--drain-timeout", "--writer"] {
+        assert!(help.contains(flag), "{flag} missing from serve --help");
+    }
+}
