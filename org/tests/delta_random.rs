@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use common::outside::{all_locked, outside};
@@ -35,17 +35,6 @@ impl Rng {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n
     }
-}
-
-fn local_db(data: &Path) -> Result<PathBuf, BoxErr> {
-    let dir = data.join("orgs").join("acme");
-    for e in std::fs::read_dir(&dir)? {
-        let p = e?.path();
-        if p.extension().is_some_and(|x| x == "db") {
-            return Ok(p);
-        }
-    }
-    Err("no local database".into())
 }
 
 /// The database as the writer connection sees it, page 1 in canonical (rollback) form.
@@ -180,7 +169,7 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
             .await
             .map_err(|e| format!("seed {seed} step {step}: {e}"))?;
         }
-        let local = local_db(&data)?;
+        let local = common::outside::served_db(&data)?;
         let wal = std::fs::metadata(local.with_extension("db-wal")).map_or(0, |m| m.len());
         max_wal = max_wal.max(wal);
         if step % 16 == 5 {

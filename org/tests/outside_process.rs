@@ -26,17 +26,6 @@ fn outsider() -> R {
     common::outside::child()
 }
 
-fn local_db(data: &Path) -> Result<PathBuf, BoxErr> {
-    let dir = data.join("orgs").join("acme");
-    for e in std::fs::read_dir(&dir)? {
-        let p = e?.path();
-        if p.extension().is_some_and(|x| x == "db") {
-            return Ok(p);
-        }
-    }
-    Err("no local database".into())
-}
-
 fn wal_of(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
     p.push("-wal");
@@ -171,7 +160,7 @@ async fn check_store(w: World, acked: &[Ack]) -> R {
 async fn an_outside_reader_is_refused_and_loses_nothing() -> R {
     let w = world().await?;
     let (mut acked, _) = load(&w.reg, "a", 4, 10).await?;
-    let db = local_db(&w.dir.path().join("data"))?;
+    let db = common::outside::served_db(&w.dir.path().join("data"))?;
     // One read that opens and closes between two loads, then readers during a load.
     all_locked("read", &outside("read", &db, 1)?)?;
     acked.extend(load(&w.reg, "b", 4, 10).await?.0);
@@ -194,7 +183,7 @@ async fn an_outside_reader_is_refused_and_loses_nothing() -> R {
 async fn an_outside_checkpoint_in_every_mode_is_refused() -> R {
     let w = world().await?;
     let mut acked = load(&w.reg, "a", 4, 10).await?.0;
-    let db = local_db(&w.dir.path().join("data"))?;
+    let db = common::outside::served_db(&w.dir.path().join("data"))?;
     for mode in ["PASSIVE", "FULL", "RESTART", "TRUNCATE"] {
         all_locked(mode, &outside(mode, &db, 1)?)?;
         let looping = {
@@ -211,7 +200,7 @@ async fn an_outside_checkpoint_in_every_mode_is_refused() -> R {
 async fn an_outside_write_or_backup_is_refused_and_changes_nothing() -> R {
     let w = world().await?;
     let mut acked = load(&w.reg, "a", 4, 10).await?.0;
-    let db = local_db(&w.dir.path().join("data"))?;
+    let db = common::outside::served_db(&w.dir.path().join("data"))?;
     all_locked("write", &outside("write", &db, 3)?)?;
     all_locked("backup", &outside("backup", &db, 1)?)?;
     acked.extend(load(&w.reg, "b", 4, 10).await?.0);
@@ -240,7 +229,7 @@ async fn poisoned_by(prepare: impl FnOnce(&Path) -> R, fault: impl FnOnce(&Path)
     })
     .await?;
     let mut acked = load(&w.reg, "a", 4, 10).await?.0;
-    let db = local_db(&w.dir.path().join("data"))?;
+    let db = common::outside::served_db(&w.dir.path().join("data"))?;
     prepare(&db)?;
     acked.extend(load(&w.reg, "a2", 4, 10).await?.0);
     let before = w.reg.acquire("acme").await?.round();
@@ -303,7 +292,7 @@ async fn a_read_after_the_database_was_overwritten_poisons_the_org() -> R {
     })
     .await?;
     let acked = load(&w.reg, "a", 4, 10).await?.0;
-    let db = local_db(&w.dir.path().join("data"))?;
+    let db = common::outside::served_db(&w.dir.path().join("data"))?;
     let old = db.with_extension("old");
     run(Command::new("cp").arg(&db).arg(&old))?;
     let more = load(&w.reg, "b", 4, 10).await?.0;

@@ -80,3 +80,15 @@ pub fn all_locked(action: &str, lines: &[String]) -> R {
     }
     Ok(())
 }
+
+/// The database file org `acme`'s writer serves under the data directory `data`.
+pub fn served_db(data: &Path) -> Result<std::path::PathBuf, BoxErr> {
+    let dir = data.join("orgs").join("acme");
+    for e in std::fs::read_dir(&dir)? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "db") {
+            return Ok(p);
+        }
+    }
+    Err("no local database".into())
+}
