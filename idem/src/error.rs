@@ -155,7 +155,7 @@ pub enum Error {
     Sqlite(#[from] rusqlite::Error),
     /// Another attempt holds a live reservation of the effect key; its executor may be running.
     /// Retry after `lease_until_ms`: the key is then settled, or AMBIGUOUS.
-    #[error("effect {key:?} is in progress by {holder} until {lease_until_ms} ms")]
+    #[error("effect {key:?} is in progress by {holder} until {}", rfc3339(*lease_until_ms))]
     EffectInProgress {
         /// The effect key.
         key: String,
@@ -224,6 +224,28 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339 in UTC (`2025-12-01T00:00:00.123Z`), for
+/// messages; days to a civil date by Howard Hinnant's `civil_from_days`.
+fn rfc3339(ms: u64) -> String {
+    let (days, rem) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        rem / 3_600_000,
+        rem / 60_000 % 60,
+        rem / 1000 % 60,
+        rem % 1000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
 }
 
 /// An effect state for messages: its name, or "absent" when there is no row.
