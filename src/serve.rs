@@ -195,8 +195,8 @@ fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response
 /// Exactly one field with one value: a second field, or a value that is a list (`k, k`), is
 /// refused, so one logical request can never run under two keys. The key is 1–255 visible
 /// ASCII characters (0x21–0x7E); it may be sent as an sf-string (`"abc"` is the key `abc`,
-/// with `\"` and `\\` escapes) or bare, as most clients do. Anything else — a TAB or other
-/// control byte, a space outside quotes — is refused.
+/// with `\"` and `\\` escapes) or bare, as most clients do. Anything else — a space, a TAB
+/// or another control byte — is refused.
 ///
 /// # Errors
 /// Why the header is refused, for a 400.
@@ -363,18 +363,12 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
     // This replica's own writer answers from its database, once confirmed (I6, I7): no
     // download. An org it does not hold is read from the store's newest published state
     // (never claimed for a read: that would fence the writer that holds it).
-    let held = st
-        .registry
-        .open_orgs()
-        .into_iter()
-        .find(|o| o.id() == &id && o.is_serving());
-    if let Some(handle) = held {
+    if let Some(handle) = st.registry.serving(&id) {
         match handle.read(ledger::balances).await {
             Ok(rows) => {
-                let map: serde_json::Map<String, serde_json::Value> =
-                    rows.into_iter().map(|(k, v)| (k, v.into())).collect();
                 return axum::Json(serde_json::json!({
-                    "org": org, "source": "writer", "round": handle.round(), "balances": map,
+                    "org": org, "source": "writer", "round": handle.round(),
+                    "balances": balances_json(rows),
                 }))
                 .into_response();
             }
@@ -399,10 +393,13 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
             }
         }
     };
-    let map: serde_json::Map<String, serde_json::Value> =
-        rows.into_iter().map(|(k, v)| (k, v.into())).collect();
     axum::Json(serde_json::json!({
-        "org": org, "source": "store", "snapshot_seq": seq, "balances": map,
+        "org": org, "source": "store", "snapshot_seq": seq, "balances": balances_json(rows),
     }))
     .into_response()
+}
+
+/// Balances as a JSON object, account id → cents.
+fn balances_json(rows: Vec<(String, i64)>) -> serde_json::Map<String, serde_json::Value> {
+    rows.into_iter().map(|(k, v)| (k, v.into())).collect()
 }

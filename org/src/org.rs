@@ -217,31 +217,23 @@ impl Org {
         let busy = Duration::from_millis(settings.busy_timeout_ms);
         let org2 = org.clone();
         tokio::task::spawn_blocking(move || {
+            let local = |source| Error::Local {
+                org: org2.to_string(),
+                path: path.clone(),
+                source,
+            };
             let opened = writer::open_writer(&path, busy, init.as_ref()).map_err(|e| match e {
                 writer::OpenError::Idem(source) => Error::idem(&org2, source),
-                writer::OpenError::Mode(reason) => Error::Local {
-                    org: org2.to_string(),
-                    path: path.clone(),
-                    source: std::io::Error::other(format!(
-                        "the writer connection could not take the database exclusively: {reason}"
-                    )),
-                },
-                writer::OpenError::Files(source) => Error::Local {
-                    org: org2.to_string(),
-                    path: path.clone(),
-                    source,
-                },
+                writer::OpenError::Mode(reason) => local(std::io::Error::other(format!(
+                    "the writer connection could not take the database exclusively: {reason}"
+                ))),
+                writer::OpenError::Files(source) => local(source),
             })?;
             let watch = crate::capture::Watch::new(&opened.files).map_err(|e| {
-                let source = match e {
+                local(match e {
                     crate::capture::CaptureError::Io(e) => e,
                     crate::capture::CaptureError::Foreign(f) => std::io::Error::other(f.0),
-                };
-                Error::Local {
-                    org: org2.to_string(),
-                    path: path.clone(),
-                    source,
-                }
+                })
             })?;
             Ok((opened, watch))
         })
@@ -372,8 +364,8 @@ impl Org {
     /// the database file exclusively (I13), so other connections get "database is locked".
     ///
     /// # Errors
-    /// [`Error::Read`] when `read` fails or panics (nothing waited for); otherwise as
-    /// [`Org::once_with`].
+    /// [`Error::Read`] when `read` fails or panics — once confirmed like a result, since a
+    /// failure ("no such row") depends on the data too; otherwise as [`Org::once_with`].
     pub async fn read<T, F>(&self, read: F) -> Result<T, Error>
     where
         F: FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,

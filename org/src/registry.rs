@@ -211,6 +211,13 @@ impl Registry {
         }
     }
 
+    /// This process's serving writer for `org`, if it has one open; never acquires (a read
+    /// must not claim an org, which would fence the writer holding it elsewhere).
+    pub fn serving(&self, org: &OrgId) -> Option<Org> {
+        let slot = lock(&self.inner.orgs).get(org).cloned()?;
+        slot.get().filter(|o| o.is_serving()).cloned()
+    }
+
     /// Orgs currently open in this process.
     pub fn open_orgs(&self) -> Vec<Org> {
         let slots: Vec<Slot> = lock(&self.inner.orgs).values().cloned().collect();

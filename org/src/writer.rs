@@ -78,9 +78,11 @@ pub(crate) fn read_commit(conn: &Connection) -> rusqlite::Result<u64> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
-/// Where a job starts: SQLite's count of changed rows and the commit counter.
-fn mark(conn: &Connection) -> (u64, u64) {
-    (conn.total_changes(), read_commit(conn).unwrap_or(0))
+/// Where a job starts: SQLite's count of changed rows and the commit counter (`committed`
+/// equals the database's counter between jobs: every job that moves it raises `committed`
+/// before it replies).
+fn mark(conn: &Connection, committed: &AtomicU64) -> (u64, u64) {
+    (conn.total_changes(), committed.load(Ordering::SeqCst))
 }
 
 /// After a job: when it committed something without bumping the counter (a failed attempt
@@ -90,7 +92,7 @@ fn mark(conn: &Connection) -> (u64, u64) {
 /// a ship, never a commit missed.
 fn counted(conn: &mut Connection, committed: &AtomicU64, (changes, counter): (u64, u64)) {
     let now = read_commit(conn).unwrap_or(0);
-    if conn.total_changes() != changes && now == counter {
+    if conn.total_changes() != changes && now <= counter {
         let bumped = conn.transaction().and_then(|tx| {
             let n = bump_commit(&tx)?;
             tx.commit()?;
@@ -218,7 +220,7 @@ pub(crate) fn run(
                 apply,
                 reply,
             } => {
-                let before = mark(conn);
+                let before = mark(conn, &committed);
                 let opts = opts.clock(clock.clone());
                 // A panic in apply rolls its transaction back (the Transaction is dropped while
                 // unwinding); catching it keeps the org's writer alive for other requests.
@@ -245,7 +247,7 @@ pub(crate) fn run(
                 let _ = reply.send(out);
             }
             Job::Prune { cutoff, reply } => {
-                let before = mark(conn);
+                let before = mark(conn, &committed);
                 let out = idem::prune(conn, cutoff);
                 counted(conn, &committed, before);
                 let n = committed.load(Ordering::SeqCst);
