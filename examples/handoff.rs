@@ -35,12 +35,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let a = writer("replica-a", false).await?;
-    let out = a.acquire("acme").await?.once("pay-7", pay).await?;
+    let out = a
+        .acquire(&idem_replica::OrgId::new("acme")?)
+        .await?
+        .once("pay-7", pay)
+        .await?;
     println!("A (round {}): pay-7 applied={}", out.round, out.applied);
     a.shutdown().await; // final ship + Release: B need not wait for A's lease
 
     let b = writer("replica-b", false).await?;
-    let b_acme = b.acquire("acme").await?;
+    let b_acme = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let out = b_acme.once("pay-7", pay).await?;
     println!(
         "B (round {}): pay-7 applied={} (replayed A's result)",
@@ -51,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // B "crashes": no release, its lease stays live. C forces the claim and fences B.
     let c = writer("replica-c", true).await?;
-    let c_acme = c.acquire("acme").await?;
+    let c_acme = c.acquire(&idem_replica::OrgId::new("acme")?).await?;
     println!("C (round {}): took over with force_claim", c_acme.round());
     for key in ["pay-7", "pay-8"] {
         let out = c_acme.once(key, pay).await?;

@@ -18,7 +18,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let replica = Replica::open(store.clone(), "", Settings::default()).await?;
     let server = Registry::builder(dir.path().join("server"), replica, "server").build()?;
     for org in ["acme", "globex", "initech"] {
-        let h = server.acquire(org).await?;
+        let h = server.acquire(&idem_replica::OrgId::new(org)?).await?;
         for i in 0..5 {
             h.once(&format!("req-{i}"), |_tx| Ok::<_, rusqlite::Error>(vec![]))
                 .await?;
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut deleted, mut failed) = (0, 0);
     for org in &orgs {
         let result = async {
-            let h = cron.acquire(org.as_str()).await?;
+            let h = cron.acquire(org).await?;
             let n = h.prune(cutoff).await?; // deletes and ships before returning
             h.release().await?;
             Ok::<_, idem_org::Error>(n)

@@ -252,9 +252,10 @@ async fn transfer(
             return error(rejection.status(), "input", rejection.body_text());
         }
     };
-    if let Err(e) = OrgId::new(&org) {
-        return error(StatusCode::BAD_REQUEST, "input", e.to_string());
-    }
+    let org_id = match OrgId::new(&org) {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "input", e.to_string()),
+    };
     let key = match idempotency_key(&headers) {
         Ok(k) => k,
         Err(why) => return error(StatusCode::BAD_REQUEST, "input", why),
@@ -285,7 +286,7 @@ async fn transfer(
     let k = key.clone();
     let result = st
         .registry
-        .once(&org, &key, opts, move |tx| t.apply(&k, tx))
+        .once_with(&org_id, &key, opts, move |tx| t.apply(&k, tx))
         .await;
     match result {
         Ok(out) => {
@@ -306,7 +307,7 @@ async fn transfer(
 
 fn org_error(e: &idem_org::Error) -> Response {
     let msg = crate::chain(e);
-    if is_fingerprint_mismatch(e) {
+    if e.is_fingerprint_mismatch() {
         return error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
     }
     let fenced = matches!(e, idem_org::Error::Fenced { .. });
@@ -319,24 +320,6 @@ fn org_error(e: &idem_org::Error) -> Response {
         ErrorKind::Corrupt => error(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", msg),
         _ => error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", msg),
     }
-}
-
-/// Walks the source chain for idem's fingerprint mismatch (independent of how the org error
-/// wraps it).
-fn is_fingerprint_mismatch(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        let hit = |i: &idem::Error| matches!(i, idem::Error::FingerprintMismatch { .. });
-        if err.downcast_ref::<idem::Error>().is_some_and(hit)
-            || err
-                .downcast_ref::<Box<idem::Error>>()
-                .is_some_and(|b| hit(b))
-        {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
 }
 
 async fn hold(dir: &std::path::Path, key: &str) {

@@ -20,7 +20,7 @@ fn seeded_store(dir: &Path) -> TestResult<String> {
         )
         .await?;
         let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed").build()?;
-        let org = registry.acquire("acme").await?;
+        let org = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
         org.effect("sent", idem::EffectOptions::new(), || async {
             Ok(b"ok".to_vec())
         })

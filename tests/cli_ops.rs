@@ -23,7 +23,7 @@ fn seeded_store(dir: &Path) -> TestResult<String> {
         let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed")
             .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
             .build()?;
-        let org = registry.acquire("acme").await?;
+        let org = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
         for k in ["k1", "k2", "k3"] {
             org.once(k, move |tx| {
                 tx.execute("INSERT INTO t VALUES (?1)", [k])?;

@@ -6,8 +6,10 @@ use std::error::Error as StdError;
 pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
 /// What a caller should do about an [`Error`].
+///
+/// Deliberately exhaustive: the set of actions is the contract, so layers above map every
+/// kind with one `match` and a new kind is a breaking change, never a silent fallback.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum ErrorKind {
     /// Transient: call `once` again with the same key (it is safe: the key dedups).
     Retry,

@@ -77,7 +77,10 @@ async fn acks(store: Arc<dyn ObjectStore>, clients: usize, secs: f64) -> (f64, D
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT, v BLOB)"))
         .build()
         .unwrap();
-    let org = reg.acquire("acme").await.unwrap();
+    let org = reg
+        .acquire(&idem_replica::OrgId::new("acme").unwrap())
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let started = Instant::now();
     let tasks: Vec<_> = (0..clients)

@@ -12,19 +12,16 @@
 //! writer's attempt (in progress) and, once the lease lapses, AMBIGUOUS — never free to run.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem::{
     Effect, EffectError, EffectOptions, EffectOutcome, EffectState, Reservation, Reserved,
     Resolution, Settlement,
 };
 use rusqlite::Connection;
-use tokio::sync::oneshot;
 
-use crate::writer::{Job, read_commit};
+use crate::commit::{self, Answer, CommitSeq};
+use crate::writer::{Job, Reply};
 use crate::{Error, Org};
-
-type Reply<T> = oneshot::Sender<Result<(T, u64), idem::Error>>;
 
 /// Effect work for the org's writer thread.
 pub(crate) enum EffectJob {
@@ -53,12 +50,10 @@ pub(crate) enum EffectJob {
 }
 
 fn bump(conn: &Connection) -> rusqlite::Result<()> {
-    conn.prepare_cached("UPDATE idem_org_commit SET n = n + 1 WHERE id = 0")?
-        .execute([])
-        .map(|_| ())
+    commit::bump(conn).map(|_| ())
 }
 
-/// Every effect write bumps the commit counter in its own transaction (the snapshot that holds
+/// Every effect write raises the commit sequence in its own transaction (the snapshot that holds
 /// the counter value holds the transition); the registry clock stamps it unless one was set.
 fn writer_opts(opts: EffectOptions, clock: &Arc<dyn idem::Clock>) -> EffectOptions {
     let opts = opts.on_write(Arc::new(bump));
@@ -69,28 +64,29 @@ fn writer_opts(opts: EffectOptions, clock: &Arc<dyn idem::Clock>) -> EffectOptio
     }
 }
 
-/// Runs one effect job on the writer connection. The reply carries the commit counter the
+/// Runs one effect job on the writer connection. The reply carries the commit sequence the
 /// caller must see shipped: every commit so far (the writer thread is the only writer, so this
 /// covers the job's own transition and, for a replay, the commit that settled the key). It is
 /// raised before every reply, an error's included: a transition may commit and then refuse
 /// (a lapsed reservation turned AMBIGUOUS).
 pub(crate) fn run_job(
     conn: &mut Connection,
-    committed: &AtomicU64,
+    seq: &CommitSeq,
     clock: &Arc<dyn idem::Clock>,
     job: EffectJob,
 ) {
-    let counter = |conn: &Connection| {
-        if let Ok(n) = read_commit(conn) {
-            committed.fetch_max(n, Ordering::SeqCst);
-        }
-        committed.load(Ordering::SeqCst)
-    };
+    fn answered<T>(
+        conn: &Connection,
+        seq: &CommitSeq,
+        out: Result<T, idem::Error>,
+    ) -> Result<Answer<T>, idem::Error> {
+        let commit_seq = seq.raise(commit::read(conn).unwrap_or(0));
+        out.map(|value| Answer { value, commit_seq })
+    }
     match job {
         EffectJob::Reserve { key, opts, reply } => {
             let out = idem::reserve(conn, &key, &writer_opts(opts, clock));
-            let c = counter(conn);
-            let _ = reply.send(out.map(|r| (r, c)));
+            let _ = reply.send(answered(conn, seq, out));
         }
         EffectJob::Settle {
             reservation,
@@ -99,8 +95,7 @@ pub(crate) fn run_job(
             reply,
         } => {
             let out = idem::settle(conn, &reservation, settlement, &writer_opts(opts, clock));
-            let c = counter(conn);
-            let _ = reply.send(out.map(|r| (r, c)));
+            let _ = reply.send(answered(conn, seq, out));
         }
         EffectJob::Resolve {
             key,
@@ -110,16 +105,14 @@ pub(crate) fn run_job(
         } => {
             let opts = writer_opts(EffectOptions::new(), clock);
             let out = idem::resolve_with(conn, &key, resolution, &by, clock.now_ms(), &opts);
-            let c = counter(conn);
-            let _ = reply.send(out.map(|r| (r, c)));
+            let _ = reply.send(answered(conn, seq, out));
         }
         EffectJob::Read { key, state, reply } => {
             let out = match key {
                 Some(k) => idem::effect(conn, &k).map(|r| r.into_iter().collect()),
                 None => idem::effects(conn, state),
             };
-            let c = counter(conn);
-            let _ = reply.send(out.map(|r| (r, c)));
+            let _ = reply.send(answered(conn, seq, out));
         }
     }
 }
@@ -207,7 +200,10 @@ impl Org {
         resolution: Resolution,
         by: &str,
     ) -> Result<Effect, Error> {
-        let (row, c) = self
+        let Answer {
+            value: row,
+            commit_seq,
+        } = self
             .call(|reply| {
                 Job::Effect(EffectJob::Resolve {
                     key: key.to_owned(),
@@ -217,7 +213,7 @@ impl Org {
                 })
             })
             .await?;
-        self.wait_shipped(c).await?;
+        self.wait_shipped(commit_seq).await?;
         Ok(row)
     }
 
@@ -226,10 +222,13 @@ impl Org {
         key: Option<String>,
         state: Option<EffectState>,
     ) -> Result<Vec<Effect>, Error> {
-        let (rows, c) = self
+        let Answer {
+            value: rows,
+            commit_seq,
+        } = self
             .call(|reply| Job::Effect(EffectJob::Read { key, state, reply }))
             .await?;
-        self.wait_confirmed(c).await?;
+        self.wait_confirmed(commit_seq).await?;
         Ok(rows)
     }
 
@@ -239,7 +238,10 @@ impl Org {
         key: &str,
         opts: &EffectOptions,
     ) -> Result<Result<Reservation, EffectOutcome>, Error> {
-        let (reserved, c) = self
+        let Answer {
+            value: reserved,
+            commit_seq,
+        } = self
             .call(|reply| {
                 Job::Effect(EffectJob::Reserve {
                     key: key.to_owned(),
@@ -252,8 +254,8 @@ impl Org {
         // the executor runs (or the result is returned); a replay also needs a confirmation
         // that this writer still owns the org.
         match reserved {
-            Reserved::Reservation(_) => self.wait_shipped(c).await?,
-            Reserved::Replay(_) => self.wait_confirmed(c).await?,
+            Reserved::Reservation(_) => self.wait_shipped(commit_seq).await?,
+            Reserved::Replay(_) => self.wait_confirmed(commit_seq).await?,
         }
         Ok(match reserved {
             Reserved::Reservation(r) => Ok(r),
@@ -280,7 +282,10 @@ impl Org {
             Ok(Err(EffectError::Failed(e))) => (Settlement::Failed(e.to_string()), None),
             Err(join) => (Settlement::Failed(format!("executor {join}")), None),
         };
-        let (row, c) = self
+        let Answer {
+            value: row,
+            commit_seq,
+        } = self
             .call(|reply| {
                 Job::Effect(EffectJob::Settle {
                     reservation: Box::new(reservation),
@@ -290,21 +295,21 @@ impl Org {
                 })
             })
             .await?;
-        self.wait_shipped(c).await?;
+        self.wait_shipped(commit_seq).await?;
         match (row.state, not_executed) {
             (EffectState::Committed, _) => Ok(EffectOutcome {
                 key: key.to_owned(),
                 result: row.result.unwrap_or_default(),
                 executed: true,
             }),
-            (EffectState::Failed, Some(source)) => Err(Error::idem(
+            (EffectState::Failed, Some(source)) => Err(Error::from_idem(
                 self.id(),
                 idem::Error::EffectNotExecuted {
                     key: key.to_owned(),
                     source,
                 },
             )),
-            _ => Err(Error::idem(
+            _ => Err(Error::from_idem(
                 self.id(),
                 idem::Error::EffectAmbiguous {
                     key: key.to_owned(),

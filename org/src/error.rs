@@ -86,26 +86,70 @@ pub enum Error {
         #[source]
         source: Box<idem::Error>,
     },
-    /// From the snapshot store (claim, hydrate, release, invalid org id).
+    /// From the snapshot store (claim, hydrate, release).
     // The replica's messages name the org already: not repeated here.
     #[error("{source}")]
     Replica {
-        /// The org, or the raw id text when it did not validate.
-        org: String,
+        /// The org.
+        org: OrgId,
         /// The replica error.
         #[source]
         source: Box<idem_replica::Error>,
     },
-    /// Local file handling (data directory, lock files).
+    /// Local file handling of one org (its directory, lock and database files).
     #[error("org {org}: local file {path}")]
     Local {
         /// The org.
-        org: String,
+        org: OrgId,
         /// The path involved.
         path: std::path::PathBuf,
         /// The I/O error.
         #[source]
         source: std::io::Error,
+    },
+    /// The registry's data directory cannot be created or locked.
+    #[error("data directory {path}")]
+    DataDir {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The writer connection could not take the org's files as their one owner (I13).
+    #[error("org {org}: cannot open the writer on {path}")]
+    Writer {
+        /// The org.
+        org: OrgId,
+        /// The database file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: idem_replica::sqlite::OwnError,
+    },
+    /// The hydrated database's commit sequence differs from the one the store's entry says
+    /// it holds: the installed state is not what was published, so nothing is served.
+    #[error(
+        "org {org}: the store's entry holds commit {hydrated}, the hydrated file holds {in_file}"
+    )]
+    CommitMismatch {
+        /// The org.
+        org: OrgId,
+        /// The commit sequence of the entry hydrated.
+        hydrated: u64,
+        /// The commit sequence in the installed file.
+        in_file: u64,
+    },
+    /// A blocking task of this org panicked or was cancelled.
+    #[error("org {org}: blocking task failed while {op}")]
+    Task {
+        /// The org.
+        org: OrgId,
+        /// What the task was doing.
+        op: &'static str,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
     },
     /// SQLite failed while opening or configuring the org database.
     #[error("org {org}: sqlite")]
@@ -144,16 +188,22 @@ impl Error {
                 idem::ErrorKind::Input => ErrorKind::Input,
                 idem::ErrorKind::Rejected => ErrorKind::Rejected,
                 idem::ErrorKind::Reacquire => ErrorKind::Reacquire,
-                _ => ErrorKind::Fatal,
+                idem::ErrorKind::Fatal => ErrorKind::Fatal,
             },
             Error::Replica { source, .. } => match source.kind() {
                 idem_replica::ErrorKind::Retry => ErrorKind::Retry,
                 idem_replica::ErrorKind::Reacquire => ErrorKind::Reacquire,
                 idem_replica::ErrorKind::Input => ErrorKind::Input,
                 idem_replica::ErrorKind::Corrupt => ErrorKind::Corrupt,
-                _ => ErrorKind::Fatal,
+                idem_replica::ErrorKind::Fatal => ErrorKind::Fatal,
             },
-            Error::Local { .. } | Error::Sqlite { .. } | Error::Read { .. } => ErrorKind::Fatal,
+            Error::CommitMismatch { .. } => ErrorKind::Corrupt,
+            Error::Local { .. }
+            | Error::DataDir { .. }
+            | Error::Writer { .. }
+            | Error::Task { .. }
+            | Error::Sqlite { .. }
+            | Error::Read { .. } => ErrorKind::Fatal,
             Error::InvalidSettings { .. } => ErrorKind::Input,
         }
     }
@@ -163,14 +213,29 @@ impl Error {
         self.kind() == ErrorKind::Retry
     }
 
-    pub(crate) fn replica(org: &str, source: idem_replica::Error) -> Self {
+    /// The dedup transaction's error, when this is one: match it to tell a fingerprint
+    /// mismatch (422) from an in-flight key or another rejection.
+    pub fn idem(&self) -> Option<&idem::Error> {
+        match self {
+            Error::Idem { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// True when the request was refused because its fingerprint differs from the one the
+    /// key was applied with (I4): the client changed the payload under the same key.
+    pub fn is_fingerprint_mismatch(&self) -> bool {
+        matches!(self.idem(), Some(idem::Error::FingerprintMismatch { .. }))
+    }
+
+    pub(crate) fn replica(org: &OrgId, source: idem_replica::Error) -> Self {
         Error::Replica {
-            org: org.to_owned(),
+            org: org.clone(),
             source: Box::new(source),
         }
     }
 
-    pub(crate) fn idem(org: &idem_replica::OrgId, source: idem::Error) -> Self {
+    pub(crate) fn from_idem(org: &OrgId, source: idem::Error) -> Self {
         Error::Idem {
             org: org.clone(),
             source: Box::new(source),

@@ -22,7 +22,7 @@
 //!     .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (key TEXT, cents INT)"))
 //!     .build()?;
 //!
-//! let acme = registry.acquire("acme").await?;
+//! let acme = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
 //! for _ in 0..2 {
 //!     let out = acme
 //!         .once("pay-7", |tx| {
@@ -49,19 +49,24 @@
 //! `Corrupt`, `Fatal`. A fenced handle is poisoned: every later call fails fast.
 #![forbid(unsafe_code)]
 
-mod capture;
-mod chain;
+mod ack;
+mod commit;
 mod effect;
 mod error;
 mod local;
+mod open;
 mod org;
-mod owned;
-mod proof;
 mod registry;
 mod settings;
-mod ship;
-mod wal;
+mod shipper;
 mod writer;
+
+// The crates this one's signatures use, at the versions it is built against: an embedder
+// depends on `idem-org` alone.
+pub use idem;
+pub use idem_replica as replica;
+pub use object_store;
+pub use rusqlite;
 
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};

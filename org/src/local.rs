@@ -25,7 +25,7 @@ pub(crate) struct LocalFiles {
 }
 
 fn local_err(org: &OrgId, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let (org, path) = (org.to_string(), path.to_owned());
+    let (org, path) = (org.clone(), path.to_owned());
     move |source| Error::Local { org, path, source }
 }
 

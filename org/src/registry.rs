@@ -51,21 +51,19 @@ impl RegistryBuilder {
     /// Creates the data directory and the registry.
     ///
     /// # Errors
-    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs); [`Error::Local`] when the
-    /// data directory cannot be created.
+    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs); [`Error::DataDir`] when
+    /// the data directory cannot be created or locked.
     pub fn build(self) -> Result<Registry, Error> {
         if self.writer_id.is_empty() || self.settings.max_open_orgs == 0 {
             return Err(Error::InvalidSettings {
                 reason: "writer id must be non-empty and max_open_orgs at least 1".into(),
             });
         }
-        std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::Local {
-            org: String::new(),
+        std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::DataDir {
             path: self.data_dir.clone(),
             source,
         })?;
-        let home = crate::local::Home::open(&self.data_dir).map_err(|source| Error::Local {
-            org: String::new(),
+        let home = crate::local::Home::open(&self.data_dir).map_err(|source| Error::DataDir {
             path: self.data_dir.clone(),
             source,
         })?;
@@ -141,12 +139,12 @@ impl Registry {
     /// Concurrent acquires of one org share a single writer. When more than
     /// `max_open_orgs` are open, the least recently used idle ones are released.
     ///
+    /// The org id is validated once, at the edge, by [`OrgId::new`] (I12).
+    ///
     /// # Errors
-    /// [`Error::Replica`] with an `Input` kind for a bad org id (nothing touched, I12); claim
-    /// errors (lease held by a live writer, contention: retry); hydrate errors (corrupt
+    /// Claim errors (lease held by a live writer, contention: retry); hydrate errors (corrupt
     /// snapshot: stop); local file errors.
-    pub async fn acquire(&self, org: &str) -> Result<Org, Error> {
-        let id = OrgId::new(org).map_err(|e| Error::replica(org, e))?;
+    pub async fn acquire(&self, id: &OrgId) -> Result<Org, Error> {
         loop {
             let slot = {
                 let mut orgs = lock(&self.inner.orgs);
@@ -156,7 +154,7 @@ impl Registry {
             let handle = slot
                 .get_or_try_init(|| {
                     Org::open(
-                        crate::org::Opening {
+                        crate::open::Opening {
                             replica: inner.replica.clone(),
                             data_dir: &inner.data_dir,
                             writer_id: &inner.writer_id,
@@ -173,16 +171,28 @@ impl Registry {
             let handle = match handle {
                 Ok(h) => h,
                 Err(e) => {
-                    self.forget(&id, &slot);
+                    self.forget(id, &slot);
                     return Err(e);
                 }
             };
             if handle.is_serving() {
-                self.evict_beyond_limit(&id).await;
+                self.evict_beyond_limit(id).await;
                 return Ok(handle);
             }
-            self.forget(&id, &slot);
+            self.forget(id, &slot);
         }
+    }
+
+    /// [`Registry::once_with`] with default options.
+    ///
+    /// # Errors
+    /// As [`Registry::once_with`].
+    pub async fn once<F, E>(&self, org: &OrgId, key: &str, apply: F) -> Result<Outcome, Error>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Clone + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.once_with(org, key, Options::new(), apply).await
     }
 
     /// Acquires `org` and runs [`Org::once_with`]; when the handle turns out closed (evicted or
@@ -190,9 +200,9 @@ impl Registry {
     ///
     /// # Errors
     /// As [`Registry::acquire`] and [`Org::once_with`].
-    pub async fn once<F, E>(
+    pub async fn once_with<F, E>(
         &self,
-        org: &str,
+        org: &OrgId,
         key: &str,
         opts: Options,
         apply: F,
@@ -205,6 +215,34 @@ impl Registry {
         loop {
             let handle = self.acquire(org).await?;
             match handle.once_with(key, opts.clone(), apply.clone()).await {
+                Err(Error::Closed { .. }) if tries == 0 => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// Acquires `org` and runs [`Org::effect`]; when the handle turns out closed before the
+    /// reservation (evicted or released meanwhile) it acquires again and retries once.
+    /// `executor` is `Clone` for that; a closed handle never ran it (the reservation is
+    /// acknowledged before the executor starts).
+    ///
+    /// # Errors
+    /// As [`Registry::acquire`] and [`Org::effect`].
+    pub async fn effect<F, Fut>(
+        &self,
+        org: &OrgId,
+        key: &str,
+        opts: idem::EffectOptions,
+        executor: F,
+    ) -> Result<idem::EffectOutcome, Error>
+    where
+        F: FnOnce() -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<Vec<u8>, idem::EffectError>> + Send + 'static,
+    {
+        let mut tries = 0;
+        loop {
+            let handle = self.acquire(org).await?;
+            match handle.effect(key, opts.clone(), executor.clone()).await {
                 Err(Error::Closed { .. }) if tries == 0 => tries += 1,
                 other => return other,
             }

@@ -56,9 +56,11 @@ async fn a_failed_first_acquire_does_not_orphan_the_concurrent_one() -> R {
         Settings::default(),
     )?;
     let (r1, r2) = (reg.clone(), reg.clone());
-    let first = tokio::spawn(async move { r1.acquire("acme").await });
+    let acme = idem_replica::OrgId::new("acme")?;
+    let (a1, a2) = (acme.clone(), acme);
+    let first = tokio::spawn(async move { r1.acquire(&a1).await });
     reached.await?;
-    let second = tokio::spawn(async move { r2.acquire("acme").await });
+    let second = tokio::spawn(async move { r2.acquire(&a2).await });
     for _ in 0..10 {
         tokio::task::yield_now().await;
     }
@@ -68,7 +70,7 @@ async fn a_failed_first_acquire_does_not_orphan_the_concurrent_one() -> R {
         "the first claim was failed on purpose"
     );
     let org = second.await??;
-    let again = reg.acquire("acme").await?;
+    let again = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     assert_eq!(
         again.round(),
         org.round(),

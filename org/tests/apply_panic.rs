@@ -18,7 +18,7 @@ async fn a_panic_in_apply_fails_that_request_only() -> R {
         "A",
         Settings::default(),
     )?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let err = org
         .once("boom", |tx| -> rusqlite::Result<Vec<u8>> {
             tx.execute("INSERT INTO effects VALUES ('boom', 'acme')", [])?;

@@ -48,7 +48,7 @@ async fn a_fenced_writer_never_answers_422_from_an_unshipped_commit() -> R {
     let dir = tempfile::tempdir()?;
     let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let (store, a) = faulty(&dir.path().join("a"), inner.clone()).await?;
-    let org_a = a.acquire("o").await?;
+    let org_a = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org_a.once("k0", effect("o", "k0")).await?;
     refuse_log_writes(&store);
     let first = org_a.once_with("K", with("a"), effect("o", "K")).await;
@@ -68,7 +68,7 @@ async fn a_fenced_writer_never_answers_422_from_an_unshipped_commit() -> R {
         "B",
         force(),
     )?;
-    let org_b = b.acquire("o").await?;
+    let org_b = b.acquire(&idem_replica::OrgId::new("o")?).await?;
     // The payload B will apply, sent to A first: A must not refuse it from `a`, which only
     // its local file holds.
     let on_a = org_a.once_with("K", with("b"), effect("o", "K")).await;
@@ -86,7 +86,7 @@ async fn a_fenced_writer_never_answers_422_from_an_unshipped_commit() -> R {
 async fn a_refusal_waits_for_the_ship_of_the_commit_it_reads() -> R {
     let dir = tempfile::tempdir()?;
     let (store, a) = faulty(dir.path(), Arc::new(InMemory::new())).await?;
-    let org = a.acquire("o").await?;
+    let org = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org.once("k0", effect("o", "k0")).await?;
     refuse_log_writes(&store);
     assert!(
@@ -130,7 +130,7 @@ async fn poll_once<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Out
 async fn a_refusal_is_not_answered_before_the_conflicting_commit_is_published() -> R {
     let dir = tempfile::tempdir()?;
     let (store, a) = faulty(dir.path(), Arc::new(InMemory::new())).await?;
-    let org = a.acquire("o").await?;
+    let org = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org.once("k0", effect("o", "k0")).await?;
     // `a` commits; its ship is held at the publish of its log entry.
     let paused = store.pause_next(Op::Put, "/log/");
@@ -190,7 +190,7 @@ async fn a_writer_serving_only_replays_keeps_its_lease() -> R {
         "A",
         Settings::default(),
     )?;
-    let org = a.acquire("o").await?;
+    let org = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org.once("k", effect("o", "k")).await?;
     for _ in 0..4 {
         clock.advance(lease * 3 / 5);
@@ -203,7 +203,7 @@ async fn a_writer_serving_only_replays_keeps_its_lease() -> R {
         "B",
         Settings::default(),
     )?;
-    match b.acquire("o").await {
+    match b.acquire(&idem_replica::OrgId::new("o")?).await {
         Err(e) if format!("{e:?}").contains("LeaseHeld") => {}
         other => return Err(format!("an active writer's org was claimed: {other:?}").into()),
     }
@@ -230,16 +230,16 @@ async fn two_processes_with_one_writer_id_do_not_fence_each_other() -> R {
         "idem",
         Settings::default(),
     )?;
-    let org1 = p1.acquire("o").await?;
+    let org1 = p1.acquire(&idem_replica::OrgId::new("o")?).await?;
     org1.once("k1", effect("o", "k1")).await?;
-    match p2.acquire("o").await {
+    match p2.acquire(&idem_replica::OrgId::new("o")?).await {
         Err(e) if format!("{e:?}").contains("LeaseHeld") => {}
         other => return Err(format!("the second process took the org: {other:?}").into()),
     }
     assert!(org1.once("k2", effect("o", "k2")).await?.applied);
     p1.shutdown().await;
     // After a release the other process claims at once.
-    let org2 = p2.acquire("o").await?;
+    let org2 = p2.acquire(&idem_replica::OrgId::new("o")?).await?;
     assert!(!org2.once("k1", effect("o", "k1")).await?.applied);
     p2.shutdown().await;
     Ok(())
@@ -256,7 +256,10 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
         "w",
         Settings::default(),
     )?;
-    old.acquire("o").await?.once("k", effect("o", "k")).await?;
+    old.acquire(&idem_replica::OrgId::new("o")?)
+        .await?
+        .once("k", effect("o", "k"))
+        .await?;
     // While the old process lives (it holds the data directory's lock), a new one with the
     // same id and directory respects its lease.
     let new = registry(
@@ -265,7 +268,7 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
         "w",
         Settings::default(),
     )?;
-    match new.acquire("o").await {
+    match new.acquire(&idem_replica::OrgId::new("o")?).await {
         Err(e) if format!("{e:?}").contains("LeaseHeld") => {}
         other => return Err(format!("claimed from a live process: {other:?}").into()),
     }
@@ -273,7 +276,7 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
     // in `tests/serve_http.rs` (kill -9, restart, first request acknowledged at once); here
     // it releases.
     old.shutdown().await;
-    let org = new.acquire("o").await?;
+    let org = new.acquire(&idem_replica::OrgId::new("o")?).await?;
     assert!(!org.once("k", effect("o", "k")).await?.applied);
     new.shutdown().await;
     Ok(())
@@ -286,7 +289,7 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
 async fn attempts_exhausted_is_answered_only_once_the_count_is_shipped() -> R {
     let dir = tempfile::tempdir()?;
     let (store, a) = faulty(dir.path(), Arc::new(InMemory::new())).await?;
-    let org = a.acquire("o").await?;
+    let org = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org.once("k0", effect("o", "k0")).await?;
     refuse_log_writes(&store);
     let once = Options::new().max_attempts(1);
@@ -334,7 +337,7 @@ async fn a_fenced_writer_answers_no_read_error_either() -> R {
         "A",
         Settings::default(),
     )?;
-    let org_a = a.acquire("o").await?;
+    let org_a = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org_a.once("k0", effect("o", "k0")).await?;
     let b = registry(
         &dir.path().join("b"),
@@ -342,7 +345,10 @@ async fn a_fenced_writer_answers_no_read_error_either() -> R {
         "B",
         force(),
     )?;
-    b.acquire("o").await?.once("k1", effect("o", "k1")).await?;
+    b.acquire(&idem_replica::OrgId::new("o")?)
+        .await?
+        .once("k1", effect("o", "k1"))
+        .await?;
     let got = org_a
         .read(|c| {
             c.query_row("SELECT key FROM effects WHERE key = 'k1'", [], |r| {

@@ -94,13 +94,16 @@ async fn registry(
 
 async fn open(dir: &Path, writer: &str) -> Result<Registry, BoxErr> {
     let settings = Settings {
-        // Small enough that checkpoints reset the WAL many times during the run.
-        wal_checkpoint_bytes: 256 << 10,
-        // Large enough that most ships are deltas; a short chain limit adds scheduled fulls.
-        delta_budget_percent: 10_000,
-        max_deltas: 25,
-        // Compactions happen whenever the changed pages fit the last window.
-        compact_every_deltas: 4,
+        ship: idem_replica::ShipPolicy {
+            // Small enough that checkpoints reset the WAL many times during the run.
+            wal_checkpoint_bytes: 256 << 10,
+            // Large enough that most ships are deltas; a short chain limit adds scheduled fulls.
+            delta_budget_percent: 10_000,
+            max_deltas: 25,
+            // Compactions happen whenever the changed pages fit the last window.
+            compact_every_deltas: 4,
+            ..idem_replica::ShipPolicy::default()
+        },
         force_claim: true,
         ..Settings::default()
     };
@@ -145,7 +148,7 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
     let mut reg = open(dir.path(), "w0").await?;
-    let mut org = reg.acquire("acme").await?;
+    let mut org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let (mut ships, mut fulls, mut max_wal) = (0u64, 0u64, 0u64);
     for step in 0..160u64 {
         if step % 53 == 52 {
@@ -155,7 +158,7 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
             fulls += s.full_ships;
             reg.shutdown().await;
             reg = open(dir.path(), &format!("w{step}")).await?;
-            org = reg.acquire("acme").await?;
+            org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
         }
         if rng.below(25) == 0 {
             org.vacuum().await?;
@@ -218,14 +221,17 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
         &dir.path().join("store"),
     )?));
     let settings = Settings {
-        wal_checkpoint_bytes: 64 << 10,
-        delta_budget_percent: 10_000,
-        max_deltas: 1000,
+        ship: idem_replica::ShipPolicy {
+            wal_checkpoint_bytes: 64 << 10,
+            delta_budget_percent: 10_000,
+            max_deltas: 1000,
+            ..idem_replica::ShipPolicy::default()
+        },
         force_claim: true,
         ..Settings::default()
     };
     let reg = registry(dir.path(), store.clone(), "w0", settings).await?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let mut retried = 0;
     for step in 0..120u64 {
         let fault = rng.below(6);
@@ -284,12 +290,15 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
 async fn compactions_keep_the_hydrate_chain_short() -> R {
     let dir = tempfile::tempdir()?;
     let settings = Settings {
-        compact_every_deltas: 8,
+        ship: idem_replica::ShipPolicy {
+            compact_every_deltas: 8,
+            ..idem_replica::ShipPolicy::default()
+        },
         ..Settings::default()
     };
     let store = Replica::local_store(&dir.path().join("store"))?;
     let reg = registry(dir.path(), store, "w", settings).await?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     org.once("seed", |tx| {
         tx.execute_batch(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 200) \

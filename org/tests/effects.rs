@@ -45,7 +45,7 @@ async fn an_effect_runs_once_and_its_settlement_is_shipped_before_the_ack() -> R
         "A",
         Settings::default(),
     )?;
-    let acme = a.acquire("acme").await?;
+    let acme = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let runs = Arc::new(AtomicUsize::new(0));
     for _ in 0..2 {
         let runs = runs.clone();
@@ -110,7 +110,7 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
         "A",
         Settings::default(),
     )?;
-    let org_a = a.acquire("acme").await?;
+    let org_a = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let runs = Arc::new(AtomicUsize::new(0));
     let (running_tx, running_rx) = tokio::sync::oneshot::channel();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
@@ -138,7 +138,7 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
         "B",
         force(),
     )?;
-    let org_b = b.acquire("acme").await?;
+    let org_b = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let row = org_b
         .effect_record("charge-1")
         .await?

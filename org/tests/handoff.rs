@@ -29,7 +29,7 @@ async fn a_live_lease_blocks_a_second_writer_without_force() -> R {
         "A",
         Settings::default(),
     )?;
-    a.acquire("acme").await?;
+    a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let b = registry(
         &dir.path().join("b"),
         replica(store, None).await?,
@@ -37,7 +37,7 @@ async fn a_live_lease_blocks_a_second_writer_without_force() -> R {
         Settings::default(),
     )?;
     let err = b
-        .acquire("acme")
+        .acquire(&idem_replica::OrgId::new("acme")?)
         .await
         .err()
         .ok_or("second writer got the org")?;

@@ -49,8 +49,11 @@ fn point(name: &str) -> Option<FailPoint> {
 
 fn settings() -> Settings {
     Settings {
-        // Every delta capture checkpoints, so kills land around checkpoints too.
-        wal_checkpoint_bytes: 0,
+        ship: idem_replica::ShipPolicy {
+            // Every delta capture checkpoints, so kills land around checkpoints too.
+            wal_checkpoint_bytes: 0,
+            ..idem_replica::ShipPolicy::default()
+        },
         force_claim: true,
         ..Settings::default()
     }
@@ -82,7 +85,7 @@ fn kill_child() -> R {
             name,
             settings(),
         )?;
-        let org = reg.acquire("acme").await?;
+        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
         println!("ready {}", org.round());
         let mut clients = Vec::new();
         for c in 0..4 {
@@ -164,7 +167,7 @@ async fn kill_at_each_ship_step_loses_no_acknowledged_request() -> R {
         "checker",
         settings(),
     )?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     for key in &all_acked {
         let out = org.once(key, effect("acme", "never")).await?;
         assert!(

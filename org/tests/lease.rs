@@ -24,7 +24,7 @@ async fn an_idle_writer_keeps_its_lease_and_is_not_claimed_away() -> R {
     };
     let ra = Replica::open_with(store.clone(), "t", settings.clone(), clock.clone(), None).await?;
     let a = registry(&dir.path().join("a"), ra, "A", Settings::default())?;
-    let org = a.acquire("acme").await?;
+    let org = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     for _ in 0..30 {
         clock.advance(100);
         tokio::time::advance(Duration::from_millis(100)).await;
@@ -35,7 +35,7 @@ async fn an_idle_writer_keeps_its_lease_and_is_not_claimed_away() -> R {
     let rb = Replica::open_with(store, "t", settings, clock.clone(), None).await?;
     let b = registry(&dir.path().join("b"), rb, "B", Settings::default())?;
     let err = b
-        .acquire("acme")
+        .acquire(&idem_replica::OrgId::new("acme")?)
         .await
         .err()
         .ok_or("B claimed the org of a live, idle writer after three lease lengths")?;

@@ -62,14 +62,15 @@ async fn load(
     per_client: usize,
 ) -> Result<(Vec<Ack>, Vec<Error>), BoxErr> {
     let mut tasks = Vec::new();
+    let acme = idem_replica::OrgId::new("acme")?;
     for c in 0..clients {
-        let (reg, prefix) = (reg.clone(), prefix.to_owned());
+        let (reg, prefix, acme) = (reg.clone(), prefix.to_owned(), acme.clone());
         tasks.push(tokio::spawn(async move {
             let (mut acks, mut errors) = (Vec::new(), Vec::new());
             for i in 0..per_client {
                 let key = format!("{prefix}-{c}-{i}");
                 for _ in 0..20 {
-                    let org = match reg.acquire("acme").await {
+                    let org = match reg.acquire(&acme).await {
                         Ok(o) => o,
                         Err(e) => {
                             errors.push(e);
@@ -144,7 +145,9 @@ async fn check_store(w: World, acked: &[Ack]) -> R {
         "successor",
         Settings::default(),
     )?;
-    let handle = successor.acquire("acme").await?;
+    let handle = successor
+        .acquire(&idem_replica::OrgId::new("acme")?)
+        .await?;
     for (key, _) in acked {
         let out = handle
             .once(key, |_tx| Ok::<_, rusqlite::Error>(b"ran again".to_vec()))
@@ -171,7 +174,11 @@ async fn an_outside_reader_is_refused_and_loses_nothing() -> R {
     acked.extend(load(&w.reg, "c", 8, 15).await?.0);
     all_locked("read", &reader.await??)?;
     acked.extend(load(&w.reg, "d", 4, 10).await?.0);
-    let round = w.reg.acquire("acme").await?.round();
+    let round = w
+        .reg
+        .acquire(&idem_replica::OrgId::new("acme")?)
+        .await?
+        .round();
     assert!(
         acked.iter().all(|(_, r)| *r == round),
         "nothing re-opened the org"
@@ -204,7 +211,7 @@ async fn an_outside_write_or_backup_is_refused_and_changes_nothing() -> R {
     all_locked("write", &outside("write", &db, 3)?)?;
     all_locked("backup", &outside("backup", &db, 1)?)?;
     acked.extend(load(&w.reg, "b", 4, 10).await?.0);
-    let org = w.reg.acquire("acme").await?;
+    let org = w.reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let outsiders: i64 = org
         .read(|c| {
             c.query_row(
@@ -224,7 +231,10 @@ async fn an_outside_write_or_backup_is_refused_and_changes_nothing() -> R {
 /// org re-opens from the store under a new round.
 async fn poisoned_by(prepare: impl FnOnce(&Path) -> R, fault: impl FnOnce(&Path) -> R) -> R {
     let w = world_with(Settings {
-        wal_checkpoint_bytes: 16 << 10,
+        ship: idem_replica::ShipPolicy {
+            wal_checkpoint_bytes: 16 << 10,
+            ..idem_replica::ShipPolicy::default()
+        },
         ..Settings::default()
     })
     .await?;
@@ -232,7 +242,11 @@ async fn poisoned_by(prepare: impl FnOnce(&Path) -> R, fault: impl FnOnce(&Path)
     let db = common::outside::served_db(&w.dir.path().join("data"))?;
     prepare(&db)?;
     acked.extend(load(&w.reg, "a2", 4, 10).await?.0);
-    let before = w.reg.acquire("acme").await?.round();
+    let before = w
+        .reg
+        .acquire(&idem_replica::OrgId::new("acme")?)
+        .await?
+        .round();
     fault(&db)?;
     let (after, errors) = load(&w.reg, "b", 4, 10).await?;
     assert!(
@@ -287,7 +301,10 @@ async fn a_database_renamed_over_poisons_the_org() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_after_the_database_was_overwritten_poisons_the_org() -> R {
     let w = world_with(Settings {
-        wal_checkpoint_bytes: 16 << 10,
+        ship: idem_replica::ShipPolicy {
+            wal_checkpoint_bytes: 16 << 10,
+            ..idem_replica::ShipPolicy::default()
+        },
         ..Settings::default()
     })
     .await?;
@@ -297,7 +314,7 @@ async fn a_read_after_the_database_was_overwritten_poisons_the_org() -> R {
     run(Command::new("cp").arg(&db).arg(&old))?;
     let more = load(&w.reg, "b", 4, 10).await?.0;
     run(Command::new("cp").arg(&old).arg(&db))?;
-    let org = w.reg.acquire("acme").await?;
+    let org = w.reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let got = org.applied("b-0-0").await;
     assert!(matches!(got, Err(Error::Poisoned { .. })), "{got:?}");
     let mut all = acked;

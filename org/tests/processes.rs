@@ -41,7 +41,7 @@ fn child_writer() -> R {
     rt.block_on(async move {
         let store = Replica::local_store(store.as_ref())?;
         let reg = registry(data.as_ref(), replica(store, None).await?, &prefix, force())?;
-        let org = reg.acquire("acme").await?;
+        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
         println!("ready {}", org.round());
         let mut clients = Vec::new();
         for c in 0..4 {
@@ -111,7 +111,7 @@ async fn sigkill_under_load_loses_no_acknowledged_request() -> R {
         "b",
         force(),
     )?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     for key in &acked {
         let out = org.once(key, effect("acme", "never")).await?;
         assert!(
@@ -160,7 +160,7 @@ async fn a_successor_sharing_the_data_directory_never_touches_the_old_files() ->
         "new",
         force(),
     )?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     for p in &old_files {
         assert!(
             p.exists(),

@@ -21,7 +21,7 @@ async fn a_replay_before_any_ship_succeeded_is_not_acknowledged() -> R {
         "A",
         Settings::default(),
     )?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     // The next two snapshot uploads fail before reaching the store (a store outage).
     faults.inject_times(Op::Put, "/snap/", 1, 2, Fault::FailBefore);
     let err = org
@@ -57,7 +57,7 @@ async fn sixty_four_concurrent_requests_share_a_few_ships() -> R {
         "A",
         Settings::default(),
     )?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     // Hold the first ship so the other 63 requests commit while it is in flight.
     let handle = pause.arm().await;
     let mut tasks = Vec::new();

@@ -22,7 +22,7 @@ async fn a_fenced_writer_answers_no_read_or_replay() -> R {
         "A",
         Settings::default(),
     )?;
-    let org_a = a.acquire("acme").await?;
+    let org_a = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     org_a.once("k1", effect("acme", "k1")).await?;
     let b = registry(
         &dir.path().join("b"),
@@ -30,7 +30,7 @@ async fn a_fenced_writer_answers_no_read_or_replay() -> R {
         "B",
         force(),
     )?;
-    let org_b = b.acquire("acme").await?;
+    let org_b = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     assert!(org_b.once("k2", effect("acme", "k2")).await?.applied);
 
     let read = org_a
@@ -63,7 +63,7 @@ async fn a_writer_fenced_before_its_first_ship_acks_no_replay() -> R {
         "A",
         Settings::default(),
     )?;
-    a.acquire("acme")
+    a.acquire(&idem_replica::OrgId::new("acme")?)
         .await?
         .once("k1", effect("acme", "k1"))
         .await?;
@@ -74,14 +74,14 @@ async fn a_writer_fenced_before_its_first_ship_acks_no_replay() -> R {
         "B",
         Settings::default(),
     )?;
-    let org_b = b.acquire("acme").await?;
+    let org_b = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let c = registry(
         &dir.path().join("c"),
         replica(store, None).await?,
         "C",
         force(),
     )?;
-    let org_c = c.acquire("acme").await?;
+    let org_c = c.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let err = org_b
         .once("k1", effect("acme", "k1"))
         .await

@@ -3,8 +3,10 @@
 use crate::failpoint::FailPoint;
 
 /// What a caller should do about an [`Error`].
+///
+/// Deliberately exhaustive: the set of actions is the contract, so layers above map every
+/// kind with one `match` and a new kind is a breaking change, never a silent fallback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum ErrorKind {
     /// Transient: retry the same operation as is (store hiccup, lost race, lease held).
     Retry,
@@ -229,6 +231,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The database's files were changed outside its writer (another process wrote,
+    /// checkpointed, replaced or removed them, I13): nothing captured from them was
+    /// published. The claim must end and the org be hydrated again from the store.
+    #[error("org {org}: files of the writer of round {round} changed outside it: {reason}")]
+    FilesChanged {
+        /// The org.
+        org: crate::OrgId,
+        /// The writer's round.
+        round: u64,
+        /// What was found changed.
+        reason: String,
+    },
     /// A blocking task panicked or was cancelled.
     #[error("blocking task failed while {op}")]
     Task {
@@ -262,9 +276,10 @@ impl Error {
             | Error::Injected { .. }
             | Error::StoreRefused { .. }
             | Error::Io { .. } => ErrorKind::Retry,
-            Error::Fenced { .. } | Error::Unknown { .. } | Error::ClaimUnusable { .. } => {
-                ErrorKind::Reacquire
-            }
+            Error::Fenced { .. }
+            | Error::Unknown { .. }
+            | Error::ClaimUnusable { .. }
+            | Error::FilesChanged { .. } => ErrorKind::Reacquire,
             Error::Store { source, .. } => store_kind(source),
             Error::MissingObject { .. } | Error::Corrupt { .. } | Error::ChainBroken { .. } => {
                 ErrorKind::Corrupt

@@ -69,7 +69,9 @@ mod org_id;
 mod replica;
 mod retention;
 mod settings;
+mod shipper;
 mod snapshot;
+pub mod sqlite;
 
 pub use claim::{Claim, Hydrated, RetentionReport, Shipped, VerifyReport};
 pub use delta::Delta;
@@ -79,4 +81,5 @@ pub use failpoint::{FailPoint, Failpoints};
 pub use org_id::OrgId;
 pub use replica::Replica;
 pub use settings::{Clock, ManualClock, Retention, Settings, SystemClock};
+pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;

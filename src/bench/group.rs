@@ -121,7 +121,7 @@ pub async fn p2(dir: &Path, time: Duration) -> BenchResult<()> {
     for clients in [1usize, 8, 64, 256] {
         let work = dir.join(format!("p2-{clients}"));
         let reg = registry(&work).await?;
-        let org = reg.acquire("acme").await?;
+        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
         let r = acked_row(&org, clients, time).await?;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
@@ -227,7 +227,7 @@ pub async fn p6(dir: &Path, time: Duration) -> BenchResult<()> {
     println!("|---|---|---|---|");
     let work = dir.join("p6");
     let reg = registry(&work).await?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let shipped = acked_row(&org, clients, time).await?;
     reg.shutdown().await;
     let (rps, p50, p99) = local_only(&work, clients, time).await?;

@@ -64,7 +64,7 @@ pub async fn run(
     for mb in sizes {
         let work = dir.join(format!("p3-{mb}"));
         let reg = registry(&work).await?;
-        let org = reg.acquire("acme").await?;
+        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
         preload(&org, mb).await?;
         let before = org.stats();
         let row = acked_row_with(&org, clients, time, write_1k).await?;

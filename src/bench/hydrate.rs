@@ -104,12 +104,15 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     let cap = Duration::from_secs(if quick { 3 } else { 300 });
     let work = dir.join("p5-chain");
     let settings = idem_org::Settings {
-        compact_every_deltas: 0,
+        ship: idem_replica::ShipPolicy {
+            compact_every_deltas: 0,
+            ..idem_replica::ShipPolicy::default()
+        },
         ..idem_org::Settings::default()
     };
-    let budget = settings.delta_budget_percent;
+    let budget = settings.ship.delta_budget_percent;
     let reg = registry_with(&work, settings).await?;
-    let org = reg.acquire("acme").await?;
+    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     super::growth::preload(&org, mb).await?;
     let started = Instant::now();
     // Writes until the policy ships its next full snapshot (the chain before it is the
@@ -132,7 +135,7 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
             // same database, right after the chain's last delta.
             reg.shutdown().await;
             let reg2 = registry(&work).await?;
-            let org2 = reg2.acquire("acme").await?;
+            let org2 = reg2.acquire(&idem_replica::OrgId::new("acme")?).await?;
             org2.once("after", |tx| update_1k(tx, "after")).await?;
             reg2.shutdown().await;
             let log = replica.history(&id).await?;

@@ -200,7 +200,7 @@ pub async fn run(dir: &Path, quick: bool, bin: Option<&Path>, time: Duration) ->
         }
         let work = dir.join("p4-idem");
         let reg = registry(&work).await?;
-        let org = reg.acquire("acme").await?;
+        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
         let row = if gap.is_zero() {
             acked_row(&org, clients, time).await?
         } else {

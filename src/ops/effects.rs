@@ -167,7 +167,7 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     .build()
     .map_err(|e| crate::chain(&e))?;
     let handle = registry
-        .acquire(org.as_str())
+        .acquire(&org)
         .await
         .map_err(|e| super::about(&org, &crate::chain(&e)))?;
     let resolved = handle

@@ -138,7 +138,7 @@ async fn prune_one(
         }
         return Ok(Pruned::Deleted(0));
     }
-    let handle = match registry.acquire(org.as_str()).await {
+    let handle = match registry.acquire(org).await {
         Ok(h) => h,
         Err(idem_org::Error::Replica { source, .. })
             if matches!(*source, idem_replica::Error::LeaseHeld { .. }) =>

@@ -21,7 +21,7 @@ pub async fn handoff(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         "A",
         Settings::default(),
     )?;
-    let org_a = a.acquire("acme").await?;
+    let org_a = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     for i in 0..5 {
         org_a
             .once(&format!("acked-{i}"), effect("acme", &format!("acked-{i}")))
@@ -47,7 +47,7 @@ pub async fn handoff(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         "B",
         force(),
     )?;
-    let org_b = b.acquire("acme").await?;
+    let org_b = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     assert!(org_b.round() > org_a.round());
     let _ = handle.resume.send(());
     for task in inflight {
@@ -101,7 +101,7 @@ pub async fn release(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         "A",
         Settings::default(),
     )?;
-    let org = a.acquire("acme").await?;
+    let org = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     org.once("k1", effect("acme", "k1")).await?;
     for (_, r) in a.shutdown().await {
         r?;
@@ -120,7 +120,11 @@ pub async fn release(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         Settings::default(),
     )?;
     let out = b
-        .once("acme", "k1", idem::Options::new(), effect("acme", "x"))
+        .once(
+            &idem_replica::OrgId::new("acme")?,
+            "k1",
+            effect("acme", "x"),
+        )
         .await?;
     assert!(!out.applied);
     b.shutdown().await;

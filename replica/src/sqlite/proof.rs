@@ -1,7 +1,8 @@
-//! Reading the commit counter out of captured pages (I13): a capture proves from its own bytes
-//! which commits it holds, instead of trusting the in-memory counter.
+//! Reading the commit sequence out of captured pages (I13): a capture proves from its own
+//! bytes which commits it holds, instead of trusting the writer's word.
 //!
-//! `idem_org_commit` holds one row, so its root page is a table B-tree leaf with one cell
+//! The sequence lives in a one-row table `(id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER)`
+//! (the embedder names it; `idem-org` uses `idem_org_commit`), so its root page is a table B-tree leaf with one cell
 //! (<https://sqlite.org/fileformat2.html#b_tree_pages>): the row's `id` is the rowid (0) and
 //! its record is `(NULL, n)` — `id INTEGER PRIMARY KEY` is stored as NULL in the record.
 
@@ -84,7 +85,10 @@ mod tests {
 
     fn counter_page(n: i64) -> Result<(Vec<u8>, u32), Box<dyn std::error::Error>> {
         let mut conn = Connection::open_in_memory()?;
-        conn.execute_batch(crate::writer::COMMIT_SCHEMA)?;
+        conn.execute_batch(
+            "CREATE TABLE idem_org_commit (id INTEGER PRIMARY KEY CHECK (id = 0), n INTEGER NOT NULL);
+             INSERT INTO idem_org_commit (id, n) VALUES (0, 0);",
+        )?;
         conn.execute("UPDATE idem_org_commit SET n = ?1", [n])?;
         let root: u32 = conn.query_row(
             "SELECT rootpage FROM sqlite_schema WHERE name = 'idem_org_commit'",

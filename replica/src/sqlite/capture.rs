@@ -1,11 +1,11 @@
 //! Capturing what a ship publishes, on the writer thread, between two transactions.
 //!
 //! The writer thread is the only connection that writes (it holds the database exclusively,
-//! see `crate::owned`), and `wal_autocheckpoint` is off, so between two of its jobs the WAL
+//! see [`super::OwnedFiles`]), and `wal_autocheckpoint` is off, so between two of its jobs the WAL
 //! holds exactly the commits up to the commit counter it last raised. A capture copies the
 //! WAL bytes after the previous capture (a delta) or the whole WAL (a full snapshot, read
 //! together with the database file) and that counter, so the shipper knows which commits it
-//! ships (I6); the shipper then proves it from the captured pages (`crate::proof`).
+//! ships (I6); the shipper then proves it from the captured pages (`super::proof`).
 //!
 //! Checkpoints run only here: a full capture checkpoints first (the database file is then
 //! stable until the next capture, which the same shipper issues after it has read the file);
@@ -24,21 +24,32 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use crate::owned::{DbState, Foreign, OwnedFiles};
-use crate::wal::{self, Frames, Generation};
+use std::sync::Arc;
+
+use super::owned::{DbState, Foreign, OwnedFiles};
+use super::wal::{self, Frames, Generation};
 
 /// When a capture checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Checkpoint {
+pub enum Checkpoint {
     /// Before reading (full snapshots).
     Before,
     /// After reading, if the WAL is at least this many bytes (deltas).
     AfterIfOver(u64),
 }
 
+/// What a shipper asks the writer thread to capture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CaptureRequest {
+    /// WAL offset to copy from (0 for the whole WAL).
+    pub from: u64,
+    /// When to checkpoint.
+    pub checkpoint: Checkpoint,
+}
+
 /// Why a capture, or a read of the file it left, failed.
 #[derive(Debug)]
-pub(crate) enum CaptureError {
+pub enum CaptureError {
     /// A local I/O or SQLite failure: the ship fails, retryably.
     Io(std::io::Error),
     /// Someone else changed the org's files: the org is poisoned.
@@ -57,30 +68,30 @@ impl From<Foreign> for CaptureError {
     }
 }
 
-/// What a capture copied.
+/// What a capture copied: handed to the shipper as is.
 #[derive(Debug)]
-pub(crate) struct Captured {
-    /// The writer's commit counter at the capture: what the ship will acknowledge, once the
-    /// captured pages prove it.
-    pub commit: u64,
+pub struct Captured {
+    /// The database's commit sequence at the capture: what the ship will acknowledge, once
+    /// the captured pages prove it.
+    pub(crate) commit: u64,
     /// The database's page size in bytes.
-    pub page_size: u32,
-    /// The root page of `idem_org_commit`, where the pages hold the counter.
-    pub counter_page: u32,
+    pub(crate) page_size: u32,
+    /// The root page of the table holding the commit sequence.
+    pub(crate) counter_page: u32,
     /// The WAL file's first 32 bytes (empty when there is no WAL content).
-    pub head: Vec<u8>,
+    pub(crate) head: Vec<u8>,
     /// The WAL bytes from the requested offset to the end of the file.
-    pub tail: Vec<u8>,
+    pub(crate) tail: Vec<u8>,
     /// True when a checkpoint after the copy emptied the WAL: the next capture starts a new
     /// WAL generation at offset 0.
-    pub reset: bool,
+    pub(crate) reset: bool,
     /// The database file as this capture left it: reads of it must find it so.
-    pub db: DbState,
+    pub(crate) db: DbState,
 }
 
 /// What the writer thread remembers between captures to tell its own changes from others'.
 #[derive(Debug)]
-pub(crate) struct Watch {
+struct Watch {
     db: DbState,
     generation: Option<Generation>,
     /// A checkpoint of ours emptied the WAL since `generation` was seen.
@@ -92,7 +103,7 @@ impl Watch {
     ///
     /// # Errors
     /// An I/O error, or [`Foreign`] for a damaged WAL header.
-    pub fn new(files: &OwnedFiles) -> Result<Watch, CaptureError> {
+    fn new(files: &OwnedFiles) -> Result<Watch, CaptureError> {
         let mut watch = Watch {
             db: files.db_state()?,
             generation: None,
@@ -164,60 +175,75 @@ fn truncate_checkpoint(
     Ok(files.wal_len()? == 0)
 }
 
-/// Runs on the writer thread between two jobs.
-///
-/// # Errors
-/// [`CaptureError::Foreign`] when the files are not as the writer left them;
-/// [`CaptureError::Io`] for a local failure.
-pub(crate) fn capture(
-    conn: &Connection,
-    files: &OwnedFiles,
-    watch: &mut Watch,
+/// The capturing side of the writer thread: the files, what was last seen of them, and the
+/// connection's busy timeout (restored after each non-blocking checkpoint).
+#[derive(Debug)]
+pub(crate) struct Capturer {
+    files: Arc<OwnedFiles>,
+    watch: Watch,
     busy: Duration,
-    commit: u64,
-    from: u64,
-    checkpoint: Checkpoint,
-) -> Result<Captured, CaptureError> {
-    files.check_names()?;
-    files.check_db(watch.db)?;
-    let sql = std::io::Error::other;
-    let page_size = conn
-        .query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))
-        .map_err(sql)?;
-    let counter_page = conn
-        .prepare_cached("SELECT rootpage FROM sqlite_schema WHERE name = 'idem_org_commit'")
-        .and_then(|mut s| s.query_row([], |r| r.get::<_, u32>(0)))
-        .map_err(sql)?;
-    watch.observe(&read_head(files)?)?;
-    let mut reset = false;
-    let from = if checkpoint == Checkpoint::Before {
-        reset = truncate_checkpoint(conn, busy, files, watch)?;
-        0
-    } else {
-        from
-    };
-    let len = files.wal_len()?;
-    let head = read_head(files)?;
-    watch.observe(&head)?;
-    let tail = if from < len {
-        files.read_wal(from, len)?
-    } else {
-        Vec::new()
-    };
-    if let Checkpoint::AfterIfOver(bound) = checkpoint
-        && len >= bound
-    {
-        reset = truncate_checkpoint(conn, busy, files, watch)?;
+}
+
+impl Capturer {
+    pub(crate) fn new(files: Arc<OwnedFiles>, busy: Duration) -> Result<Capturer, CaptureError> {
+        let watch = Watch::new(&files)?;
+        Ok(Capturer { files, watch, busy })
     }
-    Ok(Captured {
-        commit,
-        page_size,
-        counter_page,
-        head,
-        tail,
-        reset,
-        db: watch.db,
-    })
+
+    pub(crate) fn files(&self) -> &Arc<OwnedFiles> {
+        &self.files
+    }
+
+    /// Runs on the writer thread between two jobs.
+    ///
+    /// # Errors
+    /// [`CaptureError::Foreign`] when the files are not as the writer left them;
+    /// [`CaptureError::Io`] for a local failure.
+    pub(crate) fn capture(
+        &mut self,
+        conn: &Connection,
+        commit: u64,
+        counter_page: u32,
+        request: CaptureRequest,
+    ) -> Result<Captured, CaptureError> {
+        let (files, watch, busy) = (&*self.files, &mut self.watch, self.busy);
+        let CaptureRequest { from, checkpoint } = request;
+        files.check_names()?;
+        files.check_db(watch.db)?;
+        let page_size = conn
+            .query_row("PRAGMA page_size", [], |r| r.get::<_, u32>(0))
+            .map_err(std::io::Error::other)?;
+        watch.observe(&read_head(files)?)?;
+        let mut reset = false;
+        let from = if checkpoint == Checkpoint::Before {
+            reset = truncate_checkpoint(conn, busy, files, watch)?;
+            0
+        } else {
+            from
+        };
+        let len = files.wal_len()?;
+        let head = read_head(files)?;
+        watch.observe(&head)?;
+        let tail = if from < len {
+            files.read_wal(from, len)?
+        } else {
+            Vec::new()
+        };
+        if let Checkpoint::AfterIfOver(bound) = checkpoint
+            && len >= bound
+        {
+            reset = truncate_checkpoint(conn, busy, files, watch)?;
+        }
+        Ok(Captured {
+            commit,
+            page_size,
+            counter_page,
+            head,
+            tail,
+            reset,
+            db: watch.db,
+        })
+    }
 }
 
 /// Builds the full database image (canonical page 1 is the replica's job) from the database

@@ -11,7 +11,7 @@
 //!   WAL index lives in the writer's heap);
 //! - the shipper reads the database and WAL through the two descriptors opened here, right
 //!   after the writer connection took its lock. They are closed only after the connection is
-//!   closed ([`Opened`] drops the connection first, and every [`OwnedFiles`] clone is
+//!   closed ([`super::Owned`] drops the connection first, and every [`OwnedFiles`] clone is
 //!   dropped after it), so a read never drops a lock SQLite holds. No other code in the
 //!   serving process opens these files;
 //! - since the paths can still be unlinked or renamed over, and the bytes written by a process
@@ -23,12 +23,16 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use rusqlite::Connection;
-
 /// Another process (or a file operation outside SQLite) changed the org's files; what was
 /// seen. The org must stop serving: nothing captured from these files may be acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Foreign(pub String);
+pub struct Foreign(pub(crate) String);
+
+impl std::fmt::Display for Foreign {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// The state of the database file that only the writer's own checkpoints change: inode,
 /// size and change times (nanoseconds).
@@ -42,7 +46,7 @@ pub(crate) struct DbState {
 
 impl DbState {
     /// The file's length in bytes.
-    pub fn len(&self) -> u64 {
+    pub(crate) fn len(&self) -> u64 {
         self.len
     }
 
@@ -59,7 +63,7 @@ impl DbState {
 /// Read-only descriptors of the writer's database and WAL, opened while the writer holds
 /// its exclusive lock and never closed before the writer connection (see the module docs).
 #[derive(Debug)]
-pub(crate) struct OwnedFiles {
+pub struct OwnedFiles {
     db_path: PathBuf,
     wal_path: PathBuf,
     db: File,
@@ -68,13 +72,6 @@ pub(crate) struct OwnedFiles {
     /// The database file as the writer's last checkpoint left it (kept by the writer
     /// thread's `Watch`), so a confirmation can check it too.
     expected: std::sync::Mutex<Option<DbState>>,
-}
-
-/// The writer connection and the descriptors the shipper reads through. Fields drop in
-/// declaration order: the connection closes (releasing its locks) before the descriptors.
-pub(crate) struct Opened {
-    pub conn: Connection,
-    pub files: std::sync::Arc<OwnedFiles>,
 }
 
 fn id(m: &std::fs::Metadata) -> (u64, u64) {
@@ -94,7 +91,7 @@ impl OwnedFiles {
     ///
     /// # Errors
     /// The I/O error of opening either file (a missing WAL included).
-    pub fn open(db_path: &Path) -> std::io::Result<OwnedFiles> {
+    pub(crate) fn open(db_path: &Path) -> std::io::Result<OwnedFiles> {
         // The WAL first: SQLite keeps no lock on it, so dropping it on an error is harmless.
         // The database descriptor is opened last, after every fallible step, so no error path
         // closes it while the connection is open.
@@ -115,7 +112,7 @@ impl OwnedFiles {
     }
 
     /// Records the database file's state after the writer's own open or checkpoint.
-    pub fn expect(&self, state: DbState) {
+    pub(crate) fn expect(&self, state: DbState) {
         *self.expected.lock().unwrap_or_else(|p| p.into_inner()) = Some(state);
     }
 
@@ -123,7 +120,7 @@ impl OwnedFiles {
     /// reads, refusals): the names lead to the writer's inodes and the database file is as
     /// its last checkpoint left it. Callers hold the org's ship lock, so no checkpoint runs
     /// meanwhile.
-    pub fn check_unchanged(&self) -> Result<(), Foreign> {
+    pub(crate) fn check_unchanged(&self) -> Result<(), Foreign> {
         self.check_names()?;
         let expected = *self.expected.lock().unwrap_or_else(|p| p.into_inner());
         match expected {
@@ -139,7 +136,7 @@ impl OwnedFiles {
 
     /// Checks that both paths still name the files the writer has open (`stat` only: no
     /// descriptor is opened).
-    pub fn check_names(&self) -> Result<(), Foreign> {
+    pub(crate) fn check_names(&self) -> Result<(), Foreign> {
         for (path, want, what) in [
             (&self.db_path, self.ids[0], "database"),
             (&self.wal_path, self.ids[1], "WAL"),
@@ -157,12 +154,12 @@ impl OwnedFiles {
     ///
     /// # Errors
     /// The I/O error of `fstat`.
-    pub fn db_state(&self) -> std::io::Result<DbState> {
+    pub(crate) fn db_state(&self) -> std::io::Result<DbState> {
         Ok(DbState::of(&self.db.metadata()?))
     }
 
     /// Checks the database file is still in `want` (as the writer's last checkpoint left it).
-    pub fn check_db(&self, want: DbState) -> Result<(), Foreign> {
+    pub(crate) fn check_db(&self, want: DbState) -> Result<(), Foreign> {
         match self.db_state() {
             Ok(now) if now == want => Ok(()),
             Ok(now) => Err(Foreign(format!(
@@ -180,7 +177,7 @@ impl OwnedFiles {
     ///
     /// # Errors
     /// The I/O error of `fstat`.
-    pub fn wal_len(&self) -> std::io::Result<u64> {
+    pub(crate) fn wal_len(&self) -> std::io::Result<u64> {
         Ok(self.wal.metadata()?.len())
     }
 
@@ -188,7 +185,7 @@ impl OwnedFiles {
     ///
     /// # Errors
     /// The I/O error of the read (a WAL shorter than `to` included).
-    pub fn read_wal(&self, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn read_wal(&self, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
         read_range(&self.wal, from, to)
     }
 
@@ -196,7 +193,7 @@ impl OwnedFiles {
     ///
     /// # Errors
     /// The I/O error of the read (a file shorter than `to` included).
-    pub fn read_db(&self, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+    pub(crate) fn read_db(&self, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
         read_range(&self.db, from, to)
     }
 }

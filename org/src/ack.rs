@@ -1,9 +1,9 @@
-//! Ship-before-ack with group commit (I6, I7).
+//! The waiters: ship-before-ack with group commit (I6, I7).
 //!
 //! ```text
-//! request:  commit (counter c) ──► wait(c) ─────────────────────────────► Ok (acknowledged)
+//! request:  commit (sequence c) ──► wait(c) ─────────────────────────────► Ok (acknowledged)
 //!                                     ▲
-//! shipper:  demand? ─► capture (writer thread: WAL frames + counter s) ─► ship ─► wake every c <= s
+//! shipper:  demand? ─► capture (writer thread: WAL frames + sequence s) ─► ship ─► wake every c <= s
 //! ```
 //! Requests that commit while a ship is in flight are covered by the next one, so one ship
 //! acknowledges many requests. `Fenced` fails every waiter and poisons the org; any other ship
@@ -17,10 +17,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use idem_replica::{Claim, OrgId, Replica};
+use idem_replica::OrgId;
 use tokio::sync::{Notify, oneshot};
 
 use crate::Error;
+use crate::commit::CommitSeq;
 
 /// A waiting request: the commit it needs shipped, the first confirmation (by start number)
 /// that may acknowledge it, and where to send the outcome.
@@ -40,7 +41,7 @@ pub(crate) enum Stop {
 }
 
 #[derive(Default)]
-pub(crate) struct ShipState {
+pub(crate) struct AckState {
     pub shipped: u64,
     /// Confirmations (ships or successor checks) started so far.
     pub(crate) starts: u64,
@@ -50,7 +51,7 @@ pub(crate) struct ShipState {
     pub stop: Option<Stop>,
 }
 
-impl ShipState {
+impl AckState {
     fn satisfied(&self, w: &Waiter) -> bool {
         w.commit <= self.shipped && w.min_start <= self.confirmed
     }
@@ -62,7 +63,7 @@ impl ShipState {
     }
 
     /// Records a successful confirmation and returns the waiters it acknowledges.
-    pub(crate) fn succeed(&mut self, start: u64, shipped: u64) -> Vec<Waiter> {
+    fn succeed(&mut self, start: u64, shipped: u64) -> Vec<Waiter> {
         self.shipped = self.shipped.max(shipped);
         self.confirmed = self.confirmed.max(start);
         let (done, wait) = std::mem::take(&mut self.waiters)
@@ -73,7 +74,7 @@ impl ShipState {
     }
 
     /// Removes the waiters a failed confirmation would have acknowledged.
-    fn fail(&mut self, start: u64, covering: u64) -> Vec<Waiter> {
+    pub(crate) fn fail(&mut self, start: u64, covering: u64) -> Vec<Waiter> {
         let (failed, wait) = std::mem::take(&mut self.waiters)
             .into_iter()
             .partition(|w: &Waiter| w.commit <= covering && w.min_start <= start);
@@ -95,17 +96,17 @@ pub(crate) struct Counters {
 }
 
 /// What the requests of one org share with its shipper.
-pub(crate) struct Shared {
+pub(crate) struct Acks {
     pub org: OrgId,
     pub round: u64,
-    pub committed: Arc<AtomicU64>,
-    pub state: Mutex<ShipState>,
+    pub commit_seq: Arc<CommitSeq>,
+    pub state: Mutex<AckState>,
     pub demand: Notify,
     pub counters: Counters,
 }
 
-impl Shared {
-    pub fn lock(&self) -> MutexGuard<'_, ShipState> {
+impl Acks {
+    pub fn lock(&self) -> MutexGuard<'_, AckState> {
         // A panic while holding this lock cannot leave the state half-written: every critical
         // section only pushes, drains or assigns.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -204,47 +205,24 @@ impl Shared {
     }
 }
 
-/// Confirms, without shipping, that no successor appended to the log since this claim's last
-/// entry and that the org's files are unchanged, then acknowledges the replays and reads
-/// waiting for a confirmation.
-///
-/// # Errors
-/// As `chain::ship_once`.
-pub(crate) async fn confirm_once(
-    shared: &Shared,
-    replica: &Replica,
-    claim: &mut Claim,
-    files: &crate::owned::OwnedFiles,
-) -> Result<(), Error> {
-    let (start, shipped) = {
-        let mut st = shared.lock();
-        (st.begin(), st.shipped)
-    };
-    let confirmed = replica.confirm(claim).await;
-    // The answers this confirms were read from the files: they must still be the writer's
-    // own, unchanged since its last checkpoint (I13).
-    if confirmed.is_ok()
-        && let Err(f) = files.check_unchanged()
-    {
-        return Err(shared.poison(&f.0));
-    }
-    match confirmed {
-        Ok(()) => {
-            let done = shared.lock().succeed(start, shipped);
-            for w in done {
-                let _ = w.tx.send(Ok(()));
-            }
-            Ok(())
+impl Acks {
+    /// Settles a successful confirmation that started as `start` and covers commit
+    /// `shipped`: wakes every waiter it acknowledges.
+    pub(crate) fn confirmed(&self, start: u64, shipped: u64) -> usize {
+        let done = self.lock().succeed(start, shipped);
+        let n = done.len();
+        for w in done {
+            let _ = w.tx.send(Ok(()));
         }
-        Err(e) => Err(shared.failed(start, shipped, e)),
+        n
     }
-}
 
-impl Shared {
-    /// Settles a failed confirmation: fenced stops the org; anything else fails the waiters it
-    /// would have acknowledged with a retryable error.
+    /// Settles a failed confirmation: changed files poison the org; fenced (or an unknown
+    /// outcome) stops it; anything else fails the waiters it would have acknowledged with a
+    /// retryable error.
     pub(crate) fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
         match e {
+            idem_replica::Error::FilesChanged { reason, .. } => self.poison(&reason),
             e if e.is_fenced() => {
                 tracing::warn!(org = %self.org, round = self.round, error = %e, "fenced");
                 self.stop(Stop::Fenced);

@@ -1,0 +1,212 @@
+//! An org's lifecycle: claim, hydrate and open (I8); release at a handoff; close and discard
+//! when fenced or poisoned.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_replica::sqlite::{OwnError, Owned};
+use idem_replica::{Claim, OrgId, Replica, Shipper};
+
+use crate::ack::{AckState, Acks, Counters, Stop};
+use crate::commit::{self, CommitSeq};
+use crate::local::LocalFiles;
+use crate::org::{Inner, TICK, lock};
+use crate::writer::{self, InitFn, OpenError, Writer, WriterCtx};
+use crate::{Error, Org, Settings};
+
+/// What opening an org needs from its registry.
+pub(crate) struct Opening<'a> {
+    pub replica: Replica,
+    pub data_dir: &'a std::path::Path,
+    pub writer_id: &'a str,
+    pub home: &'a Arc<crate::local::Home>,
+    pub settings: Settings,
+    pub clock: Arc<dyn idem::Clock>,
+    pub init: Option<InitFn>,
+}
+
+impl Org {
+    /// Claims, hydrates and opens an org (I8): nothing is served before the latest state
+    /// published before the claim is installed in a fresh, locked local file, and the
+    /// commit sequence in that file equals the one the store says it holds.
+    pub(crate) async fn open(opening: Opening<'_>, org: OrgId) -> Result<Org, Error> {
+        let Opening {
+            replica,
+            data_dir,
+            writer_id,
+            home,
+            settings,
+            clock,
+            init,
+        } = opening;
+        crate::local::prepare(data_dir, &org)?;
+        let claim = replica
+            .claim_from(
+                &org,
+                writer_id,
+                Some((home.id.as_str(), home.locked())),
+                settings.force_claim,
+            )
+            .await
+            .map_err(|e| Error::replica(&org, e))?;
+        let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
+        let (owned, commit_seq) = match open_files(&replica, &claim, &files, &settings, init).await
+        {
+            Ok(v) => v,
+            Err(e) => {
+                files.remove();
+                return Err(e);
+            }
+        };
+        let acks = Arc::new(Acks {
+            org: org.clone(),
+            round: claim.round,
+            commit_seq: Arc::new(CommitSeq::new(commit_seq)),
+            state: Mutex::new(AckState {
+                shipped: commit_seq,
+                ..AckState::default()
+            }),
+            demand: tokio::sync::Notify::new(),
+            counters: Counters::default(),
+        });
+        let owned_files = owned.files().clone();
+        let ctx = WriterCtx {
+            round: claim.round,
+            commit_seq: acks.commit_seq.clone(),
+            clock,
+        };
+        let writer = match Writer::spawn(format!("idem-writer-{org}"), owned, ctx) {
+            Ok(w) => Arc::new(w),
+            Err(source) => {
+                // The thread never started: `owned` was dropped, connection first.
+                let path = files.db.clone();
+                files.remove();
+                return Err(Error::Local { org, path, source });
+            }
+        };
+        tracing::info!(org = %org, round = claim.round, seq = claim.seq, commit_seq, "acquired");
+        let shipper = Shipper::new(replica.clone(), claim, owned_files, settings.ship.clone());
+        let inner = Arc::new(Inner {
+            acks,
+            replica,
+            settings,
+            shipper: tokio::sync::Mutex::new(shipper),
+            writer,
+            _home: home.clone(),
+            files: Mutex::new(Some(files)),
+            inflight: AtomicUsize::new(0),
+            last_used: AtomicU64::new(TICK.fetch_add(1, Ordering::Relaxed)),
+        });
+        tokio::spawn(crate::shipper::run(inner.clone()));
+        Ok(Org::from_inner(inner))
+    }
+
+    /// Graceful handoff: refuses new requests, lets queued ones commit (a drain), ships what
+    /// is unshipped, publishes a Release entry (so the next claim proceeds at once), closes
+    /// the database and deletes the local files.
+    ///
+    /// # Errors
+    /// The final ship's or the release's error; the handle is closed either way.
+    pub async fn release(&self) -> Result<(), Error> {
+        let inner = self.inner();
+        let result = {
+            // Wait for a ship in flight first.
+            let mut shipper = inner.shipper.lock().await;
+            let drained = inner.writer.drain().await;
+            let stopped = inner.acks.lock().stop.clone();
+            let result = match stopped {
+                Some(stop) => Err(inner.acks.stop_error(stop)),
+                None if !drained => Err(inner.acks.stop_error(Stop::Closed)),
+                None => {
+                    let unshipped = inner.acks.commit_seq.get() > inner.acks.lock().shipped;
+                    let shipped = if unshipped {
+                        crate::shipper::ship_once(inner, &mut shipper).await
+                    } else {
+                        Ok(())
+                    };
+                    match shipped {
+                        Ok(()) => shipper
+                            .release()
+                            .await
+                            .map_err(|e| Error::replica(&inner.acks.org, e)),
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            // Stop while still holding the shipper, so a shipper task waiting for it finds the
+            // org closed instead of shipping on a released claim.
+            inner.acks.stop(Stop::Closed);
+            result
+        };
+        inner.close().await;
+        tracing::info!(org = %inner.acks.org, round = inner.acks.round, ok = result.is_ok(), "released");
+        result
+    }
+}
+
+impl Inner {
+    /// Closes the writer (queued jobs finish; the connection closes before its descriptors)
+    /// and deletes the local files.
+    pub(crate) async fn close(&self) {
+        self.writer.close().await;
+        if let Some(files) = lock(&self.files).take() {
+            files.remove();
+        }
+    }
+}
+
+/// Hydrates the claim's state into the fresh local file, opens the writer on it, and checks
+/// that the file's commit sequence is the one the store's entry says it holds.
+async fn open_files(
+    replica: &Replica,
+    claim: &Claim,
+    files: &LocalFiles,
+    settings: &Settings,
+    init: Option<InitFn>,
+) -> Result<(Owned, u64), Error> {
+    let org = claim.org.clone();
+    let hydrated = replica
+        .hydrate(claim, &files.db)
+        .await
+        .map_err(|e| Error::replica(&org, e))?;
+    let path = files.db.clone();
+    let busy = Duration::from_millis(settings.busy_timeout_ms);
+    let org2 = org.clone();
+    let opened = tokio::task::spawn_blocking(move || {
+        let owned = writer::open(&path, busy, init.as_ref()).map_err(|e| match e {
+            OpenError::Idem(source) => Error::from_idem(&org2, source),
+            OpenError::Own(source) => Error::Writer {
+                org: org2.clone(),
+                path: path.clone(),
+                source,
+            },
+        })?;
+        let in_file = commit::read(&owned.conn).map_err(|source| Error::Sqlite {
+            org: org2.clone(),
+            source,
+        })?;
+        Ok::<_, Error>((owned, in_file))
+    })
+    .await
+    .map_err(|source| Error::Task {
+        org: org.clone(),
+        op: "opening the writer",
+        source,
+    })??;
+    let (owned, in_file) = opened;
+    if in_file != hydrated.commit {
+        return Err(Error::CommitMismatch {
+            org,
+            hydrated: hydrated.commit,
+            in_file,
+        });
+    }
+    Ok((owned, in_file))
+}
+
+impl From<OwnError> for OpenError {
+    fn from(e: OwnError) -> Self {
+        OpenError::Own(e)
+    }
+}

@@ -1,0 +1,382 @@
+//! Shipping one live database under a claim: the claim, the chain's position in the WAL,
+//! the cache of shipped page contents and the full/delta/compaction policy, in one owner.
+//!
+//! ```text
+//! embedder (writer thread)            Shipper                                  store
+//!   Owned::capture(seq, page, req) ─► prove pages hold seq ─► delta | full ─► blob + log entry
+//!                                  ◄─ ShipReport { commit_seq }  (acknowledge every commit ≤ it)
+//! ```
+//!
+//! A full snapshot is shipped when the claim has none yet (a new writer), when the WAL
+//! position of the chain is lost (a failed capture, a WAL restarted behind our back, a delta
+//! the store refused), and when the deltas since the last full snapshot outgrow
+//! [`ShipPolicy::delta_budget_percent`] of it, number [`ShipPolicy::max_deltas`], or are
+//! older than [`ShipPolicy::snapshot_interval_ms`]: this bounds what a hydrate downloads.
+//!
+//! Checkpoints run only inside a capture, and a delta capture checkpoints only after every
+//! committed frame is copied into the pending pages; a delta that fails to publish keeps its
+//! pages pending and they ship with the next delta, against the same base (Litestream's
+//! shadow-WAL rule). So no frame leaves the WAL before a ship holds it.
+
+mod policy;
+mod state;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub use policy::ShipPolicy;
+use state::{Chain, WalState};
+
+use crate::sqlite::{
+    self, CaptureError, CaptureRequest, Captured, Checkpoint, Foreign, OwnedFiles,
+};
+use crate::{Claim, Delta, Error, OrgId, Replica, Snapshot};
+
+/// Where a [`Shipper`] gets its captures: the thread that owns the writer connection, which
+/// runs [`sqlite::Owned::capture`] between two transactions.
+#[async_trait::async_trait]
+pub trait CaptureSource: Send + Sync {
+    /// Captures per `request` with the database's current commit sequence.
+    ///
+    /// # Errors
+    /// The capture's error; [`CaptureError::Io`] when the writer has stopped.
+    async fn capture(&self, request: CaptureRequest) -> Result<Captured, CaptureError>;
+}
+
+/// What one ship published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShipKind {
+    /// A full snapshot: the chain restarts from it.
+    Full,
+    /// A delta of the pages committed since the previous entry.
+    Delta,
+    /// A compacted delta: every page changed since the chain's snapshot, applied to it.
+    Compacted,
+}
+
+/// The outcome of a successful [`Shipper::ship`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShipReport {
+    /// The commit sequence the published entry holds, proved from its pages: every commit up
+    /// to it may be acknowledged (I6).
+    pub commit_seq: u64,
+    /// Full, delta or compacted.
+    pub kind: ShipKind,
+    /// Compressed bytes uploaded (the blob; the small log entry is not counted).
+    pub bytes: u64,
+    /// Log position of the entry.
+    pub seq: u64,
+}
+
+/// Ships one live database under one claim; not `Clone`, so exactly one owner publishes
+/// under the claim. Dropping it without [`Shipper::release`] leaves the claim to expire.
+pub struct Shipper {
+    replica: Replica,
+    claim: Claim,
+    files: Arc<OwnedFiles>,
+    policy: ShipPolicy,
+    chain: Chain,
+}
+
+impl std::fmt::Debug for Shipper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shipper")
+            .field("claim", &self.claim)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Fallback {
+    Full,
+    Failed(Error),
+}
+
+impl Shipper {
+    /// A shipper for the database whose files are `files`, publishing under `claim`.
+    pub fn new(
+        replica: Replica,
+        claim: Claim,
+        files: Arc<OwnedFiles>,
+        policy: ShipPolicy,
+    ) -> Shipper {
+        Shipper {
+            replica,
+            claim,
+            files,
+            policy,
+            chain: Chain::new(),
+        }
+    }
+
+    /// The claim published under.
+    pub fn claim(&self) -> &Claim {
+        &self.claim
+    }
+
+    fn org(&self) -> &OrgId {
+        &self.claim.org
+    }
+
+    /// Publishes everything committed so far: a delta of the WAL frames since the previous
+    /// ship, or a full snapshot when the chain must restart (see the module docs). The
+    /// captured pages must hold exactly the commit sequence the capture reported (I13).
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`] when the files were changed outside the writer (nothing was
+    /// published; the claim must end); [`Error::Fenced`] or an unknown outcome (the claim
+    /// is dead); a store or local error (nothing acknowledged; the next ship retries, with
+    /// the pages captured so far still pending).
+    pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
+        if self.chain.wants_full(&self.claim, &self.policy) {
+            return self.ship_full(source).await;
+        }
+        match self.ship_delta(source).await {
+            Ok(report) => Ok(report),
+            Err(Fallback::Full) => self.ship_full(source).await,
+            Err(Fallback::Failed(e)) => Err(e),
+        }
+    }
+
+    /// Confirms, without shipping, that no successor appended to the log since this claim's
+    /// last entry and that the files are still the writer's own, unchanged since its last
+    /// checkpoint (I7, I13): what an answer that ships nothing (a replay, a read) waits for.
+    /// Renews the advisory lease past half its term.
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`]; [`Error::Fenced`]; store errors (retry).
+    pub async fn confirm(&mut self) -> Result<(), Error> {
+        self.replica.confirm(&mut self.claim).await?;
+        self.files
+            .check_unchanged()
+            .map_err(|f| self.files_changed(&f))
+    }
+
+    /// Renews the advisory lease of an idle claim after checking it is not fenced.
+    ///
+    /// # Errors
+    /// As [`Replica::keep_alive`].
+    pub async fn keep_alive(&mut self) -> Result<(), Error> {
+        self.replica.keep_alive(&mut self.claim).await
+    }
+
+    /// Publishes the claim's Release entry, so a successor claims at once.
+    ///
+    /// # Errors
+    /// As [`Replica::release`].
+    pub async fn release(&mut self) -> Result<(), Error> {
+        self.replica.release(&mut self.claim).await
+    }
+
+    fn files_changed(&self, f: &Foreign) -> Error {
+        Error::FilesChanged {
+            org: self.org().clone(),
+            round: self.claim.round,
+            reason: f.to_string(),
+        }
+    }
+
+    fn capture_error(&self, e: CaptureError) -> Error {
+        match e {
+            CaptureError::Io(source) => Error::Io {
+                path: self.files.db_path().display().to_string(),
+                source,
+            },
+            CaptureError::Foreign(f) => self.files_changed(&f),
+        }
+    }
+
+    async fn ship_full(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
+        self.chain.restart();
+        let request = CaptureRequest {
+            from: 0,
+            checkpoint: Checkpoint::Before,
+        };
+        let cap = source
+            .capture(request)
+            .await
+            .map_err(|e| self.capture_error(e))?;
+        let files = self.files.clone();
+        let built = off_thread(move || {
+            let frames = sqlite::wal::read(&cap.head, &cap.tail, None)
+                .map_err(|e| Foreign(format!("the WAL cannot be read: {}", e.0)))?;
+            let image = sqlite::image(&files, cap.db, cap.page_size, &frames)?;
+            let ps = cap.page_size as usize;
+            let at = (cap.counter_page as usize).saturating_sub(1) * ps;
+            prove(image.get(at..at + ps), cap.counter_page, cap.commit, None)?;
+            Ok::<_, CaptureError>((image, cap.page_size, frames.end, cap.commit))
+        })
+        .await?;
+        let (image, page_size, end, commit) = built.map_err(|e| self.capture_error(e))?;
+        self.chain.proven = Some(commit);
+        let db_pages = (image.len() / page_size as usize) as u32;
+        let shipped = self
+            .replica
+            .ship(&mut self.claim, Snapshot::from_bytes(image, commit))
+            .await?;
+        self.chain.full_shipped(
+            end.map_or(WalState::Fresh, WalState::At),
+            page_size,
+            db_pages,
+            shipped.compressed_bytes,
+        );
+        Ok(ShipReport {
+            commit_seq: commit,
+            kind: ShipKind::Full,
+            bytes: shipped.compressed_bytes,
+            seq: shipped.seq,
+        })
+    }
+
+    async fn ship_delta(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Fallback> {
+        let from = match self.chain.wal {
+            WalState::At(pos) => Some(pos),
+            WalState::Fresh => None,
+            WalState::Lost => return Err(Fallback::Full),
+        };
+        // A compaction reads pages from the database file, so it checkpoints every time: after
+        // it the file holds exactly the captured state, and stays so until the next capture.
+        let compact = self.chain.wants_compaction(&self.policy);
+        let bound = if compact {
+            0
+        } else {
+            self.policy.wal_checkpoint_bytes
+        };
+        let request = CaptureRequest {
+            from: from.map_or(0, |p| p.offset),
+            checkpoint: Checkpoint::AfterIfOver(bound),
+        };
+        let cap = match source.capture(request).await {
+            Ok(cap) => cap,
+            Err(e) => {
+                // A capture that failed may have checkpointed first: the position is ours but
+                // unknown, so the next ship is a full snapshot (never a read of a moved WAL).
+                self.chain.wal = WalState::Lost;
+                return Err(Fallback::Failed(self.capture_error(e)));
+            }
+        };
+        let (commit, reset, db_state) = (cap.commit, cap.reset, cap.db);
+        let previous = self.chain.proven;
+        let frames = off_thread(move || {
+            // Only this writer restarts its WAL, and it tracks where: frames that cannot be
+            // read from the chain's position mean someone else rewrote the WAL.
+            let frames = sqlite::wal::read(&cap.head, &cap.tail, from).map_err(|e| {
+                Foreign(format!(
+                    "the WAL cannot be read from the chain's position: {}",
+                    e.0
+                ))
+            })?;
+            let counter = frames.pages.get(&cap.counter_page).map(Vec::as_slice);
+            prove(counter, cap.counter_page, cap.commit, previous)?;
+            Ok::<_, Foreign>(frames)
+        })
+        .await
+        .map_err(Fallback::Failed)?
+        .map_err(|f| Fallback::Failed(self.files_changed(&f)))?;
+        self.chain.proven = Some(commit);
+        if let Some(pos) = frames.end
+            && pos.page_size != self.chain.page_size
+        {
+            return Err(Fallback::Full);
+        }
+        // Every committed frame is now pending; the WAL may be reset behind it.
+        let db_pages = self.chain.take_frames(frames, reset);
+        let delta = if compact && reset {
+            match self.compacted_delta(commit, db_state).await {
+                Ok(d) => d,
+                Err(e @ Error::FilesChanged { .. }) => return Err(Fallback::Failed(e)),
+                Err(e) => {
+                    tracing::warn!(org = %self.org(), error = %e, "compaction failed; shipping a full snapshot");
+                    return Err(Fallback::Full);
+                }
+            }
+        } else {
+            let pending = self.chain.pending.clone();
+            let published = &self.chain.published;
+            Delta::new(self.chain.page_size, db_pages, pending, commit)
+                .map_err(Fallback::Failed)?
+                .encode_against(|p| published.get(&p).map(Vec::as_slice))
+        };
+        let compacted = delta.is_compacted();
+        match self.replica.ship_delta(&mut self.claim, delta).await {
+            Ok(shipped) => {
+                self.chain
+                    .delta_shipped(compacted, shipped.compressed_bytes, &self.policy);
+                Ok(ShipReport {
+                    commit_seq: commit,
+                    kind: if compacted {
+                        ShipKind::Compacted
+                    } else {
+                        ShipKind::Delta
+                    },
+                    bytes: shipped.compressed_bytes,
+                    seq: shipped.seq,
+                })
+            }
+            Err(Error::NoChainTip { .. }) => Err(Fallback::Full),
+            // The store refused the delta as inconsistent with the chain (a compaction missing
+            // a page changed since the snapshot, or a page encoded against content the tip
+            // does not hold): nothing was published; a full snapshot restarts the chain, and
+            // the page cache with it, instead of retrying the same delta.
+            Err(e @ Error::InvalidSnapshot { .. }) => {
+                tracing::warn!(org = %self.org(), error = %e, compacted, "delta refused; shipping a full snapshot");
+                Err(Fallback::Full)
+            }
+            Err(e) => Err(Fallback::Failed(e)),
+        }
+    }
+
+    /// Builds a compacted delta after a capture whose checkpoint emptied the WAL: every page
+    /// changed since the snapshot (pending ones included), read from the database file, which
+    /// now holds exactly the captured state.
+    async fn compacted_delta(&self, commit: u64, db: sqlite::DbState) -> Result<Delta, Error> {
+        let wanted = self.chain.compaction_pages();
+        let (files, ps, db_pages) = (
+            self.files.clone(),
+            self.chain.page_size,
+            self.chain.db_pages,
+        );
+        let read =
+            off_thread(move || sqlite::read_pages(&files, db, ps, db_pages, &wanted)).await?;
+        let pages: BTreeMap<u32, Vec<u8>> = read.map_err(|e| self.capture_error(e))?;
+        Ok(Delta::new(ps, db_pages, pages, commit)?.compacted())
+    }
+}
+
+/// Runs file reads, WAL parsing and image building on the blocking pool.
+async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|source| Error::Task {
+            op: "preparing a ship",
+            source,
+        })
+}
+
+/// Checks a capture against its own pages (I13): the newest captured version of the
+/// counter page holds `commit`, or, when the new frames leave that page alone, the
+/// sequence is the one the previous capture proved.
+fn prove(
+    counter: Option<&[u8]>,
+    counter_page: u32,
+    commit: u64,
+    previous: Option<u64>,
+) -> Result<(), Foreign> {
+    let found = match counter {
+        Some(page) => Some(
+            sqlite::proof::commit_counter(page, counter_page).map_err(|e| {
+                Foreign(format!("the captured counter page is not the counter: {e}"))
+            })?,
+        ),
+        None => previous,
+    };
+    match found {
+        Some(n) if n == commit => Ok(()),
+        Some(n) => Err(Foreign(format!(
+            "the captured pages hold commit {n}, the writer committed {commit}"
+        ))),
+        None => Err(Foreign(format!(
+            "the captured pages do not show commit {commit}"
+        ))),
+    }
+}

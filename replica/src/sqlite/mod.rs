@@ -1,0 +1,136 @@
+//! What this crate knows of SQLite's files: the writer's exclusive ownership of a database
+//! and its WAL (I13), WAL frames, captures of committed state, and the proof a capture makes
+//! from its own pages.
+//!
+//! An embedder that ships a live database does three things here, in order:
+//! 1. [`open_exclusive`] opens the one writer connection and takes the database's lock;
+//! 2. after its own schema work, [`Owned::take`] opens the descriptors the shipper reads
+//!    through and starts watching the files;
+//! 3. between two of its transactions, on the thread that owns the connection, it answers a
+//!    [`crate::Shipper`]'s [`CaptureRequest`] with [`Owned::capture`].
+
+mod capture;
+mod owned;
+pub(crate) mod proof;
+pub(crate) mod wal;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+pub use capture::{CaptureError, CaptureRequest, Captured, Checkpoint};
+pub(crate) use capture::{image, read_pages};
+pub(crate) use owned::DbState;
+pub use owned::{Foreign, OwnedFiles};
+
+/// Why the writer connection could not be opened as the files' owner.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OwnError {
+    /// SQLite refused a step of the open.
+    #[error("sqlite")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The connection is not in exclusive WAL mode (a hook changed it, or the file system
+    /// cannot give it).
+    #[error("the writer connection does not hold the database exclusively: {0}")]
+    Mode(String),
+    /// Opening the descriptors or reading the files' state failed.
+    #[error("the writer's files")]
+    Io(#[from] std::io::Error),
+}
+
+/// Opens `path` as its one writer: `locking_mode = EXCLUSIVE` before the first access, WAL,
+/// `synchronous = NORMAL`, `wal_autocheckpoint = 0`, and takes the write lock at once.
+///
+/// With exclusive locking the WAL index lives in this connection's heap (no `-shm` file) and
+/// the lock is held for the connection's lifetime: another process opening the file gets
+/// "database is locked" and can neither read, write, checkpoint nor remove the WAL.
+/// `synchronous = NORMAL`: a commit is made durable across machines by the ship that
+/// acknowledges it, and the local file is a per-claim cache. `wal_autocheckpoint = 0`: only
+/// a capture checkpoints, so no frame leaves the WAL before a ship has copied it.
+///
+/// # Errors
+/// [`OwnError::Sqlite`] when SQLite refuses (the lock is held elsewhere included);
+/// [`OwnError::Mode`] when the connection is not in exclusive WAL mode.
+pub fn open_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, OwnError> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(busy)?;
+    let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
+    let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    check_mode(&locking, &journal)?;
+    conn.execute_batch(
+        "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;",
+    )?;
+    Ok(conn)
+}
+
+fn check_mode(locking: &str, journal: &str) -> Result<(), OwnError> {
+    if locking.eq_ignore_ascii_case("exclusive") && journal.eq_ignore_ascii_case("wal") {
+        Ok(())
+    } else {
+        Err(OwnError::Mode(format!(
+            "locking mode {locking}, journal mode {journal}"
+        )))
+    }
+}
+
+/// The writer connection and what captures read. Fields drop in declaration order: the
+/// connection closes (releasing its locks) before the descriptors (I13).
+pub struct Owned {
+    /// The writer connection: the only connection that writes the database.
+    pub conn: Connection,
+    capturer: capture::Capturer,
+}
+
+impl Owned {
+    /// Takes ownership of the files of `conn` (opened with [`open_exclusive`]) after the
+    /// embedder's schema work: re-checks exclusive WAL mode (a hook may have changed it),
+    /// turns automatic checkpoints off again, opens the descriptors the shipper reads
+    /// through (the database's last, after every step that can fail) and records the files'
+    /// state, so every later capture can tell the writer's changes from anyone else's.
+    ///
+    /// # Errors
+    /// [`OwnError::Mode`] for a connection no longer in exclusive WAL mode; SQLite or I/O
+    /// errors; a damaged WAL header is [`OwnError::Io`].
+    pub fn take(
+        conn: Connection,
+        path: &std::path::Path,
+        busy: Duration,
+    ) -> Result<Owned, OwnError> {
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+        let locking: String = conn.query_row("PRAGMA locking_mode", [], |r| r.get(0))?;
+        let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        check_mode(&locking, &journal)?;
+        let files = Arc::new(OwnedFiles::open(path)?);
+        let capturer = capture::Capturer::new(files, busy).map_err(|e| match e {
+            CaptureError::Io(e) => OwnError::Io(e),
+            CaptureError::Foreign(f) => OwnError::Io(std::io::Error::other(f.0)),
+        })?;
+        Ok(Owned { conn, capturer })
+    }
+
+    /// The descriptors the shipper reads through; clones must not outlive this value's
+    /// connection by being dropped before it (they are read-only and closed last).
+    pub fn files(&self) -> &Arc<OwnedFiles> {
+        self.capturer.files()
+    }
+
+    /// Captures what the next ship publishes, between two transactions of the writer
+    /// connection: `commit_seq` is the commit sequence the database holds now and
+    /// `counter_page` the root page of the one-row table that stores it, which the shipper
+    /// reads back from the captured pages before it publishes (I13).
+    ///
+    /// # Errors
+    /// [`CaptureError::Foreign`] when the files are not as the writer left them;
+    /// [`CaptureError::Io`] for a local failure.
+    pub fn capture(
+        &mut self,
+        commit_seq: u64,
+        counter_page: u32,
+        request: CaptureRequest,
+    ) -> Result<Captured, CaptureError> {
+        self.capturer
+            .capture(&self.conn, commit_seq, counter_page, request)
+    }
+}
