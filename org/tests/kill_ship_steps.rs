@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{BoxErr, R, effect, published, registry, replica};
+use common::{BoxErr, R, effect, registry, replica};
 use idem_org::{Error, Settings};
 use idem_replica::{FailPoint, Failpoints, OrgId, Replica};
 
@@ -161,27 +161,6 @@ async fn kill_at_each_ship_step_loses_no_acknowledged_request() -> R {
             Some(25 + storm * 7),
         )?);
     }
-    let reg = registry(
-        &dir.path().join("data"),
-        replica(Replica::local_store(&dir.path().join("store"))?, None).await?,
-        "checker",
-        settings(),
-    )?;
-    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
-    for key in &all_acked {
-        let out = org.once(key, effect("acme", "never")).await?;
-        assert!(
-            !out.applied,
-            "acknowledged {key} must replay after the kill"
-        );
-        assert_eq!(out.result, key.as_bytes());
-    }
-    let (effects, keys) = published(reg.replica(), "acme", dir.path()).await?;
-    assert!(effects.values().all(|n| *n == 1), "an effect ran twice");
-    assert_eq!(effects.len() as i64, keys, "every effect has its key");
-    assert!(!effects.contains_key("never"));
-    let report = reg.replica().verify(org.id()).await?;
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
-    reg.shutdown().await;
-    Ok(())
+    let store = replica(Replica::local_store(&dir.path().join("store"))?, None).await?;
+    common::oracle::exactly_once(&store, "acme", &all_acked, &[], dir.path()).await
 }

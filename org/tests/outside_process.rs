@@ -18,7 +18,7 @@ use common::outside::{all_locked, outside};
 use common::{BoxErr, R, effect, registry, replica};
 use idem::Options;
 use idem_org::{Error, Registry, Settings};
-use idem_replica::{OrgId, Replica};
+use idem_replica::Replica;
 
 /// The child process of `common::outside`.
 #[test]
@@ -110,53 +110,12 @@ async fn load(
     Ok((acks, errors))
 }
 
-/// Shuts the writer down, then checks the store against every acknowledgement.
+/// Shuts the writer down, then checks the store against every acknowledgement: the shared
+/// exactly-once oracle, with the outsider's row forbidden.
 async fn check_store(w: World, acked: &[Ack]) -> R {
     w.reg.shutdown().await;
-    let org = OrgId::new("acme")?;
-    let dest = w.dir.path().join("newest.db");
-    w.replica.restore(&org, None, &dest).await?;
-    {
-        let conn = rusqlite::Connection::open(&dest)?;
-        let ok: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
-        assert_eq!(ok, "ok");
-        let mut stmt = conn.prepare("SELECT key, count(*) FROM effects GROUP BY key")?;
-        let rows: std::collections::BTreeMap<String, i64> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
-        for (key, _) in acked {
-            assert_eq!(
-                rows.get(key),
-                Some(&1),
-                "acknowledged key {key} in the store once"
-            );
-        }
-        assert!(
-            !rows.contains_key("outsider"),
-            "an outside write reached the store"
-        );
-    }
-    let report = w.replica.verify(&org).await?;
-    assert!(report.failed.is_empty(), "verify: {:?}", report.failed);
-    // A successor replays every acknowledged key without running it again.
-    let successor = registry(
-        &w.dir.path().join("data2"),
-        w.replica.clone(),
-        "successor",
-        Settings::default(),
-    )?;
-    let handle = successor
-        .acquire(&idem_replica::OrgId::new("acme")?)
-        .await?;
-    for (key, _) in acked {
-        let out = handle
-            .once(key, |_tx| Ok::<_, rusqlite::Error>(b"ran again".to_vec()))
-            .await?;
-        assert!(!out.applied, "{key} ran again on the successor");
-        assert_eq!(out.result, key.as_bytes());
-    }
-    successor.shutdown().await;
-    Ok(())
+    let keys: Vec<String> = acked.iter().map(|(k, _)| k.clone()).collect();
+    common::oracle::exactly_once(&w.replica, "acme", &keys, &["outsider"], w.dir.path()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

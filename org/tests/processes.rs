@@ -105,30 +105,8 @@ async fn sigkill_under_load_loses_no_acknowledged_request() -> R {
     child.kill()?; // SIGKILL, mid-load
     child.wait()?;
     read_until(&mut lines, &mut acked, |_, _| false).ok(); // lines already in the pipe
-    let reg = registry(
-        &data,
-        replica(Replica::local_store(&store)?, None).await?,
-        "b",
-        force(),
-    )?;
-    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
-    for key in &acked {
-        let out = org.once(key, effect("acme", "never")).await?;
-        assert!(
-            !out.applied,
-            "acknowledged {key} must replay after the kill"
-        );
-        assert_eq!(out.result, key.as_bytes());
-    }
-    let (effects, keys) = published(reg.replica(), "acme", dir.path()).await?;
-    assert!(
-        effects.values().all(|n| *n == 1),
-        "an effect ran twice: {effects:?}"
-    );
-    assert_eq!(effects.len() as i64, keys, "every effect has its key");
-    assert!(!effects.contains_key("never"));
-    reg.shutdown().await;
-    Ok(())
+    let store = replica(Replica::local_store(&store)?, None).await?;
+    common::oracle::exactly_once(&store, "acme", &acked, &[], dir.path()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
