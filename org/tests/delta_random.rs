@@ -17,12 +17,6 @@ use idem_replica::Replica;
 use idem_replica::fault::{Fault, FaultStore, Op};
 use object_store::ObjectStore;
 
-/// The child process of `common::outside`.
-#[test]
-fn outsider() -> R {
-    common::outside::child()
-}
-
 /// xorshift64*: deterministic per seed, printed on failure.
 struct Rng(u64);
 impl Rng {

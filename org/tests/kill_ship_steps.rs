@@ -60,19 +60,11 @@ fn settings() -> Settings {
 }
 
 /// The child: 4 clients write until the process is killed, printing `ack <key>`.
-#[test]
-fn kill_child() -> R {
-    let Ok(spec) = std::env::var("IDEM_KILL_CHILD") else {
-        return Ok(());
-    };
+async fn kill_child(spec: String) -> R {
     let (name, n) = spec.split_once(':').ok_or("spec is point:n")?;
     let store = std::env::var("IDEM_KILL_STORE")?;
     let data = std::env::var("IDEM_KILL_DATA")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    {
         let fp: Arc<dyn Failpoints> = Arc::new(KillAt {
             point: point(name),
             n: n.parse()?,
@@ -105,7 +97,7 @@ fn kill_child() -> R {
             c.await?;
         }
         Ok::<_, BoxErr>(())
-    })
+    }
 }
 
 /// Runs a child until it dies (killed at its seam, or by us after `kill_after` acks) and
@@ -115,14 +107,13 @@ fn run_child(
     spec: &str,
     kill_after: Option<usize>,
 ) -> Result<Vec<String>, BoxErr> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["--exact", "kill_child", "--nocapture", "--test-threads=1"])
-        .env("IDEM_KILL_CHILD", spec)
-        .env("IDEM_KILL_STORE", dir.join("store"))
-        .env("IDEM_KILL_DATA", dir.join("data"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
+    let mut child =
+        common::child_command("kill_at_each_ship_step_loses_no_acknowledged_request", spec)?
+            .env("IDEM_KILL_STORE", dir.join("store"))
+            .env("IDEM_KILL_DATA", dir.join("data"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
     let lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
     let mut acked = Vec::new();
     for line in lines {
@@ -142,6 +133,9 @@ fn run_child(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_at_each_ship_step_loses_no_acknowledged_request() -> R {
+    if let Some(spec) = common::child_role() {
+        return kill_child(spec).await;
+    }
     let dir = tempfile::tempdir()?;
     let mut all_acked = Vec::new();
     // The n-th hit is well past the claim's first full snapshot, so the kill lands in a delta.

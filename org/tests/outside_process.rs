@@ -1,5 +1,5 @@
-//! Another process on the host touching a served org's files (I13). The outsider is this test
-//! binary re-run as a child with the real SQLite library, or `cp`/`rm`/`mv`; the writer is
+//! Another process on the host touching a served org's files (I13). The outsider is a Python
+//! process with its own SQLite library (`common::outside`), or `cp`/`rm`/`mv`; the writer is
 //! this process. After each fault: every acknowledged key is in the newest published state
 //! exactly once, that state passes `integrity_check`, every chain verifies, a successor
 //! replays every acknowledged key, and no request was acknowledged from the fault until the
@@ -19,12 +19,6 @@ use common::{BoxErr, R, effect, registry, replica};
 use idem::Options;
 use idem_org::{Error, Registry, Settings};
 use idem_replica::Replica;
-
-/// The child process of `common::outside`.
-#[test]
-fn outsider() -> R {
-    common::outside::child()
-}
 
 fn wal_of(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
@@ -116,6 +110,25 @@ async fn check_store(w: World, acked: &[Ack]) -> R {
     w.reg.shutdown().await;
     let keys: Vec<String> = acked.iter().map(|(k, _)| k.clone()).collect();
     common::oracle::exactly_once(&w.replica, "acme", &keys, &["outsider"], w.dir.path()).await
+}
+
+/// The control: the outsider does reach a database nobody owns, so the refusals below are
+/// the writer's lock at work, not an outsider that cannot open files.
+#[test]
+fn the_outsider_reads_writes_and_checkpoints_a_database_nobody_owns() -> R {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("free.db");
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute_batch(&format!(
+        "PRAGMA journal_mode = WAL; {}; CREATE TABLE idem_keys (key TEXT);",
+        common::LEDGER
+    ))?;
+    drop(conn);
+    for (action, want) in [("read", "ok 0"), ("write", "ok 1"), ("TRUNCATE", "ok 0")] {
+        let lines = outside(action, &db, 1)?;
+        assert_eq!(lines, [want], "{action}");
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

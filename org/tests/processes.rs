@@ -1,5 +1,6 @@
 //! Real processes: SIGKILL of a serving writer under load, and two processes sharing one data
-//! directory during a rolling restart. The test binary re-runs itself as the child writer.
+//! directory during a rolling restart. Each test re-runs this binary as its child writer
+//! (`common::child_command`).
 
 mod common;
 
@@ -11,13 +12,12 @@ use idem_org::Error;
 use idem_replica::Replica;
 
 fn spawn_writer(
+    test: &str,
     store: &std::path::Path,
     data: &std::path::Path,
     prefix: &str,
 ) -> std::io::Result<Child> {
-    Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_writer", "--nocapture", "--test-threads=1"])
-        .env("IDEM_ORG_CHILD", prefix)
+    common::child_command(test, prefix)?
         .env("IDEM_ORG_STORE", store)
         .env("IDEM_ORG_DATA", data)
         .stdout(Stdio::piped())
@@ -27,18 +27,10 @@ fn spawn_writer(
 
 /// The child: a writer that serves requests from 4 concurrent clients until it is fenced,
 /// printing `ack <key>` for each acknowledgement and `fenced` when fenced.
-#[test]
-fn child_writer() -> R {
-    let Ok(prefix) = std::env::var("IDEM_ORG_CHILD") else {
-        return Ok(());
-    };
+async fn child_writer(prefix: String) -> R {
     let store = std::env::var("IDEM_ORG_STORE")?;
     let data = std::env::var("IDEM_ORG_DATA")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
+    {
         let store = Replica::local_store(store.as_ref())?;
         let reg = registry(data.as_ref(), replica(store, None).await?, &prefix, force())?;
         let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
@@ -64,7 +56,7 @@ fn child_writer() -> R {
             c.await?;
         }
         Ok::<_, BoxErr>(())
-    })
+    }
 }
 
 fn signal(child: &Child, sig: &str) -> R {
@@ -96,9 +88,13 @@ fn read_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_under_load_loses_no_acknowledged_request() -> R {
+    const TEST: &str = "sigkill_under_load_loses_no_acknowledged_request";
+    if let Some(prefix) = common::child_role() {
+        return child_writer(prefix).await;
+    }
     let dir = tempfile::tempdir()?;
     let (store, data) = (dir.path().join("store"), dir.path().join("data"));
-    let mut child = spawn_writer(&store, &data, "a")?;
+    let mut child = spawn_writer(TEST, &store, &data, "a")?;
     let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
     let mut acked = Vec::new();
     read_until(&mut lines, &mut acked, |_, n| n >= 40)?;
@@ -111,9 +107,13 @@ async fn sigkill_under_load_loses_no_acknowledged_request() -> R {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_successor_sharing_the_data_directory_never_touches_the_old_files() -> R {
+    const TEST: &str = "a_successor_sharing_the_data_directory_never_touches_the_old_files";
+    if let Some(prefix) = common::child_role() {
+        return child_writer(prefix).await;
+    }
     let dir = tempfile::tempdir()?;
     let (store, data) = (dir.path().join("store"), dir.path().join("data"));
-    let mut child = spawn_writer(&store, &data, "old")?;
+    let mut child = spawn_writer(TEST, &store, &data, "old")?;
     let mut lines = BufReader::new(child.stdout.take().ok_or("no stdout")?).lines();
     let mut acked = Vec::new();
     read_until(&mut lines, &mut acked, |_, n| n >= 10)?;

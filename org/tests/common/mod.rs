@@ -17,6 +17,24 @@ pub mod oracle;
 pub mod outside;
 pub mod scenarios;
 
+/// Set in a child process: the test binary re-run by one of its own tests (`--exact` names
+/// that test), which sees it first thing and plays the child's role instead of the parent's.
+/// So no test exists only to be a child, and every test counted as passed ran.
+pub const CHILD_ENV: &str = "IDEM_TEST_CHILD";
+
+/// The child role this process plays, if it is one.
+pub fn child_role() -> Option<String> {
+    std::env::var(CHILD_ENV).ok()
+}
+
+/// This test binary, re-run as the child of test `test` playing `role`.
+pub fn child_command(test: &str, role: &str) -> std::io::Result<std::process::Command> {
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, role);
+    Ok(cmd)
+}
+
 pub async fn replica(
     store: Arc<dyn ObjectStore>,
     failpoints: Option<Arc<dyn Failpoints>>,

@@ -1,68 +1,54 @@
-//! An outside process on the host with the real SQLite library: the test binary re-run as a
-//! child (`outsider` test), opening an org's database file and doing one thing to it.
+//! An outside process on the host with the real SQLite library: Python's `sqlite3` module (its
+//! own build of SQLite, in its own process), opening an org's database file and doing one
+//! thing to it, as an operator's script or a backup tool would.
 
 use std::path::Path;
 use std::process::Command;
 
 use super::{BoxErr, R};
 
-/// Starts each line the outsider reports (the test harness prints around it).
-const MARK: &str = "outsider: ";
-
-/// The child: opens the database with SQLite, does one thing `IDEM_OUTSIDER_TIMES` times,
-/// and prints `ok <value>` or `error <message>` for each. A test file that uses [`outside`]
-/// calls this from a `#[test] fn outsider()`; without the environment it does nothing.
-pub fn child() -> R {
-    let Ok(action) = std::env::var("IDEM_OUTSIDER") else {
-        return Ok(());
-    };
-    let db = std::env::var("IDEM_OUTSIDER_DB")?;
-    let times: u32 = std::env::var("IDEM_OUTSIDER_TIMES")?.parse()?;
-    for i in 0..times {
-        let run = || -> rusqlite::Result<String> {
-            let conn = rusqlite::Connection::open(&db)?;
-            // No busy wait (the sqlite3 shell's default): the writer never lets go.
-            conn.busy_timeout(std::time::Duration::ZERO)?;
-            match action.as_str() {
-                "read" => conn
-                    .query_row("SELECT count(*) FROM idem_keys", [], |r| r.get::<_, i64>(0))
-                    .map(|n| n.to_string()),
-                "write" => conn
-                    .execute(
-                        "INSERT INTO effects (key, org) VALUES ('outsider', 'acme')",
-                        [],
-                    )
-                    .map(|n| n.to_string()),
-                "backup" => {
-                    let to = format!("{db}.backup-{}-{i}", std::process::id());
-                    conn.execute("VACUUM INTO ?1", [&to]).map(|_| to)
-                }
-                mode => conn
-                    .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| {
-                        r.get::<_, i64>(0)
-                    })
-                    .map(|n| n.to_string()),
-            }
-        };
-        match run() {
-            Ok(v) => println!("\n{MARK}ok {v}"),
-            Err(e) => println!("\n{MARK}error {e}"),
-        }
-    }
-    Ok(())
-}
+/// The outsider: opens the database with no busy wait (the sqlite3 shell's default; the
+/// writer never lets go), does `action` `times` times, and prints `ok <value>` or
+/// `error <message>` for each attempt.
+const OUTSIDER: &str = r#"
+import sqlite3, sys
+action, db, times = sys.argv[1], sys.argv[2], int(sys.argv[3])
+for i in range(times):
+    try:
+        conn = sqlite3.connect(db, timeout=0, isolation_level=None)
+        try:
+            if action == "read":
+                v = conn.execute("SELECT count(*) FROM idem_keys").fetchone()[0]
+            elif action == "write":
+                v = conn.execute("INSERT INTO effects (key, org) VALUES ('outsider', 'acme')").rowcount
+            elif action == "backup":
+                v = "%s.backup-%d-%d" % (db, __import__("os").getpid(), i)
+                conn.execute("VACUUM INTO ?", (v,))
+            else:
+                v = conn.execute("PRAGMA wal_checkpoint(%s)" % action).fetchone()[0]
+        finally:
+            conn.close()
+        print("ok %s" % v, flush=True)
+    except sqlite3.Error as e:
+        print("error %s" % e, flush=True)
+"#;
 
 /// Runs the outsider to completion and returns its per-attempt lines.
 pub fn outside(action: &str, db: &Path, times: u32) -> Result<Vec<String>, BoxErr> {
-    let out = Command::new(std::env::current_exe()?)
-        .args(["--exact", "outsider", "--nocapture", "--test-threads=1"])
-        .env("IDEM_OUTSIDER", action)
-        .env("IDEM_OUTSIDER_DB", db)
-        .env("IDEM_OUTSIDER_TIMES", times.to_string())
+    let out = Command::new("python3")
+        .args(["-c", OUTSIDER, action])
+        .arg(db)
+        .arg(times.to_string())
         .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "outsider {action} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
     let lines: Vec<String> = String::from_utf8(out.stdout)?
         .lines()
-        .filter_map(|l| l.strip_prefix(MARK))
         .map(str::to_owned)
         .collect();
     if lines.len() != times as usize {
