@@ -12,8 +12,9 @@
 //! ```
 //! # #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_org::Registry;
-//! use idem_replica::{Replica, Settings};
+//! // One dependency: idem-org re-exports the crates its signatures use.
+//! use idem_org::replica::{OrgId, Replica, Settings};
+//! use idem_org::{Registry, rusqlite};
 //!
 //! let dir = tempfile::tempdir()?;
 //! let store = Replica::local_store(&dir.path().join("store"))?;
@@ -22,7 +23,8 @@
 //!     .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (key TEXT, cents INT)"))
 //!     .build()?;
 //!
-//! let acme = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
+//! // Validate the tenant id once, at the edge (I12): the registry takes only an `OrgId`.
+//! let acme = registry.acquire(&OrgId::new("acme")?).await?;
 //! for _ in 0..2 {
 //!     let out = acme
 //!         .once("pay-7", |tx| {
@@ -39,7 +41,8 @@
 //!
 //! # Core types
 //! - [`Registry`] (built with [`Registry::builder`]): one writer per org, opened on demand,
-//!   at most [`Settings::max_open_orgs`] open; `prune_all`, `shutdown`.
+//!   at most [`Settings::max_open_orgs`] open; `acquire`, and `once` / `once_with` / `effect`
+//!   that acquire and retry once on a handle closed meanwhile; `prune_all`, `shutdown`.
 //! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
 //!   external effects with `effect` / `effect_blocking`, `effects`, `effect_record`, `resolve`.
 //!
@@ -47,6 +50,13 @@
 //! [`Error::kind`]: `Retry` (ship failed, busy: same key, same handle), `Reacquire` (fenced or
 //! closed: acquire again, same key), `Input`, `Rejected` (fingerprint mismatch, apply failed),
 //! `Corrupt`, `Fatal`. A fenced handle is poisoned: every later call fails fast.
+//! [`Error::is_fingerprint_mismatch`] tells a changed payload under an applied key (HTTP 422)
+//! from other rejections; [`Error::idem`] gives the dedup transaction's own error.
+//!
+//! # Modules
+//! `writer` (the writer thread and its jobs), `commit` (the commit sequence), `ack` (waiters:
+//! ship-before-ack with group commit), `shipper` (the task driving `idem_replica::Shipper`),
+//! `open` (claim, hydrate, open, release), `registry`, `effect` (external effects).
 #![forbid(unsafe_code)]
 
 mod ack;

@@ -43,6 +43,10 @@
 //! - [`Replica`]: the store handle (claim, ship, hydrate, restore, release, retain, verify).
 //! - [`Claim`]: a round held by a writer; [`Snapshot`]: a consistent database image.
 //! - [`LogEntry`]: the versioned, create-only history; [`OrgId`]: validated tenant ids.
+//! - [`Shipper`]: ships a live database under a claim — captures handed to it by the
+//!   connection's thread ([`sqlite::Owned::capture`]), proved from their own pages, published
+//!   as deltas of committed WAL frames or full snapshots per [`ShipPolicy`].
+//! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
 //! - [`fault`]: a fault-injecting store wrapper; [`conformance`]: the suite every store runs.
 //!
 //! # Object layout
