@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use idem_replica::OrgId;
 
-/// What the caller should do about an [`Error`].
+/// What the caller should do about an [`Error`]. Exhaustive on purpose: the set of actions
+/// is the contract, so callers map every kind with one `match`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum ErrorKind {
     /// Transient: retry the request with the same idempotency key.
     Retry,

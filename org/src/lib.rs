@@ -63,6 +63,8 @@ mod ack;
 mod commit;
 mod effect;
 mod error;
+#[cfg(feature = "axum")]
+pub mod http;
 mod local;
 mod open;
 mod org;

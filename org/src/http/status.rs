@@ -1,0 +1,102 @@
+//! Every failure as an HTTP answer, in one table, with one JSON shape:
+//! `{"error": "<message>", "kind": "<kind>"}`.
+//!
+//! | failure | status | kind |
+//! |---|---|---|
+//! | another payload under an applied key (I4) | 422 | `mismatch` |
+//! | the handler's [`Refusal`] (not stored) | the refusal's | the refusal's |
+//! | other rejections (attempts exhausted, an effect in the wrong state) | 409 | `rejected` |
+//! | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After: 1` | `retry` |
+//! | `Reacquire` (fenced, closed, poisoned: the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
+//! | `Input` (bad key, bad org id) | 400 | `input` |
+//! | `Corrupt` | 500 | `corrupt` |
+//! | `Fatal` | 500 | `fatal` |
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use crate::{Error, ErrorKind};
+
+/// An answer the handler gives without storing it: its transaction rolls back, the attempt
+/// is counted, and a retry under the same key runs the handler again. For answers that must
+/// replay (a declined payment), return a [`super::StoredResponse`] with that status instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct Refusal {
+    status: StatusCode,
+    kind: String,
+    message: String,
+}
+
+impl Refusal {
+    /// A refusal with `status` and a message for the JSON body (`kind` is `refused`).
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Refusal {
+        Refusal {
+            status,
+            kind: "refused".into(),
+            message: message.into(),
+        }
+    }
+
+    /// A 500 for a failure of the handler's own work (an SQL error): the message is the
+    /// error's text.
+    pub fn internal(e: impl std::fmt::Display) -> Refusal {
+        Refusal {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "internal".into(),
+            message: e.to_string(),
+        }
+    }
+
+    /// The status it answers with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+}
+
+/// The layer's JSON error answer.
+pub(crate) fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({ "error": message.into(), "kind": kind });
+    let mut resp = (status, axum::Json(body)).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+/// The answer for an org error (the module's table). The message names the cause chain.
+pub fn error_response(e: &Error) -> Response {
+    let msg = chain(e);
+    if e.is_fingerprint_mismatch() {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
+    }
+    if let Some(idem::Error::Apply { source, .. }) = e.idem()
+        && let Some(refusal) = source.downcast_ref::<Refusal>()
+    {
+        return error(refusal.status, &refusal.kind, refusal.message.clone());
+    }
+    match e.kind() {
+        ErrorKind::Rejected => error(StatusCode::CONFLICT, "rejected", msg),
+        ErrorKind::Retry => error(StatusCode::SERVICE_UNAVAILABLE, "retry", msg),
+        ErrorKind::Reacquire => error(StatusCode::SERVICE_UNAVAILABLE, "reacquire", msg),
+        ErrorKind::Input => error(StatusCode::BAD_REQUEST, "input", msg),
+        ErrorKind::Corrupt => error(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", msg),
+        ErrorKind::Fatal => error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", msg),
+    }
+}
+
+/// The error and its sources, `: `-separated (each layer's message names what it adds).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !msg.contains(&text) {
+            msg.push_str(": ");
+            msg.push_str(&text);
+        }
+        cur = s.source();
+    }
+    msg
+}
