@@ -100,3 +100,125 @@ fn chain(e: &dyn std::error::Error) -> String {
     }
     msg
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use idem_replica::OrgId;
+
+    fn answer(
+        e: Error,
+    ) -> Result<(StatusCode, Option<String>, String), Box<dyn std::error::Error>> {
+        let resp = error_response(&e);
+        let status = resp.status();
+        let retry = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().map(str::to_owned))
+            .transpose()?;
+        let body = futures_body(resp)?;
+        let json: serde_json::Value = serde_json::from_slice(&body)?;
+        let kind = json["kind"].as_str().ok_or("no kind")?.to_owned();
+        assert!(
+            json["error"].is_string(),
+            "every error names itself: {json}"
+        );
+        Ok((status, retry, kind))
+    }
+
+    fn futures_body(resp: Response) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+        let rt = tokio::runtime::Builder::new_current_thread().build()?;
+        Ok(rt
+            .block_on(axum::body::to_bytes(resp.into_body(), 1 << 20))?
+            .to_vec())
+    }
+
+    #[test]
+    fn every_failure_kind_has_its_status_in_one_table() -> Result<(), Box<dyn std::error::Error>> {
+        let org = OrgId::new("acme")?;
+        let idem = |source: idem::Error| Error::Idem {
+            org: org.clone(),
+            source: Box::new(source),
+        };
+        let cases = [
+            (
+                idem(idem::Error::FingerprintMismatch { key: "k".into() }),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                None,
+                "mismatch",
+            ),
+            (
+                idem(idem::Error::Apply {
+                    key: "k".into(),
+                    source: Box::new(Refusal::new(StatusCode::PAYMENT_REQUIRED, "no funds")),
+                }),
+                StatusCode::PAYMENT_REQUIRED,
+                None,
+                "refused",
+            ),
+            (
+                idem(idem::Error::AttemptsExhausted {
+                    key: "k".into(),
+                    attempts: 3,
+                    last_error: "x".into(),
+                }),
+                StatusCode::CONFLICT,
+                None,
+                "rejected",
+            ),
+            (
+                Error::ShipFailed {
+                    org: org.clone(),
+                    source: Arc::new(idem_replica::Error::Injected {
+                        point: idem_replica::FailPoint::ShipBeforeUpload,
+                        org: "acme".into(),
+                        message: "store down".into(),
+                    }),
+                },
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("1".to_owned()),
+                "retry",
+            ),
+            (
+                Error::Fenced {
+                    org: org.clone(),
+                    ours: 3,
+                },
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("1".to_owned()),
+                "reacquire",
+            ),
+            (
+                Error::InvalidSettings {
+                    reason: "zero".into(),
+                },
+                StatusCode::BAD_REQUEST,
+                None,
+                "input",
+            ),
+            (
+                Error::CommitMismatch {
+                    org: org.clone(),
+                    hydrated: 7,
+                    in_file: 5,
+                },
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                "corrupt",
+            ),
+            (
+                Error::WriterGone { org: org.clone() },
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some("1".to_owned()),
+                "reacquire",
+            ),
+        ];
+        for (e, status, retry, kind) in cases {
+            let what = e.to_string();
+            assert_eq!(answer(e)?, (status, retry, kind.to_owned()), "{what}");
+        }
+        Ok(())
+    }
+}
