@@ -198,6 +198,7 @@ impl Acks {
     /// Stops the org because its files were changed by someone else (I13): every waiter
     /// fails, nothing more is published or acknowledged; one log line.
     pub(crate) fn poison(&self, reason: &str) -> Error {
+        metrics::counter!(crate::metrics::WRITERS_STOPPED, "reason" => "poisoned").increment(1);
         tracing::error!(org = %self.org, round = self.round, reason, "org poisoned: its local files were changed outside the writer; nothing more is acknowledged, it re-opens from the store");
         self.stop(Stop::Poisoned(reason.into()));
         let stop = self.lock().stop.clone().unwrap_or(Stop::Closed);
@@ -225,6 +226,8 @@ impl Acks {
             idem_replica::Error::FilesChanged { reason, .. } => self.poison(&reason),
             e if e.is_fenced() => {
                 tracing::warn!(org = %self.org, round = self.round, error = %e, "fenced");
+                metrics::counter!(crate::metrics::WRITERS_STOPPED, "reason" => "fenced")
+                    .increment(1);
                 self.stop(Stop::Fenced);
                 Error::Fenced {
                     org: self.org.clone(),
@@ -233,6 +236,7 @@ impl Acks {
             }
             e => {
                 self.counters.ship_failures.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!(crate::metrics::SHIP_FAILURES).increment(1);
                 tracing::warn!(org = %self.org, round = self.round, error = %e, "ship failed");
                 let source = Arc::new(e);
                 let failed = self.lock().fail(start, covering);

@@ -296,6 +296,12 @@ impl Org {
             })
             .await?;
         self.wait_shipped(commit_seq).await?;
+        let state = match row.state {
+            EffectState::Committed => "committed",
+            EffectState::Failed => "failed",
+            _ => "ambiguous",
+        };
+        metrics::counter!(crate::metrics::EFFECTS, "state" => state).increment(1);
         match (row.state, not_executed) {
             (EffectState::Committed, _) => Ok(EffectOutcome {
                 key: key.to_owned(),

@@ -66,6 +66,7 @@ mod error;
 #[cfg(feature = "axum")]
 pub mod http;
 mod local;
+pub mod metrics;
 mod open;
 mod org;
 mod registry;

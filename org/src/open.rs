@@ -41,6 +41,7 @@ impl Org {
             init,
         } = opening;
         crate::local::prepare(data_dir, &org)?;
+        let began = std::time::Instant::now();
         let claim = replica
             .claim_from(
                 &org,
@@ -85,6 +86,9 @@ impl Org {
                 return Err(Error::Local { org, path, source });
             }
         };
+        metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
+            .record(crate::metrics::seconds(began.elapsed()));
+        metrics::gauge!(crate::metrics::OPEN_ORGS).increment(1.0);
         tracing::info!(org = %org, round = claim.round, seq = claim.seq, commit_seq, "acquired");
         let shipper = Shipper::new(replica.clone(), claim, owned_files, settings.ship.clone());
         let inner = Arc::new(Inner {
@@ -150,8 +154,11 @@ impl Inner {
     /// and deletes the local files.
     pub(crate) async fn close(&self) {
         self.writer.close().await;
-        if let Some(files) = lock(&self.files).take() {
+        let files = lock(&self.files).take();
+        if let Some(files) = files {
             files.remove();
+            // Once per org: the files are taken once.
+            metrics::gauge!(crate::metrics::OPEN_ORGS).decrement(1.0);
         }
     }
 }

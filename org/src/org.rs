@@ -168,6 +168,7 @@ impl Org {
         F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Send + 'static,
         E: Into<BoxError>,
     {
+        let began = std::time::Instant::now();
         let apply: ApplyFn = Box::new(move |tx| apply(tx).map_err(Into::into));
         let Answer {
             value: out,
@@ -180,11 +181,15 @@ impl Org {
                 reply,
             })
             .await?;
-        if out.applied {
+        let outcome = if out.applied {
             self.inner.acks.wait_shipped(commit_seq).await?;
+            "applied"
         } else {
             self.inner.acks.wait_confirmed(commit_seq).await?;
-        }
+            "replayed"
+        };
+        metrics::histogram!(crate::metrics::ACK_SECONDS, "outcome" => outcome)
+            .record(crate::metrics::seconds(began.elapsed()));
         Ok(out)
     }
 

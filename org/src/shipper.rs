@@ -10,6 +10,7 @@ use idem_replica::{ShipKind, Shipper};
 
 use crate::Error;
 use crate::ack::Stop;
+use crate::metrics as m;
 use crate::org::Inner;
 
 /// Ships everything committed so far and settles the waiters it covers (group commit: one
@@ -22,10 +23,19 @@ pub(crate) async fn ship_once(inner: &Inner, shipper: &mut Shipper) -> Result<()
     let acks = &inner.acks;
     let start = acks.lock().begin();
     let covering = acks.commit_seq.get();
+    let began = std::time::Instant::now();
     let report = match shipper.ship(&*inner.writer).await {
         Ok(r) => r,
         Err(e) => return Err(acks.failed(start, covering, e)),
     };
+    let kind = match report.kind {
+        ShipKind::Full => "full",
+        ShipKind::Delta => "delta",
+        ShipKind::Compacted => "compacted",
+    };
+    metrics::histogram!(m::SHIP_SECONDS, "kind" => kind).record(m::seconds(began.elapsed()));
+    metrics::counter!(m::SHIPS, "kind" => kind).increment(1);
+    metrics::counter!(m::SHIPPED_BYTES).increment(report.bytes);
     let c = &acks.counters;
     c.ships.fetch_add(1, Ordering::Relaxed);
     match report.kind {
@@ -141,12 +151,20 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                 // Only a new full snapshot makes older entries deletable.
                 if every > 0 && full && ships_since_retain >= every {
                     ships_since_retain = 0;
-                    if let Err(e) = inner
+                    match inner
                         .replica
                         .retain(&inner.acks.org, &inner.settings.retention)
                         .await
                     {
-                        tracing::warn!(org = %inner.acks.org, error = %e, "retention failed");
+                        Ok(report) => {
+                            metrics::counter!(m::RETENTION_DELETED, "what" => "entries")
+                                .increment(report.deleted_entries.len() as u64);
+                            metrics::counter!(m::RETENTION_DELETED, "what" => "blobs")
+                                .increment(report.deleted_blobs.len() as u64);
+                        }
+                        Err(e) => {
+                            tracing::warn!(org = %inner.acks.org, error = %e, "retention failed")
+                        }
                     }
                 }
             }

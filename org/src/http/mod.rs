@@ -151,6 +151,7 @@ impl Idempotency {
         let key = request.key.clone();
         let id = (org.clone(), key.clone());
         if !lock(&self.inner.inflight).insert(id.clone()) {
+            counted("in_flight");
             return status::error(
                 axum::http::StatusCode::CONFLICT,
                 "in_flight",
@@ -163,16 +164,26 @@ impl Idempotency {
         let apply = move |tx: &Transaction<'_>| handler(tx, &request).map(|r| r.encode());
         match self.inner.registry.once_with(org, &key, opts, apply).await {
             Ok(out) => match StoredResponse::decode(&out.result) {
-                Ok(stored) => stored.into_response(!out.applied),
+                Ok(stored) => {
+                    counted(if out.applied { "applied" } else { "replayed" });
+                    stored.into_response(!out.applied)
+                }
                 Err(why) => status::error(
                     axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                     "corrupt",
                     format!("idempotency key {key:?}: {why}"),
                 ),
             },
-            Err(e) => error_response(&e),
+            Err(e) => {
+                counted(status::outcome(&e));
+                error_response(&e)
+            }
         }
     }
+}
+
+fn counted(outcome: &'static str) {
+    metrics::counter!(crate::metrics::REQUESTS, "outcome" => outcome).increment(1);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -86,6 +86,24 @@ pub fn error_response(e: &Error) -> Response {
     }
 }
 
+/// The `outcome` label of [`crate::metrics::REQUESTS`] for an org error.
+pub(crate) fn outcome(e: &Error) -> &'static str {
+    if e.is_fingerprint_mismatch() {
+        return "mismatch";
+    }
+    if let Some(idem::Error::Apply { source, .. }) = e.idem()
+        && source.downcast_ref::<Refusal>().is_some()
+    {
+        return "refused";
+    }
+    match e.kind() {
+        ErrorKind::Rejected => "rejected",
+        ErrorKind::Retry | ErrorKind::Reacquire => "unavailable",
+        ErrorKind::Input => "input",
+        ErrorKind::Corrupt | ErrorKind::Fatal => "error",
+    }
+}
+
 /// The error and its sources, `: `-separated (each layer's message names what it adds).
 fn chain(e: &dyn std::error::Error) -> String {
     let mut msg = e.to_string();

@@ -1,0 +1,66 @@
+//! The metrics this crate records, through the `metrics` facade: the embedder installs the
+//! exporter it wants (`idem serve` installs Prometheus and serves `/metrics`); without one,
+//! recording costs a few atomic loads. Names follow Prometheus conventions: `idem_` prefix,
+//! `_total` counters, `_seconds` and `_bytes` units.
+
+use std::time::Duration;
+
+/// Requests answered by the HTTP layer, by `outcome`: `applied`, `replayed`, `input` (400),
+/// `in_flight` (409), `mismatch` (422), `rejected` (409), `refused` (the handler's own
+/// answer, not stored), `unavailable` (503: retry or re-acquire), `error` (500).
+pub const REQUESTS: &str = "idem_requests_total";
+/// Seconds from a request reaching its org to its acknowledgement, by `outcome`: `applied`
+/// (waited for the ship holding its commit) or `replayed` (waited for a confirmation).
+pub const ACK_SECONDS: &str = "idem_ack_seconds";
+/// Seconds one ship took (capture, upload, publish), by `kind`: `full`, `delta`, `compacted`.
+pub const SHIP_SECONDS: &str = "idem_ship_seconds";
+/// Ships published, by `kind`.
+pub const SHIPS: &str = "idem_ships_total";
+/// Compressed bytes uploaded by ships (blobs; log entries not counted).
+pub const SHIPPED_BYTES: &str = "idem_shipped_bytes_total";
+/// Ships and confirmations that failed and left their waiters unacknowledged (retryable).
+pub const SHIP_FAILURES: &str = "idem_ship_failures_total";
+/// Writers that stopped, by `reason`: `fenced` (a newer round claimed the org) or
+/// `poisoned` (its files were changed from outside, I13).
+pub const WRITERS_STOPPED: &str = "idem_writers_stopped_total";
+/// Seconds to claim and hydrate an org before it serves.
+pub const HYDRATE_SECONDS: &str = "idem_hydrate_seconds";
+/// Orgs open (served) in this process.
+pub const OPEN_ORGS: &str = "idem_open_orgs";
+/// Retention deletions after ships, by `what`: `entries` or `blobs`.
+pub const RETENTION_DELETED: &str = "idem_retention_deleted_total";
+/// External effects settled, by `state`: `committed`, `failed` (proved not executed),
+/// `ambiguous` (outcome unknown: needs `resolve`).
+pub const EFFECTS: &str = "idem_effects_total";
+
+/// Registers the description and unit of every metric above with the installed recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(REQUESTS, "HTTP requests answered, by outcome");
+    describe_histogram!(ACK_SECONDS, Unit::Seconds, "request to acknowledgement");
+    describe_histogram!(
+        SHIP_SECONDS,
+        Unit::Seconds,
+        "one ship: capture, upload, publish"
+    );
+    describe_counter!(SHIPS, "ships published, by kind");
+    describe_counter!(
+        SHIPPED_BYTES,
+        Unit::Bytes,
+        "compressed bytes uploaded by ships"
+    );
+    describe_counter!(SHIP_FAILURES, "ships and confirmations that failed");
+    describe_counter!(WRITERS_STOPPED, "writers stopped, by reason");
+    describe_histogram!(
+        HYDRATE_SECONDS,
+        Unit::Seconds,
+        "claim and hydrate before serving"
+    );
+    describe_gauge!(OPEN_ORGS, "orgs served by this process");
+    describe_counter!(RETENTION_DELETED, "retention deletions, by what");
+    describe_counter!(EFFECTS, "external effects settled, by state");
+}
+
+pub(crate) fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
