@@ -242,11 +242,14 @@ impl<S: Send + Sync> FromRequest<S> for IdempotentRequest {
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let (parts, body) = req.into_parts();
-        let key = idempotency_key(&parts.headers)
-            .map_err(|why| status::error(axum::http::StatusCode::BAD_REQUEST, "input", why))?;
+        let key = idempotency_key(&parts.headers).map_err(|why| {
+            counted("input");
+            status::error(axum::http::StatusCode::BAD_REQUEST, "input", why)
+        })?;
         let body = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
             .await
             .map_err(|rejection| {
+                counted("input");
                 status::error(rejection.status(), "input", rejection.body_text()).into_response()
             })?;
         Ok(IdempotentRequest {
