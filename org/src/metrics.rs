@@ -61,6 +61,17 @@ pub fn describe() {
     describe_counter!(EFFECTS, "external effects settled, by state");
 }
 
+/// A short, stable tag of an idempotency key for logs and spans (keys may carry customer
+/// data, so spans name a hash, not the key): 16 hex digits of FNV-1a.
+pub fn key_hash(key: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
 pub(crate) fn seconds(d: Duration) -> f64 {
     d.as_secs_f64()
 }

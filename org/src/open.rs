@@ -31,6 +31,16 @@ impl Org {
     /// published before the claim is installed in a fresh, locked local file, and the
     /// commit sequence in that file equals the one the store says it holds.
     pub(crate) async fn open(opening: Opening<'_>, org: OrgId) -> Result<Org, Error> {
+        let span = tracing::info_span!(
+            "acquire",
+            org = %org,
+            round = tracing::field::Empty,
+            seq = tracing::field::Empty,
+        );
+        tracing::Instrument::instrument(Self::open_traced(opening, org), span).await
+    }
+
+    async fn open_traced(opening: Opening<'_>, org: OrgId) -> Result<Org, Error> {
         let Opening {
             replica,
             data_dir,
@@ -51,6 +61,9 @@ impl Org {
             )
             .await
             .map_err(|e| Error::replica(&org, e))?;
+        let span = tracing::Span::current();
+        span.record("round", claim.round);
+        span.record("seq", claim.seq);
         let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
         let (owned, commit_seq) = match open_files(&replica, &claim, &files, &settings, init).await
         {
@@ -113,6 +126,15 @@ impl Org {
     /// # Errors
     /// The final ship's or the release's error; the handle is closed either way.
     pub async fn release(&self) -> Result<(), Error> {
+        let span = tracing::info_span!(
+            "release",
+            org = %self.inner().acks.org,
+            round = self.inner().acks.round,
+        );
+        tracing::Instrument::instrument(self.release_traced(), span).await
+    }
+
+    async fn release_traced(&self) -> Result<(), Error> {
         let inner = self.inner();
         let result = {
             // Wait for a ship in flight first.
@@ -173,10 +195,13 @@ async fn open_files(
     init: Option<InitFn>,
 ) -> Result<(Owned, u64), Error> {
     let org = claim.org.clone();
-    let hydrated = replica
-        .hydrate(claim, &files.db)
-        .await
-        .map_err(|e| Error::replica(&org, e))?;
+    let hydrated = tracing::Instrument::instrument(
+        replica.hydrate(claim, &files.db),
+        tracing::info_span!("hydrate", org = %org, round = claim.round),
+    )
+    .await
+    .map_err(|e| Error::replica(&org, e))?;
+    tracing::debug!(position = ?hydrated.position, deltas = hydrated.deltas, commit_seq = hydrated.commit, "hydrated");
     let path = files.db.clone();
     let busy = Duration::from_millis(settings.busy_timeout_ms);
     let org2 = org.clone();

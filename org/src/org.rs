@@ -168,6 +168,20 @@ impl Org {
         F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Send + 'static,
         E: Into<BoxError>,
     {
+        let span = tracing::info_span!(
+            "request",
+            org = %self.inner.acks.org,
+            round = self.inner.acks.round,
+            key = %crate::metrics::key_hash(key),
+        );
+        tracing::Instrument::instrument(self.once_traced(key, opts, apply), span).await
+    }
+
+    async fn once_traced<F, E>(&self, key: &str, opts: Options, apply: F) -> Result<Outcome, Error>
+    where
+        F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Send + 'static,
+        E: Into<BoxError>,
+    {
         let began = std::time::Instant::now();
         let apply: ApplyFn = Box::new(move |tx| apply(tx).map_err(Into::into));
         let Answer {

@@ -20,6 +20,17 @@ use crate::org::Inner;
 /// `Poisoned` or `Fenced` (the org has stopped when this returns); `ShipFailed` (the waiters
 /// the ship would have acknowledged failed with it; their commits ship with a later ship).
 pub(crate) async fn ship_once(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> {
+    let span = tracing::info_span!(
+        "ship",
+        org = %inner.acks.org,
+        round = inner.acks.round,
+        seq = tracing::field::Empty,
+        commit_seq = tracing::field::Empty,
+    );
+    tracing::Instrument::instrument(ship_traced(inner, shipper), span).await
+}
+
+async fn ship_traced(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> {
     let acks = &inner.acks;
     let start = acks.lock().begin();
     let covering = acks.commit_seq.get();
@@ -28,6 +39,9 @@ pub(crate) async fn ship_once(inner: &Inner, shipper: &mut Shipper) -> Result<()
         Ok(r) => r,
         Err(e) => return Err(acks.failed(start, covering, e)),
     };
+    let span = tracing::Span::current();
+    span.record("seq", report.seq);
+    span.record("commit_seq", report.commit_seq);
     let kind = match report.kind {
         ShipKind::Full => "full",
         ShipKind::Delta => "delta",
