@@ -224,7 +224,7 @@ impl Acks {
     pub(crate) fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
         match e {
             idem_replica::Error::FilesChanged { reason, .. } => self.poison(&reason),
-            e if e.is_fenced() => {
+            e if e.is_claim_lost() => {
                 tracing::warn!(org = %self.org, round = self.round, error = %e, "fenced");
                 metrics::counter!(crate::metrics::WRITERS_STOPPED, "reason" => "fenced")
                     .increment(1);

@@ -62,9 +62,9 @@ impl Org {
             .await
             .map_err(|e| Error::replica(&org, e))?;
         let span = tracing::Span::current();
-        span.record("round", claim.round);
-        span.record("seq", claim.seq);
-        let files = LocalFiles::create(data_dir, &org, claim.round, &claim.nonce)?;
+        span.record("round", claim.round());
+        span.record("seq", claim.seq());
+        let files = LocalFiles::create(data_dir, &org, claim.round(), claim.nonce())?;
         let (owned, commit_seq) = match open_files(&replica, &claim, &files, &settings, init).await
         {
             Ok(v) => v,
@@ -75,7 +75,7 @@ impl Org {
         };
         let acks = Arc::new(Acks {
             org: org.clone(),
-            round: claim.round,
+            round: claim.round(),
             commit_seq: Arc::new(CommitSeq::new(commit_seq)),
             state: Mutex::new(AckState {
                 shipped: commit_seq,
@@ -86,7 +86,7 @@ impl Org {
         });
         let owned_files = owned.files().clone();
         let ctx = WriterCtx {
-            round: claim.round,
+            round: claim.round(),
             commit_seq: acks.commit_seq.clone(),
             clock,
         };
@@ -102,7 +102,7 @@ impl Org {
         metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
             .record(crate::metrics::seconds(began.elapsed()));
         metrics::gauge!(crate::metrics::OPEN_ORGS).increment(1.0);
-        tracing::info!(org = %org, round = claim.round, seq = claim.seq, commit_seq, "acquired");
+        tracing::info!(org = %org, round = claim.round(), seq = claim.seq(), commit_seq, "acquired");
         let shipper = Shipper::new(replica.clone(), claim, owned_files, settings.ship.clone());
         let inner = Arc::new(Inner {
             acks,
@@ -194,10 +194,10 @@ async fn open_files(
     settings: &Settings,
     init: Option<InitFn>,
 ) -> Result<(Owned, u64), Error> {
-    let org = claim.org.clone();
+    let org = claim.org().clone();
     let hydrated = tracing::Instrument::instrument(
         replica.hydrate(claim, &files.db),
-        tracing::info_span!("hydrate", org = %org, round = claim.round),
+        tracing::info_span!("hydrate", org = %org, round = claim.round()),
     )
     .await
     .map_err(|e| Error::replica(&org, e))?;

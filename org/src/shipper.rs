@@ -96,7 +96,7 @@ async fn keep_lease(inner: &Arc<Inner>) -> bool {
     };
     match kept {
         Ok(()) => true,
-        Err(e) if e.is_fenced() => {
+        Err(e) if e.is_claim_lost() => {
             tracing::warn!(org = %inner.acks.org, round = inner.acks.round, error = %e, "fenced while idle");
             inner.acks.stop(Stop::Fenced);
             inner.close().await;

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use common::{R, effect, published, registry, replica};
 use idem_org::{Error, ErrorKind, Settings};
 use idem_replica::FailPoint;
-use idem_replica::conformance::PauseAt;
-use idem_replica::fault::{Fault, FaultStore, Op};
+use idem_replica::fault::{Fault, FaultStore, Op, PauseAt};
 use object_store::memory::InMemory;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

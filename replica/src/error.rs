@@ -43,12 +43,32 @@ pub enum Error {
         /// Which rule it broke.
         reason: &'static str,
     },
-    /// The bytes handed to `ship` are not an SQLite database image.
+    /// The bytes handed to [`crate::Replica::ship`] are not an SQLite database image.
     #[error("invalid snapshot for org {org}: {reason}")]
     InvalidSnapshot {
         /// The org being shipped.
         org: String,
         /// What is wrong with the bytes.
+        reason: String,
+    },
+    /// The pages handed to [`crate::Delta::new`] cannot form a delta (page size, page
+    /// length, page number out of range).
+    #[error("invalid delta: {reason}")]
+    InvalidDelta {
+        /// What is wrong with the pages.
+        reason: String,
+    },
+    /// [`crate::Replica::ship_delta`] refused a delta that does not apply to the claim's chain
+    /// tip: another page size, a page encoded against content the tip does not hold, or a
+    /// compacted delta that misses a page changed since the snapshot. Nothing was published
+    /// and the claim is unchanged; ship a full snapshot to restart the chain.
+    #[error("org {org}: delta for log entry {seq} refused: {reason}")]
+    DeltaRefused {
+        /// The org.
+        org: String,
+        /// The log position the delta would have taken.
+        seq: u64,
+        /// Why it does not apply to the chain tip.
         reason: String,
     },
     /// A write through a replica opened with [`crate::Replica::open_read_only`].
@@ -112,10 +132,11 @@ pub enum Error {
         #[source]
         source: Box<Error>,
     },
-    /// A publish failed and the re-read could not settle whether it landed (I9).
-    /// The claim is poisoned; nothing may be acknowledged from it.
+    /// A publish failed and the re-read could not settle whether it landed (I9). Not a
+    /// proof of a successor, but the claim is poisoned all the same: nothing may be
+    /// acknowledged from it, and the writer claims again.
     #[error("org {org}: outcome of publishing log entry {seq} is unknown")]
-    Unknown {
+    PublishUnknown {
         /// The org.
         org: String,
         /// The log position whose outcome is unknown.
@@ -243,6 +264,33 @@ pub enum Error {
         /// What was found changed.
         reason: String,
     },
+    /// A log entry or lease could not be serialized.
+    #[error("encoding a {what} failed")]
+    Encode {
+        /// What was being encoded (`log entry`, `lease`).
+        what: &'static str,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// zstd failed to compress a snapshot image or delta body in memory.
+    #[error("org {org}: compressing a {what} failed")]
+    Compress {
+        /// The org being shipped.
+        org: String,
+        /// What was being compressed (`snapshot`, `delta`).
+        what: &'static str,
+        /// zstd's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The operating system's random number generator failed (nonces, instance ids).
+    #[error("the system random number generator failed")]
+    Random {
+        /// getrandom's error.
+        #[source]
+        source: getrandom::Error,
+    },
     /// A blocking task panicked or was cancelled.
     #[error("blocking task failed while {op}")]
     Task {
@@ -267,6 +315,8 @@ impl Error {
             | Error::InvalidOrgId { .. }
             | Error::InvalidWriter { .. }
             | Error::InvalidSnapshot { .. }
+            | Error::InvalidDelta { .. }
+            | Error::DeltaRefused { .. }
             | Error::InvalidSettings { .. }
             | Error::NoSuchSnapshot { .. }
             | Error::NoChainTip { .. } => ErrorKind::Input,
@@ -277,7 +327,7 @@ impl Error {
             | Error::StoreRefused { .. }
             | Error::Io { .. } => ErrorKind::Retry,
             Error::Fenced { .. }
-            | Error::Unknown { .. }
+            | Error::PublishUnknown { .. }
             | Error::ClaimUnusable { .. }
             | Error::FilesChanged { .. } => ErrorKind::Reacquire,
             Error::Store { source, .. } => store_kind(source),
@@ -287,6 +337,9 @@ impl Error {
             Error::UnsafeStore { .. }
             | Error::UnknownFormat { .. }
             | Error::Sqlite { .. }
+            | Error::Encode { .. }
+            | Error::Compress { .. }
+            | Error::Random { .. }
             | Error::Task { .. } => ErrorKind::Fatal,
         }
     }
@@ -296,8 +349,12 @@ impl Error {
         self.kind() == ErrorKind::Retry
     }
 
-    /// True when the claim is finished and the caller must claim again ([`ErrorKind::Reacquire`]).
-    pub fn is_fenced(&self) -> bool {
+    /// True when the claim can never publish again and the caller must discard its local
+    /// state and claim again ([`ErrorKind::Reacquire`]): fenced by a newer round
+    /// ([`Error::Fenced`]), a publish of unknown outcome ([`Error::PublishUnknown`]), or a
+    /// claim already unusable ([`Error::ClaimUnusable`]). Nothing may be acknowledged from
+    /// such a claim (I7, I9).
+    pub fn is_claim_lost(&self) -> bool {
         self.kind() == ErrorKind::Reacquire
     }
 
@@ -310,6 +367,14 @@ impl Error {
             op,
             path: path.to_string(),
             source,
+        }
+    }
+
+    /// [`Error::Corrupt`]: `object` (a store path, or a local file) failed a check.
+    pub(crate) fn corrupt(object: &str, reason: impl std::fmt::Display) -> Self {
+        Error::Corrupt {
+            path: object.into(),
+            reason: reason.to_string(),
         }
     }
 

@@ -1,4 +1,6 @@
-//! A fault-injecting [`ObjectStore`] wrapper for tests of every layer.
+//! Fault injection for tests of every layer (test support, behind the `test-util` feature):
+//! a fault-injecting [`ObjectStore`] wrapper, and [`PauseAt`], failpoints that hold an
+//! operation between two protocol steps so a test orders it against another.
 //!
 //! Rules match an operation and a path substring and fire on the Nth matching call:
 //! fail before the call reaches the store, apply it and then fail ("landed but error"),
@@ -18,6 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::{Mutex as AsyncMutex, oneshot};
+
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -26,6 +30,8 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
+
+use crate::{FailPoint, Failpoints, OrgId};
 
 /// Which kind of call a rule matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -304,5 +310,63 @@ impl ObjectStore for FaultStore {
 
     async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
         self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// A [`Failpoints`] that pauses the first hit of one point after [`PauseAt::arm`]: it
+/// reports the hit on a channel and waits until [`PauseHandle::resume`] is sent. Orders
+/// interleavings without sleeps.
+#[derive(Debug)]
+pub struct PauseAt {
+    point: FailPoint,
+    armed: AtomicBool,
+    reached: AsyncMutex<Option<oneshot::Sender<()>>>,
+    resume: AsyncMutex<Option<oneshot::Receiver<()>>>,
+}
+
+/// Handles to drive a [`PauseAt`]: wait for the pause, then release it.
+#[derive(Debug)]
+pub struct PauseHandle {
+    /// Fires when the operation reaches the point.
+    pub reached: oneshot::Receiver<()>,
+    /// Send to let the operation continue.
+    pub resume: oneshot::Sender<()>,
+}
+
+impl PauseAt {
+    /// A disarmed pause at `point`.
+    pub fn new(point: FailPoint) -> Arc<PauseAt> {
+        Arc::new(PauseAt {
+            point,
+            armed: AtomicBool::new(false),
+            reached: AsyncMutex::new(None),
+            resume: AsyncMutex::new(None),
+        })
+    }
+    /// Arms it for the next hit and returns the handles.
+    pub async fn arm(&self) -> PauseHandle {
+        let (reached_tx, reached) = oneshot::channel();
+        let (resume, resume_rx) = oneshot::channel();
+        *self.reached.lock().await = Some(reached_tx);
+        *self.resume.lock().await = Some(resume_rx);
+        self.armed.store(true, Ordering::SeqCst);
+        PauseHandle { reached, resume }
+    }
+}
+
+#[async_trait::async_trait]
+impl Failpoints for PauseAt {
+    async fn hit(&self, point: FailPoint, _org: &OrgId) -> Result<(), String> {
+        if point != self.point || !self.armed.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        if let Some(tx) = self.reached.lock().await.take() {
+            let _ = tx.send(());
+        }
+        let rx = self.resume.lock().await.take();
+        if let Some(rx) = rx {
+            let _ = rx.await;
+        }
+        Ok(())
     }
 }

@@ -81,12 +81,12 @@ pub(crate) fn delta_blob_name(seq: u64, round: u64, nonce: &str) -> String {
     format!("{seq:020}-{round}-{nonce}.delta.zst")
 }
 
-/// 16 random bytes, hex.
+/// 16 random bytes, hex: a log entry's nonce, a blob name's suffix, an instance id.
+///
+/// # Errors
+/// [`crate::Error::Random`] when the system's random number generator fails.
 pub(crate) fn new_nonce() -> Result<String, crate::Error> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| crate::Error::Io {
-        path: "<getrandom>".into(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    getrandom::fill(&mut b).map_err(|source| crate::Error::Random { source })?;
     Ok(hex::encode(b))
 }

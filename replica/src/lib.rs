@@ -27,14 +27,13 @@
 //!
 //! // A successor claims a higher round and hydrates what was shipped.
 //! let next = replica.claim(&org, "writer-b", false).await?;
-//! assert!(next.round > claim.round);
-//! let dir = std::env::temp_dir().join(format!("idem-doc-{}", std::process::id()));
-//! let got = replica.hydrate(&next, &dir.join("acme.db")).await?;
+//! assert!(next.round() > claim.round());
+//! let dir = tempfile::tempdir()?;
+//! let got = replica.hydrate(&next, &dir.path().join("acme.db")).await?;
 //! assert_eq!(got.snapshot.map(|s| s.seq), Some(shipped.seq));
-//! let x: i64 = rusqlite::Connection::open(dir.join("acme.db"))?
+//! let x: i64 = rusqlite::Connection::open(dir.path().join("acme.db"))?
 //!     .query_row("SELECT x FROM t", [], |r| r.get(0))?;
 //! assert_eq!(x, 42);
-//! # std::fs::remove_dir_all(&dir)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -43,11 +42,13 @@
 //! - [`Replica`]: the store handle (claim, ship, hydrate, restore, release, retain, verify).
 //! - [`Claim`]: a round held by a writer; [`Snapshot`]: a consistent database image.
 //! - [`LogEntry`]: the versioned, create-only history; [`OrgId`]: validated tenant ids.
+//! - [`Delta`]: pages changed since the claim's last ship, for [`Replica::ship_delta`].
 //! - [`Shipper`]: ships a live database under a claim — captures handed to it by the
 //!   connection's thread ([`sqlite::Owned::capture`]), proved from their own pages, published
 //!   as deltas of committed WAL frames or full snapshots per [`ShipPolicy`].
 //! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
-//! - [`fault`]: a fault-injecting store wrapper; [`conformance`]: the suite every store runs.
+//! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper
+//!   and pausing failpoints; `conformance`, the suite every store runs.
 //!
 //! # Object layout
 //! `<prefix>/orgs/<org>/log/<seq:020>.json` (create-only), `<prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst`,
@@ -55,35 +56,51 @@
 //!
 //! # Error semantics
 //! [`Error::kind`] says what to do: [`ErrorKind::Retry`] (store hiccup, lease held, lost
-//! claim race), [`ErrorKind::Reacquire`] (fenced or unknown publish outcome: the claim is
-//! dead, discard local state and claim again), [`ErrorKind::Input`], [`ErrorKind::Corrupt`]
-//! (stop; never fall back), [`ErrorKind::Fatal`] (unsafe store, unknown format).
+//! claim race), [`ErrorKind::Reacquire`] (fenced, or a publish of unknown outcome: the claim
+//! is lost — [`Error::is_claim_lost`] — discard local state and claim again),
+//! [`ErrorKind::Input`] (including a delta the chain tip refuses: ship a full snapshot),
+//! [`ErrorKind::Corrupt`] (stop; never fall back), [`ErrorKind::Fatal`] (unsafe store,
+//! unknown format).
 #![forbid(unsafe_code)]
 
+mod blob;
+mod chain;
+mod checksum;
 mod claim;
+#[cfg(feature = "test-util")]
 pub mod conformance;
 mod delta;
-mod entry;
 mod error;
 mod failpoint;
+#[cfg(feature = "test-util")]
 pub mod fault;
 mod hydrate;
 mod layout;
+mod lease;
+mod log;
 mod org_id;
 mod replica;
 mod retention;
 mod settings;
+mod ship;
 mod shipper;
 mod snapshot;
 pub mod sqlite;
+mod verify;
 
-pub use claim::{Claim, Hydrated, RetentionReport, Shipped, VerifyReport};
+pub use blob::{BLOB_MAGIC, BLOB_VERSION};
+pub use claim::Claim;
 pub use delta::Delta;
-pub use entry::{BLOB_MAGIC, BLOB_VERSION, ENTRY_VERSION, Lease, LogEntry};
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
+pub use hydrate::Hydrated;
+pub use lease::Lease;
+pub use log::entry::{DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, LogEntry, Stored};
 pub use org_id::OrgId;
 pub use replica::Replica;
+pub use retention::RetentionReport;
 pub use settings::{Clock, ManualClock, Retention, Settings, SystemClock};
+pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;
+pub use verify::VerifyReport;

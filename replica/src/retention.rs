@@ -5,9 +5,20 @@ use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use tracing::info;
 
-use crate::hydrate::chain_after;
+use crate::chain;
 use crate::layout::parse_blob_seq;
-use crate::{Error, LogEntry, OrgId, Replica, Retention, RetentionReport};
+use crate::{Error, LogEntry, OrgId, Replica, Retention};
+
+/// Result of [`crate::Replica::retain`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Log positions deleted.
+    pub deleted_entries: Vec<u64>,
+    /// Blob object paths deleted (expired snapshots and orphans).
+    pub deleted_blobs: Vec<String>,
+    /// Snapshot entries kept.
+    pub kept_snapshots: usize,
+}
 
 impl Replica {
     /// Applies `policy` to `org`.
@@ -30,10 +41,7 @@ impl Replica {
         let Some(head) = log.last().map(LogEntry::seq) else {
             return Ok(report);
         };
-        let snaps: Vec<&LogEntry> = log
-            .iter()
-            .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
-            .collect();
+        let snaps: Vec<&LogEntry> = log.iter().filter(|e| e.is_snapshot()).collect();
         let Some(newest) = snaps.last().map(|e| e.seq()) else {
             return Ok(report);
         };
@@ -55,26 +63,19 @@ impl Replica {
         // handoff.
         let mut reachable = std::collections::HashSet::new();
         for (i, e) in log.iter().enumerate() {
-            if matches!(e, LogEntry::Snapshot { .. }) && !doomed.iter().any(|d| d.seq() == e.seq())
-            {
-                reachable.extend(chain_after(&log[i + 1..], e).iter().map(LogEntry::seq));
+            if e.is_snapshot() && !doomed.iter().any(|d| d.seq() == e.seq()) {
+                reachable.extend(chain::after(e, &log[i + 1..]).iter().map(LogEntry::seq));
             }
         }
-        doomed.extend(log.iter().filter(|e| {
-            matches!(e, LogEntry::Delta { .. }) && e.seq() < newest && !reachable.contains(&e.seq())
-        }));
-        report.kept_snapshots = snaps.len()
-            - doomed
-                .iter()
-                .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
-                .count();
+        doomed.extend(
+            log.iter()
+                .filter(|e| e.is_delta() && e.seq() < newest && !reachable.contains(&e.seq())),
+        );
+        report.kept_snapshots = snaps.len() - doomed.iter().filter(|e| e.is_snapshot()).count();
         // Entries first, then blobs: a reader never finds an entry whose blob is gone. Deltas
         // go newest first and before their snapshot, so an interrupted run leaves a snapshot
         // with a prefix of its chain, never deltas without their snapshot.
-        doomed.sort_by_key(|e| {
-            let snapshot = matches!(e, LogEntry::Snapshot { .. });
-            (snapshot, std::cmp::Reverse(e.seq()))
-        });
+        doomed.sort_by_key(|e| (e.is_snapshot(), std::cmp::Reverse(e.seq())));
         for e in &doomed {
             let path = self.inner.layout.log(org, e.seq());
             self.delete(&path).await?;
@@ -112,6 +113,7 @@ impl Replica {
         Ok(report)
     }
 
+    /// Deletes the object at `path`; an object already gone is fine (a repeated run).
     async fn delete(&self, path: &object_store::path::Path) -> Result<(), Error> {
         match self.inner.store.delete(path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),

@@ -79,7 +79,7 @@ async fn killed_mid_ship_leaves_latest_snapshot_intact() -> Result<(), Error> {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         return child(&dir).await;
     }
-    let tmp = idem_replica::conformance::TempDir::new()?;
+    let tmp = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
     let store_dir = tmp.path().join("store");
     let exe = std::env::current_exe().map_err(|e| io("current_exe", e))?;
     let org = OrgId::new("crash")?;

@@ -1,17 +1,18 @@
 //! The replica on a real S3 API: the whole conformance suite (fencing, zombie, fault
 //! injection, probe) plus S3-specific checks of conditional puts and of the I9 settlement.
 //!
-//! `scripts/s3-server -- cargo test` starts moto's S3 server on loopback and sets
-//! `IDEM_S3_ENDPOINT`; without it every test here passes after printing
-//! "skipped: IDEM_S3_ENDPOINT not set".
+//! Every test here is ignored unless asked for, and fails when no server is configured:
+//! `scripts/s3-server -- cargo test -p idem-replica -- --include-ignored` starts moto's S3
+//! server on loopback, sets `IDEM_S3_ENDPOINT` and runs them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
+use idem_replica::conformance::{self, TestStore, s3_store, unique_prefix as unique};
 use idem_replica::fault::{Fault, FaultStore, Op};
-use idem_replica::{Error, ErrorKind, LogEntry, OrgId, Replica, Settings, conformance};
+use idem_replica::{Error, ErrorKind, LogEntry, OrgId, Replica, Settings};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
@@ -20,75 +21,18 @@ use object_store::{
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-/// The S3 store, or `None` (with the skip notice) when no server is configured.
-fn s3() -> Option<Arc<dyn ObjectStore>> {
-    match conformance::s3_store_from_env() {
-        Ok(Some(store)) => Some(store),
-        Ok(None) => {
-            eprintln!(
-                "skipped: {} not set (run under scripts/s3-server)",
-                conformance::S3_ENDPOINT_ENV
-            );
-            None
-        }
-        Err(e) => panic!("building the S3 store: {e}"),
-    }
+mod conformance_on_s3 {
+    use super::*;
+    idem_replica::conformance_tests!(
+        TestStore::s3(),
+        #[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
+    );
 }
-
-/// A prefix no other test (or earlier run against the same bucket) uses.
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!(
-        "s3test-{tag}-{}-{nanos}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::SeqCst)
-    )
-}
-
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod conformance_on_s3 {
-            use super::*;
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() -> Result<(), Error> {
-                let Some(store) = s3() else { return Ok(()) };
-                conformance::$name(store).await
-            })*
-        }
-    };
-}
-
-suite!(
-    probe_accepts_store,
-    claim_rounds_strictly_increase,
-    concurrent_claims_get_distinct_rounds,
-    overlapping_writers_old_ship_is_fenced,
-    zombie_after_retention_is_fenced,
-    landed_but_error_put_is_settled_by_reread,
-    faults_at_every_put_site,
-    corrupt_blob_is_refused_and_nothing_installed,
-    release_lets_next_claim_through,
-    lease_respected_unless_force,
-    org_isolation,
-    retention_keeps_newest,
-    restore_and_verify,
-    unknown_entry_format_is_refused,
-    snapshot_under_concurrent_writes,
-    delta_chain_hydrates_and_restores_every_position,
-    broken_delta_chain_is_a_typed_error,
-    delta_needs_a_snapshot_and_is_fenced,
-    retention_keeps_the_delta_chain,
-    zombie_delta_is_fenced_and_collected,
-    compacted_delta_supersedes_the_chain,
-);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn server_enforces_if_none_match_and_if_match_on_put() -> R {
-    let Some(store) = s3() else { return Ok(()) };
+    let store = s3_store();
     let path = Path::from(format!("{}/obj", unique("cond")));
     let first = store
         .put_opts(
@@ -139,8 +83,9 @@ async fn server_enforces_if_none_match_and_if_match_on_put() -> R {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn concurrent_creates_on_one_path_have_exactly_one_winner() -> R {
-    let Some(store) = s3() else { return Ok(()) };
+    let store = s3_store();
     let base = unique("race");
     for round in 0..8 {
         let path = Path::from(format!("{base}/{round}"));
@@ -173,8 +118,9 @@ async fn concurrent_creates_on_one_path_have_exactly_one_winner() -> R {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn probe_refuses_s3_behind_a_wrapper_that_drops_the_condition() -> R {
-    let Some(store) = s3() else { return Ok(()) };
+    let store = s3_store();
     let prefix = unique("probe");
     let wrapper = Arc::new(FaultStore::new(store.clone()));
     wrapper.ignore_create_condition(true);
@@ -276,14 +222,15 @@ impl ObjectStore for ResendOnce {
 
 fn snapshots(h: &[LogEntry]) -> Vec<(u64, u64)> {
     h.iter()
-        .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
+        .filter(|e| e.is_snapshot())
         .map(|e| (e.seq(), e.round()))
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn a_resent_create_answered_412_for_its_own_write_is_settled_as_landed() -> R {
-    let Some(store) = s3() else { return Ok(()) };
+    let store = s3_store();
     let resend = Arc::new(ResendOnce {
         inner: store,
         path_contains: "/log/",
@@ -306,7 +253,7 @@ async fn a_resent_create_answered_412_for_its_own_write_is_settled_as_landed() -
         !resend.armed.load(Ordering::SeqCst),
         "the ship was not resent"
     );
-    assert_eq!(snapshots(&r.history(&o).await?), vec![(s.seq, a.round)]);
+    assert_eq!(snapshots(&r.history(&o).await?), vec![(s.seq, a.round())]);
     assert!(a.unusable().is_none());
     // And the claim goes on shipping at the next slot.
     let s2 = r.ship(&mut a, conformance::test_snapshot(4)?).await?;
@@ -315,8 +262,9 @@ async fn a_resent_create_answered_412_for_its_own_write_is_settled_as_landed() -
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn a_conflict_on_the_conditional_write_is_fenced_not_retried() -> R {
-    let Some(store) = s3() else { return Ok(()) };
+    let store = s3_store();
     let prefix = unique("conflict");
     let fa = Arc::new(FaultStore::new(store.clone()));
     let ra = Replica::open(fa.clone(), &prefix, Settings::default()).await?;
@@ -325,13 +273,15 @@ async fn a_conflict_on_the_conditional_write_is_fenced_not_retried() -> R {
     let mut a = ra.claim(&o, "a", false).await?;
     ra.ship(&mut a, conformance::test_snapshot(1)?).await?;
     let b = rb.claim(&o, "b", true).await?;
-    assert_eq!(b.seq, a.next_seq(), "B took the slot A ships to next");
+    assert_eq!(b.seq(), a.next_seq(), "B took the slot A ships to next");
 
     // A's put reaches S3 and gets 412: the re-read finds B's claim, not ours.
     let puts = fa.calls(Op::Put);
     let res = ra.ship(&mut a, conformance::test_snapshot(2)?).await;
     match res {
-        Err(Error::Fenced { ours, theirs, .. }) => assert_eq!((ours, theirs), (a.round, b.round)),
+        Err(Error::Fenced { ours, theirs, .. }) => {
+            assert_eq!((ours, theirs), (a.round(), b.round()))
+        }
         other => return Err(format!("A not fenced: {other:?}").into()),
     }
     assert_eq!(a.unusable(), Some("fenced"));
@@ -340,15 +290,16 @@ async fn a_conflict_on_the_conditional_write_is_fenced_not_retried() -> R {
     let h = rb.history(&o).await?;
     assert_eq!(
         h.last().map(|e| (e.seq(), e.round())),
-        Some((b.seq, b.round))
+        Some((b.seq(), b.round()))
     );
     assert_eq!(snapshots(&h).len(), 1);
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn a_failed_put_whose_reread_finds_a_successor_is_fenced() -> R {
-    let Some(store) = s3() else { return Ok(()) };
+    let store = s3_store();
     let prefix = unique("unknown-conflict");
     let fa = Arc::new(FaultStore::new(store.clone()));
     let ra = Replica::open(fa.clone(), &prefix, Settings::default()).await?;
@@ -361,7 +312,9 @@ async fn a_failed_put_whose_reread_finds_a_successor_is_fenced() -> R {
     fa.inject(Op::Put, "/log/", 1, Fault::FailBefore);
     let res = ra.ship(&mut a, conformance::test_snapshot(2)?).await;
     match res {
-        Err(Error::Fenced { ours, theirs, .. }) => assert_eq!((ours, theirs), (a.round, b.round)),
+        Err(Error::Fenced { ours, theirs, .. }) => {
+            assert_eq!((ours, theirs), (a.round(), b.round()))
+        }
         other => return Err(format!("A not fenced: {other:?}").into()),
     }
     assert!(snapshots(&rb.history(&o).await?).is_empty());

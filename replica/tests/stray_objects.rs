@@ -25,7 +25,7 @@ async fn stray_objects_in_the_log_folder_are_skipped() -> Result<(), Box<dyn std
     let mut claim = claim;
     replica.release(&mut claim).await?;
     let next = replica.claim(&org, "w2", false).await?;
-    assert_eq!(next.round, 2);
+    assert_eq!(next.round(), 2);
     let missing: Result<_, Error> = replica.history(&OrgId::new("other")?).await;
     assert!(missing?.is_empty());
     Ok(())

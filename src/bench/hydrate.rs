@@ -125,7 +125,7 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     let log = replica.history(&id).await?;
     let snaps: Vec<u64> = log
         .iter()
-        .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
+        .filter(|e| e.is_snapshot())
         .map(LogEntry::seq)
         .collect();
     let (chain_at, full_at) = match snaps.as_slice() {
@@ -141,12 +141,12 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
             let log = replica.history(&id).await?;
             let last_delta = log
                 .iter()
-                .rfind(|e| matches!(e, LogEntry::Delta { .. }))
+                .rfind(|e| e.is_delta())
                 .map(LogEntry::seq)
                 .ok_or("no delta shipped")?;
             let full = log
                 .iter()
-                .rfind(|e| matches!(e, LogEntry::Snapshot { .. }))
+                .rfind(|e| e.is_snapshot())
                 .map(LogEntry::seq)
                 .ok_or("no snapshot")?;
             (last_delta, full)
@@ -156,23 +156,13 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     let log = replica.history(&id).await?;
     let base = log
         .iter()
-        .rfind(|e| matches!(e, LogEntry::Snapshot { .. }) && e.seq() < chain_at)
+        .rfind(|e| e.is_snapshot() && e.seq() < chain_at)
         .ok_or("no base snapshot")?;
     let deltas: Vec<&LogEntry> = log
         .iter()
-        .filter(|e| {
-            matches!(e, LogEntry::Delta { .. }) && e.seq() > base.seq() && e.seq() <= chain_at
-        })
+        .filter(|e| e.is_delta() && e.seq() > base.seq() && e.seq() <= chain_at)
         .collect();
-    let stored = |e: &LogEntry| match e {
-        LogEntry::Snapshot {
-            compressed_bytes, ..
-        }
-        | LogEntry::Delta {
-            compressed_bytes, ..
-        } => *compressed_bytes,
-        _ => 0,
-    };
+    let stored = |e: &LogEntry| e.stored().map_or(0, |s| s.compressed_bytes);
     let delta_bytes: u64 = deltas.iter().map(|e| stored(e)).sum();
     // Five alternating restores of each, medians: the machine is shared and noisy.
     let (mut chain_times, mut full_times, mut applied) = (Vec::new(), Vec::new(), 0);
@@ -204,10 +194,7 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     }
     println!(
         "\nP5b hydrate after the longest delta chain the policy allows (delta_budget_percent {budget}, compaction off; {:.1} MB database, {:.0} s of random 1 KB updates; medians of 5 alternating restores)",
-        match base {
-            LogEntry::Snapshot { bytes, .. } => *bytes as f64 / 1e6,
-            _ => 0.0,
-        },
+        base.stored().map_or(0.0, |s| s.bytes as f64 / 1e6),
         started.elapsed().as_secs_f64()
     );
     println!("| hydrate of | objects | stored MB | time |");

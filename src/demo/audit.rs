@@ -45,10 +45,7 @@ async fn audit_org(
     let org = OrgId::new(name).map_err(|e| e.to_string())?;
     let history = replica.history(&org).await.map_err(|e| crate::chain(&e))?;
     a.ships += history.iter().filter(|e| e.blob().is_some()).count() as u64;
-    a.full_snapshots += history
-        .iter()
-        .filter(|e| matches!(e, LogEntry::Snapshot { .. }))
-        .count() as u64;
+    a.full_snapshots += history.iter().filter(|e| e.is_snapshot()).count() as u64;
     a.rounds.insert(
         name.to_owned(),
         history.iter().map(LogEntry::round).max().unwrap_or(0),

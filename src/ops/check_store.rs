@@ -68,7 +68,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
         let x: i64 = rusqlite::Connection::open(&dest)
             .and_then(|c| c.query_row("SELECT x FROM t", [], |r| r.get(0)))
             .map_err(|e| format!("reading the hydrated copy: {e}"))?;
-        if x != 4242 || next.round <= claim.round {
+        if x != 4242 || next.round() <= claim.round() {
             return Err("hydrated data or round does not match what was shipped".to_owned());
         }
         Ok::<_, String>(shipped.compressed_bytes)

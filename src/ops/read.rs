@@ -11,39 +11,17 @@ use super::{
 
 /// A published position (snapshot or delta) as JSON; `None` for claims and releases.
 fn position_json(e: &LogEntry) -> Option<Value> {
-    match e {
-        LogEntry::Snapshot {
-            seq,
-            round,
-            writer,
-            at_ms,
-            bytes,
-            compressed_bytes,
-            commit,
-            ..
-        } => Some(json!({
-            "seq": seq, "kind": "snapshot", "round": round, "writer": writer,
-            "at": rfc3339(*at_ms), "bytes": bytes, "compressed_bytes": compressed_bytes,
-            "commit": commit,
-        })),
-        LogEntry::Delta {
-            seq,
-            round,
-            writer,
-            at_ms,
-            bytes,
-            compressed_bytes,
-            commit,
-            base,
-            changed_pages,
-            ..
-        } => Some(json!({
-            "seq": seq, "kind": "delta", "round": round, "writer": writer,
-            "at": rfc3339(*at_ms), "bytes": bytes, "compressed_bytes": compressed_bytes,
-            "commit": commit, "base": base, "changed_pages": changed_pages,
-        })),
-        _ => None,
+    let s = e.stored()?;
+    let mut v = json!({
+        "seq": e.seq(), "kind": e.kind_name(), "round": e.round(), "writer": e.writer(),
+        "at": rfc3339(e.at_ms()), "bytes": s.bytes, "compressed_bytes": s.compressed_bytes,
+        "commit": s.commit,
+    });
+    if let Some(d) = e.delta() {
+        v["base"] = d.base.into();
+        v["changed_pages"] = d.changed_pages.into();
     }
+    Some(v)
 }
 
 fn snapshot_json(e: &LogEntry) -> Option<Value> {
@@ -61,14 +39,14 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     let lease = replica.lease(&org).await.map_err(|e| crate::chain(&e))?;
     let claims: Vec<u64> = log
         .iter()
-        .filter(|e| matches!(e, LogEntry::Claim { .. }))
+        .filter(|e| e.is_claim())
         .map(LogEntry::round)
         .collect();
     let newest = log.iter().rev().find_map(snapshot_json);
     let position = log.iter().rev().find_map(position_json);
     let deltas_after = newest.as_ref().map_or(0, |s| {
         log.iter()
-            .filter(|e| matches!(e, LogEntry::Delta { .. }) && Some(e.seq()) > s["seq"].as_u64())
+            .filter(|e| e.is_delta() && Some(e.seq()) > s["seq"].as_u64())
             .count()
     });
     let (applied, failed) = match crate::restored::restore(&replica, &org, None).await? {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idem_org::{Error, ErrorKind, Settings};
 use idem_replica::FailPoint;
-use idem_replica::conformance::PauseAt;
+use idem_replica::fault::PauseAt;
 use object_store::ObjectStore;
 
 use super::{R, effect, force, published, registry, replica_at};

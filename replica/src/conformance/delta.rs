@@ -1,66 +1,22 @@
-//! Conformance of delta shipping: chains hydrate and restore byte for byte, damage is a typed
-//! error (I10), fencing and retention hold with deltas (I7, I11).
+//! Delta chains: a snapshot and its deltas hydrate and restore byte for byte, compactions
+//! supersede the deltas before them, and a delta the chain tip cannot take is refused
+//! before anything is published (I6, I7, I10).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use rusqlite::{Connection, MAIN_DB};
+use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::{PauseAt, TempDir, open, org, prefix};
-use crate::delta::canonical_page1;
-use crate::{Delta, Error, FailPoint, LogEntry, Retention, Snapshot};
-
-/// An in-memory database whose exact image is read with `serialize`.
-struct Db(Connection);
-
-impl Db {
-    fn new() -> Result<Db, Error> {
-        let conn = Connection::open_in_memory().map_err(sql)?;
-        conn.execute_batch(
-            "PRAGMA page_size = 1024; CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);",
-        )
-        .map_err(sql)?;
-        Ok(Db(conn))
-    }
-    fn exec(&self, q: &str) -> Result<(), Error> {
-        self.0.execute_batch(q).map_err(sql)
-    }
-    /// The canonical image (page 1 in rollback-journal form, as installed files are).
-    fn image(&mut self) -> Result<Vec<u8>, Error> {
-        let mut img = self.0.serialize(MAIN_DB).map_err(sql)?.to_vec();
-        if img.len() >= 1024 {
-            canonical_page1(&mut img[..1024]);
-        }
-        Ok(img)
-    }
-}
-
-fn sql(source: rusqlite::Error) -> Error {
-    Error::Sqlite {
-        op: "building a delta test database",
-        source,
-    }
-}
-
-/// The pages of `next` that differ from `prev`, as a delta to `next`'s size.
-pub(crate) fn diff(prev: &[u8], next: &[u8], commit: u64) -> Result<Delta, Error> {
-    let ps = 1024;
-    let mut pages = BTreeMap::new();
-    for (i, page) in next.chunks(ps).enumerate() {
-        if prev.get(i * ps..(i + 1) * ps) != Some(page) {
-            pages.insert(i as u32 + 1, page.to_vec());
-        }
-    }
-    Delta::new(ps as u32, (next.len() / ps) as u32, pages, commit)
-}
+use super::db::{Db, diff, diff_keeping, page};
+use super::{CaseResult, log_path, open, org, prefix};
+use crate::{Claim, Delta, Error, OrgId, Replica, Snapshot};
 
 /// Builds a chain: one snapshot of 20 rows, then one delta per step (inserts, an update, a
 /// delete that shrinks the file after VACUUM, a schema change). Returns the images per seq.
-async fn ship_chain(
-    r: &crate::Replica,
-    claim: &mut crate::Claim,
-) -> Result<Vec<(u64, Vec<u8>)>, Error> {
+pub(super) async fn ship_chain(
+    r: &Replica,
+    claim: &mut Claim,
+) -> Result<Vec<(u64, Vec<u8>)>, Box<dyn std::error::Error + Send + Sync>> {
     let mut db = Db::new()?;
     db.exec("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 20) INSERT INTO t SELECT i, randomblob(300) FROM n")?;
     let mut prev = db.image()?;
@@ -79,7 +35,7 @@ async fn ship_chain(
         let mut delta = diff(&prev, &next, i as u64 + 2)?;
         if i % 2 == 0 {
             // Every other delta XOR-encodes its pages against the previous image.
-            delta = delta.encode_against(|p| prev.get((p as usize - 1) * 1024..p as usize * 1024));
+            delta = delta.encode_against(|p| page(&prev, p));
         }
         let shipped = r.ship_delta(claim, delta).await?;
         assert!(shipped.delta);
@@ -92,25 +48,22 @@ async fn ship_chain(
 
 /// A snapshot plus deltas (growth, update, schema change, VACUUM shrink) hydrates to exactly
 /// the writer's last image, and restore reaches every published position byte for byte.
-///
-/// # Errors
-/// Unexpected failures.
-pub async fn delta_chain_hydrates_and_restores_every_position(
+pub(super) async fn delta_chain_hydrates_and_restores_every_position(
     store: Arc<dyn ObjectStore>,
-) -> Result<(), Error> {
+) -> CaseResult {
     let r = open(store, &prefix()?).await?;
     let acme = org("acme");
     let mut a = r.claim(&acme, "a", false).await?;
     let images = ship_chain(&r, &mut a).await?;
     r.release(&mut a).await?;
     let b = r.claim(&acme, "b", false).await?;
-    let tmp = TempDir::new()?;
+    let tmp = tempfile::tempdir()?;
     let h = r.hydrate(&b, &tmp.path().join("db")).await?;
     let (last_seq, last_image) = images.last().cloned().unwrap_or_default();
     assert_eq!(h.position, Some(last_seq));
     assert_eq!(h.deltas, images.len() - 1);
     assert_eq!(h.commit, images.len() as u64);
-    let got = std::fs::read(tmp.path().join("db")).map_err(|e| Error::io(tmp.path(), e))?;
+    let got = std::fs::read(tmp.path().join("db"))?;
     assert!(
         got == last_image,
         "hydrated image differs from the writer's"
@@ -119,10 +72,10 @@ pub async fn delta_chain_hydrates_and_restores_every_position(
         let dest = tmp.path().join(format!("at-{seq}"));
         let h = r.restore(&acme, Some(*seq), &dest).await?;
         assert_eq!(h.position, Some(*seq));
-        let got = std::fs::read(&dest).map_err(|e| Error::io(&dest, e))?;
+        let got = std::fs::read(&dest)?;
         assert!(got == *image, "restore at {seq} differs");
     }
-    let claim_seq = b.seq;
+    let claim_seq = b.seq();
     assert!(matches!(
         r.restore(&acme, Some(claim_seq), &tmp.path().join("x"))
             .await,
@@ -134,147 +87,11 @@ pub async fn delta_chain_hydrates_and_restores_every_position(
     Ok(())
 }
 
-/// Rewrites the log entry at `seq` with `edit` applied (bypassing create-only, as damage).
-async fn tamper(
-    store: &Arc<dyn ObjectStore>,
-    pfx: &str,
-    seq: u64,
-    edit: impl FnOnce(&mut serde_json::Value),
-) -> Result<(), Error> {
-    let path = object_store::path::Path::from(format!("{pfx}/orgs/acme/log/{seq:020}.json"));
-    let body = store
-        .get(&path)
-        .await
-        .map_err(|e| Error::store("get", &path, e))?
-        .bytes()
-        .await
-        .map_err(|e| Error::store("get", &path, e))?;
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&body).map_err(|e| crate::entry::corrupt("t", e))?;
-    edit(&mut v);
-    let out = serde_json::to_vec(&v).map_err(|e| crate::entry::corrupt("t", e))?;
-    store
-        .put(&path, PutPayload::from(out))
-        .await
-        .map_err(|e| Error::store("put", &path, e))?;
-    Ok(())
-}
-
-/// A missing delta, a delta moved to another position, a wrong checksum and a bit-flipped
-/// delta blob each fail hydrate with a typed error and install nothing (I10).
-///
-/// # Errors
-/// Unexpected failures.
-pub async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectStore>) -> Result<(), Error> {
-    type Damage = fn(u64) -> (u64, &'static str);
-    let cases: [(&str, Damage); 5] = [
-        ("missing", |first| (first + 1, "delete")),
-        ("foreign base", |first| (first + 1, "rebase")),
-        ("reordered", |first| (first + 1, "swap")),
-        ("checksum", |first| (first + 2, "checksum")),
-        ("bitflip", |first| (first + 3, "flip")),
-    ];
-    for (name, damage) in cases {
-        let pfx = prefix()?;
-        let r = open(store.clone(), &pfx).await?;
-        let acme = org("acme");
-        let mut a = r.claim(&acme, "a", false).await?;
-        let images = ship_chain(&r, &mut a).await?;
-        r.release(&mut a).await?;
-        let first_delta = images[1].0;
-        let (seq, how) = damage(first_delta);
-        match how {
-            "delete" => {
-                let path =
-                    object_store::path::Path::from(format!("{pfx}/orgs/acme/log/{seq:020}.json"));
-                store
-                    .delete(&path)
-                    .await
-                    .map_err(|e| Error::store("delete", &path, e))?;
-            }
-            "rebase" => tamper(&store, &pfx, seq, |v| v["base"] = (seq + 1).into()).await?,
-            "swap" => {
-                let read = |s: u64| {
-                    let path =
-                        object_store::path::Path::from(format!("{pfx}/orgs/acme/log/{s:020}.json"));
-                    let store = store.clone();
-                    async move {
-                        let b = store
-                            .get(&path)
-                            .await
-                            .map_err(|e| Error::store("get", &path, e))?
-                            .bytes()
-                            .await
-                            .map_err(|e| Error::store("get", &path, e))?;
-                        serde_json::from_slice::<serde_json::Value>(&b)
-                            .map_err(|e| crate::entry::corrupt("t", e))
-                    }
-                };
-                let (first, second) = (read(seq).await?, read(seq + 1).await?);
-                tamper(&store, &pfx, seq, |v| {
-                    *v = second;
-                    v["seq"] = seq.into();
-                })
-                .await?;
-                tamper(&store, &pfx, seq + 1, |v| {
-                    *v = first;
-                    v["seq"] = (seq + 1).into();
-                })
-                .await?;
-            }
-            "checksum" => {
-                tamper(&store, &pfx, seq, |v| {
-                    v["checksum"] = "0000000000000000".into()
-                })
-                .await?
-            }
-            _ => {
-                let entry = r.history(&acme).await?;
-                let blob = entry
-                    .iter()
-                    .find(|e| e.seq() == seq)
-                    .and_then(LogEntry::blob)
-                    .map(str::to_owned)
-                    .unwrap_or_default();
-                let path = object_store::path::Path::from(format!("{pfx}/orgs/acme/snap/{blob}"));
-                let mut bytes = store
-                    .get(&path)
-                    .await
-                    .map_err(|e| Error::store("get", &path, e))?
-                    .bytes()
-                    .await
-                    .map_err(|e| Error::store("get", &path, e))?
-                    .to_vec();
-                let mid = bytes.len() / 2;
-                bytes[mid] ^= 0x40;
-                store
-                    .put(&path, PutPayload::from(bytes))
-                    .await
-                    .map_err(|e| Error::store("put", &path, e))?;
-            }
-        }
-        let b = r.claim(&acme, "b", false).await?;
-        let tmp = TempDir::new()?;
-        let dest = tmp.path().join("db");
-        let got = r.hydrate(&b, &dest).await;
-        let typed = match how {
-            "flip" => matches!(&got, Err(Error::Corrupt { .. })),
-            _ => matches!(&got, Err(Error::ChainBroken { .. })),
-        };
-        assert!(typed, "{name}: {got:?}");
-        assert!(!dest.exists(), "{name}: something was installed");
-    }
-    Ok(())
-}
-
 /// A delta needs a published snapshot in the same claim; a fenced claim's delta is refused
 /// and never acknowledged (I7).
-///
-/// # Errors
-/// Unexpected failures.
-pub async fn delta_needs_a_snapshot_and_is_fenced(
+pub(super) async fn delta_needs_a_snapshot_and_is_fenced(
     store: Arc<dyn ObjectStore>,
-) -> Result<(), Error> {
+) -> CaseResult {
     let r = open(store, &prefix()?).await?;
     let acme = org("acme");
     let mut db = Db::new()?;
@@ -286,7 +103,7 @@ pub async fn delta_needs_a_snapshot_and_is_fenced(
         "{no_tip:?}"
     );
     r.ship(&mut a, Snapshot::from_bytes(img.clone(), 1)).await?;
-    assert_eq!(a.chain_tip(), Some(a.seq + 1));
+    assert_eq!(a.chain_tip(), Some(a.seq() + 1));
     db.exec("INSERT INTO t VALUES (1, x'00')")?;
     let next = db.image()?;
     r.ship_delta(&mut a, diff(&img, &next, 2)?).await?;
@@ -295,137 +112,9 @@ pub async fn delta_needs_a_snapshot_and_is_fenced(
     let late = db.image()?;
     let fenced = r.ship_delta(&mut a, diff(&next, &late, 3)?).await;
     assert!(matches!(fenced, Err(Error::Fenced { .. })), "{fenced:?}");
-    let tmp = TempDir::new()?;
+    let tmp = tempfile::tempdir()?;
     let h = r.hydrate(&b, &tmp.path().join("db")).await?;
     assert_eq!(h.commit, 2);
-    Ok(())
-}
-
-/// Retention deletes an old snapshot together with its deltas, keeps the newest snapshot's
-/// chain whole, and hydrate still rebuilds the newest state (I11).
-///
-/// # Errors
-/// Unexpected failures.
-pub async fn retention_keeps_the_delta_chain(store: Arc<dyn ObjectStore>) -> Result<(), Error> {
-    let r = open(store, &prefix()?).await?;
-    let acme = org("acme");
-    let mut a = r.claim(&acme, "a", false).await?;
-    let old = ship_chain(&r, &mut a).await?;
-    let new = ship_chain(&r, &mut a).await?;
-    let report = r
-        .retain(
-            &acme,
-            &Retention {
-                keep_snapshots: 1,
-                keep_ms: 0,
-            },
-        )
-        .await?;
-    for (seq, _) in &old {
-        assert!(
-            report.deleted_entries.contains(seq),
-            "old chain entry {seq} kept"
-        );
-    }
-    let left: Vec<u64> = r.history(&acme).await?.iter().map(LogEntry::seq).collect();
-    for (seq, _) in &new {
-        assert!(left.contains(seq), "newest chain entry {seq} deleted");
-    }
-    r.release(&mut a).await?;
-    let b = r.claim(&acme, "b", false).await?;
-    let tmp = TempDir::new()?;
-    r.hydrate(&b, &tmp.path().join("db")).await?;
-    let got = std::fs::read(tmp.path().join("db")).map_err(|e| Error::io(tmp.path(), e))?;
-    assert!(new.last().is_some_and(|(_, img)| *img == got));
-    Ok(())
-}
-
-/// A zombie's delta paused between upload and publish resumes after the successor shipped
-/// and retention ran: the successor's claim still holds the zombie's slot (retention never
-/// deletes claims), so the delta never lands and the zombie is fenced; its uploaded blob is an
-/// orphan the next retention collects; hydrate and verify see only the successor (I7, I11).
-///
-/// # Errors
-/// Unexpected failures.
-pub async fn zombie_delta_is_fenced_and_collected(
-    store: Arc<dyn ObjectStore>,
-) -> Result<(), Error> {
-    let p = prefix()?;
-    let pause = PauseAt::new(FailPoint::ShipAfterUpload);
-    let za = crate::Replica::open_with(
-        store.clone(),
-        &p,
-        crate::Settings::default(),
-        Arc::new(crate::SystemClock),
-        Some(pause.clone()),
-    )
-    .await?;
-    let rb = open(store, &p).await?;
-    let o = org("acme");
-    let mut db = Db::new()?;
-    let first = db.image()?;
-    let mut a = za.claim(&o, "a", false).await?;
-    za.ship(&mut a, Snapshot::from_bytes(first.clone(), 1))
-        .await?;
-    db.exec("INSERT INTO t VALUES (7, x'07')")?;
-    let delta = diff(&first, &db.image()?, 2)?;
-    let handle = pause.arm().await;
-    let zombie = {
-        let (za, mut a) = (za.clone(), a.clone());
-        tokio::spawn(async move { za.ship_delta(&mut a, delta).await })
-    };
-    handle.reached.await.map_err(|_| Error::InvalidSettings {
-        reason: "zombie never paused".into(),
-    })?;
-    let mut b = rb.claim(&o, "b", true).await?;
-    assert_eq!(
-        b.seq,
-        a.next_seq(),
-        "the successor's claim is in the zombie's slot"
-    );
-    rb.ship(&mut b, super::test_snapshot(3)?).await?;
-    let newest = rb.ship(&mut b, super::test_snapshot(4)?).await?;
-    let keep_one = Retention {
-        keep_snapshots: 1,
-        keep_ms: 0,
-    };
-    let first_run = rb.retain(&o, &keep_one).await?;
-    assert!(!first_run.deleted_entries.contains(&b.seq), "{first_run:?}");
-    let _ = handle.resume.send(());
-    let res = zombie.await.map_err(|source| Error::Task {
-        op: "zombie",
-        source,
-    })?;
-    assert!(
-        matches!(res, Err(Error::Fenced { .. })),
-        "zombie not fenced: {res:?}"
-    );
-    let log = rb.history(&o).await?;
-    assert!(
-        !log.iter().any(|e| matches!(e, LogEntry::Delta { .. })),
-        "the zombie's delta landed: {log:?}"
-    );
-    rb.retain(&o, &keep_one).await?;
-    let blobs: Vec<String> = {
-        use futures::TryStreamExt;
-        let dir = object_store::path::Path::from(format!("{p}/orgs/acme/snap"));
-        rb.store()
-            .list(Some(&dir))
-            .map_ok(|m| m.location.to_string())
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("list", &dir, e))?
-    };
-    assert!(
-        !blobs.iter().any(|b| b.ends_with(".delta.zst")),
-        "the zombie's orphan blob survived retention: {blobs:?}"
-    );
-    let c = rb.claim(&o, "c", true).await?;
-    let tmp = TempDir::new()?;
-    let h = rb.hydrate(&c, &tmp.path().join("db")).await?;
-    assert_eq!(h.position, Some(newest.seq));
-    let report = rb.verify(&o).await?;
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
     Ok(())
 }
 
@@ -433,22 +122,17 @@ pub async fn zombie_delta_is_fenced_and_collected(
 /// it: hydrate reads the snapshot, it and the deltas after it — and still works when a
 /// superseded delta is gone — while restore reaches every position byte for byte. A
 /// compacted delta that misses a changed page is refused before anything is published.
-///
-/// # Errors
-/// Unexpected failures.
-pub async fn compacted_delta_supersedes_the_chain(
+pub(super) async fn compacted_delta_supersedes_the_chain(
     store: Arc<dyn ObjectStore>,
-) -> Result<(), Error> {
+) -> CaseResult {
     let pfx = prefix()?;
     let r = open(store.clone(), &pfx).await?;
     let acme = org("acme");
     let mut a = r.claim(&acme, "a", false).await?;
     let images = ship_chain(&r, &mut a).await?;
     let (snap_seq, snap_img) = images[0].clone();
-    let mut db = Db(Connection::open_in_memory().map_err(sql)?);
     let last = images.last().map(|(_, i)| i.clone()).unwrap_or_default();
-    db.0.deserialize_read_exact(rusqlite::MAIN_DB, &last[..], last.len(), false)
-        .map_err(sql)?;
+    let mut db = Db::from_image(&last)?;
     db.exec("INSERT INTO u VALUES ('b', 2, 'y')")?;
     let now = db.image()?;
     // Missing a page changed since the snapshot: refused, nothing published.
@@ -464,7 +148,7 @@ pub async fn compacted_delta_supersedes_the_chain(
     partial = Delta::new(1024, partial.db_pages(), pages, 90)?.compacted();
     let refused = r.ship_delta(&mut a, partial).await;
     assert!(
-        matches!(refused, Err(Error::InvalidSnapshot { .. })),
+        matches!(refused, Err(Error::DeltaRefused { .. })),
         "{refused:?}"
     );
     assert_eq!(a.next_seq(), next);
@@ -491,17 +175,13 @@ pub async fn compacted_delta_supersedes_the_chain(
     assert_eq!(report.ok.len(), all.len());
     // A superseded delta vanishes: the newest state does not need it.
     let gone = images[2].0;
-    let path = object_store::path::Path::from(format!("{pfx}/orgs/acme/log/{gone:020}.json"));
-    store
-        .delete(&path)
-        .await
-        .map_err(|e| Error::store("delete", &path, e))?;
+    store.delete(&log_path(&pfx, gone)).await?;
     let b = r.claim(&acme, "b", false).await?;
-    let tmp = TempDir::new()?;
+    let tmp = tempfile::tempdir()?;
     let h = r.hydrate(&b, &tmp.path().join("db")).await?;
     assert_eq!(h.deltas, 3, "snapshot + compacted + 2 deltas");
     assert_eq!(h.snapshot.as_ref().map(|s| s.seq), Some(snap_seq));
-    let got = std::fs::read(tmp.path().join("db")).map_err(|e| Error::io(tmp.path(), e))?;
+    let got = std::fs::read(tmp.path().join("db"))?;
     assert!(got == prev, "hydrate through a compacted delta differs");
     for (seq, image) in all.iter().filter(|(s, _)| *s != gone) {
         let dest = tmp.path().join(format!("at-{seq}"));
@@ -515,8 +195,90 @@ pub async fn compacted_delta_supersedes_the_chain(
             continue;
         }
         restored?;
-        let got = std::fs::read(&dest).map_err(|e| Error::io(&dest, e))?;
+        let got = std::fs::read(&dest)?;
         assert!(got == *image, "restore at {seq} differs");
     }
     Ok(())
+}
+
+/// A compacted delta that omits pages the chain added past the snapshot's end was accepted:
+/// `ship_delta` zero-filled them before comparing snapshot+delta with tip+delta, so the
+/// comparison never saw them, and the published compaction rebuilt a database that was not
+/// the tip. The comparison now sees the pages as given, and refuses it.
+pub(super) async fn compaction_missing_grown_pages_is_refused(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let (replica, org, mut claim, mut db, s1) = started(store, 100).await?;
+    let n = (s1.len() / 1024) as u32;
+    db.exec("INSERT INTO t(v) VALUES (randomblob(5000));")?;
+    let s2 = db.image()?;
+    assert!(s2.len() / 1024 > n as usize);
+    replica.ship_delta(&mut claim, diff(&s1, &s2, 2)?).await?;
+    // The compaction carries the changed pages inside the snapshot, not the grown ones.
+    let bad = diff_keeping(&s1, &s2, 2, |p| p <= n)?.compacted();
+    let shipped = replica.ship_delta(&mut claim, bad).await;
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("x.db");
+    let restored = replica.restore(&org, None, &dest).await;
+    let same = restored.is_ok() && std::fs::read(&dest)? == s2;
+    let verify = replica.verify(&org).await?;
+    assert!(
+        matches!(shipped, Err(Error::DeltaRefused { .. })),
+        "compaction missing grown pages accepted: {shipped:?}; restore: {restored:?}, equals tip: {same}; verify failed: {:?}",
+        verify.failed
+    );
+    Ok(())
+}
+
+/// A page encoded against content the chain tip does not hold (a caller's stale page cache)
+/// was published and only failed at hydrate, as `ChainBroken`: a writer could acknowledge
+/// requests whose state no successor can rebuild. `ship_delta` now refuses it before
+/// publishing, and the next correct delta ships on the same chain.
+pub(super) async fn a_delta_encoded_against_a_wrong_base_is_refused_before_publishing(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let (replica, org, mut claim, mut db, s1) = started(store, 300).await?;
+    db.exec("UPDATE t SET v = randomblob(300);")?;
+    let s2 = db.image()?;
+    let stale: Vec<u8> = s1.iter().map(|b| b ^ 0x5a).collect();
+    let wrong = diff(&s1, &s2, 2)?.encode_against(|p| page(&stale, p));
+    let before = replica.history(&org).await?.len();
+    let seq = claim.next_seq();
+    let refused = replica.ship_delta(&mut claim, wrong).await;
+    assert!(
+        matches!(&refused, Err(Error::DeltaRefused { seq: s, .. }) if *s == seq),
+        "{refused:?}"
+    );
+    assert_eq!(
+        replica.history(&org).await?.len(),
+        before,
+        "nothing published"
+    );
+    let right = diff(&s1, &s2, 2)?.encode_against(|p| page(&s1, p));
+    replica.ship_delta(&mut claim, right).await?;
+    let dir = tempfile::tempdir()?;
+    let got = replica
+        .restore(&org, None, &dir.path().join("x.db"))
+        .await?;
+    assert_eq!((got.commit, got.deltas), (2, 1));
+    assert_eq!(std::fs::read(dir.path().join("x.db"))?, s2);
+    Ok(())
+}
+
+/// A claimed org whose chain starts with a full snapshot of a 1 KiB-page database holding
+/// one `bytes`-byte random row: (replica, org, claim, database, image).
+async fn started(
+    store: Arc<dyn ObjectStore>,
+    bytes: usize,
+) -> Result<(Replica, OrgId, Claim, Db, Vec<u8>), Box<dyn std::error::Error + Send + Sync>> {
+    let replica = open(store, &prefix()?).await?;
+    let org = org("acme");
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let mut db = Db::new()?;
+    db.exec(&format!("INSERT INTO t(v) VALUES (randomblob({bytes}));"))?;
+    let s1 = db.image()?;
+    replica
+        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
+        .await?;
+    Ok((replica, org, claim, db, s1))
 }

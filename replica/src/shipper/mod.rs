@@ -115,7 +115,7 @@ impl Shipper {
     }
 
     fn org(&self) -> &OrgId {
-        &self.claim.org
+        self.claim.org()
     }
 
     /// Publishes everything committed so far: a delta of the WAL frames since the previous
@@ -171,7 +171,7 @@ impl Shipper {
     fn files_changed(&self, f: &Foreign) -> Error {
         Error::FilesChanged {
             org: self.org().clone(),
-            round: self.claim.round,
+            round: self.claim.round(),
             reason: f.to_string(),
         }
     }
@@ -318,7 +318,7 @@ impl Shipper {
             // a page changed since the snapshot, or a page encoded against content the tip
             // does not hold): nothing was published; a full snapshot restarts the chain, and
             // the page cache with it, instead of retrying the same delta.
-            Err(e @ Error::InvalidSnapshot { .. }) => {
+            Err(e @ Error::DeltaRefused { .. }) => {
                 tracing::warn!(org = %self.org(), error = %e, compacted, "delta refused; shipping a full snapshot");
                 Err(Fallback::Full)
             }

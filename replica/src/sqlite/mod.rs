@@ -1,6 +1,7 @@
 //! What this crate knows of SQLite's files: the writer's exclusive ownership of a database
 //! and its WAL (I13), WAL frames, captures of committed state, and the proof a capture makes
-//! from its own pages.
+//! from its own pages; page 1 and page-size rules (`pages`), SQLite's integrity checks of an
+//! image (`check`), and installing a verified image as a local file (`install`).
 //!
 //! An embedder that ships a live database does three things here, in order:
 //! 1. [`open_exclusive`] opens the one writer connection and takes the database's lock;
@@ -10,7 +11,10 @@
 //!    [`crate::Shipper`]'s [`CaptureRequest`] with [`Owned::capture`].
 
 mod capture;
+pub(crate) mod check;
+pub(crate) mod install;
 mod owned;
+pub(crate) mod pages;
 pub(crate) mod proof;
 pub(crate) mod wal;
 

@@ -11,7 +11,11 @@
 /// # Errors
 /// A description of what in the page is not the counter row.
 pub(crate) fn commit_counter(page: &[u8], pgno: u32) -> Result<u64, String> {
-    let h = if pgno == 1 { 100 } else { 0 };
+    let h = if pgno == 1 {
+        super::pages::HEADER_BYTES
+    } else {
+        0
+    };
     let byte = |i: usize| page.get(i).copied().ok_or("page too short");
     let be16 = |i: usize| -> Result<usize, &str> {
         Ok(usize::from(byte(i)?) << 8 | usize::from(byte(i + 1)?))

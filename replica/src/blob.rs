@@ -1,0 +1,155 @@
+//! Snapshot and delta blobs: `"idemsnap"`, a little-endian u32 format version, then one zstd
+//! frame of the uncompressed bytes (an image or a delta body), whose size and sha256 the
+//! log entry records (I10). Synchronous: call on a blocking thread.
+
+use std::io::Write;
+
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+
+/// Blob format version written by this build.
+pub const BLOB_VERSION: u32 = 1;
+/// Magic bytes that open every snapshot and delta blob, followed by a little-endian u32
+/// version ([`BLOB_VERSION`]).
+pub const BLOB_MAGIC: [u8; 8] = *b"idemsnap";
+/// Header bytes before the zstd frame.
+const HEADER: usize = 12;
+
+/// The header that opens a blob.
+fn header() -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..8].copy_from_slice(&BLOB_MAGIC);
+    h[8..].copy_from_slice(&BLOB_VERSION.to_le_bytes());
+    h
+}
+
+/// Checks the blob header and returns the zstd frame after it.
+///
+/// # Errors
+/// [`Error::Corrupt`] without the magic; [`Error::UnknownFormat`] for another version.
+pub(crate) fn frame<'a>(object: &str, blob: &'a [u8]) -> Result<&'a [u8], Error> {
+    if blob.len() < HEADER || blob[..8] != BLOB_MAGIC {
+        return Err(Error::corrupt(object, "blob header missing"));
+    }
+    let version = u32::from_le_bytes([blob[8], blob[9], blob[10], blob[11]]);
+    if version != BLOB_VERSION {
+        return Err(Error::UnknownFormat {
+            object: object.into(),
+            detail: format!("blob version {version}"),
+        });
+    }
+    Ok(&blob[HEADER..])
+}
+
+/// A packed blob: header + zstd frame, plus the digest and size of the uncompressed bytes.
+pub(crate) struct Packed {
+    pub(crate) blob: Vec<u8>,
+    /// sha256 of the uncompressed bytes, lowercase hex.
+    pub(crate) sha256: String,
+    /// Uncompressed size in bytes.
+    pub(crate) bytes: u64,
+}
+
+/// Hashes and compresses `bytes` (a snapshot image or a delta body of `org`; `what` says
+/// which) at zstd `level` into a blob.
+///
+/// # Errors
+/// [`Error::Compress`] when zstd fails.
+pub(crate) fn pack(
+    org: &str,
+    what: &'static str,
+    bytes: &[u8],
+    level: i32,
+) -> Result<Packed, Error> {
+    let sha256 = hex::encode(Sha256::digest(bytes));
+    let failed = |source| Error::Compress {
+        org: org.to_owned(),
+        what,
+        source,
+    };
+    let mut blob = header().to_vec();
+    let mut enc = zstd::stream::Encoder::new(&mut blob, level).map_err(failed)?;
+    enc.write_all(bytes).map_err(failed)?;
+    enc.finish().map_err(failed)?;
+    Ok(Packed {
+        blob,
+        sha256,
+        bytes: bytes.len() as u64,
+    })
+}
+
+/// Unpacks the blob stored at `object` and checks its size and sha256 against the log
+/// entry's `bytes` and `sha256` (I10).
+///
+/// # Errors
+/// [`Error::Corrupt`] for a bad header, a damaged frame, another size or another digest;
+/// [`Error::UnknownFormat`] for another blob version.
+pub(crate) fn unpack(
+    object: &str,
+    blob: &[u8],
+    bytes: u64,
+    sha256: &str,
+) -> Result<Vec<u8>, Error> {
+    let frame = frame(object, blob)?;
+    let cap = usize::try_from(bytes)
+        .map_err(|_| Error::corrupt(object, "size does not fit in memory"))?;
+    // The log's size field is not trusted for allocation: a corrupt entry claiming terabytes
+    // would abort the process (allocation failure is not a panic). Preallocate at most what a
+    // generous compression ratio allows; the copy below grows as needed up to `bytes + 1`.
+    let mut out = Vec::with_capacity(cap.min(frame.len().saturating_mul(16)));
+    let mut dec = zstd::stream::read::Decoder::new(frame).map_err(|e| Error::corrupt(object, e))?;
+    // Read at most one byte more than expected so a bloated blob cannot exhaust memory.
+    std::io::copy(
+        &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
+        &mut out,
+    )
+    .map_err(|e| Error::corrupt(object, format!("zstd: {e}")))?;
+    if out.len() as u64 != bytes {
+        return Err(Error::corrupt(
+            object,
+            format!("{} bytes after decompression, log says {bytes}", out.len()),
+        ));
+    }
+    let got = hex::encode(Sha256::digest(&out));
+    if got != sha256 {
+        return Err(Error::corrupt(
+            object,
+            format!("sha256 {got} does not match log {sha256}"),
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blob_header_version_is_checked() {
+        let mut b = header().to_vec();
+        b.extend_from_slice(b"frame");
+        assert!(matches!(frame("x", &b), Ok(f) if f == b"frame"));
+        b[8] = 9;
+        assert!(matches!(frame("x", &b), Err(Error::UnknownFormat { .. })));
+        assert!(matches!(frame("x", b"short"), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn a_packed_blob_unpacks_only_with_its_size_and_digest() -> Result<(), Error> {
+        let packed = pack("acme", "snapshot", b"some bytes", 3)?;
+        assert_eq!(
+            unpack("x", &packed.blob, packed.bytes, &packed.sha256)?,
+            b"some bytes"
+        );
+        assert!(matches!(
+            unpack("x", &packed.blob, packed.bytes + 1, &packed.sha256),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(matches!(
+            unpack("x", &packed.blob, packed.bytes, "00"),
+            Err(Error::Corrupt { .. })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,269 @@
+//! Damage: a broken chain, a delta without its snapshot, a crafted delta size, each a
+//! typed error with nothing installed (I10); and a failed apply that does not wait on the
+//! fetch beside it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use sha2::Digest;
+
+use super::db::{Db, diff};
+use super::delta::ship_chain;
+use super::{CaseResult, log_path, open, org, prefix, test_snapshot};
+use crate::fault::{FaultStore, Op};
+use crate::{
+    BLOB_MAGIC, BLOB_VERSION, Delta, Error, ErrorKind, LogEntry, Replica, Settings, Snapshot,
+};
+
+/// The JSON object stored at `path`.
+async fn read_json(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
+) -> Result<serde_json::Value, Box<dyn std::error::Error + Send + Sync>> {
+    Ok(serde_json::from_slice(
+        &store.get(path).await?.bytes().await?,
+    )?)
+}
+
+/// Rewrites the log entry at `seq` with `edit` applied (bypassing create-only, as damage).
+async fn tamper(
+    store: &Arc<dyn ObjectStore>,
+    pfx: &str,
+    seq: u64,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> CaseResult {
+    let path = log_path(pfx, seq);
+    let mut v = read_json(store, &path).await?;
+    edit(&mut v);
+    store
+        .put(&path, PutPayload::from(serde_json::to_vec(&v)?))
+        .await?;
+    Ok(())
+}
+
+/// A missing delta, a delta moved to another position, a wrong checksum and a bit-flipped
+/// delta blob each fail hydrate with a typed error and install nothing (I10).
+pub(super) async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectStore>) -> CaseResult {
+    type Damage = fn(u64) -> (u64, &'static str);
+    let cases: [(&str, Damage); 5] = [
+        ("missing", |first| (first + 1, "delete")),
+        ("foreign base", |first| (first + 1, "rebase")),
+        ("reordered", |first| (first + 1, "swap")),
+        ("checksum", |first| (first + 2, "checksum")),
+        ("bitflip", |first| (first + 3, "flip")),
+    ];
+    for (name, damage) in cases {
+        let pfx = prefix()?;
+        let r = open(store.clone(), &pfx).await?;
+        let acme = org("acme");
+        let mut a = r.claim(&acme, "a", false).await?;
+        let images = ship_chain(&r, &mut a).await?;
+        r.release(&mut a).await?;
+        let first_delta = images[1].0;
+        let (seq, how) = damage(first_delta);
+        match how {
+            "delete" => store.delete(&log_path(&pfx, seq)).await?,
+            "rebase" => tamper(&store, &pfx, seq, |v| v["base"] = (seq + 1).into()).await?,
+            "swap" => {
+                let (first, second) = (
+                    read_json(&store, &log_path(&pfx, seq)).await?,
+                    read_json(&store, &log_path(&pfx, seq + 1)).await?,
+                );
+                tamper(&store, &pfx, seq, |v| {
+                    *v = second;
+                    v["seq"] = seq.into();
+                })
+                .await?;
+                tamper(&store, &pfx, seq + 1, |v| {
+                    *v = first;
+                    v["seq"] = (seq + 1).into();
+                })
+                .await?;
+            }
+            "checksum" => {
+                tamper(&store, &pfx, seq, |v| {
+                    v["checksum"] = "0000000000000000".into()
+                })
+                .await?
+            }
+            _ => {
+                let entry = r.history(&acme).await?;
+                let blob = entry
+                    .iter()
+                    .find(|e| e.seq() == seq)
+                    .and_then(LogEntry::blob)
+                    .map(str::to_owned)
+                    .unwrap_or_default();
+                let path = Path::from(format!("{pfx}/orgs/acme/snap/{blob}"));
+                let mut bytes = store.get(&path).await?.bytes().await?.to_vec();
+                let mid = bytes.len() / 2;
+                bytes[mid] ^= 0x40;
+                store.put(&path, PutPayload::from(bytes)).await?;
+            }
+        }
+        let b = r.claim(&acme, "b", false).await?;
+        let tmp = tempfile::tempdir()?;
+        let dest = tmp.path().join("db");
+        let got = r.hydrate(&b, &dest).await;
+        let typed = match how {
+            "flip" => matches!(&got, Err(Error::Corrupt { .. })),
+            _ => matches!(&got, Err(Error::ChainBroken { .. })),
+        };
+        assert!(typed, "{name}: {got:?}");
+        assert!(!dest.exists(), "{name}: something was installed");
+    }
+    Ok(())
+}
+
+/// A delta entry with no snapshot below it (e.g. retention interrupted after deleting the
+/// snapshot entry but before its deltas: snapshot entries are deleted first) is a position the
+/// CLI lists; `restore --at` it must fail, not "restore" an empty database over `dest`.
+pub(super) async fn restore_at_a_delta_without_its_snapshot_is_an_error_not_an_empty_db(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let pfx = prefix()?;
+    let replica = open(store.clone(), &pfx).await?;
+    let org = org("acme");
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let s = test_snapshot(1)?;
+    replica.ship(&mut claim, s.clone()).await?;
+    let s2 = test_snapshot(2)?;
+    let d = replica
+        .ship_delta(&mut claim, diff(s.bytes(), s2.bytes(), 2)?)
+        .await?;
+    // The snapshot entry goes (as an interrupted retention run would leave it).
+    store.delete(&log_path(&pfx, d.seq - 1)).await?;
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("restored.db");
+    std::fs::write(&dest, b"the operator's previous file")?;
+    let got = replica.restore(&org, Some(d.seq), &dest).await;
+    assert!(
+        got.is_err(),
+        "restore --at {} succeeded with {got:?}; dest exists: {}",
+        d.seq,
+        dest.exists()
+    );
+    Ok(())
+}
+
+/// A delta entry + blob claiming db_pages = u32::MAX (store data, shapes consistent) made
+/// `verify` panic (u32 overflow) and restore fail with a Task error; it is Corrupt, and
+/// nothing is allocated for pages the body does not carry.
+pub(super) async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let pfx = prefix()?;
+    let replica = open(store.clone(), &pfx).await?;
+    let org = org("acme");
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let s = test_snapshot(1)?;
+    replica.ship(&mut claim, s.clone()).await?;
+    let ps = u32::from(u16::from_be_bytes([s.bytes()[16], s.bytes()[17]]));
+    let d = replica
+        .ship_delta(
+            &mut claim,
+            Delta::new(ps, (s.len() as u32) / ps, BTreeMap::new(), 1)?,
+        )
+        .await?;
+    // Rewrite blob and entry consistently: body = page_size, u32::MAX pages, 0 changed.
+    let mut body = Vec::new();
+    body.extend_from_slice(&ps.to_le_bytes());
+    body.extend_from_slice(&u32::MAX.to_le_bytes());
+    body.extend_from_slice(&0u32.to_le_bytes());
+    let mut blob = BLOB_MAGIC.to_vec();
+    blob.extend_from_slice(&BLOB_VERSION.to_le_bytes());
+    blob.extend_from_slice(&zstd::encode_all(&body[..], 1)?);
+    let sha = hex::encode(sha2::Sha256::digest(&body));
+    let entry_path = log_path(&pfx, d.seq);
+    let mut v = read_json(&store, &entry_path).await?;
+    let blob_name = v["blob"].as_str().ok_or("no blob")?.to_owned();
+    v["db_pages"] = u32::MAX.into();
+    v["sha256"] = sha.into();
+    v["bytes"] = (body.len() as u64).into();
+    store
+        .put(&entry_path, PutPayload::from(serde_json::to_vec(&v)?))
+        .await?;
+    store
+        .put(
+            &Path::from(format!("{pfx}/orgs/acme/snap/{blob_name}")),
+            PutPayload::from(blob),
+        )
+        .await?;
+
+    let dir = tempfile::tempdir()?;
+    let restored = replica.restore(&org, None, &dir.path().join("x.db")).await;
+    let (r2, o2) = (replica.clone(), org.clone());
+    let verified = tokio::spawn(async move { r2.verify(&o2).await.map(|r| r.failed.len()) }).await;
+    assert!(
+        verified.is_ok(),
+        "verify panicked on a crafted delta: {:?}",
+        verified.err()
+    );
+    let kind = restored.as_ref().err().map(Error::kind);
+    assert_eq!(kind, Some(ErrorKind::Corrupt), "{restored:?}");
+    Ok(())
+}
+
+/// Hydrate applies a batch of deltas while it fetches the next. It used to wait for the
+/// whole next batch even after the apply failed, so a stalled GET held a broken chain's
+/// error (and the caller) as long as the store client allowed; the apply error now returns
+/// at once. The GET of a delta in the second batch is held (never resumed) while the first
+/// batch fails its checksum.
+pub(super) async fn a_failed_apply_returns_without_waiting_for_the_next_fetch(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let pfx = prefix()?;
+    let held = Arc::new(FaultStore::new(store.clone()));
+    let writer = open(store.clone(), &pfx).await?;
+    let two = Settings {
+        read_concurrency: 2,
+        ..Settings::default()
+    };
+    let reader = Replica::open(held.clone(), &pfx, two).await?;
+    let org = org("acme");
+    let mut claim = writer.claim(&org, "w", false).await?;
+    let mut db = Db::new()?;
+    let mut prev = db.image()?;
+    writer
+        .ship(&mut claim, Snapshot::from_bytes(prev.clone(), 1))
+        .await?;
+    let mut deltas = Vec::new();
+    for commit in 2..=6 {
+        db.exec("INSERT INTO t(v) VALUES (randomblob(300))")?;
+        let next = db.image()?;
+        deltas.push(
+            writer
+                .ship_delta(&mut claim, diff(&prev, &next, commit)?)
+                .await?,
+        );
+        prev = next;
+    }
+    // The first delta's checksum after it is wrong: the first batch (deltas 1-2) fails.
+    let entry_path = log_path(&pfx, deltas[0].seq);
+    let mut v = read_json(&store, &entry_path).await?;
+    v["checksum"] = "0000000000000000".into();
+    store
+        .put(&entry_path, PutPayload::from(serde_json::to_vec(&v)?))
+        .await?;
+    // The third delta's blob (second batch) never arrives while the test runs.
+    let blob = deltas[2]
+        .blob
+        .rsplit('/')
+        .next()
+        .ok_or("no blob name")?
+        .to_owned();
+    let pause = held.pause_next(Op::Get, &blob);
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("x.db");
+    let (r2, o2, d2) = (reader.clone(), org.clone(), dest.clone());
+    let restore = tokio::spawn(async move { r2.restore(&o2, None, &d2).await });
+    let got = tokio::time::timeout(std::time::Duration::from_secs(60), restore)
+        .await
+        .map_err(|_| "restore waited for the held GET after its apply failed")??;
+    assert!(matches!(got, Err(Error::ChainBroken { .. })), "{got:?}");
+    assert!(!dest.exists(), "nothing is installed");
+    drop(pause);
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! The log entry format: JSON, `"v":1`, a header every kind shares and a body per kind.
+//!
+//! On the wire an entry is one flat JSON object with its keys in sorted order, e.g.
+//! `{"at_ms":…,"kind":"claim","nonce":"…","round":1,"seq":1,"v":1,"writer":"w"}`. A reader
+//! that meets a version or kind it does not know refuses with [`Error::UnknownFormat`], so
+//! later kinds can be added safely.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+
+/// Log entry format version written by this build.
+pub const ENTRY_VERSION: u64 = 1;
+const KINDS: [&str; 4] = ["claim", "snapshot", "delta", "release"];
+
+/// One entry of an org's create-only log (`orgs/<org>/log/<seq:020>.json`): an [`EntryHeader`]
+/// every kind shares, and the [`EntryBody`] of its kind.
+///
+/// Two entries are "the same" only if every field matches, nonce included (I9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// Position, round, writer, nonce and time.
+    #[serde(flatten)]
+    pub header: EntryHeader,
+    /// What the entry records.
+    #[serde(flatten)]
+    pub body: EntryBody,
+}
+
+/// The fields every log entry has.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryHeader {
+    /// Log position.
+    pub seq: u64,
+    /// Round of the writer that created it: the claimed round for a claim (I7).
+    pub round: u64,
+    /// Writer id.
+    pub writer: String,
+    /// 16 random bytes, hex; unique per attempt, so a re-read tells our own write from
+    /// another's (I9).
+    pub nonce: String,
+    /// Creation time, ms since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// What a log entry records, by kind (`"kind"` on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EntryBody {
+    /// A writer claimed the header's round; fences every lower round (I7).
+    Claim,
+    /// A full snapshot published under the header's round.
+    Snapshot(Stored),
+    /// Pages changed since the entry at `base` (a snapshot or delta of the same round),
+    /// published under the header's round. Hydrate applies it only if the database checksum
+    /// before it is `base_checksum`, and proves the result is `checksum` (I10).
+    Delta(DeltaLink),
+    /// The writer of the header's round handed the org over; the next claim need not wait
+    /// for its lease.
+    Release,
+}
+
+/// What a snapshot or delta entry stores: its blob, and the commit counter of the database
+/// it leads to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stored {
+    /// Blob file name inside the org's `snap/` directory (one path segment, checked on read).
+    pub blob: String,
+    /// sha256 of the uncompressed image or delta body, lowercase hex.
+    pub sha256: String,
+    /// Uncompressed size in bytes.
+    pub bytes: u64,
+    /// Stored blob size in bytes (header + zstd frame).
+    pub compressed_bytes: u64,
+    /// The caller's commit counter the database holds at this position.
+    pub commit: u64,
+}
+
+/// A delta entry: its blob, and how it links onto the chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaLink {
+    /// Blob and commit counter.
+    #[serde(flatten)]
+    pub stored: Stored,
+    /// Log position of the entry this delta applies to: the previous snapshot or delta, or
+    /// for a compacted delta the chain's snapshot.
+    pub base: u64,
+    /// Database checksum before the delta (16 hex digits; see [`crate::Delta`]).
+    pub base_checksum: String,
+    /// Database checksum after the delta.
+    pub checksum: String,
+    /// Page size in bytes.
+    pub page_size: u32,
+    /// Database size in pages after the delta.
+    pub db_pages: u32,
+    /// Pages the delta carries.
+    pub changed_pages: u32,
+}
+
+impl LogEntry {
+    /// Log position of this entry.
+    pub fn seq(&self) -> u64 {
+        self.header.seq
+    }
+
+    /// Round of the writer that created it.
+    pub fn round(&self) -> u64 {
+        self.header.round
+    }
+
+    /// Writer id of its creator.
+    pub fn writer(&self) -> &str {
+        &self.header.writer
+    }
+
+    /// Creation time, ms since the Unix epoch.
+    pub fn at_ms(&self) -> u64 {
+        self.header.at_ms
+    }
+
+    /// The blob and commit counter of a snapshot or delta entry.
+    pub fn stored(&self) -> Option<&Stored> {
+        match &self.body {
+            EntryBody::Snapshot(stored) | EntryBody::Delta(DeltaLink { stored, .. }) => {
+                Some(stored)
+            }
+            EntryBody::Claim | EntryBody::Release => None,
+        }
+    }
+
+    /// The link of a delta entry.
+    pub fn delta(&self) -> Option<&DeltaLink> {
+        match &self.body {
+            EntryBody::Delta(link) => Some(link),
+            _ => None,
+        }
+    }
+
+    /// The blob a snapshot or delta entry names.
+    pub fn blob(&self) -> Option<&str> {
+        self.stored().map(|s| s.blob.as_str())
+    }
+
+    /// The commit counter a snapshot or delta entry holds.
+    pub fn commit(&self) -> Option<u64> {
+        self.stored().map(|s| s.commit)
+    }
+
+    /// True for a claim entry.
+    pub fn is_claim(&self) -> bool {
+        matches!(self.body, EntryBody::Claim)
+    }
+
+    /// True for a full snapshot entry.
+    pub fn is_snapshot(&self) -> bool {
+        matches!(self.body, EntryBody::Snapshot(_))
+    }
+
+    /// True for a delta entry.
+    pub fn is_delta(&self) -> bool {
+        matches!(self.body, EntryBody::Delta(_))
+    }
+
+    /// Kind name as stored (`claim`, `snapshot`, `delta`, `release`).
+    pub fn kind_name(&self) -> &'static str {
+        match self.body {
+            EntryBody::Claim => "claim",
+            EntryBody::Snapshot(_) => "snapshot",
+            EntryBody::Delta(_) => "delta",
+            EntryBody::Release => "release",
+        }
+    }
+
+    /// Serializes with the format version: one JSON object, keys sorted
+    /// (`{"at_ms":…,"kind":…,…,"v":1,…}`).
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if serde fails (it does not for these types).
+    pub fn encode(&self) -> Result<Vec<u8>, Error> {
+        let encode = |source| Error::Encode {
+            what: "log entry",
+            source,
+        };
+        // Through a `Value`, whose map keeps keys sorted: the bytes on the wire do not depend
+        // on the order of the fields in these types.
+        let mut value = serde_json::to_value(self).map_err(encode)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("v".into(), ENTRY_VERSION.into());
+        }
+        serde_json::to_vec(&value).map_err(encode)
+    }
+
+    /// Parses an entry read from `object`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownFormat`] for an unknown `v` or `kind`; [`Error::Corrupt`] for anything
+    /// that is not a well-formed entry, whose `seq` differs from `expected_seq`, or whose
+    /// blob name is not one safe path segment (I12).
+    pub fn decode(
+        object: &str,
+        bytes: &[u8],
+        expected_seq: Option<u64>,
+    ) -> Result<LogEntry, Error> {
+        let mut value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
+        let map = value
+            .as_object_mut()
+            .ok_or_else(|| Error::corrupt(object, "not a json object"))?;
+        match map.remove("v").and_then(|v| v.as_u64()) {
+            Some(ENTRY_VERSION) => {}
+            other => {
+                return Err(Error::UnknownFormat {
+                    object: object.into(),
+                    detail: format!("entry version {other:?}, this build reads {ENTRY_VERSION}"),
+                });
+            }
+        }
+        let kind = map.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        if !KINDS.contains(&kind) {
+            return Err(Error::UnknownFormat {
+                object: object.into(),
+                detail: format!("entry kind {kind:?}"),
+            });
+        }
+        let entry: LogEntry =
+            serde_json::from_value(value).map_err(|e| Error::corrupt(object, e))?;
+        if let Some(seq) = expected_seq
+            && entry.seq() != seq
+        {
+            return Err(Error::corrupt(
+                object,
+                format!("entry says seq {} but is stored at {seq}", entry.seq()),
+            ));
+        }
+        if let Some(blob) = entry.blob()
+            && !valid_blob_name(blob)
+        {
+            return Err(Error::corrupt(object, format!("bad blob name {blob:?}")));
+        }
+        Ok(entry)
+    }
+}
+
+/// A blob name is one path segment: digits, dash, lowercase hex, ending `.db.zst`
+/// (snapshot) or `.delta.zst` (delta).
+pub(crate) fn valid_blob_name(name: &str) -> bool {
+    (name.ends_with(".db.zst") || name.ends_with(".delta.zst"))
+        && name.len() <= 128
+        && name.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b == b'-' || b == b'.' || b.is_ascii_lowercase())
+        && !name.contains("..")
+}

@@ -1,0 +1,257 @@
+//! Shipping: publishing a full snapshot or a delta under a claim's round (I6, I7, I9, I11).
+//!
+//! ```text
+//! pack (sha256 + zstd, blocking pool) -> put blob (unique name)
+//!   -> create log/<next> (create-only; settled by re-reading, see `log`)
+//!   -> list above it: anything there is a successor (Fenced)
+//!   -> renew the lease once past half its term
+//! ```
+
+use std::sync::Arc;
+
+use object_store::{ObjectStoreExt, PutPayload};
+use tracing::info;
+
+use crate::blob::{Packed, pack};
+use crate::checksum::{PageHashes, checksum_hex};
+use crate::claim::Tip;
+use crate::layout::{blob_name, delta_blob_name, new_nonce};
+use crate::log::entry::{DeltaLink, EntryBody, Stored};
+use crate::replica::blocking;
+use crate::{Claim, Delta, Error, FailPoint, LogEntry, Replica, Snapshot};
+
+/// A published snapshot or delta: where it is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shipped {
+    /// Log position of the entry.
+    pub seq: u64,
+    /// True for a delta, false for a full snapshot.
+    pub delta: bool,
+    /// Round it was published under.
+    pub round: u64,
+    /// The caller's commit counter contained in it.
+    pub commit: u64,
+    /// Uncompressed size in bytes (database image, or delta body).
+    pub bytes: u64,
+    /// Stored blob size in bytes (what one ship uploads, besides the small log entry).
+    pub compressed_bytes: u64,
+    /// sha256 of the uncompressed image or delta body, hex.
+    pub sha256: String,
+    /// Full object path of the blob.
+    pub blob: String,
+}
+
+impl Shipped {
+    /// The snapshot or delta `entry` describes, its blob named by its full object path
+    /// (`blob_path` of the blob's file name); `None` for claims and releases.
+    pub(crate) fn from_entry(
+        entry: &LogEntry,
+        blob_path: impl FnOnce(&str) -> String,
+    ) -> Option<Shipped> {
+        let stored = entry.stored()?;
+        Some(Shipped {
+            seq: entry.seq(),
+            delta: entry.is_delta(),
+            round: entry.round(),
+            commit: stored.commit,
+            bytes: stored.bytes,
+            compressed_bytes: stored.compressed_bytes,
+            sha256: stored.sha256.clone(),
+            blob: blob_path(&stored.blob),
+        })
+    }
+}
+
+impl Replica {
+    /// Compresses and uploads `snapshot` under a unique blob name, then publishes a
+    /// create-only Snapshot entry at the claim's next seq and checks nothing newer exists
+    /// above it. Only an `Ok` means the snapshot is durably published under this round (I6).
+    /// The snapshot becomes the claim's chain tip: later deltas apply to it.
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when a newer entry holds our slot or sits above it (I7, I11);
+    /// [`Error::PublishUnknown`] when a publish could not be settled by re-reading (I9);
+    /// both make the claim unusable. [`Error::Store`]/[`Error::Injected`] before publishing
+    /// (retry the ship); [`Error::StoreRefused`]; [`Error::InvalidSnapshot`];
+    /// [`Error::ClaimUnusable`].
+    pub async fn ship(&self, claim: &mut Claim, snapshot: Snapshot) -> Result<Shipped, Error> {
+        claim.usable()?;
+        let org = claim.org().to_string();
+        snapshot.check(&org)?;
+        let level = self.inner.settings.zstd_level;
+        let commit = snapshot.commit();
+        let (packed, hashes) = blocking("compressing a snapshot", move || {
+            let hashes = PageHashes::of_image("snapshot", snapshot.bytes()).map_err(|e| {
+                Error::InvalidSnapshot {
+                    org: org.clone(),
+                    reason: e.to_string(),
+                }
+            })?;
+            Ok((pack(&org, "snapshot", snapshot.bytes(), level)?, hashes))
+        })
+        .await?;
+        let name = blob_name(claim.next_seq, claim.round(), &new_nonce()?);
+        let shipped = self
+            .upload_and_publish(claim, packed, name, commit, EntryBody::Snapshot)
+            .await?;
+        let tip = Tip {
+            seq: shipped.seq,
+            hashes: Arc::new(hashes),
+        };
+        claim.snapshot_tip = Some(tip.clone());
+        claim.tip = Some(tip);
+        Ok(shipped)
+    }
+
+    /// Ships the pages changed since the claim's chain tip: uploads the delta body, publishes
+    /// a create-only Delta entry naming the tip as its base with the database checksum before
+    /// and after it, and checks nothing newer exists above it. Costs O(changed pages), not
+    /// O(database). Same acknowledgement and fencing rules as [`Replica::ship`] (I6, I7, I9).
+    ///
+    /// A [compacted](Delta::compacted) delta names the chain's snapshot as its base instead,
+    /// so a hydrate skips the deltas before it; it is refused unless applying it to the
+    /// snapshot gives exactly the database the tip plus its pages gives.
+    ///
+    /// # Errors
+    /// [`Error::NoChainTip`] when the claim has shipped no snapshot yet, or its last ship
+    /// failed (ship a full snapshot); [`Error::DeltaRefused`] when the page size differs from
+    /// the tip's, a page was [encoded](Delta::encode_against) against content the tip does
+    /// not hold, or a compacted delta misses a page changed since the snapshot (nothing is
+    /// published, the claim is unchanged: ship a full snapshot); otherwise as
+    /// [`Replica::ship`].
+    pub async fn ship_delta(&self, claim: &mut Claim, delta: Delta) -> Result<Shipped, Error> {
+        claim.usable()?;
+        let org = claim.org().to_string();
+        let seq = claim.next_seq;
+        let tip = match &claim.tip {
+            Some(tip) if tip.seq + 1 == seq => tip.clone(),
+            _ => {
+                return Err(Error::NoChainTip {
+                    org,
+                    round: claim.round(),
+                });
+            }
+        };
+        let refused = move |org: String, reason: String| Error::DeltaRefused { org, seq, reason };
+        if delta.page_size() != tip.hashes.page_size() {
+            return Err(refused(
+                org,
+                format!(
+                    "delta page size {} but the database has {}",
+                    delta.page_size(),
+                    tip.hashes.page_size()
+                ),
+            ));
+        }
+        let level = self.inner.settings.zstd_level;
+        let commit = delta.commit();
+        let base = match (&claim.snapshot_tip, delta.is_compacted()) {
+            (Some(snapshot), true) => snapshot.clone(),
+            _ => tip.clone(),
+        };
+        let mut delta = delta;
+        // The tip comparison must see the pages as the caller gave them: filled zero pages
+        // would override the tip's content and hide a grown page the caller missed.
+        let unfilled = delta.is_compacted().then(|| delta.clone());
+        delta.fill_growth(base.hashes.pages());
+        let (db_pages, page_size) = (delta.db_pages(), delta.page_size());
+        let changed_pages = delta.changed_pages() as u32;
+        let (tip_hashes, base_hashes) = (tip.hashes.clone(), base.hashes.clone());
+        let (packed, change) = blocking("compressing a delta", move || {
+            if let Some(page) = delta.wrong_base(&base_hashes) {
+                return Err(refused(
+                    org,
+                    format!("page {page} was encoded against content the chain tip does not hold"),
+                ));
+            }
+            let change = delta.hash_change(&base_hashes);
+            if let Some(unfilled) = &unfilled
+                && unfilled.hash_change(&tip_hashes).sum != change.sum
+            {
+                return Err(refused(
+                    org,
+                    "compacted delta misses a page changed since the snapshot".into(),
+                ));
+            }
+            Ok((pack(&org, "delta", &delta.body(), level)?, change))
+        })
+        .await?;
+        let (base_checksum, checksum) = (base.hashes.sum(), change.sum);
+        let name = delta_blob_name(seq, claim.round(), &new_nonce()?);
+        let shipped = self
+            .upload_and_publish(claim, packed, name, commit, |stored| {
+                EntryBody::Delta(DeltaLink {
+                    stored,
+                    base: base.seq,
+                    base_checksum: checksum_hex(base_checksum),
+                    checksum: checksum_hex(checksum),
+                    page_size,
+                    db_pages,
+                    changed_pages,
+                })
+            })
+            .await?;
+        // Update the base's hashes in place: once the claim lets go of its tip, the table is
+        // usually ours alone (a compaction, or the first delta after a snapshot, copies it once).
+        drop(tip);
+        claim.tip = None;
+        let mut hashes = base.hashes;
+        Arc::make_mut(&mut hashes).apply_change(change);
+        claim.tip = Some(Tip {
+            seq: shipped.seq,
+            hashes,
+        });
+        Ok(shipped)
+    }
+
+    /// Uploads a packed blob under `name`, publishes at the claim's next seq the entry whose
+    /// body `body` builds from the blob's [`Stored`] fields and `commit`, checks for a
+    /// successor, renews the lease.
+    async fn upload_and_publish(
+        &self,
+        claim: &mut Claim,
+        packed: Packed,
+        name: String,
+        commit: u64,
+        body: impl FnOnce(Stored) -> EntryBody,
+    ) -> Result<Shipped, Error> {
+        let org = claim.org().clone();
+        let started = std::time::Instant::now();
+        let blob_path = self.inner.layout.blob(&org, &name);
+        let compressed_bytes = packed.blob.len() as u64;
+        self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
+        self.inner
+            .store
+            .put(&blob_path, PutPayload::from(packed.blob))
+            .await
+            .map_err(|e| Error::store("put", &blob_path, e))?;
+        self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
+        let entry = LogEntry {
+            header: claim.next_header(self.inner.clock.now_ms())?,
+            body: body(Stored {
+                blob: name,
+                sha256: packed.sha256.clone(),
+                bytes: packed.bytes,
+                compressed_bytes,
+                commit,
+            }),
+        };
+        let seq = entry.seq();
+        self.publish_for_claim(claim, &entry).await?;
+        self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
+        self.check_no_successor(claim, seq).await?;
+        self.renew_lease(claim).await;
+        info!(%org, round = claim.round(), seq, kind = entry.kind_name(), bytes = packed.bytes,
+              compressed_bytes, elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
+        Ok(Shipped {
+            seq,
+            delta: entry.is_delta(),
+            round: claim.round(),
+            commit,
+            bytes: packed.bytes,
+            compressed_bytes,
+            sha256: packed.sha256,
+            blob: blob_path.to_string(),
+        })
+    }
+}

@@ -1,0 +1,43 @@
+//! SQLite's own checks of a database (I10): `quick_check` before an install, a full
+//! `integrity_check` of every snapshot and rebuilt chain by verify.
+
+use rusqlite::{Connection, MAIN_DB};
+
+use crate::Error;
+
+/// Runs `PRAGMA <check>` (`quick_check` or `integrity_check`) on an open database; anything
+/// but a single `ok` row is corruption of `what`.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming `what`, with SQLite's findings.
+pub(crate) fn sqlite_check(conn: &Connection, check: &str, what: &str) -> Result<(), Error> {
+    let mut stmt = conn
+        .prepare(&format!("PRAGMA {check}"))
+        .map_err(|e| Error::corrupt(what, format!("{check}: {e}")))?;
+    let rows: Vec<String> = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .and_then(|it| it.collect())
+        .map_err(|e| Error::corrupt(what, format!("{check}: {e}")))?;
+    if rows.len() == 1 && rows[0] == "ok" {
+        Ok(())
+    } else {
+        Err(Error::corrupt(
+            what,
+            format!("{check}: {}", rows.join("; ")),
+        ))
+    }
+}
+
+/// Full `integrity_check` of an image in memory (no files).
+///
+/// # Errors
+/// [`Error::Corrupt`] naming `what`; [`Error::Sqlite`] when no in-memory database opens.
+pub(crate) fn integrity_check_image(what: &str, image: &[u8]) -> Result<(), Error> {
+    let mut conn = Connection::open_in_memory().map_err(|source| Error::Sqlite {
+        op: "opening a check buffer",
+        source,
+    })?;
+    conn.deserialize_read_exact(MAIN_DB, image, image.len(), true)
+        .map_err(|e| Error::corrupt(what, format!("deserialize: {e}")))?;
+    sqlite_check(&conn, "integrity_check", what)
+}

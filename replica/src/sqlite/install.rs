@@ -1,0 +1,93 @@
+//! Installing a verified image as a local database file, atomically (I8, I10).
+//! Synchronous: call on a blocking thread.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rusqlite::Connection;
+
+use crate::Error;
+use crate::sqlite::check::sqlite_check;
+
+/// Sidecar files SQLite keeps next to a database.
+fn sidecars(dest: &Path) -> Vec<PathBuf> {
+    ["-wal", "-shm", "-journal"]
+        .iter()
+        .map(|s| {
+            let mut p = dest.as_os_str().to_owned();
+            p.push(s);
+            PathBuf::from(p)
+        })
+        .collect()
+}
+
+fn remove_if_exists(p: &Path) -> Result<(), Error> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(p, e)),
+    }
+}
+
+/// Removes `dest` and its sidecars: the local file is a cache, never an authority (I8).
+///
+/// # Errors
+/// [`Error::Io`] when a file exists but cannot be removed.
+pub(crate) fn remove_db(dest: &Path) -> Result<(), Error> {
+    for s in sidecars(dest) {
+        remove_if_exists(&s)?;
+    }
+    remove_if_exists(dest)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))
+}
+
+/// Atomically installs a verified image at `dest`: temp file in dest's directory, fsync,
+/// `quick_check` on the temp file, remove stale sidecars, rename, fsync the directory.
+/// `object` names the image in errors; `nonce` makes the temp file's name unique.
+/// On any failure nothing is installed and the temp file is removed (I10).
+///
+/// # Errors
+/// [`Error::Corrupt`] when the file fails `quick_check`; [`Error::Io`].
+pub(crate) fn install(object: &str, image: &[u8], dest: &Path, nonce: &str) -> Result<(), Error> {
+    let dir = match dest.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = dest
+        .file_name()
+        .ok_or_else(|| Error::io(dest, std::io::Error::other("destination has no file name")))?;
+    std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let tmp = dir.join(format!(".{}.hydrate-{nonce}", name.to_string_lossy()));
+    let result = (|| {
+        let mut f = std::fs::File::create_new(&tmp).map_err(|e| Error::io(&tmp, e))?;
+        f.write_all(image).map_err(|e| Error::io(&tmp, e))?;
+        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        drop(f);
+        {
+            let conn =
+                Connection::open_with_flags(&tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                    .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
+            sqlite_check(&conn, "quick_check", object)?;
+        }
+        for s in sidecars(&tmp) {
+            remove_if_exists(&s)?;
+        }
+        for s in sidecars(dest) {
+            remove_if_exists(&s)?;
+        }
+        std::fs::rename(&tmp, dest).map_err(|e| Error::io(dest, e))?;
+        sync_dir(&dir)
+    })();
+    if result.is_err() {
+        let _ = remove_if_exists(&tmp);
+        for s in sidecars(&tmp) {
+            let _ = remove_if_exists(&s);
+        }
+    }
+    result
+}

@@ -1,0 +1,181 @@
+//! Verify: download and check every snapshot and every delta of an org, replaying each
+//! snapshot's chain as hydrate would (I10), and report what fails instead of stopping.
+
+use tracing::debug;
+
+use crate::chain::{self, Chain, Start, broken};
+use crate::checksum::PageHashes;
+use crate::replica::blocking;
+use crate::sqlite::check::integrity_check_image;
+use crate::{Error, LogEntry, OrgId, Replica};
+
+/// Result of [`crate::Replica::verify`].
+#[derive(Debug, Default)]
+pub struct VerifyReport {
+    /// Log positions of snapshots that passed sha256, size and `integrity_check`, and of
+    /// deltas whose chain from their snapshot rebuilt the checksummed database.
+    pub ok: Vec<u64>,
+    /// Snapshots and deltas that failed, with why.
+    pub failed: Vec<(u64, crate::Error)>,
+}
+
+impl Replica {
+    /// Downloads and fully checks every published snapshot (size, sha256,
+    /// `integrity_check`) and every delta (size, sha256, and the database checksum before and
+    /// after it, replayed from its snapshot). A delta that no snapshot's chain reaches is
+    /// reported as failed.
+    ///
+    /// Retention may retire entries while verify reads them: a failure of an entry that is
+    /// no longer in the log is that race, not damage, and verify reads the log again (a few
+    /// times, as restore does) instead of reporting it.
+    ///
+    /// # Errors
+    /// [`Error::Store`] or an unreadable log; per-entry failures go in the report.
+    pub async fn verify(&self, org: &OrgId) -> Result<VerifyReport, Error> {
+        let mut attempt = 0;
+        loop {
+            let report = self.verify_once(org).await?;
+            attempt += 1;
+            let mut retired = false;
+            for (seq, _) in &report.failed {
+                if self.read_entry(org, *seq).await?.is_none() {
+                    retired = true;
+                    break;
+                }
+            }
+            if !retired || attempt >= 4 {
+                return Ok(report);
+            }
+            debug!(%org, attempt, "verify raced retention; reading the log again");
+        }
+    }
+
+    /// One pass of [`Replica::verify`] over the log as it is now.
+    async fn verify_once(&self, org: &OrgId) -> Result<VerifyReport, Error> {
+        let log = self.history(org).await?;
+        let mut report = VerifyReport::default();
+        let mut reached = std::collections::HashSet::new();
+        for (i, entry) in log.iter().enumerate() {
+            if !entry.is_snapshot() {
+                continue;
+            }
+            let chain = Chain {
+                snapshot: entry.clone(),
+                deltas: chain::after(entry, &log[i + 1..]),
+            };
+            reached.extend(chain.deltas.iter().map(LogEntry::seq));
+            self.verify_chain(org, &chain, &mut report).await;
+        }
+        for e in log.iter().filter(|e| e.is_delta()) {
+            if !reached.contains(&e.seq()) {
+                let why = broken(org, e.seq(), "delta is not on the chain of any snapshot");
+                report.failed.push((e.seq(), why));
+            }
+        }
+        report.ok.sort_unstable();
+        Ok(report)
+    }
+
+    /// Checks a snapshot, then each delta of its chain in order, reporting the first entry
+    /// that fails and every delta after it (they cannot be rebuilt).
+    async fn verify_chain(&self, org: &OrgId, chain: &Chain, report: &mut VerifyReport) {
+        let snap = chain.snapshot.seq();
+        let fetched = match self.fetch(org, &chain.snapshot).await {
+            Ok((object, image)) => {
+                blocking("checking a snapshot", move || {
+                    integrity_check_image(&object, &image)?;
+                    let hashes = PageHashes::of_image(&object, &image)?;
+                    Ok((image, hashes))
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        // Ok(rebuilt state) or Err(seq of the entry that failed).
+        let mut snap_sum = 0;
+        // A compacted delta applies to the snapshot, as hydrate applies it: keep a copy of
+        // the snapshot's state when the chain has one.
+        let compacts = chain
+            .deltas
+            .iter()
+            .skip(1)
+            .any(|e| chain::compacts(&chain.snapshot, e));
+        let mut snapshot_state = None;
+        let mut state = match fetched {
+            Ok(v) => {
+                report.ok.push(snap);
+                snap_sum = v.1.sum();
+                if compacts {
+                    snapshot_state = Some(v.clone());
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                report.failed.push((snap, e));
+                Err(snap)
+            }
+        };
+        for entry in &chain.deltas {
+            state = match state {
+                Err(bad) => {
+                    let why = broken(org, entry.seq(), format!("follows seq {bad}, which failed"));
+                    report.failed.push((entry.seq(), why));
+                    Err(bad)
+                }
+                Ok(current) => {
+                    let (image, hashes) = match &snapshot_state {
+                        Some(at_snapshot) if chain::compacts(&chain.snapshot, entry) => {
+                            at_snapshot.clone()
+                        }
+                        _ => current,
+                    };
+                    let applied = match self.fetch(org, entry).await {
+                        Ok((obj, body)) => {
+                            let (org, entry) = (org.clone(), entry.clone());
+                            blocking("applying a delta", move || {
+                                let (mut image, mut hashes) = (image, hashes);
+                                let start = Start {
+                                    seq: snap,
+                                    checksum: snap_sum,
+                                };
+                                chain::apply(
+                                    &org,
+                                    start,
+                                    &entry,
+                                    &obj,
+                                    &body,
+                                    &mut image,
+                                    &mut hashes,
+                                )?;
+                                Ok((image, hashes))
+                            })
+                            .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match applied {
+                        Ok(state) => {
+                            report.ok.push(entry.seq());
+                            Ok(state)
+                        }
+                        Err(e) => {
+                            report.failed.push((entry.seq(), e));
+                            Err(entry.seq())
+                        }
+                    }
+                }
+            };
+        }
+        if let (Ok((image, _)), Some(last)) = (state, chain.deltas.last()) {
+            let object = format!("{org}@{}", last.seq());
+            let checked = blocking("checking a rebuilt database", move || {
+                integrity_check_image(&object, &image)
+            })
+            .await;
+            if let Err(e) = checked {
+                report.ok.retain(|s| *s != last.seq());
+                report.failed.push((last.seq(), e));
+            }
+        }
+    }
+}
