@@ -212,3 +212,125 @@ pub(crate) fn apply(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::entry::{EntryHeader, Stored};
+
+    fn entry(seq: u64, round: u64, body: EntryBody) -> LogEntry {
+        LogEntry {
+            header: EntryHeader {
+                seq,
+                round,
+                writer: "w".into(),
+                nonce: "00".into(),
+                at_ms: 0,
+            },
+            body,
+        }
+    }
+
+    fn stored() -> Stored {
+        Stored {
+            blob: "1.db.zst".into(),
+            sha256: String::new(),
+            bytes: 0,
+            compressed_bytes: 0,
+            commit: 0,
+        }
+    }
+
+    fn snapshot(seq: u64, round: u64) -> LogEntry {
+        entry(seq, round, EntryBody::Snapshot(stored()))
+    }
+
+    fn delta(seq: u64, round: u64, base: u64) -> LogEntry {
+        entry(
+            seq,
+            round,
+            EntryBody::Delta(DeltaLink {
+                stored: stored(),
+                base,
+                base_checksum: String::new(),
+                checksum: String::new(),
+                page_size: 512,
+                db_pages: 1,
+                changed_pages: 0,
+            }),
+        )
+    }
+
+    fn seqs(chain: &Option<Chain>) -> Option<(u64, Vec<u64>)> {
+        chain.as_ref().map(|c| {
+            (
+                c.snapshot.seq(),
+                c.deltas.iter().map(LogEntry::seq).collect(),
+            )
+        })
+    }
+
+    fn acme() -> OrgId {
+        match OrgId::new("acme") {
+            Ok(o) => o,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn the_newest_state_starts_at_the_newest_compaction_and_skips_what_it_supersedes()
+    -> Result<(), Error> {
+        let claim = entry(1, 1, EntryBody::Claim);
+        // 2 snapshot, 3 and 4 deltas, (5 gone), 6 a compaction onto 2, 7 a delta onto 6.
+        let log = [
+            claim,
+            snapshot(2, 1),
+            delta(3, 1, 2),
+            delta(4, 1, 3),
+            delta(6, 1, 2),
+            delta(7, 1, 6),
+        ];
+        let state = newest(&acme(), &log, u64::MAX)?;
+        assert_eq!(seqs(&state), Some((2, vec![6, 7])));
+        // Verify and retention see the contiguous chain only: 3 and 4.
+        assert_eq!(
+            after(&log[1], &log[2..])
+                .iter()
+                .map(LogEntry::seq)
+                .collect::<Vec<_>>(),
+            vec![3, 4]
+        );
+        assert_eq!(seqs(&newest(&acme(), &log, 5)?), Some((2, vec![3, 4])));
+        Ok(())
+    }
+
+    #[test]
+    fn a_gap_a_foreign_delta_or_a_delta_after_a_claim_breaks_the_chain() {
+        let gap = [snapshot(2, 1), delta(3, 1, 2), delta(5, 1, 4)];
+        let foreign = [snapshot(2, 1), delta(3, 2, 2)];
+        let after_claim = [
+            snapshot(2, 1),
+            delta(3, 1, 2),
+            entry(4, 2, EntryBody::Claim),
+            delta(5, 1, 3),
+        ];
+        let orphan = [delta(3, 1, 2)];
+        for log in [&gap[..], &foreign, &after_claim, &orphan] {
+            let got = newest(&acme(), log, u64::MAX);
+            assert!(
+                matches!(got, Err(Error::ChainBroken { .. })),
+                "{log:?}: {:?}",
+                got.map(|c| seqs(&c))
+            );
+        }
+    }
+
+    #[test]
+    fn compaction_bases_are_deltas_not_based_on_the_entry_before() {
+        assert_eq!(compaction_base(&delta(6, 1, 2)), Some(2));
+        assert_eq!(compaction_base(&delta(3, 1, 2)), None);
+        assert_eq!(compaction_base(&snapshot(3, 1)), None);
+        assert!(compacts(&snapshot(2, 1), &delta(6, 1, 2)));
+        assert!(!compacts(&snapshot(2, 1), &delta(6, 2, 2)));
+    }
+}

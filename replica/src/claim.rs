@@ -38,6 +38,18 @@ impl std::fmt::Debug for Tip {
 /// Not `Clone`, and its fields are private: the round it publishes under and the log
 /// position it publishes at change only through [`Replica`]'s calls, and no copy can go on
 /// publishing (or fence its original) after the claim was fenced, released or poisoned.
+///
+/// ```compile_fail
+/// fn copy(claim: &idem_replica::Claim) -> idem_replica::Claim {
+///     claim.clone()
+/// }
+/// ```
+///
+/// ```compile_fail
+/// fn rewrite(claim: &mut idem_replica::Claim) {
+///     claim.round += 1;
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Claim {
     org: OrgId,

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use idem_replica::{Error, FailPoint, Failpoints, OrgId, Replica, Settings, Snapshot, SystemClock};
+use idem_replica::{FailPoint, Failpoints, OrgId, Replica, Settings, Snapshot, SystemClock};
 
 const CHILD_ENV: &str = "IDEM_REPLICA_CRASH_CHILD";
 const TEST_NAME: &str = "killed_mid_ship_leaves_latest_snapshot_intact";
@@ -23,21 +23,9 @@ impl Failpoints for Announce {
     }
 }
 
-fn io(path: &str, source: std::io::Error) -> Error {
-    Error::Io {
-        path: path.into(),
-        source,
-    }
-}
+type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-fn sql(source: rusqlite::Error) -> Error {
-    Error::Sqlite {
-        op: "crash test",
-        source,
-    }
-}
-
-async fn child(dir: &str) -> Result<(), Error> {
+async fn child(dir: &str) -> R {
     let store = Replica::local_store(std::path::Path::new(dir))?;
     let r = Replica::open_with(
         store,
@@ -51,18 +39,13 @@ async fn child(dir: &str) -> Result<(), Error> {
     let mut claim = r
         .claim(&org, &format!("child-{}", std::process::id()), true)
         .await?;
-    let conn = rusqlite::Connection::open_in_memory().map_err(sql)?;
+    let conn = rusqlite::Connection::open_in_memory()?;
     let mut noise = vec![0u8; 6 << 20];
-    getrandom::fill(&mut noise).map_err(|e| Error::InvalidSettings {
-        reason: e.to_string(),
-    })?;
-    conn.execute_batch("CREATE TABLE big(b BLOB); CREATE TABLE t(id INTEGER PRIMARY KEY);")
-        .map_err(sql)?;
-    conn.execute("INSERT INTO big VALUES (?1)", [noise])
-        .map_err(sql)?;
+    getrandom::fill(&mut noise)?;
+    conn.execute_batch("CREATE TABLE big(b BLOB); CREATE TABLE t(id INTEGER PRIMARY KEY);")?;
+    conn.execute("INSERT INTO big VALUES (?1)", [noise])?;
     for _ in 0..1000 {
-        conn.execute("INSERT INTO t DEFAULT VALUES", [])
-            .map_err(sql)?;
+        conn.execute("INSERT INTO t DEFAULT VALUES", [])?;
         let snap = Snapshot::take(&conn, |c| {
             c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
                 .map(|n| n as u64)
@@ -75,13 +58,13 @@ async fn child(dir: &str) -> Result<(), Error> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_mid_ship_leaves_latest_snapshot_intact() -> Result<(), Error> {
+async fn killed_mid_ship_leaves_latest_snapshot_intact() -> R {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         return child(&dir).await;
     }
-    let tmp = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
+    let tmp = tempfile::tempdir()?;
     let store_dir = tmp.path().join("store");
-    let exe = std::env::current_exe().map_err(|e| io("current_exe", e))?;
+    let exe = std::env::current_exe()?;
     let org = OrgId::new("crash")?;
     // Kill at a different seam each run: while compressing/uploading the blob, right after
     // the upload, right after the entry was created.
@@ -94,11 +77,8 @@ async fn killed_mid_ship_leaves_latest_snapshot_intact() -> Result<(), Error> {
             .env(CHILD_ENV, &store_dir)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| io("child", e))?;
-        let stdout = child.stdout.take().ok_or_else(|| Error::InvalidSettings {
-            reason: "no stdout".into(),
-        })?;
+            .spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         let mut acked_commit = 0u64;
         let mut shipped = 0;
@@ -112,7 +92,7 @@ async fn killed_mid_ship_leaves_latest_snapshot_intact() -> Result<(), Error> {
                     .and_then(|c| c.parse().ok())
                     .unwrap_or(0);
             } else if shipped >= 2 + run && line == format!("CHILD at {kill_at}") {
-                child.kill().map_err(|e| io("child", e))?; // SIGKILL
+                child.kill()?; // SIGKILL
                 killed = true;
                 break;
             }
@@ -133,14 +113,10 @@ async fn killed_mid_ship_leaves_latest_snapshot_intact() -> Result<(), Error> {
             "run {run}: acked commit {acked_commit} lost (got {})",
             h.commit
         );
-        let conn = rusqlite::Connection::open(&dest).map_err(sql)?;
-        let n: i64 = conn
-            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-            .map_err(sql)?;
+        let conn = rusqlite::Connection::open(&dest)?;
+        let n: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
         assert_eq!(n as u64, h.commit);
-        let ok: String = conn
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .map_err(sql)?;
+        let ok: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
         assert_eq!(ok, "ok");
     }
     Ok(())

@@ -191,8 +191,6 @@ pub(super) async fn snapshot_under_concurrent_writes(store: Arc<dyn ObjectStore>
         );
     }
     stop.store(true, Ordering::SeqCst);
-    writer.join().map_err(|_| Error::InvalidSettings {
-        reason: "writer thread panicked".into(),
-    })??;
+    writer.join().map_err(|_| "writer thread panicked")??;
     Ok(())
 }
