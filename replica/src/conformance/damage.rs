@@ -2,20 +2,17 @@
 //! typed error with nothing installed (I10); and a failed apply that does not wait on the
 //! fetch beside it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::Digest;
 
-use super::db::{Db, diff};
+use super::db::Writer;
 use super::delta::ship_chain;
-use super::{CaseResult, log_path, open, org, prefix, test_snapshot};
+use super::{CaseResult, log_path, open, org, prefix};
 use crate::fault::{FaultStore, Op};
-use crate::{
-    BLOB_MAGIC, BLOB_VERSION, Delta, Error, ErrorKind, LogEntry, Replica, Settings, Snapshot,
-};
+use crate::{BLOB_MAGIC, BLOB_VERSION, Error, ErrorKind, LogEntry, Replica, Settings};
 
 /// The JSON object stored at `path`.
 async fn read_json(
@@ -123,22 +120,14 @@ pub(super) async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectSto
 pub(super) async fn restore_at_a_delta_without_its_snapshot_is_an_error_not_an_empty_db(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let pfx = prefix()?;
-    let replica = open(store.clone(), &pfx).await?;
-    let org = org("acme");
-    let mut claim = replica.claim(&org, "w", false).await?;
-    let s = test_snapshot(1)?;
-    replica.ship(&mut claim, s.clone()).await?;
-    let s2 = test_snapshot(2)?;
-    let d = replica
-        .ship_delta(&mut claim, diff(s.bytes(), s2.bytes(), 2)?)
-        .await?;
+    let mut w = Writer::start(store.clone(), "w", "INSERT INTO t(v) VALUES (1);").await?;
+    let d = w.ship_change("INSERT INTO t(v) VALUES (2);", 2).await?;
     // The snapshot entry goes (as an interrupted retention run would leave it).
-    store.delete(&log_path(&pfx, d.seq - 1)).await?;
+    store.delete(&log_path(&w.prefix, d.seq - 1)).await?;
     let dir = tempfile::tempdir()?;
     let dest = dir.path().join("restored.db");
     std::fs::write(&dest, b"the operator's previous file")?;
-    let got = replica.restore(&org, Some(d.seq), &dest).await;
+    let got = w.replica.restore(&w.org, Some(d.seq), &dest).await;
     assert!(
         got.is_err(),
         "restore --at {} succeeded with {got:?}; dest exists: {}",
@@ -154,19 +143,10 @@ pub(super) async fn restore_at_a_delta_without_its_snapshot_is_an_error_not_an_e
 pub(super) async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let pfx = prefix()?;
-    let replica = open(store.clone(), &pfx).await?;
-    let org = org("acme");
-    let mut claim = replica.claim(&org, "w", false).await?;
-    let s = test_snapshot(1)?;
-    replica.ship(&mut claim, s.clone()).await?;
-    let ps = u32::from(u16::from_be_bytes([s.bytes()[16], s.bytes()[17]]));
-    let d = replica
-        .ship_delta(
-            &mut claim,
-            Delta::new(ps, (s.len() as u32) / ps, BTreeMap::new(), 1)?,
-        )
-        .await?;
+    let mut w = Writer::start(store.clone(), "w", "INSERT INTO t(v) VALUES (1);").await?;
+    // A delta that changes nothing, then made to claim u32::MAX pages.
+    let d = w.ship_change("", 1).await?;
+    let (pfx, replica, org, ps) = (w.prefix, w.replica, w.org, 1024u32);
     // Rewrite blob and entry consistently: body = page_size, u32::MAX pages, 0 changed.
     let mut body = Vec::new();
     body.extend_from_slice(&ps.to_le_bytes());
@@ -214,32 +194,21 @@ pub(super) async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic(
 pub(super) async fn a_failed_apply_returns_without_waiting_for_the_next_fetch(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let pfx = prefix()?;
+    let mut w = Writer::start(store.clone(), "w", "").await?;
     let held = Arc::new(FaultStore::new(store.clone()));
-    let writer = open(store.clone(), &pfx).await?;
     let two = Settings {
         read_concurrency: 2,
         ..Settings::default()
     };
-    let reader = Replica::open(held.clone(), &pfx, two).await?;
-    let org = org("acme");
-    let mut claim = writer.claim(&org, "w", false).await?;
-    let mut db = Db::new()?;
-    let mut prev = db.image()?;
-    writer
-        .ship(&mut claim, Snapshot::from_bytes(prev.clone(), 1))
-        .await?;
+    let reader = Replica::open(held.clone(), &w.prefix, two).await?;
     let mut deltas = Vec::new();
     for commit in 2..=6 {
-        db.exec("INSERT INTO t(v) VALUES (randomblob(300))")?;
-        let next = db.image()?;
         deltas.push(
-            writer
-                .ship_delta(&mut claim, diff(&prev, &next, commit)?)
+            w.ship_change("INSERT INTO t(v) VALUES (randomblob(300))", commit)
                 .await?,
         );
-        prev = next;
     }
+    let (pfx, org) = (w.prefix, w.org);
     // The first delta's checksum after it is wrong: the first batch (deltas 1-2) fails.
     let entry_path = log_path(&pfx, deltas[0].seq);
     let mut v = read_json(&store, &entry_path).await?;

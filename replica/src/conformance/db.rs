@@ -1,11 +1,13 @@
 //! Databases the delta cases build, and deltas between their images.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use object_store::ObjectStore;
 use rusqlite::{Connection, MAIN_DB};
 
 use crate::sqlite::pages::{canonical_page1, image_page_size};
-use crate::{Delta, Error};
+use crate::{Claim, Delta, Error, OrgId, Replica, Shipped, Snapshot};
 
 /// An in-memory database of 1 KiB pages whose exact image is read with `serialize`.
 pub(super) struct Db(pub(super) Connection);
@@ -75,4 +77,61 @@ pub(super) fn diff_keeping(
 pub(super) fn page(image: &[u8], pgno: u32) -> Option<&[u8]> {
     let at = (pgno as usize).checked_sub(1)? * 1024;
     image.get(at..at + 1024)
+}
+
+/// A writer of org `acme` under a fresh prefix of a store, whose chain starts with a full
+/// snapshot of its database: the start of most delta cases.
+pub(super) struct Writer {
+    pub(super) prefix: String,
+    pub(super) replica: Replica,
+    pub(super) org: OrgId,
+    pub(super) claim: Claim,
+    pub(super) db: Db,
+    /// The image last shipped.
+    pub(super) image: Vec<u8>,
+}
+
+impl Writer {
+    /// Claims `acme` as writer `writer`, runs `sql` on a fresh [`Db`] and ships its image
+    /// as a full snapshot at commit 1.
+    pub(super) async fn start(
+        store: Arc<dyn ObjectStore>,
+        writer: &str,
+        sql: &str,
+    ) -> Result<Writer, Box<dyn std::error::Error + Send + Sync>> {
+        let prefix = super::prefix()?;
+        let replica = super::open(store, &prefix).await?;
+        let org = super::org("acme");
+        let mut claim = replica.claim(&org, writer, false).await?;
+        let mut db = Db::new()?;
+        db.exec(sql)?;
+        let image = db.image()?;
+        replica
+            .ship(&mut claim, Snapshot::from_bytes(image.clone(), 1))
+            .await?;
+        Ok(Writer {
+            prefix,
+            replica,
+            org,
+            claim,
+            db,
+            image,
+        })
+    }
+
+    /// Runs `sql` and ships the pages it changed as a delta at `commit`.
+    pub(super) async fn ship_change(
+        &mut self,
+        sql: &str,
+        commit: u64,
+    ) -> Result<Shipped, Box<dyn std::error::Error + Send + Sync>> {
+        self.db.exec(sql)?;
+        let next = self.db.image()?;
+        let shipped = self
+            .replica
+            .ship_delta(&mut self.claim, diff(&self.image, &next, commit)?)
+            .await?;
+        self.image = next;
+        Ok(shipped)
+    }
 }

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::db::{Db, diff, diff_keeping, page};
+use super::db::{Db, Writer, diff, diff_keeping, page};
 use super::{CaseResult, log_path, open, org, prefix};
-use crate::{Claim, Delta, Error, OrgId, Replica, Snapshot};
+use crate::{Claim, Delta, Error, Replica, Snapshot};
 
 /// Builds a chain: one snapshot of 20 rows, then one delta per step (inserts, an update, a
 /// delete that shrinks the file after VACUUM, a schema change). Returns the images per seq.
@@ -208,12 +208,19 @@ pub(super) async fn compacted_delta_supersedes_the_chain(
 pub(super) async fn compaction_missing_grown_pages_is_refused(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let (replica, org, mut claim, mut db, s1) = started(store, 100).await?;
+    let mut w = Writer::start(store, "w", "INSERT INTO t(v) VALUES (randomblob(100));").await?;
+    let s1 = w.image.clone();
     let n = (s1.len() / 1024) as u32;
-    db.exec("INSERT INTO t(v) VALUES (randomblob(5000));")?;
-    let s2 = db.image()?;
+    w.ship_change("INSERT INTO t(v) VALUES (randomblob(5000));", 2)
+        .await?;
+    let s2 = w.image.clone();
     assert!(s2.len() / 1024 > n as usize);
-    replica.ship_delta(&mut claim, diff(&s1, &s2, 2)?).await?;
+    let Writer {
+        replica,
+        org,
+        mut claim,
+        ..
+    } = w;
     // The compaction carries the changed pages inside the snapshot, not the grown ones.
     let bad = diff_keeping(&s1, &s2, 2, |p| p <= n)?.compacted();
     let shipped = replica.ship_delta(&mut claim, bad).await;
@@ -237,7 +244,15 @@ pub(super) async fn compaction_missing_grown_pages_is_refused(
 pub(super) async fn a_delta_encoded_against_a_wrong_base_is_refused_before_publishing(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let (replica, org, mut claim, mut db, s1) = started(store, 300).await?;
+    let w = Writer::start(store, "w", "INSERT INTO t(v) VALUES (randomblob(300));").await?;
+    let s1 = w.image.clone();
+    let Writer {
+        replica,
+        org,
+        mut claim,
+        mut db,
+        ..
+    } = w;
     db.exec("UPDATE t SET v = randomblob(300);")?;
     let s2 = db.image()?;
     let stale: Vec<u8> = s1.iter().map(|b| b ^ 0x5a).collect();
@@ -263,22 +278,4 @@ pub(super) async fn a_delta_encoded_against_a_wrong_base_is_refused_before_publi
     assert_eq!((got.commit, got.deltas), (2, 1));
     assert_eq!(std::fs::read(dir.path().join("x.db"))?, s2);
     Ok(())
-}
-
-/// A claimed org whose chain starts with a full snapshot of a 1 KiB-page database holding
-/// one `bytes`-byte random row: (replica, org, claim, database, image).
-async fn started(
-    store: Arc<dyn ObjectStore>,
-    bytes: usize,
-) -> Result<(Replica, OrgId, Claim, Db, Vec<u8>), Box<dyn std::error::Error + Send + Sync>> {
-    let replica = open(store, &prefix()?).await?;
-    let org = org("acme");
-    let mut claim = replica.claim(&org, "w", false).await?;
-    let mut db = Db::new()?;
-    db.exec(&format!("INSERT INTO t(v) VALUES (randomblob({bytes}));"))?;
-    let s1 = db.image()?;
-    replica
-        .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
-        .await?;
-    Ok((replica, org, claim, db, s1))
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use object_store::path::Path;
 
-use super::db::{Db, diff};
+use super::db::{Db, Writer, diff};
 use super::delta::ship_chain;
 use super::{CaseResult, open, org, prefix, rows_in, test_snapshot};
 use crate::fault::{FaultStore, Op, PauseAt};
@@ -215,18 +215,10 @@ pub(super) async fn zombie_delta_is_fenced_and_collected(
 pub(super) async fn a_zombie_delta_after_retention_never_lands(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let replica = open(store, &prefix()?).await?;
-    let org = org("acme");
-    let mut w1 = replica.claim(&org, "w1", false).await?;
-    let mut db = Db::new()?;
-    db.exec("INSERT INTO t(v) VALUES (1);")?;
-    let s1 = db.image()?;
-    replica
-        .ship(&mut w1, Snapshot::from_bytes(s1.clone(), 1))
-        .await?;
-    db.exec("INSERT INTO t(v) VALUES (2);")?;
-    let s2 = db.image()?;
-    replica.ship_delta(&mut w1, diff(&s1, &s2, 2)?).await?;
+    let mut w1 = Writer::start(store, "w1", "INSERT INTO t(v) VALUES (1);").await?;
+    w1.ship_change("INSERT INTO t(v) VALUES (2);", 2).await?;
+    let s2 = w1.image.clone();
+    let (replica, org) = (w1.replica.clone(), w1.org.clone());
     // w2 takes over from the published state (2 rows) and ships its own snapshot.
     let mut w2 = replica.claim(&org, "w2", true).await?;
     replica
@@ -239,14 +231,14 @@ pub(super) async fn a_zombie_delta_after_retention_never_lands(
     let report = replica.retain(&org, &keep_ten).await?;
     assert!(!report.deleted_entries.contains(&w2.seq()), "{report:?}");
     // The zombie w1 wakes up with 1000 unacknowledged rows and ships a delta.
-    db.exec(
+    w1.db.exec(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 1000) \
          INSERT INTO t(v) SELECT i FROM n;",
     )?;
-    let s3 = db.image()?;
-    let zombie_seq = w1.next_seq();
+    let s3 = w1.db.image()?;
+    let zombie_seq = w1.claim.next_seq();
     let err = replica
-        .ship_delta(&mut w1, diff(&s2, &s3, 3)?)
+        .ship_delta(&mut w1.claim, diff(&s2, &s3, 3)?)
         .await
         .err()
         .ok_or("zombie acknowledged")?;
@@ -254,8 +246,9 @@ pub(super) async fn a_zombie_delta_after_retention_never_lands(
     assert!(err.is_claim_lost(), "{err:?}");
     let log = replica.history(&org).await?;
     assert!(
-        !log.iter()
-            .any(|e| e.seq() >= zombie_seq && e.round() == w1.round() && e.seq() != w1.seq()),
+        !log.iter().any(|e| e.seq() >= zombie_seq
+            && e.round() == w1.claim.round()
+            && e.seq() != w1.claim.seq()),
         "the zombie's delta landed: {log:?}"
     );
     let dir = tempfile::tempdir()?;
@@ -283,36 +276,32 @@ pub(super) async fn restore_newest_racing_retention_reads_again(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
     for held_at in ["/log/", "/snap/"] {
-        let p = prefix()?;
+        let mut w = Writer::start(
+            store.clone(),
+            "w",
+            "INSERT INTO t(v) VALUES (randomblob(100));",
+        )
+        .await?;
+        w.ship_change("INSERT INTO t(v) VALUES (randomblob(100));", 2)
+            .await?;
         let held = Arc::new(FaultStore::new(store.clone()));
-        let writer = open(store.clone(), &p).await?;
         // One GET at a time: the held one is the first of the read.
         let one = Settings {
             read_concurrency: 1,
             ..Settings::default()
         };
-        let reader = Replica::open(held.clone(), &p, one).await?;
-        let org = org("acme");
-        let mut claim = writer.claim(&org, "w", false).await?;
-        let mut db = Db::new()?;
-        db.exec("INSERT INTO t(v) VALUES (randomblob(100));")?;
-        let s1 = db.image()?;
-        writer
-            .ship(&mut claim, Snapshot::from_bytes(s1.clone(), 1))
-            .await?;
-        db.exec("INSERT INTO t(v) VALUES (randomblob(100));")?;
-        let s2 = db.image()?;
-        writer.ship_delta(&mut claim, diff(&s1, &s2, 2)?).await?;
+        let reader = Replica::open(held.clone(), &w.prefix, one).await?;
+        let (writer, org) = (w.replica.clone(), w.org.clone());
         let pause = held.pause_next(Op::Get, held_at);
         let dir = tempfile::tempdir()?;
         let dest = dir.path().join("x.db");
         let (r2, o2, d2) = (reader.clone(), org.clone(), dest.clone());
         let restore = tokio::spawn(async move { r2.restore(&o2, None, &d2).await });
         pause.reached.await?;
-        db.exec("INSERT INTO t(v) VALUES (randomblob(100));")?;
-        let s3 = db.image()?;
+        w.db.exec("INSERT INTO t(v) VALUES (randomblob(100));")?;
+        let s3 = w.db.image()?;
         writer
-            .ship(&mut claim, Snapshot::from_bytes(s3.clone(), 3))
+            .ship(&mut w.claim, Snapshot::from_bytes(s3.clone(), 3))
             .await?;
         let kept = writer.retain(&org, &KEEP_ONE).await?;
         assert!(!kept.deleted_entries.is_empty(), "{kept:?}");
