@@ -124,8 +124,8 @@ impl Shipper {
     ///
     /// # Errors
     /// [`Error::FilesChanged`] when the files were changed outside the writer (nothing was
-    /// published; the claim must end); [`Error::Fenced`] or an unknown outcome (the claim
-    /// is dead); a store or local error (nothing acknowledged; the next ship retries, with
+    /// published; the claim must end); [`Error::Fenced`] or [`Error::PublishUnknown`] (the
+    /// claim is lost: [`Error::is_claim_lost`]); a store or local error (nothing acknowledged; the next ship retries, with
     /// the pages captured so far still pending).
     pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
         if self.chain.wants_full(&self.claim, &self.policy) {
