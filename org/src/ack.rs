@@ -35,6 +35,9 @@ pub(crate) struct Waiter {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Stop {
     Fenced,
+    /// The claim can no longer publish for another reason than a successor's claim (a
+    /// publish of unknown outcome, an unusable claim); the replica's error as text.
+    ClaimLost(Arc<str>),
     Closed,
     /// Someone else changed the org's files (I13); the reason as seen.
     Poisoned(Arc<str>),
@@ -123,6 +126,11 @@ impl Acks {
                 org: self.org.clone(),
                 ours: self.round,
             },
+            Stop::ClaimLost(reason) => Error::ClaimLost {
+                org: self.org.clone(),
+                round: self.round,
+                reason: reason.to_string(),
+            },
             Stop::Closed => Error::Closed {
                 org: self.org.clone(),
                 round: self.round,
@@ -207,6 +215,20 @@ impl Acks {
 }
 
 impl Acks {
+    /// Stops the org because its claim can no longer publish (I7): fenced by a successor,
+    /// or lost another way (a publish of unknown outcome); every waiter fails with it.
+    pub(crate) fn lose_claim(&self, e: &idem_replica::Error) -> Error {
+        let (stop, reason) = match e {
+            idem_replica::Error::Fenced { .. } => (Stop::Fenced, "fenced"),
+            e => (Stop::ClaimLost(e.to_string().into()), "claim_lost"),
+        };
+        tracing::warn!(org = %self.org, round = self.round, error = %e, "{reason}");
+        metrics::counter!(crate::metrics::WRITERS_STOPPED, "reason" => reason).increment(1);
+        self.stop(stop);
+        let stop = self.lock().stop.clone().unwrap_or(Stop::Closed);
+        self.stop_error(stop)
+    }
+
     /// Settles a successful confirmation that started as `start` and covers commit
     /// `shipped`: wakes every waiter it acknowledges.
     pub(crate) fn confirmed(&self, start: u64, shipped: u64) -> usize {
@@ -224,16 +246,7 @@ impl Acks {
     pub(crate) fn failed(&self, start: u64, covering: u64, e: idem_replica::Error) -> Error {
         match e {
             idem_replica::Error::FilesChanged { reason, .. } => self.poison(&reason),
-            e if e.is_claim_lost() => {
-                tracing::warn!(org = %self.org, round = self.round, error = %e, "fenced");
-                metrics::counter!(crate::metrics::WRITERS_STOPPED, "reason" => "fenced")
-                    .increment(1);
-                self.stop(Stop::Fenced);
-                Error::Fenced {
-                    org: self.org.clone(),
-                    ours: self.round,
-                }
-            }
+            e if e.is_claim_lost() => self.lose_claim(&e),
             e => {
                 self.counters.ship_failures.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!(crate::metrics::SHIP_FAILURES).increment(1);

@@ -37,6 +37,19 @@ pub enum Error {
         /// This writer's round.
         ours: u64,
     },
+    /// This writer's claim can no longer publish for another reason than a newer round (a
+    /// publish whose outcome is unknown, I9): as with [`Error::Fenced`], nothing it committed
+    /// since its last ship is acknowledged, the handle is poisoned and its local database
+    /// discarded. Acquire again: the next claim hydrates whatever was published.
+    #[error("org {org}: writer of round {round} lost its claim: {reason}")]
+    ClaimLost {
+        /// The org.
+        org: OrgId,
+        /// This writer's round.
+        round: u64,
+        /// The replica's error.
+        reason: String,
+    },
     /// The org's local files were changed outside its writer (another process wrote,
     /// checkpointed, replaced or removed them, I13): nothing captured from them was published
     /// and nothing since the last ship is acknowledged. The handle is poisoned and its local
@@ -179,6 +192,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Fenced { .. }
+            | Error::ClaimLost { .. }
             | Error::Closed { .. }
             | Error::WriterGone { .. }
             | Error::Poisoned { .. } => ErrorKind::Reacquire,

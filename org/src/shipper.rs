@@ -9,7 +9,6 @@ use std::time::Duration;
 use idem_replica::{ShipKind, Shipper};
 
 use crate::Error;
-use crate::ack::Stop;
 use crate::metrics as m;
 use crate::org::Inner;
 
@@ -97,8 +96,7 @@ async fn keep_lease(inner: &Arc<Inner>) -> bool {
     match kept {
         Ok(()) => true,
         Err(e) if e.is_claim_lost() => {
-            tracing::warn!(org = %inner.acks.org, round = inner.acks.round, error = %e, "fenced while idle");
-            inner.acks.stop(Stop::Fenced);
+            inner.acks.lose_claim(&e);
             inner.close().await;
             false
         }
@@ -154,8 +152,9 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                 inner.close().await;
                 return;
             }
-            Err(Error::Fenced { .. }) => {
-                // I7: a fenced writer acks nothing more and discards its local database.
+            Err(Error::Fenced { .. } | Error::ClaimLost { .. }) => {
+                // I7: a writer whose claim is lost acks nothing more and discards its local
+                // database.
                 inner.close().await;
                 return;
             }

@@ -81,3 +81,46 @@ async fn sixty_four_concurrent_requests_share_a_few_ships() -> R {
     reg.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_of_unknown_outcome_loses_the_claim_and_is_not_called_fenced() -> R {
+    let dir = tempfile::tempdir()?;
+    let faults = Arc::new(FaultStore::new(Arc::new(InMemory::new())));
+    let reg = registry(
+        &dir.path().join("a"),
+        replica(faults.clone(), None).await?,
+        "A",
+        Settings::default(),
+    )?;
+    let acme = idem_replica::OrgId::new("acme")?;
+    let org = reg.acquire(&acme).await?;
+    // The log entry lands but the put reports failure, and every read-back fails: nobody
+    // can tell whether the ship was published (I9).
+    faults.inject(Op::Put, "/log/", 1, Fault::FailAfter);
+    faults.inject_times(Op::Get, "/log/", 1, 100, Fault::FailBefore);
+    let err = org
+        .once("k", effect("acme", "k"))
+        .await
+        .err()
+        .ok_or("acknowledged a ship of unknown outcome")?;
+    assert!(matches!(err, Error::ClaimLost { .. }), "{err:?}");
+    assert_eq!(err.kind(), ErrorKind::Reacquire);
+    assert!(!org.is_serving(), "the handle is poisoned");
+    faults.clear();
+    // The entry did land: a successor hydrates it and replays the key without running it.
+    let successor = registry(
+        &dir.path().join("b"),
+        replica(faults.clone(), None).await?,
+        "B",
+        common::force(),
+    )?;
+    let out = successor
+        .acquire(&acme)
+        .await?
+        .once("k", effect("acme", "ran again"))
+        .await?;
+    assert!(!out.applied);
+    assert_eq!(out.result, b"k");
+    successor.shutdown().await;
+    Ok(())
+}
