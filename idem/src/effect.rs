@@ -8,13 +8,18 @@
 //! (the executor proved it did not execute). The price is that some outcomes are AMBIGUOUS and
 //! need an operator ([`resolve`]) or a reconcile hook ([`reconcile`]).
 //!
+//! Words: an executor either **executed** (the row becomes COMMITTED, its result replayed),
+//! proved it was **not executed** (FAILED: the only state that may be reserved again), or
+//! ended **ambiguous** (AMBIGUOUS: nobody knows). "Failed" always means proved not done — a
+//! FAILED effect, a `CommitFailed` write — and never an unknown outcome.
+//!
 //! ```text
 //!             reserve (BEGIN IMMEDIATE, one winner)
 //!   (none) ───────────────► RESERVED{attempt, lease_until}
 //!   FAILED ───────────────►    │
 //!                              ├─ executor Ok(bytes) ───────────► COMMITTED{result}  (replayed)
 //!                              ├─ executor NotExecuted ─────────► FAILED             (may reserve again)
-//!                              ├─ other error, panic ───────────► AMBIGUOUS
+//!                              ├─ Ambiguous error, panic ───────► AMBIGUOUS
 //!                              └─ lease lapsed, seen by a contender ► AMBIGUOUS
 //!   AMBIGUOUS ── resolve(executed, result) ──► COMMITTED
 //!   AMBIGUOUS ── resolve(not executed) ──────► FAILED
@@ -29,20 +34,20 @@
 //! (`SQLITE_BUSY`) retries the write; a COMMIT whose outcome is unknown is settled by re-reading
 //! the whole row — exactly the row we wrote means it landed; the row as it was before (or no row)
 //! means it did not, and the write is issued once more; anything else is decided afresh. A
-//! re-read that fails writes nothing and returns [`Error::EffectCommitUnknown`]: the key then
+//! re-read that fails writes nothing and returns [`crate::Error::EffectCommitUnknown`]: the key then
 //! stays RESERVED until its lease lapses and turns AMBIGUOUS — availability is the price, never
 //! a second execution.
 //!
 //! ```
-//! use idem::{EffectError, EffectOptions};
+//! use idem::effect;
 //!
 //! let mut conn = rusqlite::Connection::open_in_memory()?;
-//! let opts = EffectOptions::new().lease_ms(30_000);
+//! let opts = effect::Options::new().lease_ms(30_000);
 //! let mut calls = 0;
 //! for _ in 0..2 {
-//!     let out = idem::run_effect(&mut conn, "email-41", &opts, || {
+//!     let out = effect::run(&mut conn, "email-41", &opts, || {
 //!         calls += 1; // send the email here
-//!         Ok::<_, EffectError>(b"queued".to_vec())
+//!         Ok::<_, effect::Error>(b"queued".to_vec())
 //!     })?;
 //!     assert_eq!(out.result, b"queued");
 //! }
@@ -57,8 +62,8 @@ mod row;
 mod settle;
 mod write;
 
-pub use admin::{Reconcile, Resolution, effect, effects, reconcile, resolve, resolve_with};
-pub use options::{EffectInjected, EffectOptions, EffectPoint, EffectSeam, EffectStep, WriteHook};
+pub use admin::{Reconcile, Resolution, get, list, reconcile, resolve, resolve_with};
+pub use options::{DEFAULT_LEASE_MS, Options, WriteHook};
 pub use reserve::{Reservation, Reserved, reserve};
-pub use row::{Effect, EffectState};
-pub use settle::{EffectError, EffectOutcome, Settlement, run_effect, settle};
+pub use row::{Effect, State};
+pub use settle::{Error, Outcome, Settlement, run, settle};

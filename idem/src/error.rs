@@ -168,7 +168,7 @@ pub enum Error {
     },
     /// Nobody knows whether the effect executed (an executor error that did not prove
     /// non-execution, a panic, a lapsed lease). No retry clears it: an operator or a reconcile
-    /// hook resolves it (`idem::resolve`). The executor was not run again.
+    /// hook resolves it ([`crate::effect::resolve`]). The executor was not run again.
     #[error("effect {key:?} is ambiguous: {reason}")]
     EffectAmbiguous {
         /// The effect key.
@@ -195,7 +195,7 @@ pub enum Error {
         /// The effect key.
         key: String,
         /// The state found instead, `None` when the row is gone.
-        found: Option<crate::EffectState>,
+        found: Option<crate::effect::State>,
     },
     /// Only an AMBIGUOUS effect can be resolved.
     #[error("effect {key:?} is not ambiguous (it is {})", state_name(state))]
@@ -203,7 +203,7 @@ pub enum Error {
         /// The effect key.
         key: String,
         /// Its state, `None` when there is no such effect.
-        state: Option<crate::EffectState>,
+        state: Option<crate::effect::State>,
     },
     /// An effect write's COMMIT failed twice without landing (the re-read showed it each
     /// time); nothing was written.
@@ -251,7 +251,7 @@ fn rfc3339(ms: u64) -> String {
 }
 
 /// An effect state for messages: its name, or "absent" when there is no row.
-fn state_name(state: &Option<crate::EffectState>) -> String {
+fn state_name(state: &Option<crate::effect::State>) -> String {
     state.map_or_else(|| "absent".to_owned(), |s| s.to_string())
 }
 
@@ -316,7 +316,7 @@ mod message_tests {
         );
         let lost = Error::EffectLost {
             key: "k".into(),
-            found: Some(crate::EffectState::Committed),
+            found: Some(crate::effect::State::Committed),
         };
         assert_eq!(
             lost.to_string(),

@@ -30,12 +30,17 @@
 //! ```
 //!
 //! # Core types
-//! - [`once`] / [`once_with`] with [`Options`] (fingerprint, attempt limit, result limit):
-//!   the dedup transaction, returning an [`Outcome`].
-//! - [`applied`]: the read-only check, returning a [`Record`].
+//! - [`once`] / [`once_with`] with [`Options`] (fingerprint, attempt limit, result limit,
+//!   clock, failpoints): the dedup transaction, returning an [`Outcome`].
+//! - [`applied`]: the read-only check, returning a [`Record`]; [`stats`]: counts of applied
+//!   and failed-only keys, returning [`Stats`].
 //! - [`ensure_schema`], [`prune`] (retention), [`clear_failures`] (operator reset).
-//! - External effects (payments, email, webhooks): [`reserve`] → execute → [`settle`], or
-//!   [`run_effect`] in one call; [`effects`], [`resolve`] and [`reconcile`] for AMBIGUOUS ones.
+//! - [`effect`]: external effects (payments, email, webhooks): [`effect::reserve`] → execute
+//!   → [`effect::settle`], or [`effect::run`] in one call; [`effect::list`],
+//!   [`effect::resolve`] and [`effect::reconcile`] for AMBIGUOUS ones.
+//! - [`Clock`] ([`SystemClock`], [`ManualClock`] for tests): the one clock of the workspace.
+//! - [`failpoint`]: named fault-injection points ([`failpoint::FailPoint`]) a test passes per
+//!   call as [`failpoint::Failpoints`].
 //!
 //! # Error semantics
 //! Every failure is an [`Error`]; [`Error::kind`] says what to do: retry with the same key
@@ -51,22 +56,18 @@
 #![forbid(unsafe_code)]
 
 mod clock;
-mod effect;
+pub mod effect;
 mod error;
+pub mod failpoint;
 mod key;
 mod once;
 mod options;
 mod prune;
 mod record;
 mod schema;
-mod seam;
+mod stats;
 
-pub use clock::{Clock, SystemClock, system_time_ms};
-pub use effect::{
-    Effect, EffectError, EffectInjected, EffectOptions, EffectOutcome, EffectPoint, EffectSeam,
-    EffectState, EffectStep, Reconcile, Reservation, Reserved, Resolution, Settlement, WriteHook,
-    effect, effects, reconcile, reserve, resolve, resolve_with, run_effect, settle,
-};
+pub use clock::{Clock, ManualClock, SystemClock, system_time_ms};
 pub use error::{BoxError, Error, ErrorKind};
 pub use key::{MAX_KEY_BYTES, validate_key};
 pub use once::{once, once_with};
@@ -74,4 +75,4 @@ pub use options::{DEFAULT_MAX_RESULT_BYTES, Options, Outcome};
 pub use prune::{PRUNE_BATCH, clear_failures, prune};
 pub use record::{Record, applied};
 pub use schema::{SCHEMA_VERSION, ensure_schema};
-pub use seam::{Injected, Point, Seam};
+pub use stats::{Stats, stats};

@@ -18,7 +18,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use crate::error::{BoxError, is_busy};
 use crate::record::KeyRow;
 use crate::schema::{raise_max_round, state_in_tx};
-use crate::seam::Point;
+use crate::failpoint::{self, FailPoint, Write};
 use crate::{Error, Options, Outcome, key::validate_key};
 
 /// Runs `apply` at most once for `key` and returns its result on every call (I1–I3).
@@ -55,7 +55,8 @@ where
     once_with(conn, key, round, &Options::default(), apply)
 }
 
-/// [`once`] with [`Options`]: fingerprint, attempt limit, result size limit, clock, seams.
+/// [`once`] with [`Options`]: fingerprint, attempt limit, result size limit, clock,
+/// failpoints.
 ///
 /// # Errors
 /// - [`Error::InvalidKey`], [`Error::InvalidRound`], [`Error::InTransaction`]: bad input;
@@ -123,12 +124,12 @@ where
     };
     let now = i64::try_from(opts.clock.now_ms()).unwrap_or(i64::MAX);
     tx.prepare_cached("SAVEPOINT idem_apply")?.execute([])?;
-    if let Some(seam) = &opts.seam {
-        seam.at(Point::BeforeApply).map_err(|e| Error::Apply {
+    failpoint::hit(opts.failpoints.as_ref(), FailPoint::BeforeApply).map_err(|e| {
+        Error::Apply {
             key: key.to_owned(),
             source: Box::new(e),
-        })?;
-    }
+        }
+    })?;
     let applied = apply(&tx);
     if tx.is_autocommit() {
         return Err(Error::TransactionEnded {
@@ -255,17 +256,15 @@ fn count_failure(
     Ok(())
 }
 
-/// COMMIT, with the seams that stand in for a COMMIT that failed or landed-but-failed.
+/// COMMIT, with the failpoints that stand in for a COMMIT that failed or landed-but-failed.
 fn commit(tx: Transaction<'_>, opts: &Options) -> Result<(), BoxError> {
-    let seam = opts.seam.as_deref();
-    if let Some(Err(injected)) = seam.map(|s| s.at(Point::BeforeCommit)) {
+    let failpoints = opts.failpoints.as_ref();
+    if let Err(injected) = failpoint::hit(failpoints, FailPoint::BeforeCommit(Write::Once)) {
         drop(tx); // rolls back, as SQLite does for a COMMIT that fails
         return Err(Box::new(injected));
     }
     tx.commit()?;
-    if let Some(Err(injected)) = seam.map(|s| s.at(Point::AfterCommit)) {
-        return Err(Box::new(injected));
-    }
+    failpoint::hit(failpoints, FailPoint::AfterCommit(Write::Once))?;
     Ok(())
 }
 
@@ -289,9 +288,8 @@ fn settle(
         conn.execute_batch("ROLLBACK")
             .map_err(|e| unknown(Box::new(e)))?;
     }
-    if let Some(Err(injected)) = opts.seam.as_deref().map(|s| s.at(Point::BeforeReread)) {
-        return Err(unknown(Box::new(injected)));
-    }
+    failpoint::hit(opts.failpoints.as_ref(), FailPoint::BeforeReread(Write::Once))
+        .map_err(|injected| unknown(Box::new(injected)))?;
     match KeyRow::read(conn, key).map_err(|e| unknown(Box::new(e)))? {
         Some(row) if row == *ours => Ok(outcome_of(key, ours)),
         Some(row) if row.applied => replay(key, row, opts),

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use crate::{Clock, Error, Seam, SystemClock};
+use crate::failpoint::Failpoints;
+use crate::{Clock, Error, SystemClock};
 
 /// Default limit on a stored result: 1 MiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
@@ -22,7 +23,7 @@ pub struct Options {
     pub(crate) max_attempts: Option<u32>,
     pub(crate) max_result_bytes: usize,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) seam: Option<Arc<dyn Seam>>,
+    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     pub(crate) attempt_id: Option<[u8; 16]>,
 }
 
@@ -33,7 +34,7 @@ impl Default for Options {
             max_attempts: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             clock: Arc::new(SystemClock),
-            seam: None,
+            failpoints: None,
             attempt_id: None,
         }
     }
@@ -66,15 +67,16 @@ impl Options {
         self
     }
 
-    /// The clock that stamps `applied_at` (tests inject a fixed one).
+    /// The clock that stamps `applied_at` and failed attempts (tests inject a
+    /// [`crate::ManualClock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
-    /// Fault-injection seams for tests; production code leaves this unset.
-    pub fn seam(mut self, seam: Arc<dyn Seam>) -> Self {
-        self.seam = Some(seam);
+    /// Failpoints for tests (see [`crate::failpoint`]); production code leaves this unset.
+    pub fn failpoints(mut self, failpoints: Arc<dyn Failpoints>) -> Self {
+        self.failpoints = Some(failpoints);
         self
     }
 

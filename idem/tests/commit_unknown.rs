@@ -4,8 +4,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{FnSeam, R, db, effects};
-use idem::{Error, Injected, Options, Point};
+use common::{FnFailpoints, R, db, effects};
+use idem::failpoint::{FailPoint, Write};
+use idem::{Error, Options};
 use rusqlite::Connection;
 
 fn write(key: &'static str) -> impl Fn(&rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<u8>> {
@@ -18,14 +19,14 @@ fn write(key: &'static str) -> impl Fn(&rusqlite::Transaction<'_>) -> rusqlite::
 #[test]
 fn commit_that_landed_but_reported_an_error_is_ours() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = FnSeam(|p| {
-        if p == Point::AfterCommit {
-            Err(Injected { point: p })
+    let failpoints = FnFailpoints(|p| {
+        if p == FailPoint::AfterCommit(Write::Once) {
+            Err("injected".into())
         } else {
             Ok(())
         }
     });
-    let opts = Options::new().seam(Arc::new(seam));
+    let opts = Options::new().failpoints(Arc::new(failpoints));
     let out = idem::once_with(&mut conn, "k", 1, &opts, write("k"))?;
     assert!(out.applied, "the re-read found our own row");
     assert_eq!(out.result, b"ours");
@@ -36,14 +37,14 @@ fn commit_that_landed_but_reported_an_error_is_ours() -> R {
 #[test]
 fn commit_that_rolled_back_is_a_safe_to_retry_error() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = FnSeam(|p| {
-        if p == Point::BeforeCommit {
-            Err(Injected { point: p })
+    let failpoints = FnFailpoints(|p| {
+        if p == FailPoint::BeforeCommit(Write::Once) {
+            Err("injected".into())
         } else {
             Ok(())
         }
     });
-    let opts = Options::new().seam(Arc::new(seam));
+    let opts = Options::new().failpoints(Arc::new(failpoints));
     let err = idem::once_with(&mut conn, "k", 1, &opts, write("k"))
         .err()
         .ok_or("false success")?;
@@ -78,21 +79,21 @@ fn a_row_with_our_attempt_id_but_another_result_is_not_ours() -> R {
     let (_d, path, mut conn) = db()?;
     let id = [7u8; 16];
     let other_path = path.clone();
-    let seam = FnSeam(move |p| match p {
-        Point::BeforeCommit => Err(Injected { point: p }),
-        Point::BeforeReread => {
-            let mut other = Connection::open(&other_path).map_err(|_| Injected { point: p })?;
+    let failpoints = FnFailpoints(move |p| match p {
+        FailPoint::BeforeCommit(Write::Once) => Err("injected".into()),
+        FailPoint::BeforeReread(Write::Once) => {
+            let mut other = Connection::open(&other_path).map_err(|e| e.to_string())?;
             let opts = Options::new().attempt_id(id);
             idem::once_with(&mut other, "k", 1, &opts, |tx| {
                 tx.execute("INSERT INTO effects VALUES ('k')", [])?;
                 Ok::<_, rusqlite::Error>(b"theirs".to_vec())
             })
-            .map_err(|_| Injected { point: p })?;
+            .map_err(|e| e.to_string())?;
             Ok(())
         }
         _ => Ok(()),
     });
-    let opts = Options::new().attempt_id(id).seam(Arc::new(seam));
+    let opts = Options::new().attempt_id(id).failpoints(Arc::new(failpoints));
     let out = idem::once_with(&mut conn, "k", 1, &opts, write("k"))?;
     assert!(
         !out.applied,
@@ -107,22 +108,22 @@ fn a_row_with_our_attempt_id_but_another_result_is_not_ours() -> R {
 fn fingerprint_is_checked_on_the_reread_path() -> R {
     let (_d, path, mut conn) = db()?;
     let other_path = path.clone();
-    let seam = FnSeam(move |p| match p {
-        Point::BeforeCommit => Err(Injected { point: p }),
-        Point::BeforeReread => {
-            let mut other = Connection::open(&other_path).map_err(|_| Injected { point: p })?;
+    let failpoints = FnFailpoints(move |p| match p {
+        FailPoint::BeforeCommit(Write::Once) => Err("injected".into()),
+        FailPoint::BeforeReread(Write::Once) => {
+            let mut other = Connection::open(&other_path).map_err(|e| e.to_string())?;
             let opts = Options::new().fingerprint(b"theirs".to_vec());
             idem::once_with(&mut other, "k", 1, &opts, |_| {
                 Ok::<_, rusqlite::Error>(vec![])
             })
-            .map_err(|_| Injected { point: p })?;
+            .map_err(|e| e.to_string())?;
             Ok(())
         }
         _ => Ok(()),
     });
     let opts = Options::new()
         .fingerprint(b"ours".to_vec())
-        .seam(Arc::new(seam));
+        .failpoints(Arc::new(failpoints));
     let err = idem::once_with(&mut conn, "k", 1, &opts, write("k"))
         .err()
         .ok_or("accepted")?;
@@ -133,11 +134,11 @@ fn fingerprint_is_checked_on_the_reread_path() -> R {
 #[test]
 fn a_failed_reread_is_commit_unknown_and_writes_nothing() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = FnSeam(|p| match p {
-        Point::BeforeCommit | Point::BeforeReread => Err(Injected { point: p }),
+    let failpoints = FnFailpoints(|p| match p {
+        FailPoint::BeforeCommit(Write::Once) | FailPoint::BeforeReread(Write::Once) => Err("injected".into()),
         _ => Ok(()),
     });
-    let opts = Options::new().seam(Arc::new(seam));
+    let opts = Options::new().failpoints(Arc::new(failpoints));
     let err = idem::once_with(&mut conn, "k", 1, &opts, write("k"))
         .err()
         .ok_or("accepted")?;

@@ -2,13 +2,12 @@
 //! fails on a version without it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use idem::{
-    EffectError, EffectInjected, EffectOptions, EffectPoint, EffectSeam, EffectState, EffectStep,
-    Error, Reserved, Resolution, Settlement,
-};
+use idem::Error;
+use idem::effect::{self, Reserved, Resolution, Settlement};
+use idem::failpoint::{FailPoint, Failpoints, Write};
 use rusqlite::Connection;
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -16,25 +15,16 @@ type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 const T0: u64 = 1_700_000_000_000;
 const LEASE: u64 = 10_000;
 
-#[derive(Debug)]
-struct TestClock(AtomicU64);
-
-impl idem::Clock for TestClock {
-    fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
+fn clock(at: u64) -> Arc<idem::ManualClock> {
+    Arc::new(idem::ManualClock::new(at))
 }
 
-fn clock(at: u64) -> Arc<TestClock> {
-    Arc::new(TestClock(AtomicU64::new(at)))
-}
-
-/// A seam that injects at each point as many times as scripted, counts every visit, and can
+/// Failpoints that injects at each point as many times as scripted, counts every visit, and can
 /// run an action (another connection's write) when the re-read is about to happen.
 #[derive(Default)]
 struct Script {
-    fail: Mutex<HashMap<EffectPoint, u32>>,
-    seen: Mutex<HashMap<EffectPoint, u32>>,
+    fail: Mutex<HashMap<FailPoint, u32>>,
+    seen: Mutex<HashMap<FailPoint, u32>>,
     before_reread: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -45,7 +35,7 @@ impl std::fmt::Debug for Script {
 }
 
 impl Script {
-    fn failing(points: &[(EffectPoint, u32)]) -> Arc<Self> {
+    fn failing(points: &[(FailPoint, u32)]) -> Arc<Self> {
         let s = Script::default();
         s.fail
             .lock()
@@ -54,21 +44,21 @@ impl Script {
         Arc::new(s)
     }
 
-    fn seen(&self, point: EffectPoint) -> u32 {
+    fn seen(&self, point: FailPoint) -> u32 {
         let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         seen.get(&point).copied().unwrap_or(0)
     }
 }
 
-impl EffectSeam for Script {
-    fn at(&self, point: EffectPoint) -> Result<(), EffectInjected> {
+impl Failpoints for Script {
+    fn hit(&self, point: FailPoint) -> Result<(), String> {
         *self
             .seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .entry(point)
             .or_insert(0) += 1;
-        if matches!(point, EffectPoint::BeforeReread(_)) {
+        if matches!(point, FailPoint::BeforeReread(_)) {
             let action = self
                 .before_reread
                 .lock()
@@ -82,7 +72,7 @@ impl EffectSeam for Script {
         match fail.get_mut(&point) {
             Some(n) if *n > 0 => {
                 *n -= 1;
-                Err(EffectInjected { point })
+                Err("scripted".into())
             }
             _ => Ok(()),
         }
@@ -101,15 +91,15 @@ fn db() -> Result<
     Ok((dir, path, conn))
 }
 
-fn opts(at: u64) -> EffectOptions {
-    EffectOptions::new().lease_ms(LEASE).clock(clock(at))
+fn opts(at: u64) -> effect::Options {
+    effect::Options::new().lease_ms(LEASE).clock(clock(at))
 }
 
 /// An executor that counts its runs and returns `result`.
 fn counting(
     runs: &Arc<AtomicUsize>,
     result: &'static [u8],
-) -> impl FnOnce() -> Result<Vec<u8>, EffectError> + use<> {
+) -> impl FnOnce() -> Result<Vec<u8>, effect::Error> + use<> {
     let runs = runs.clone();
     move || {
         runs.fetch_add(1, Ordering::SeqCst);
@@ -117,20 +107,20 @@ fn counting(
     }
 }
 
-fn state(conn: &Connection, key: &str) -> Result<Option<EffectState>, Error> {
-    Ok(idem::effect(conn, key)?.map(|e| e.state))
+fn state(conn: &Connection, key: &str) -> Result<Option<effect::State>, Error> {
+    Ok(effect::get(conn, key)?.map(|e| e.state))
 }
 
 #[test]
 fn an_effect_runs_once_and_replays_its_result() -> R {
     let (_d, _p, mut conn) = db()?;
     let runs = Arc::new(AtomicUsize::new(0));
-    let first = idem::run_effect(&mut conn, "pay-1", &opts(T0), counting(&runs, b""))?;
-    let again = idem::run_effect(&mut conn, "pay-1", &opts(T0 + 1), counting(&runs, b"x"))?;
+    let first = effect::run(&mut conn, "pay-1", &opts(T0), counting(&runs, b""))?;
+    let again = effect::run(&mut conn, "pay-1", &opts(T0 + 1), counting(&runs, b"x"))?;
     assert!(first.executed && !again.executed);
     assert_eq!(again.result, b"", "an empty result replays empty");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(state(&conn, "pay-1")?, Some(EffectState::Committed));
+    assert_eq!(state(&conn, "pay-1")?, Some(effect::State::Committed));
     Ok(())
 }
 
@@ -139,59 +129,59 @@ fn a_reserve_commit_that_landed_but_reported_an_error_is_ours() -> R {
     // Guards: a landed reservation reported as failed must be recognised by the re-read,
     // not returned as an error (or re-inserted).
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::AfterCommit(EffectStep::Reserve), 1)]);
+    let script = Script::failing(&[(FailPoint::AfterCommit(Write::Reserve), 1)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(
+    let out = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )?;
     assert!(out.executed);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(seam.seen(EffectPoint::BeforeReread(EffectStep::Reserve)), 1);
+    assert_eq!(script.seen(FailPoint::BeforeReread(Write::Reserve)), 1);
     assert_eq!(
-        seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)),
+        script.seen(FailPoint::BeforeCommit(Write::Reserve)),
         1,
         "no second insert"
     );
-    assert_eq!(state(&conn, "k")?, Some(EffectState::Committed));
+    assert_eq!(state(&conn, "k")?, Some(effect::State::Committed));
     Ok(())
 }
 
 #[test]
 fn a_reserve_commit_that_did_not_land_retries_the_insert_once() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Reserve), 1)]);
+    let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Reserve), 1)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(
+    let out = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )?;
     assert!(out.executed);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)), 2);
+    assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Reserve)), 2);
     Ok(())
 }
 
 #[test]
 fn a_reserve_commit_that_never_lands_is_retried_exactly_once() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Reserve), 99)]);
+    let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Reserve), 99)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let err = idem::run_effect(
+    let err = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )
     .err()
     .ok_or("false success")?;
     assert!(matches!(err, Error::EffectCommitFailed { .. }), "{err:?}");
     assert!(err.is_retryable());
-    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)), 2);
+    assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Reserve)), 2);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert_eq!(state(&conn, "k")?, None, "nothing written");
     Ok(())
@@ -204,21 +194,21 @@ fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
     // beside theirs.
     let (_d, path, mut conn) = db()?;
     let id = [7u8; 16];
-    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Reserve), 1)]);
+    let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Reserve), 1)]);
     let other_path = path.clone();
-    *seam.before_reread.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+    *script.before_reread.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
         let mut other = Connection::open(other_path).expect("open second connection");
-        let theirs = EffectOptions::new()
+        let theirs = effect::Options::new()
             .lease_ms(LEASE)
             .clock(clock(T0 - 5))
             .attempt_id(id)
             .holder("someone-else");
-        let got = idem::reserve(&mut other, "k", &theirs);
+        let got = effect::reserve(&mut other, "k", &theirs);
         assert!(matches!(got, Ok(Reserved::Reservation(_))), "{got:?}");
     }));
     let runs = Arc::new(AtomicUsize::new(0));
-    let ours = opts(T0).attempt_id(id).seam(seam.clone());
-    let err = idem::run_effect(&mut conn, "k", &ours, counting(&runs, b"ours"))
+    let ours = opts(T0).attempt_id(id).failpoints(script.clone());
+    let err = effect::run(&mut conn, "k", &ours, counting(&runs, b"ours"))
         .err()
         .ok_or("treated another attempt's row as ours")?;
     match err {
@@ -226,7 +216,7 @@ fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
         other => panic!("expected EffectInProgress, got {other:?}"),
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    let row = idem::effect(&conn, "k")?.ok_or("no row")?;
+    let row = effect::get(&conn, "k")?.ok_or("no row")?;
     assert_eq!(row.holder.as_deref(), Some("someone-else"));
     Ok(())
 }
@@ -234,39 +224,39 @@ fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
 #[test]
 fn a_settlement_whose_commit_did_not_land_is_reissued_once() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Settle), 1)]);
+    let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Settle), 1)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(
+    let out = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )?;
     assert!(out.executed);
-    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Settle)), 2);
+    assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Settle)), 2);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(state(&conn, "k")?, Some(EffectState::Committed));
+    assert_eq!(state(&conn, "k")?, Some(effect::State::Committed));
     Ok(())
 }
 
 #[test]
 fn a_settlement_that_never_lands_is_reissued_only_once() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::BeforeCommit(EffectStep::Settle), 99)]);
+    let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Settle), 99)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let err = idem::run_effect(
+    let err = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )
     .err()
     .ok_or("false success")?;
     assert!(matches!(err, Error::EffectCommitFailed { .. }), "{err:?}");
-    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Settle)), 2);
-    assert_eq!(state(&conn, "k")?, Some(EffectState::Reserved));
+    assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Settle)), 2);
+    assert_eq!(state(&conn, "k")?, Some(effect::State::Reserved));
     // The key is never re-run: after the lease it is AMBIGUOUS.
-    let err = idem::run_effect(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
+    let err = effect::run(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
         .err()
         .ok_or("re-ran")?;
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
@@ -277,38 +267,38 @@ fn a_settlement_that_never_lands_is_reissued_only_once() -> R {
 #[test]
 fn a_settlement_that_landed_but_reported_an_error_is_ours() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::AfterCommit(EffectStep::Settle), 1)]);
+    let script = Script::failing(&[(FailPoint::AfterCommit(Write::Settle), 1)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(
+    let out = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )?;
     assert_eq!(out.result, b"ok");
-    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Settle)), 1);
+    assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Settle)), 1);
     Ok(())
 }
 
 #[test]
 fn a_failed_reread_writes_nothing_and_never_runs_the_executor() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[
-        (EffectPoint::BeforeCommit(EffectStep::Reserve), 1),
-        (EffectPoint::BeforeReread(EffectStep::Reserve), 1),
+    let script = Script::failing(&[
+        (FailPoint::BeforeCommit(Write::Reserve), 1),
+        (FailPoint::BeforeReread(Write::Reserve), 1),
     ]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let err = idem::run_effect(
+    let err = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )
     .err()
     .ok_or("false success")?;
     assert!(matches!(err, Error::EffectCommitUnknown { .. }), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert_eq!(seam.seen(EffectPoint::BeforeCommit(EffectStep::Reserve)), 1);
+    assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Reserve)), 1);
     assert_eq!(state(&conn, "k")?, None, "nothing written");
     Ok(())
 }
@@ -316,27 +306,27 @@ fn a_failed_reread_writes_nothing_and_never_runs_the_executor() -> R {
 #[test]
 fn a_failed_reread_after_a_landed_reservation_ends_ambiguous_not_rerun() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[
-        (EffectPoint::AfterCommit(EffectStep::Reserve), 1),
-        (EffectPoint::BeforeReread(EffectStep::Reserve), 1),
+    let script = Script::failing(&[
+        (FailPoint::AfterCommit(Write::Reserve), 1),
+        (FailPoint::BeforeReread(Write::Reserve), 1),
     ]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let err = idem::run_effect(
+    let err = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )
     .err()
     .ok_or("false success")?;
     assert!(matches!(err, Error::EffectCommitUnknown { .. }), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert_eq!(state(&conn, "k")?, Some(EffectState::Reserved));
-    let err = idem::run_effect(&mut conn, "k", &opts(T0 + 1), counting(&runs, b"x"))
+    assert_eq!(state(&conn, "k")?, Some(effect::State::Reserved));
+    let err = effect::run(&mut conn, "k", &opts(T0 + 1), counting(&runs, b"x"))
         .err()
         .ok_or("ran during the lease")?;
     assert!(matches!(err, Error::EffectInProgress { .. }), "{err:?}");
-    let err = idem::run_effect(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
+    let err = effect::run(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
         .err()
         .ok_or("ran after the lease")?;
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
@@ -347,18 +337,18 @@ fn a_failed_reread_after_a_landed_reservation_ends_ambiguous_not_rerun() -> R {
 #[test]
 fn busy_reported_in_band_retries_the_write() -> R {
     let (_d, _p, mut conn) = db()?;
-    let seam = Script::failing(&[(EffectPoint::Busy(EffectStep::Reserve), 1)]);
+    let script = Script::failing(&[(FailPoint::Busy(Write::Reserve), 1)]);
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(
+    let out = effect::run(
         &mut conn,
         "k",
-        &opts(T0).seam(seam.clone()),
+        &opts(T0).failpoints(script.clone()),
         counting(&runs, b"ok"),
     )?;
     assert!(out.executed);
-    assert_eq!(seam.seen(EffectPoint::Busy(EffectStep::Reserve)), 2);
+    assert_eq!(script.seen(FailPoint::Busy(Write::Reserve)), 2);
     assert_eq!(
-        seam.seen(EffectPoint::BeforeReread(EffectStep::Reserve)),
+        script.seen(FailPoint::BeforeReread(Write::Reserve)),
         0,
         "busy is not an unknown outcome"
     );
@@ -368,20 +358,20 @@ fn busy_reported_in_band_retries_the_write() -> R {
 #[test]
 fn not_executed_fails_the_key_and_a_retry_reserves_and_executes_once() -> R {
     let (_d, _p, mut conn) = db()?;
-    let err = idem::run_effect(&mut conn, "k", &opts(T0), || {
-        Err(EffectError::not_executed("card declined before capture"))
+    let err = effect::run(&mut conn, "k", &opts(T0), || {
+        Err(effect::Error::not_executed("card declined before capture"))
     })
     .err()
     .ok_or("false success")?;
     assert!(matches!(err, Error::EffectNotExecuted { .. }), "{err:?}");
-    assert_eq!(state(&conn, "k")?, Some(EffectState::Failed));
+    assert_eq!(state(&conn, "k")?, Some(effect::State::Failed));
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(&mut conn, "k", &opts(T0 + 1), counting(&runs, b"paid"))?;
+    let out = effect::run(&mut conn, "k", &opts(T0 + 1), counting(&runs, b"paid"))?;
     assert!(out.executed);
-    let out = idem::run_effect(&mut conn, "k", &opts(T0 + 2), counting(&runs, b"again"))?;
+    let out = effect::run(&mut conn, "k", &opts(T0 + 2), counting(&runs, b"again"))?;
     assert_eq!((out.executed, out.result.as_slice()), (false, &b"paid"[..]));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let row = idem::effect(&conn, "k")?.ok_or("no row")?;
+    let row = effect::get(&conn, "k")?.ok_or("no row")?;
     assert_eq!(row.attempts, 2);
     Ok(())
 }
@@ -389,8 +379,8 @@ fn not_executed_fails_the_key_and_a_retry_reserves_and_executes_once() -> R {
 #[test]
 fn any_other_error_is_ambiguous_and_no_retry_clears_it() -> R {
     let (_d, _p, mut conn) = db()?;
-    let err = idem::run_effect(&mut conn, "k", &opts(T0), || {
-        Err(EffectError::failed(
+    let err = effect::run(&mut conn, "k", &opts(T0), || {
+        Err(effect::Error::ambiguous(
             "connection reset after the request was sent",
         ))
     })
@@ -399,7 +389,7 @@ fn any_other_error_is_ambiguous_and_no_retry_clears_it() -> R {
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
     let runs = Arc::new(AtomicUsize::new(0));
     for at in [T0 + 1, T0 + 10 * LEASE] {
-        let err = idem::run_effect(&mut conn, "k", &opts(at), counting(&runs, b"x"))
+        let err = effect::run(&mut conn, "k", &opts(at), counting(&runs, b"x"))
             .err()
             .ok_or("re-ran an ambiguous effect")?;
         assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
@@ -412,16 +402,16 @@ fn any_other_error_is_ambiguous_and_no_retry_clears_it() -> R {
 fn a_panicking_executor_leaves_the_key_ambiguous_and_the_panic_propagates() -> R {
     let (_d, _p, mut conn) = db()?;
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        idem::run_effect(
+        effect::run(
             &mut conn,
             "k",
             &opts(T0),
-            || -> Result<Vec<u8>, EffectError> { panic!("boom") },
+            || -> Result<Vec<u8>, effect::Error> { panic!("boom") },
         )
     }));
     assert!(caught.is_err(), "the panic propagates");
-    let row = idem::effect(&conn, "k")?.ok_or("no row")?;
-    assert_eq!(row.state, EffectState::Ambiguous);
+    let row = effect::get(&conn, "k")?.ok_or("no row")?;
+    assert_eq!(row.state, effect::State::Ambiguous);
     assert!(row.error.unwrap_or_default().contains("boom"));
     Ok(())
 }
@@ -429,11 +419,11 @@ fn a_panicking_executor_leaves_the_key_ambiguous_and_the_panic_propagates() -> R
 #[test]
 fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() -> R {
     let (_d, _p, mut conn) = db()?;
-    let Reserved::Reservation(held) = idem::reserve(&mut conn, "k", &opts(T0).holder("A"))? else {
+    let Reserved::Reservation(held) = effect::reserve(&mut conn, "k", &opts(T0).holder("A"))? else {
         return Err("no reservation".into());
     };
     let runs = Arc::new(AtomicUsize::new(0));
-    match idem::run_effect(&mut conn, "k", &opts(T0 + LEASE - 1), counting(&runs, b"x")) {
+    match effect::run(&mut conn, "k", &opts(T0 + LEASE - 1), counting(&runs, b"x")) {
         Err(Error::EffectInProgress {
             holder,
             lease_until_ms,
@@ -441,13 +431,13 @@ fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() ->
         }) => assert_eq!((holder.as_str(), lease_until_ms), ("A", T0 + LEASE)),
         other => panic!("expected EffectInProgress, got {other:?}"),
     }
-    let err = idem::run_effect(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
+    let err = effect::run(&mut conn, "k", &opts(T0 + LEASE), counting(&runs, b"x"))
         .err()
         .ok_or("a lapsed lease was re-run")?;
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // The late holder's settlement fails its conditional UPDATE and says so.
-    let late = idem::settle(
+    let late = effect::settle(
         &mut conn,
         &held,
         Settlement::Executed(b"late".to_vec()),
@@ -457,13 +447,13 @@ fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() ->
         matches!(
             late,
             Err(Error::EffectLost {
-                found: Some(EffectState::Ambiguous),
+                found: Some(effect::State::Ambiguous),
                 ..
             })
         ),
         "{late:?}"
     );
-    assert_eq!(state(&conn, "k")?, Some(EffectState::Ambiguous));
+    assert_eq!(state(&conn, "k")?, Some(effect::State::Ambiguous));
     Ok(())
 }
 
@@ -471,17 +461,17 @@ fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() ->
 fn an_operator_resolves_ambiguous_effects_with_who_and_when() -> R {
     let (_d, _p, mut conn) = db()?;
     for key in ["a", "b", "c"] {
-        let _ = idem::run_effect(&mut conn, key, &opts(T0), || {
-            Err(EffectError::failed("timeout"))
+        let _ = effect::run(&mut conn, key, &opts(T0), || {
+            Err(effect::Error::ambiguous("timeout"))
         });
     }
-    let listed: Vec<_> = idem::effects(&conn, Some(EffectState::Ambiguous))?
+    let listed: Vec<_> = effect::list(&conn, Some(effect::State::Ambiguous))?
         .into_iter()
         .map(|e| e.key)
         .collect();
     assert_eq!(listed, ["a", "b", "c"]);
 
-    let row = idem::resolve(
+    let row = effect::resolve(
         &mut conn,
         "a",
         Resolution::Executed(b"r".to_vec()),
@@ -490,25 +480,25 @@ fn an_operator_resolves_ambiguous_effects_with_who_and_when() -> R {
     )?;
     assert_eq!(
         (row.state, row.resolved_by.as_deref(), row.updated_ms),
-        (EffectState::Committed, Some("ops@x"), T0 + 5)
+        (effect::State::Committed, Some("ops@x"), T0 + 5)
     );
     let runs = Arc::new(AtomicUsize::new(0));
-    let out = idem::run_effect(&mut conn, "a", &opts(T0 + 6), counting(&runs, b"x"))?;
+    let out = effect::run(&mut conn, "a", &opts(T0 + 6), counting(&runs, b"x"))?;
     assert_eq!((out.executed, out.result.as_slice()), (false, &b"r"[..]));
 
-    idem::resolve(&mut conn, "b", Resolution::NotExecuted, "ops@x", T0 + 5)?;
-    let out = idem::run_effect(&mut conn, "b", &opts(T0 + 6), counting(&runs, b"b"))?;
+    effect::resolve(&mut conn, "b", Resolution::NotExecuted, "ops@x", T0 + 5)?;
+    let out = effect::run(&mut conn, "b", &opts(T0 + 6), counting(&runs, b"b"))?;
     assert!(out.executed, "a resolved-not-executed key runs again");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-    let err = idem::resolve(&mut conn, "a", Resolution::NotExecuted, "ops@x", T0 + 7)
+    let err = effect::resolve(&mut conn, "a", Resolution::NotExecuted, "ops@x", T0 + 7)
         .err()
         .ok_or("resolved a committed effect")?;
     assert!(
         matches!(
             err,
             Error::EffectNotAmbiguous {
-                state: Some(EffectState::Committed),
+                state: Some(effect::State::Committed),
                 ..
             }
         ),
@@ -516,17 +506,17 @@ fn an_operator_resolves_ambiguous_effects_with_who_and_when() -> R {
     );
 
     // The reconcile hook decides what it can and leaves the rest.
-    let hook = |e: &idem::Effect| (e.key == "c").then(|| Resolution::Executed(b"c".to_vec()));
-    let done = idem::reconcile(
+    let hook = |e: &effect::Effect| (e.key == "c").then(|| Resolution::Executed(b"c".to_vec()));
+    let done = effect::reconcile(
         &mut conn,
         &hook,
         "reconciler",
         T0 + 8,
-        &EffectOptions::new(),
+        &effect::Options::new(),
     )?;
     assert_eq!(done.len(), 1);
-    assert_eq!(idem::effects(&conn, Some(EffectState::Ambiguous))?.len(), 0);
-    assert_eq!(idem::effects(&conn, None)?.len(), 3);
+    assert_eq!(effect::list(&conn, Some(effect::State::Ambiguous))?.len(), 0);
+    assert_eq!(effect::list(&conn, None)?.len(), 3);
     Ok(())
 }
 
@@ -537,8 +527,8 @@ fn a_schema_version_1_database_without_the_effects_table_gets_it_on_first_reserv
     idem::ensure_schema(&conn)?;
     conn.execute_batch("DROP TABLE idem_effects")?; // as written by a version before effects
     idem::ensure_schema(&conn)?;
-    assert!(idem::effects(&conn, None)?.is_empty());
-    let out = idem::run_effect(&mut conn, "k", &opts(T0), || Ok(b"v".to_vec()))?;
+    assert!(effect::list(&conn, None)?.is_empty());
+    let out = effect::run(&mut conn, "k", &opts(T0), || Ok(b"v".to_vec()))?;
     assert!(out.executed);
     Ok(())
 }
@@ -547,11 +537,11 @@ fn a_schema_version_1_database_without_the_effects_table_gets_it_on_first_reserv
 fn the_write_hook_commits_with_every_transition() -> R {
     let (_d, _p, mut conn) = db()?;
     conn.execute_batch("CREATE TABLE bumps (n INTEGER)")?;
-    let hook: idem::WriteHook =
+    let hook: effect::WriteHook =
         Arc::new(|c: &Connection| c.execute("INSERT INTO bumps VALUES (1)", []).map(|_| ()));
     let o = opts(T0).on_write(hook);
-    idem::run_effect(&mut conn, "k", &o, || Ok(b"v".to_vec()))?;
-    idem::run_effect(&mut conn, "k", &o, || Ok(b"v".to_vec()))?; // replay: no write
+    effect::run(&mut conn, "k", &o, || Ok(b"v".to_vec()))?;
+    effect::run(&mut conn, "k", &o, || Ok(b"v".to_vec()))?; // replay: no write
     let n: i64 = conn.query_row("SELECT count(*) FROM bumps", [], |r| r.get(0))?;
     assert_eq!(n, 2, "reserve and settle");
     Ok(())

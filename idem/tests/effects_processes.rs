@@ -7,24 +7,16 @@
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem::{EffectOptions, EffectState, Error};
+use idem::Error;
+use idem::effect;
 use rusqlite::Connection;
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 const KEY: &str = "charge-9";
 const LEASE: u64 = 60_000;
-
-#[derive(Debug)]
-struct At(AtomicU64);
-impl idem::Clock for At {
-    fn now_ms(&self) -> u64 {
-        self.0.load(Ordering::SeqCst)
-    }
-}
 
 fn spawn(mode: &str, db: &std::path::Path, log: &std::path::Path) -> std::io::Result<Child> {
     Command::new(std::env::current_exe()?)
@@ -90,11 +82,11 @@ fn effect_child() -> R {
     // Start together: the parent writes one line to every child once all are ready.
     let mut go = String::new();
     std::io::stdin().read_line(&mut go)?;
-    let opts = EffectOptions::new()
+    let opts = effect::Options::new()
         .lease_ms(LEASE)
         .holder(format!("pid {}", std::process::id()));
-    let out = idem::run_effect(&mut conn, KEY, &opts, || {
-        execute(log.as_ref()).map_err(idem::EffectError::failed)?;
+    let out = effect::run(&mut conn, KEY, &opts, || {
+        execute(log.as_ref()).map_err(effect::Error::ambiguous)?;
         if mode == "hang" {
             println!("executing");
             loop {
@@ -153,8 +145,8 @@ fn two_processes_reserving_the_same_key_at_once_have_one_winner() -> R {
         assert_eq!(won, 1, "one winner: {answers:?}");
         assert!(!answers.iter().any(|a| a.contains("error ")), "{answers:?}");
         assert_eq!(executions(&log)?, 1, "exactly one process executed");
-        let row = idem::effect(&open(&db)?, KEY)?.ok_or("no row")?;
-        assert_eq!(row.state, EffectState::Committed);
+        let row = effect::get(&open(&db)?, KEY)?.ok_or("no row")?;
+        assert_eq!(row.state, effect::State::Committed);
     }
     Ok(())
 }
@@ -174,13 +166,13 @@ fn sigkill_mid_executor_turns_ambiguous_after_the_lease_and_never_reruns() -> R 
     assert_eq!(executions(&log)?, 1);
 
     let mut conn = open(&db)?;
-    let row = idem::effect(&conn, KEY)?.ok_or("no row")?;
-    assert_eq!(row.state, EffectState::Reserved);
-    let now = Arc::new(At(AtomicU64::new(row.created_ms + 1)));
-    let opts = EffectOptions::new().lease_ms(LEASE).clock(now.clone());
+    let row = effect::get(&conn, KEY)?.ok_or("no row")?;
+    assert_eq!(row.state, effect::State::Reserved);
+    let now = Arc::new(idem::ManualClock::new(row.created_ms + 1));
+    let opts = effect::Options::new().lease_ms(LEASE).clock(now.clone());
     let run = |conn: &mut Connection| {
-        idem::run_effect(conn, KEY, &opts, || {
-            execute(&log).map_err(idem::EffectError::failed)?;
+        effect::run(conn, KEY, &opts, || {
+            execute(&log).map_err(effect::Error::ambiguous)?;
             Ok(b"second".to_vec())
         })
     };
@@ -188,14 +180,14 @@ fn sigkill_mid_executor_turns_ambiguous_after_the_lease_and_never_reruns() -> R 
         .err()
         .ok_or("ran during the dead holder's lease")?;
     assert!(matches!(err, Error::EffectInProgress { .. }), "{err:?}");
-    now.0.store(row.lease_until_ms, Ordering::SeqCst); // the lease lapses
+    now.set(row.lease_until_ms); // the lease lapses
     for _ in 0..2 {
         let err = run(&mut conn).err().ok_or("re-ran after the lease")?;
         assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
     }
     assert_eq!(
-        idem::effect(&conn, KEY)?.map(|r| r.state),
-        Some(EffectState::Ambiguous),
+        effect::get(&conn, KEY)?.map(|r| r.state),
+        Some(effect::State::Ambiguous),
         "never FAILED"
     );
     assert_eq!(executions(&log)?, 1, "never a second execution");

@@ -174,7 +174,7 @@ fn applied_reads_the_record_without_writing() -> R {
         None,
         "no schema yet is simply none"
     );
-    let clock = std::sync::Arc::new(Fixed(1_700_000_000_123));
+    let clock = std::sync::Arc::new(idem::ManualClock::new(1_700_000_000_123));
     let opts = Options::new().clock(clock).fingerprint(b"f".to_vec());
     idem::once_with(&mut conn, "k", 2, &opts, effect("k", b"res"))?;
     let rec = idem::applied(&conn, "k")?.ok_or("missing")?;
@@ -198,10 +198,3 @@ fn once_refuses_a_connection_already_in_a_transaction() -> R {
     Ok(())
 }
 
-#[derive(Debug)]
-struct Fixed(u64);
-impl idem::Clock for Fixed {
-    fn now_ms(&self) -> u64 {
-        self.0
-    }
-}

@@ -8,21 +8,13 @@ use std::time::{Duration, UNIX_EPOCH};
 use common::{R, db};
 use idem::Options;
 
-#[derive(Debug)]
-struct Fixed(u64);
-impl idem::Clock for Fixed {
-    fn now_ms(&self) -> u64 {
-        self.0
-    }
-}
-
 #[test]
 fn prune_deletes_rows_strictly_before_the_cutoff_and_a_pruned_key_runs_again() -> R {
     let (_d, _p, mut conn) = db()?;
     let n = idem::PRUNE_BATCH * 2 + 17; // spans several batches
     for i in 0..n {
         let t = if i % 2 == 0 { 1_000 } else { 5_000 };
-        let opts = Options::new().clock(Arc::new(Fixed(t)));
+        let opts = Options::new().clock(Arc::new(idem::ManualClock::new(t)));
         idem::once_with(&mut conn, &format!("key-{i:05}"), 1, &opts, |_| {
             Ok::<_, rusqlite::Error>(vec![])
         })?;

@@ -2,9 +2,10 @@
 
 use rusqlite::Connection;
 
-use super::options::{EffectOptions, EffectStep};
-use super::row::{self, Effect, EffectState};
+use super::options::Options;
+use super::row::{self, Effect, State};
 use super::settle::transition;
+use crate::failpoint::Write;
 use crate::{Error, key::validate_key};
 
 /// How an AMBIGUOUS effect was found to have ended (by an operator or a reconcile hook).
@@ -30,19 +31,20 @@ impl<F: Fn(&Effect) -> Option<Resolution>> Reconcile for F {
 }
 
 /// The stored row of an effect key, or `None` (also when no effect was ever reserved here).
+/// Reads only.
 ///
 /// # Errors
 /// [`Error::InvalidKey`]; [`Error::Sqlite`].
-pub fn effect(conn: &Connection, key: &str) -> Result<Option<Effect>, Error> {
+pub fn get(conn: &Connection, key: &str) -> Result<Option<Effect>, Error> {
     validate_key(key)?;
     row::read(conn, key)
 }
 
-/// Every effect row, or only those in `state`, in key order.
+/// Every effect row, or only those in `state`, in key order. Reads only.
 ///
 /// # Errors
 /// [`Error::Sqlite`].
-pub fn effects(conn: &Connection, state: Option<EffectState>) -> Result<Vec<Effect>, Error> {
+pub fn list(conn: &Connection, state: Option<State>) -> Result<Vec<Effect>, Error> {
     row::list(conn, state)
 }
 
@@ -51,7 +53,7 @@ pub fn effects(conn: &Connection, state: Option<EffectState>) -> Result<Vec<Effe
 /// resolved: a RESERVED one may still be executing, and COMMITTED / FAILED are already decided.
 ///
 /// # Errors
-/// [`Error::EffectNotAmbiguous`] (nothing written); otherwise as [`crate::settle`].
+/// [`Error::EffectNotAmbiguous`] (nothing written); otherwise as [`settle`](super::settle).
 pub fn resolve(
     conn: &mut Connection,
     key: &str,
@@ -59,10 +61,10 @@ pub fn resolve(
     by: &str,
     at_ms: u64,
 ) -> Result<Effect, Error> {
-    resolve_with(conn, key, resolution, by, at_ms, &EffectOptions::new())
+    resolve_with(conn, key, resolution, by, at_ms, &Options::new())
 }
 
-/// [`resolve`] with [`EffectOptions`] (write hook, seams).
+/// [`resolve`] with [`Options`] (write hook, failpoints).
 ///
 /// # Errors
 /// As [`resolve`].
@@ -72,19 +74,19 @@ pub fn resolve_with(
     resolution: Resolution,
     by: &str,
     at_ms: u64,
-    opts: &EffectOptions,
+    opts: &Options,
 ) -> Result<Effect, Error> {
     validate_key(key)?;
     let current = row::read(conn, key)?;
-    let Some(from) = current.filter(|r| r.state == EffectState::Ambiguous) else {
+    let Some(from) = current.filter(|r| r.state == State::Ambiguous) else {
         return Err(Error::EffectNotAmbiguous {
             key: key.to_owned(),
             state: row::read(conn, key)?.map(|r| r.state),
         });
     };
     let (state, result) = match resolution {
-        Resolution::Executed(result) => (EffectState::Committed, Some(result)),
-        Resolution::NotExecuted => (EffectState::Failed, None),
+        Resolution::Executed(result) => (State::Committed, Some(result)),
+        Resolution::NotExecuted => (State::Failed, None),
     };
     let to = Effect {
         state,
@@ -93,7 +95,7 @@ pub fn resolve_with(
         updated_ms: at_ms,
         ..from.clone()
     };
-    transition(conn, &from, to, opts, EffectStep::Resolve)
+    transition(conn, &from, to, opts, Write::Resolve)
 }
 
 /// Offers every AMBIGUOUS effect to `hook` and records its decisions as resolved `by` it at
@@ -107,10 +109,10 @@ pub fn reconcile(
     hook: &dyn Reconcile,
     by: &str,
     at_ms: u64,
-    opts: &EffectOptions,
+    opts: &Options,
 ) -> Result<Vec<Effect>, Error> {
     let mut resolved = Vec::new();
-    for effect in row::list(conn, Some(EffectState::Ambiguous))? {
+    for effect in row::list(conn, Some(State::Ambiguous))? {
         let Some(resolution) = hook.reconcile(&effect) else {
             continue;
         };

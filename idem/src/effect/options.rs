@@ -1,83 +1,45 @@
-//! Settings and injected components of the effect protocol: lease, clock, seams, write hook.
+//! Settings and injected components of the effect protocol: lease, clock, failpoints, write
+//! hook.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use rusqlite::Connection;
 
+use crate::failpoint::{self, FailPoint, Failpoints, Injected};
 use crate::{Clock, SystemClock};
 
-/// Default reservation lease: 60 s.
+/// Default reservation lease: 60 s, in milliseconds.
 pub const DEFAULT_LEASE_MS: u64 = 60_000;
 
-/// Which write of the protocol a seam fires in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum EffectStep {
-    /// [`crate::reserve`]: the reservation, or a contender turning a lapsed lease AMBIGUOUS.
-    Reserve,
-    /// [`crate::settle`]: RESERVED → COMMITTED / FAILED / AMBIGUOUS.
-    Settle,
-    /// [`crate::resolve`]: AMBIGUOUS → COMMITTED / FAILED.
-    Resolve,
-}
-
-/// A point between two steps of an effect write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum EffectPoint {
-    /// The write transaction is open and its statement ran. An injected error acts as
-    /// `SQLITE_BUSY` reported in band before COMMIT: nothing committed, the write is retried.
-    Busy(EffectStep),
-    /// COMMIT is next. An injected error acts as a COMMIT with an unknown outcome that did not
-    /// land (the transaction rolls back).
-    BeforeCommit(EffectStep),
-    /// COMMIT succeeded. An injected error acts as a COMMIT that landed but reported failure.
-    AfterCommit(EffectStep),
-    /// A COMMIT with an unknown outcome is about to be settled by a re-read. An injected error
-    /// fails the re-read.
-    BeforeReread(EffectStep),
-}
-
-/// An error injected at an [`EffectPoint`].
-#[derive(Debug, thiserror::Error)]
-#[error("injected fault at {point:?}")]
-pub struct EffectInjected {
-    /// Where it was injected.
-    pub point: EffectPoint,
-}
-
-/// Hooks called at each [`EffectPoint`]; returning `Err` injects the failure described on the
-/// point. Production code leaves them unset.
-pub trait EffectSeam: Send + Sync + Debug {
-    /// Called at `point`.
-    ///
-    /// # Errors
-    /// An [`EffectInjected`] makes the protocol behave as the point's documentation says.
-    fn at(&self, point: EffectPoint) -> Result<(), EffectInjected>;
-}
-
 /// A write run inside every effect transition's transaction, before its COMMIT, so it commits
-/// atomically with the transition (the org layer bumps its commit counter here).
+/// atomically with the transition (the org layer bumps its commit counter here, which is how
+/// a transition is covered by the ship that acknowledges it, I6). Not a failpoint: production
+/// code sets it.
 pub type WriteHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
 
 /// Settings of the effect calls: a small builder.
+///
+/// ```
+/// let opts = idem::effect::Options::new().lease_ms(30_000).holder("replica-a");
+/// # let _ = opts;
+/// ```
 #[derive(Clone, Default)]
-pub struct EffectOptions {
+pub struct Options {
     pub(crate) lease_ms: Option<u64>,
     pub(crate) clock: Option<Arc<dyn Clock>>,
-    pub(crate) seam: Option<Arc<dyn EffectSeam>>,
+    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     pub(crate) attempt_id: Option<[u8; 16]>,
     pub(crate) holder: Option<String>,
     pub(crate) on_write: Option<WriteHook>,
 }
 
-impl Debug for EffectOptions {
+impl Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EffectOptions")
+        f.debug_struct("Options")
             .field("lease_ms", &self.lease())
             .field("clock", &self.clock)
-            .field("seam", &self.seam)
+            .field("failpoints", &self.failpoints)
             .field("attempt_id", &self.attempt_id)
             .field("holder", &self.holder)
             .field("on_write", &self.on_write.is_some())
@@ -85,7 +47,7 @@ impl Debug for EffectOptions {
     }
 }
 
-impl EffectOptions {
+impl Options {
     /// Defaults: a 60 s lease, the system clock, a random attempt id, no holder label.
     pub fn new() -> Self {
         Self::default()
@@ -98,25 +60,27 @@ impl EffectOptions {
         self
     }
 
-    /// The clock that stamps rows and judges leases (tests inject one to lapse a lease).
+    /// The clock that stamps rows and judges leases (tests inject a [`crate::ManualClock`]
+    /// to lapse a lease).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = Some(clock);
         self
     }
 
-    /// True when a clock was set with [`EffectOptions::clock`].
+    /// True when a clock was set with [`Options::clock`] (the org layer then keeps it instead
+    /// of its registry clock).
     pub fn has_clock(&self) -> bool {
         self.clock.is_some()
     }
 
-    /// Fault-injection seams for tests.
-    pub fn seam(mut self, seam: Arc<dyn EffectSeam>) -> Self {
-        self.seam = Some(seam);
+    /// Failpoints for tests (see [`crate::failpoint`]); production code leaves this unset.
+    pub fn failpoints(mut self, failpoints: Arc<dyn Failpoints>) -> Self {
+        self.failpoints = Some(failpoints);
         self
     }
 
     /// Fixes the attempt id (random by default). Reusing an id across attempts is allowed: the
-    /// protocol never recognises a row by its attempt id alone.
+    /// protocol never recognises a row by its attempt id alone (I9).
     pub fn attempt_id(mut self, id: [u8; 16]) -> Self {
         self.attempt_id = Some(id);
         self
@@ -145,10 +109,7 @@ impl EffectOptions {
         }
     }
 
-    pub(crate) fn at(&self, point: EffectPoint) -> Result<(), EffectInjected> {
-        match &self.seam {
-            Some(s) => s.at(point),
-            None => Ok(()),
-        }
+    pub(crate) fn hit(&self, point: FailPoint) -> Result<(), Injected> {
+        failpoint::hit(self.failpoints.as_ref(), point)
     }
 }

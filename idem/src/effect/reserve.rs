@@ -15,12 +15,14 @@
 
 use rusqlite::Connection;
 
-use super::options::{EffectOptions, EffectStep};
-use super::row::{self, Effect, EffectState};
+use super::options::Options;
+use super::row::{self, Effect, State};
 use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, expect_one, reread};
+use crate::failpoint::Write;
 use crate::{Error, key::validate_key};
 
-/// A won reservation: this attempt alone may run the executor, then must [`crate::settle`].
+/// A won reservation: this attempt alone may run the executor, then must
+/// [`settle`](super::settle).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reservation {
     pub(crate) row: Effect,
@@ -79,14 +81,14 @@ enum Decision {
 /// - [`Error::InvalidKey`], [`Error::InTransaction`]: bad input, nothing written.
 /// - [`Error::EffectInProgress`]: another attempt holds a live lease (holder and expiry given).
 /// - [`Error::EffectAmbiguous`]: the key is AMBIGUOUS — now or because this call found a lapsed
-///   lease and recorded it so. No retry clears it; see [`crate::resolve`].
+///   lease and recorded it so. No retry clears it; see [`resolve`](super::resolve).
 /// - [`Error::Busy`]: the write lock stayed busy through the retries; nothing written.
 /// - [`Error::EffectCommitFailed`]: COMMIT failed twice without landing; nothing written.
 /// - [`Error::EffectCommitUnknown`]: the re-read after a failed COMMIT failed; nothing more is
 ///   written and the executor must not run. The key may be reserved by this attempt, in which
 ///   case it turns AMBIGUOUS when its lease lapses.
 /// - [`Error::Sqlite`], [`Error::Random`]: other failures, nothing written.
-pub fn reserve(conn: &mut Connection, key: &str, opts: &EffectOptions) -> Result<Reserved, Error> {
+pub fn reserve(conn: &mut Connection, key: &str, opts: &Options) -> Result<Reserved, Error> {
     validate_key(key)?;
     if !conn.is_autocommit() {
         return Err(Error::InTransaction);
@@ -116,7 +118,7 @@ pub fn reserve(conn: &mut Connection, key: &str, opts: &EffectOptions) -> Result
         };
         expect_one(row::write(&tx, from.as_ref(), &to)?)?;
         writes_left -= 1;
-        let landed = match commit(tx, opts, EffectStep::Reserve)? {
+        let landed = match commit(tx, opts, Write::Reserve)? {
             Ended::Committed => true,
             Ended::Busy(e) => {
                 writes_left += 1; // nothing was committed: this write does not count
@@ -128,7 +130,7 @@ pub fn reserve(conn: &mut Connection, key: &str, opts: &EffectOptions) -> Result
             }
             Ended::Unknown(source) => {
                 // Whole-row identity, never the attempt id alone: a caller may reuse ids.
-                let found = reread(conn, key, opts, EffectStep::Reserve)?;
+                let found = reread(conn, key, opts, Write::Reserve)?;
                 if found.as_ref() == Some(&to) {
                     true
                 } else if writes_left == 0 {
@@ -156,11 +158,11 @@ fn decide(
     current: Option<Effect>,
     now: u64,
     attempt: &[u8],
-    opts: &EffectOptions,
+    opts: &Options,
 ) -> Decision {
     let reserved = |attempts: u32| Effect {
         key: key.to_owned(),
-        state: EffectState::Reserved,
+        state: State::Reserved,
         attempt: attempt.to_vec(),
         lease_until_ms: now.saturating_add(opts.lease()),
         result: None,
@@ -179,25 +181,25 @@ fn decide(
         };
     };
     match cur.state {
-        EffectState::Failed => Decision::Write {
+        State::Failed => Decision::Write {
             to: reserved(cur.attempts.saturating_add(1)),
             from: Some(cur),
             reserve: true,
         },
-        EffectState::Committed => Decision::Done(Ok(Reserved::Replay(cur))),
-        EffectState::Ambiguous => Decision::Done(Err(ambiguous(&cur))),
-        EffectState::Reserved if now < cur.lease_until_ms => {
+        State::Committed => Decision::Done(Ok(Reserved::Replay(cur))),
+        State::Ambiguous => Decision::Done(Err(ambiguous(&cur))),
+        State::Reserved if now < cur.lease_until_ms => {
             Decision::Done(Err(Error::EffectInProgress {
                 key: key.to_owned(),
                 holder: cur.holder_or_attempt(),
                 lease_until_ms: cur.lease_until_ms,
             }))
         }
-        EffectState::Reserved => {
+        State::Reserved => {
             // A lapsed lease: the holder may have executed or died mid-way. Nobody can know,
             // so the key turns AMBIGUOUS; it is never silently re-run.
             let to = Effect {
-                state: EffectState::Ambiguous,
+                state: State::Ambiguous,
                 error: Some(format!(
                     "lease of attempt {} lapsed at {} ms before it settled",
                     cur.holder_or_attempt(),

@@ -6,60 +6,64 @@ use rusqlite::{Connection, OptionalExtension, Row};
 use crate::Error;
 use crate::schema::{CREATE_EFFECTS, is_missing_table};
 
-/// The state of an effect key.
+/// The state of an effect key, stored in `idem_effects.state` as its [`State::as_str`] name.
+///
+/// Each word means one thing: COMMITTED = executed, FAILED = proved not executed, AMBIGUOUS =
+/// outcome unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EffectState {
+pub enum State {
     /// An attempt holds the key until its lease expires; its executor may be running.
     Reserved,
-    /// The executor ran and its result is stored; every later call replays it.
+    /// The executor executed and its result is stored; every later call replays it.
     Committed,
-    /// The executor proved it did not execute; the key may be reserved again.
+    /// The executor proved it did not execute (or an operator resolved it so); the only state
+    /// that may be reserved again.
     Failed,
-    /// Nobody knows whether the executor ran (an error, a panic, a lapsed lease). No retry
-    /// clears it: an operator or a reconcile hook resolves it.
+    /// Nobody knows whether the executor ran (an error that proves nothing, a panic, a lapsed
+    /// lease). No retry clears it: an operator or a reconcile hook resolves it.
     Ambiguous,
 }
 
-impl EffectState {
+impl State {
     /// The stored (and printed) name: `reserved`, `committed`, `failed`, `ambiguous`.
     pub fn as_str(self) -> &'static str {
         match self {
-            EffectState::Reserved => "reserved",
-            EffectState::Committed => "committed",
-            EffectState::Failed => "failed",
-            EffectState::Ambiguous => "ambiguous",
+            State::Reserved => "reserved",
+            State::Committed => "committed",
+            State::Failed => "failed",
+            State::Ambiguous => "ambiguous",
         }
     }
 
-    /// Parses a name as printed by [`EffectState::as_str`] (case-insensitive).
+    /// Parses a name as printed by [`State::as_str`] (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
         [
-            EffectState::Reserved,
-            EffectState::Committed,
-            EffectState::Failed,
-            EffectState::Ambiguous,
+            State::Reserved,
+            State::Committed,
+            State::Failed,
+            State::Ambiguous,
         ]
         .into_iter()
         .find(|st| st.as_str().eq_ignore_ascii_case(s))
     }
 }
 
-impl std::fmt::Display for EffectState {
+impl std::fmt::Display for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl ToSql for EffectState {
+impl ToSql for State {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
         Ok(ToSqlOutput::from(self.as_str()))
     }
 }
 
-impl FromSql for EffectState {
+impl FromSql for State {
     fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
         let text = value.as_str()?;
-        EffectState::parse(text).ok_or_else(|| FromSqlError::Other(text.into()))
+        State::parse(text).ok_or_else(|| FromSqlError::Other(text.into()))
     }
 }
 
@@ -70,14 +74,14 @@ pub struct Effect {
     /// The effect key (1–255 bytes, compared byte for byte).
     pub key: String,
     /// Its state.
-    pub state: EffectState,
+    pub state: State,
     /// The attempt id of the reservation that wrote the row (random unless the caller fixed it).
     pub attempt: Vec<u8>,
     /// The reservation's lease expiry, in milliseconds since the Unix epoch.
     pub lease_until_ms: u64,
     /// The executor's result (COMMITTED); an empty result stays `Some(vec![])`.
     pub result: Option<Vec<u8>>,
-    /// Why the row is FAILED or AMBIGUOUS.
+    /// Why the row is FAILED (the executor's proof of non-execution) or AMBIGUOUS.
     pub error: Option<String>,
     /// When the current reservation was made, in ms since the Unix epoch.
     pub created_ms: u64,
@@ -115,7 +119,7 @@ fn to_u64(v: i64) -> u64 {
 }
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<Effect> {
-    let state: EffectState = r.get(1)?;
+    let state: State = r.get(1)?;
     let result: Option<Vec<u8>> = r.get(4)?;
     Ok(Effect {
         key: r.get(0)?,
@@ -123,7 +127,7 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Effect> {
         attempt: r.get(2)?,
         lease_until_ms: to_u64(r.get(3)?),
         // A committed row always carries a result; a zero-length BLOB reads back as empty.
-        result: if state == EffectState::Committed {
+        result: if state == State::Committed {
             Some(result.unwrap_or_default())
         } else {
             result
@@ -169,7 +173,7 @@ pub(crate) fn read_for_write(conn: &Connection, key: &str) -> Result<Option<Effe
 }
 
 /// Every row, or those in `state`, in key order.
-pub(crate) fn list(conn: &Connection, state: Option<EffectState>) -> Result<Vec<Effect>, Error> {
+pub(crate) fn list(conn: &Connection, state: Option<State>) -> Result<Vec<Effect>, Error> {
     let sql =
         format!("SELECT {COLUMNS} FROM idem_effects WHERE ?1 IS NULL OR state = ?1 ORDER BY key");
     let rows = conn.prepare_cached(&sql).and_then(|mut s| {

@@ -1,4 +1,4 @@
-//! Settling a reservation, and [`run_effect`]: reserve → execute → settle in one call.
+//! Settling a reservation, and [`run`]: reserve → execute → settle in one call.
 //!
 //! ```text
 //! BEGIN IMMEDIATE -> UPDATE ... WHERE the row is exactly our reservation -> changed rows?
@@ -12,12 +12,12 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use rusqlite::Connection;
 
-use super::options::{EffectOptions, EffectStep};
+use super::options::Options;
 use super::reserve::{Reservation, Reserved, ambiguous, reserve};
-use super::row::{self, Effect, EffectState};
+use super::row::{self, Effect, State};
 use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, reread};
-use crate::Error;
 use crate::error::BoxError;
+use crate::failpoint::Write;
 
 /// How an attempt's executor ended, as [`settle`] records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,36 +29,45 @@ pub enum Settlement {
     NotExecuted(String),
     /// Anything else — an error that does not prove non-execution, a panic, a timeout —
     /// → AMBIGUOUS. The text is stored.
-    Failed(String),
+    Ambiguous(String),
 }
 
-/// The error an executor returns. Only [`EffectError::NotExecuted`] lets the key be retried:
+/// The error an executor returns. Only [`Error::NotExecuted`] lets the key be retried:
 /// return it only when the effect provably did not happen.
 #[derive(Debug, thiserror::Error)]
-pub enum EffectError {
+pub enum Error {
     /// The effect provably did not happen → FAILED, retryable.
     #[error("effect not executed")]
     NotExecuted(#[source] BoxError),
     /// The effect may or may not have happened → AMBIGUOUS.
-    #[error("effect failed with an unknown outcome")]
-    Failed(#[source] BoxError),
+    #[error("effect outcome unknown")]
+    Ambiguous(#[source] BoxError),
 }
 
-impl EffectError {
+impl Error {
     /// The effect provably did not happen.
     pub fn not_executed(e: impl Into<BoxError>) -> Self {
-        EffectError::NotExecuted(e.into())
+        Error::NotExecuted(e.into())
     }
 
     /// The effect's outcome is unknown.
-    pub fn failed(e: impl Into<BoxError>) -> Self {
-        EffectError::Failed(e.into())
+    pub fn ambiguous(e: impl Into<BoxError>) -> Self {
+        Error::Ambiguous(e.into())
+    }
+
+    /// The settlement that records this error: [`Settlement::NotExecuted`] or
+    /// [`Settlement::Ambiguous`], with the error and its sources as the stored text.
+    pub fn settlement(&self) -> Settlement {
+        match self {
+            Error::NotExecuted(e) => Settlement::NotExecuted(chain(&**e)),
+            Error::Ambiguous(e) => Settlement::Ambiguous(chain(&**e)),
+        }
     }
 }
 
-/// What [`run_effect`] returns.
+/// What [`run`] returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EffectOutcome {
+pub struct Outcome {
     /// The effect key.
     pub key: String,
     /// The executor's result, byte-identical on every replay.
@@ -74,41 +83,41 @@ pub struct EffectOutcome {
 /// whole-row re-read, and an unchanged row gets the same UPDATE once more (I9).
 ///
 /// # Errors
-/// - [`Error::EffectLost`]: the row is no longer this reservation (a contender found the lease
-///   lapsed and made it AMBIGUOUS, or an operator resolved it); nothing written.
-/// - [`Error::Busy`], [`Error::EffectCommitFailed`]: nothing written; the key stays RESERVED
-///   and turns AMBIGUOUS when the lease lapses unless a later settle lands.
-/// - [`Error::EffectCommitUnknown`]: the re-read failed; nothing more written.
-/// - [`Error::InTransaction`], [`Error::Sqlite`].
+/// - [`crate::Error::EffectLost`]: the row is no longer this reservation (a contender found
+///   the lease lapsed and made it AMBIGUOUS, or an operator resolved it); nothing written.
+/// - [`crate::Error::Busy`], [`crate::Error::EffectCommitFailed`]: nothing written; the key
+///   stays RESERVED and turns AMBIGUOUS when the lease lapses unless a later settle lands.
+/// - [`crate::Error::EffectCommitUnknown`]: the re-read failed; nothing more written.
+/// - [`crate::Error::InTransaction`], [`crate::Error::Sqlite`].
 pub fn settle(
     conn: &mut Connection,
     reservation: &Reservation,
     settlement: Settlement,
-    opts: &EffectOptions,
-) -> Result<Effect, Error> {
+    opts: &Options,
+) -> Result<Effect, crate::Error> {
     let from = &reservation.row;
     let now = opts.now();
     let to = match settlement {
         Settlement::Executed(result) => Effect {
-            state: EffectState::Committed,
+            state: State::Committed,
             result: Some(result),
             updated_ms: now,
             ..from.clone()
         },
         Settlement::NotExecuted(text) => Effect {
-            state: EffectState::Failed,
+            state: State::Failed,
             error: Some(text),
             updated_ms: now,
             ..from.clone()
         },
-        Settlement::Failed(text) => Effect {
-            state: EffectState::Ambiguous,
+        Settlement::Ambiguous(text) => Effect {
+            state: State::Ambiguous,
             error: Some(text),
             updated_ms: now,
             ..from.clone()
         },
     };
-    transition(conn, from, to, opts, EffectStep::Settle)
+    transition(conn, from, to, opts, Write::Settle)
 }
 
 /// Moves the row from exactly `from` to `to` (settle and resolve share it).
@@ -116,14 +125,14 @@ pub(crate) fn transition(
     conn: &mut Connection,
     from: &Effect,
     to: Effect,
-    opts: &EffectOptions,
-    step: EffectStep,
-) -> Result<Effect, Error> {
+    opts: &Options,
+    write: Write,
+) -> Result<Effect, crate::Error> {
     if !conn.is_autocommit() {
-        return Err(Error::InTransaction);
+        return Err(crate::Error::InTransaction);
     }
     let key = from.key.as_str();
-    let lost = |found: Option<Effect>| Error::EffectLost {
+    let lost = |found: Option<Effect>| crate::Error::EffectLost {
         key: key.to_owned(),
         found: found.map(|f| f.state),
     };
@@ -149,7 +158,7 @@ pub(crate) fn transition(
                 Err(lost(found))
             };
         }
-        match commit(tx, opts, step)? {
+        match commit(tx, opts, write)? {
             Ended::Committed => return Ok(to),
             Ended::Busy(e) => {
                 if busy_left == 0 {
@@ -158,7 +167,7 @@ pub(crate) fn transition(
                 busy_left -= 1;
             }
             Ended::Unknown(source) => {
-                let found = reread(conn, key, opts, step)?;
+                let found = reread(conn, key, opts, write)?;
                 if found.as_ref() == Some(&to) {
                     return Ok(to);
                 }
@@ -166,7 +175,7 @@ pub(crate) fn transition(
                     return Err(lost(found));
                 }
                 if reissued {
-                    return Err(Error::EffectCommitFailed {
+                    return Err(crate::Error::EffectCommitFailed {
                         key: key.to_owned(),
                         source,
                     });
@@ -181,25 +190,25 @@ pub(crate) fn transition(
 ///
 /// On a replay the stored result comes back and `executor` does not run. Otherwise `executor`
 /// runs with no transaction open, and its end is recorded: `Ok(bytes)` → COMMITTED;
-/// [`EffectError::NotExecuted`] → FAILED (a later call reserves and runs again); any other
-/// error or a panic → AMBIGUOUS. A panic is re-raised after it is recorded.
+/// [`Error::NotExecuted`] → FAILED (a later call reserves and runs again);
+/// [`Error::Ambiguous`] or a panic → AMBIGUOUS. A panic is re-raised after it is recorded.
 ///
 /// # Errors
 /// Those of [`reserve`] (the executor did not run) and [`settle`] (it did); plus
-/// [`Error::EffectNotExecuted`] carrying the executor's error when it proved non-execution,
-/// and [`Error::EffectAmbiguous`] when it failed otherwise.
-pub fn run_effect<F>(
+/// [`crate::Error::EffectNotExecuted`] carrying the executor's error when it proved
+/// non-execution, and [`crate::Error::EffectAmbiguous`] when its outcome is unknown.
+pub fn run<F>(
     conn: &mut Connection,
     key: &str,
-    opts: &EffectOptions,
+    opts: &Options,
     executor: F,
-) -> Result<EffectOutcome, Error>
+) -> Result<Outcome, crate::Error>
 where
-    F: FnOnce() -> Result<Vec<u8>, EffectError>,
+    F: FnOnce() -> Result<Vec<u8>, Error>,
 {
     let reservation = match reserve(conn, key, opts)? {
         Reserved::Replay(row) => {
-            return Ok(EffectOutcome {
+            return Ok(Outcome {
                 key: key.to_owned(),
                 result: row.result.unwrap_or_default(),
                 executed: false,
@@ -222,14 +231,17 @@ pub(crate) enum Then {
 
 /// Maps an executor's end to the settlement to record.
 pub(crate) fn settlement_of(
-    ran: std::thread::Result<Result<Vec<u8>, EffectError>>,
+    ran: std::thread::Result<Result<Vec<u8>, Error>>,
 ) -> (Settlement, Then) {
     match ran {
         Ok(Ok(result)) => (Settlement::Executed(result), Then::Return),
-        Ok(Err(EffectError::NotExecuted(e))) => {
-            (Settlement::NotExecuted(chain(&*e)), Then::NotExecuted(e))
+        Ok(Err(e)) => {
+            let settlement = e.settlement();
+            match e {
+                Error::NotExecuted(e) => (settlement, Then::NotExecuted(e)),
+                Error::Ambiguous(_) => (settlement, Then::Return),
+            }
         }
-        Ok(Err(EffectError::Failed(e))) => (Settlement::Failed(chain(&*e)), Then::Return),
         Err(panic) => {
             let text = panic
                 .downcast_ref::<&str>()
@@ -237,7 +249,7 @@ pub(crate) fn settlement_of(
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_default();
             (
-                Settlement::Failed(format!("executor panicked: {text}")),
+                Settlement::Ambiguous(format!("executor panicked: {text}")),
                 Then::Panic(panic),
             )
         }
@@ -247,20 +259,20 @@ pub(crate) fn settlement_of(
 /// Turns the settled row into `run_effect`'s answer.
 pub(crate) fn finish(
     key: &str,
-    row: Result<Effect, Error>,
+    row: Result<Effect, crate::Error>,
     then: Then,
-) -> Result<EffectOutcome, Error> {
+) -> Result<Outcome, crate::Error> {
     if let Then::Panic(p) = then {
         resume_unwind(p);
     }
     let row = row?;
     match (row.state, then) {
-        (EffectState::Committed, _) => Ok(EffectOutcome {
+        (State::Committed, _) => Ok(Outcome {
             key: key.to_owned(),
             result: row.result.unwrap_or_default(),
             executed: true,
         }),
-        (EffectState::Failed, Then::NotExecuted(source)) => Err(Error::EffectNotExecuted {
+        (State::Failed, Then::NotExecuted(source)) => Err(crate::Error::EffectNotExecuted {
             key: key.to_owned(),
             source,
         }),

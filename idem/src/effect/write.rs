@@ -3,9 +3,10 @@
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::options::{EffectOptions, EffectPoint, EffectStep};
+use super::options::Options;
 use super::row::{self, Effect};
 use crate::Error;
+use crate::failpoint::{FailPoint, Write};
 use crate::error::{BoxError, is_busy};
 
 /// How often an in-band `SQLITE_BUSY` (nothing committed) is retried beyond the busy timeout.
@@ -32,18 +33,18 @@ pub(crate) fn begin(
     }
 }
 
-fn injected_busy(point: EffectPoint) -> rusqlite::Error {
+fn injected_busy(point: FailPoint) -> rusqlite::Error {
     rusqlite::Error::SqliteFailure(
         rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
         Some(format!("injected busy at {point:?}")),
     )
 }
 
-/// Runs the write hook, then COMMIT, with the seams of `step`.
+/// Runs the write hook, then COMMIT, with the failpoints of `write`.
 pub(crate) fn commit(
     tx: Transaction<'_>,
-    opts: &EffectOptions,
-    step: EffectStep,
+    opts: &Options,
+    write: Write,
 ) -> Result<Ended, Error> {
     if let Some(hook) = &opts.on_write {
         match hook(&tx) {
@@ -52,10 +53,10 @@ pub(crate) fn commit(
             Err(e) => return Err(e.into()),
         }
     }
-    if opts.at(EffectPoint::Busy(step)).is_err() {
-        return Ok(Ended::Busy(injected_busy(EffectPoint::Busy(step))));
+    if opts.hit(FailPoint::Busy(write)).is_err() {
+        return Ok(Ended::Busy(injected_busy(FailPoint::Busy(write))));
     }
-    if let Err(injected) = opts.at(EffectPoint::BeforeCommit(step)) {
+    if let Err(injected) = opts.hit(FailPoint::BeforeCommit(write)) {
         drop(tx); // rolls back: a COMMIT whose outcome is unknown and which did not land
         return Ok(Ended::Unknown(Box::new(injected)));
     }
@@ -65,7 +66,7 @@ pub(crate) fn commit(
         Err(e) if is_busy(&e) => return Ok(Ended::Busy(e)),
         Err(e) => return Ok(Ended::Unknown(Box::new(e))),
     }
-    if let Err(injected) = opts.at(EffectPoint::AfterCommit(step)) {
+    if let Err(injected) = opts.hit(FailPoint::AfterCommit(write)) {
         return Ok(Ended::Unknown(Box::new(injected)));
     }
     Ok(Ended::Committed)
@@ -76,8 +77,8 @@ pub(crate) fn commit(
 pub(crate) fn reread(
     conn: &Connection,
     key: &str,
-    opts: &EffectOptions,
-    step: EffectStep,
+    opts: &Options,
+    write: Write,
 ) -> Result<Option<Effect>, Error> {
     let unknown = |source: BoxError| Error::EffectCommitUnknown {
         key: key.to_owned(),
@@ -88,7 +89,7 @@ pub(crate) fn reread(
         conn.execute_batch("ROLLBACK")
             .map_err(|e| unknown(Box::new(e)))?;
     }
-    opts.at(EffectPoint::BeforeReread(step))
+    opts.hit(FailPoint::BeforeReread(write))
         .map_err(|e| unknown(Box::new(e)))?;
     row::read(conn, key).map_err(|e| unknown(Box::new(e)))
 }

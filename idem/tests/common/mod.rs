@@ -3,7 +3,7 @@
 
 use std::sync::mpsc;
 
-use idem::{Injected, Point, Seam};
+use idem::failpoint::{FailPoint, Failpoints};
 use rusqlite::Connection;
 
 pub type BoxErr = Box<dyn std::error::Error + Send + Sync>;
@@ -42,17 +42,17 @@ pub fn blocked_signal_conn(
     Ok((conn, rx))
 }
 
-/// A seam made of a closure.
-pub struct FnSeam<F>(pub F);
+/// Failpoints made of a closure.
+pub struct FnFailpoints<F>(pub F);
 
-impl<F> std::fmt::Debug for FnSeam<F> {
+impl<F> std::fmt::Debug for FnFailpoints<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FnSeam")
+        f.write_str("FnFailpoints")
     }
 }
 
-impl<F: Fn(Point) -> Result<(), Injected> + Send + Sync> Seam for FnSeam<F> {
-    fn at(&self, point: Point) -> Result<(), Injected> {
+impl<F: Fn(FailPoint) -> Result<(), String> + Send + Sync> Failpoints for FnFailpoints<F> {
+    fn hit(&self, point: FailPoint) -> Result<(), String> {
         (self.0)(point)
     }
 }
