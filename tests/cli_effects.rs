@@ -21,14 +21,14 @@ fn seeded_store(dir: &Path) -> TestResult<String> {
         .await?;
         let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed").build()?;
         let org = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
-        org.effect("sent", idem::EffectOptions::new(), || async {
+        org.effect("sent", idem::effect::Options::new(), || async {
             Ok(b"ok".to_vec())
         })
         .await?;
         for key in ["lost-1", "lost-2"] {
             let out = org
-                .effect(key, idem::EffectOptions::new(), || async {
-                    Err(idem::EffectError::failed("connection reset"))
+                .effect(key, idem::effect::Options::new(), || async {
+                    Err(idem::effect::Error::ambiguous("connection reset"))
                 })
                 .await;
             assert!(out.is_err());

@@ -34,9 +34,9 @@
 //! (`SQLITE_BUSY`) retries the write; a COMMIT whose outcome is unknown is settled by re-reading
 //! the whole row — exactly the row we wrote means it landed; the row as it was before (or no row)
 //! means it did not, and the write is issued once more; anything else is decided afresh. A
-//! re-read that fails writes nothing and returns [`crate::Error::EffectCommitUnknown`]: the key then
-//! stays RESERVED until its lease lapses and turns AMBIGUOUS — availability is the price, never
-//! a second execution.
+//! re-read that fails writes nothing and returns [`crate::Error::EffectCommitUnknown`]: the key
+//! then stays RESERVED until its lease lapses and turns AMBIGUOUS — availability is the price,
+//! never a second execution.
 //!
 //! ```
 //! use idem::effect;

@@ -28,7 +28,8 @@ pub enum Write {
 #[non_exhaustive]
 pub enum FailPoint {
     /// `once`: the write transaction is open and the key is known unapplied; `apply` is about
-    /// to run. An injected error fails the attempt as `apply` failing would ([`crate::Error::Apply`]).
+    /// to run. An injected error fails the attempt as `apply` failing would
+    /// ([`crate::Error::Apply`]).
     BeforeApply,
     /// Effect writes only: the write transaction is open and its statement ran. An injected
     /// error acts as `SQLITE_BUSY` reported in band before COMMIT: nothing committed, the write

@@ -16,9 +16,9 @@
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::error::{BoxError, is_busy};
+use crate::failpoint::{self, FailPoint, Write};
 use crate::record::KeyRow;
 use crate::schema::{raise_max_round, state_in_tx};
-use crate::failpoint::{self, FailPoint, Write};
 use crate::{Error, Options, Outcome, key::validate_key};
 
 /// Runs `apply` at most once for `key` and returns its result on every call (I1–I3).
@@ -124,11 +124,9 @@ where
     };
     let now = i64::try_from(opts.clock.now_ms()).unwrap_or(i64::MAX);
     tx.prepare_cached("SAVEPOINT idem_apply")?.execute([])?;
-    failpoint::hit(opts.failpoints.as_ref(), FailPoint::BeforeApply).map_err(|e| {
-        Error::Apply {
-            key: key.to_owned(),
-            source: Box::new(e),
-        }
+    failpoint::hit(opts.failpoints.as_ref(), FailPoint::BeforeApply).map_err(|e| Error::Apply {
+        key: key.to_owned(),
+        source: Box::new(e),
     })?;
     let applied = apply(&tx);
     if tx.is_autocommit() {
@@ -288,8 +286,11 @@ fn settle(
         conn.execute_batch("ROLLBACK")
             .map_err(|e| unknown(Box::new(e)))?;
     }
-    failpoint::hit(opts.failpoints.as_ref(), FailPoint::BeforeReread(Write::Once))
-        .map_err(|injected| unknown(Box::new(injected)))?;
+    failpoint::hit(
+        opts.failpoints.as_ref(),
+        FailPoint::BeforeReread(Write::Once),
+    )
+    .map_err(|injected| unknown(Box::new(injected)))?;
     match KeyRow::read(conn, key).map_err(|e| unknown(Box::new(e)))? {
         Some(row) if row == *ours => Ok(outcome_of(key, ours)),
         Some(row) if row.applied => replay(key, row, opts),

@@ -84,8 +84,7 @@ mod tests {
     }
 
     #[test]
-    fn stats_count_applied_and_failed_only_keys_and_span_the_applied_times() -> Result<(), Error>
-    {
+    fn stats_count_applied_and_failed_only_keys_and_span_the_applied_times() -> Result<(), Error> {
         let mut conn = Connection::open_in_memory()?;
         let clock = Arc::new(ManualClock::new(1_000));
         let opts = Options::new().clock(clock.clone());
@@ -94,9 +93,7 @@ mod tests {
         clock.set(5_000);
         crate::once_with(&mut conn, "b", 1, &opts, ok)?;
         clock.set(9_000);
-        let refused = crate::once_with(&mut conn, "c", 1, &opts, |_| {
-            Err::<Vec<u8>, _>("refused")
-        });
+        let refused = crate::once_with(&mut conn, "c", 1, &opts, |_| Err::<Vec<u8>, _>("refused"));
         assert!(matches!(refused, Err(Error::Apply { .. })));
         assert_eq!(
             stats(&conn)?,

@@ -93,7 +93,9 @@ fn a_row_with_our_attempt_id_but_another_result_is_not_ours() -> R {
         }
         _ => Ok(()),
     });
-    let opts = Options::new().attempt_id(id).failpoints(Arc::new(failpoints));
+    let opts = Options::new()
+        .attempt_id(id)
+        .failpoints(Arc::new(failpoints));
     let out = idem::once_with(&mut conn, "k", 1, &opts, write("k"))?;
     assert!(
         !out.applied,
@@ -135,7 +137,9 @@ fn fingerprint_is_checked_on_the_reread_path() -> R {
 fn a_failed_reread_is_commit_unknown_and_writes_nothing() -> R {
     let (_d, _p, mut conn) = db()?;
     let failpoints = FnFailpoints(|p| match p {
-        FailPoint::BeforeCommit(Write::Once) | FailPoint::BeforeReread(Write::Once) => Err("injected".into()),
+        FailPoint::BeforeCommit(Write::Once) | FailPoint::BeforeReread(Write::Once) => {
+            Err("injected".into())
+        }
         _ => Ok(()),
     });
     let opts = Options::new().failpoints(Arc::new(failpoints));

@@ -196,7 +196,10 @@ fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
     let id = [7u8; 16];
     let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Reserve), 1)]);
     let other_path = path.clone();
-    *script.before_reread.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+    *script
+        .before_reread
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
         let mut other = Connection::open(other_path).expect("open second connection");
         let theirs = effect::Options::new()
             .lease_ms(LEASE)
@@ -419,7 +422,8 @@ fn a_panicking_executor_leaves_the_key_ambiguous_and_the_panic_propagates() -> R
 #[test]
 fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() -> R {
     let (_d, _p, mut conn) = db()?;
-    let Reserved::Reservation(held) = effect::reserve(&mut conn, "k", &opts(T0).holder("A"))? else {
+    let Reserved::Reservation(held) = effect::reserve(&mut conn, "k", &opts(T0).holder("A"))?
+    else {
         return Err("no reservation".into());
     };
     let runs = Arc::new(AtomicUsize::new(0));
@@ -515,7 +519,10 @@ fn an_operator_resolves_ambiguous_effects_with_who_and_when() -> R {
         &effect::Options::new(),
     )?;
     assert_eq!(done.len(), 1);
-    assert_eq!(effect::list(&conn, Some(effect::State::Ambiguous))?.len(), 0);
+    assert_eq!(
+        effect::list(&conn, Some(effect::State::Ambiguous))?.len(),
+        0
+    );
     assert_eq!(effect::list(&conn, None)?.len(), 3);
     Ok(())
 }

@@ -197,4 +197,3 @@ fn once_refuses_a_connection_already_in_a_transaction() -> R {
     assert!(matches!(err, Error::InTransaction), "{err:?}");
     Ok(())
 }
-

@@ -13,10 +13,7 @@
 
 use std::sync::Arc;
 
-use idem::{
-    Effect, EffectError, EffectOptions, EffectOutcome, EffectState, Reservation, Reserved,
-    Resolution, Settlement,
-};
+use idem::effect::{self, Effect, Reservation, Reserved, Resolution, Settlement, State};
 use rusqlite::Connection;
 
 use crate::commit::{self, Answer, CommitSeq};
@@ -27,13 +24,13 @@ use crate::{Error, Org};
 pub(crate) enum EffectJob {
     Reserve {
         key: String,
-        opts: EffectOptions,
+        opts: effect::Options,
         reply: Reply<Reserved>,
     },
     Settle {
         reservation: Box<Reservation>,
         settlement: Settlement,
-        opts: EffectOptions,
+        opts: effect::Options,
         reply: Reply<Effect>,
     },
     Resolve {
@@ -44,7 +41,7 @@ pub(crate) enum EffectJob {
     },
     Read {
         key: Option<String>,
-        state: Option<EffectState>,
+        state: Option<State>,
         reply: Reply<Vec<Effect>>,
     },
 }
@@ -55,7 +52,7 @@ fn bump(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Every effect write raises the commit sequence in its own transaction (the snapshot that holds
 /// the counter value holds the transition); the registry clock stamps it unless one was set.
-fn writer_opts(opts: EffectOptions, clock: &Arc<dyn idem::Clock>) -> EffectOptions {
+fn writer_opts(opts: effect::Options, clock: &Arc<dyn idem::Clock>) -> effect::Options {
     let opts = opts.on_write(Arc::new(bump));
     if opts.has_clock() {
         opts
@@ -85,7 +82,7 @@ pub(crate) fn run_job(
     }
     match job {
         EffectJob::Reserve { key, opts, reply } => {
-            let out = idem::reserve(conn, &key, &writer_opts(opts, clock));
+            let out = effect::reserve(conn, &key, &writer_opts(opts, clock));
             let _ = reply.send(answered(conn, seq, out));
         }
         EffectJob::Settle {
@@ -94,7 +91,7 @@ pub(crate) fn run_job(
             opts,
             reply,
         } => {
-            let out = idem::settle(conn, &reservation, settlement, &writer_opts(opts, clock));
+            let out = effect::settle(conn, &reservation, settlement, &writer_opts(opts, clock));
             let _ = reply.send(answered(conn, seq, out));
         }
         EffectJob::Resolve {
@@ -103,14 +100,14 @@ pub(crate) fn run_job(
             by,
             reply,
         } => {
-            let opts = writer_opts(EffectOptions::new(), clock);
-            let out = idem::resolve_with(conn, &key, resolution, &by, clock.now_ms(), &opts);
+            let opts = writer_opts(effect::Options::new(), clock);
+            let out = effect::resolve_with(conn, &key, resolution, &by, clock.now_ms(), &opts);
             let _ = reply.send(answered(conn, seq, out));
         }
         EffectJob::Read { key, state, reply } => {
             let out = match key {
-                Some(k) => idem::effect(conn, &k).map(|r| r.into_iter().collect()),
-                None => idem::effects(conn, state),
+                Some(k) => effect::get(conn, &k).map(|r| r.into_iter().collect()),
+                None => effect::list(conn, state),
             };
             let _ = reply.send(answered(conn, seq, out));
         }
@@ -123,25 +120,25 @@ impl Org {
     /// `executor` starts, and the settlement is shipped before this returns `Ok`.
     ///
     /// `executor` runs as a tokio task with no transaction open. `Ok(bytes)` → COMMITTED and
-    /// replayed to every later call; [`EffectError::NotExecuted`] → FAILED (a later call runs it
-    /// again); any other error, a panic or a cancellation → AMBIGUOUS.
+    /// replayed to every later call; [`effect::Error::NotExecuted`] → FAILED (a later call runs
+    /// it again); [`effect::Error::Ambiguous`], a panic or a cancellation → AMBIGUOUS.
     ///
     /// # Errors
     /// [`Error::Idem`] carrying `EffectInProgress` (retry later), `EffectAmbiguous` (needs
     /// [`Org::resolve`]), `EffectNotExecuted`, `EffectLost`, or the commit errors of
-    /// `idem::reserve` / `idem::settle`; [`Error::ShipFailed`] (retry with the key: the
-    /// reservation may be local only, or the settlement unacknowledged); [`Error::Fenced`] /
-    /// [`Error::Closed`]: acquire again — if the executor already ran, the successor finds the
-    /// key reserved and later AMBIGUOUS, never free to run again.
+    /// `idem::effect::reserve` / `idem::effect::settle`; [`Error::ShipFailed`] (retry with the
+    /// key: the reservation may be local only, or the settlement unacknowledged);
+    /// [`Error::Fenced`] / [`Error::Closed`]: acquire again — if the executor already ran, the
+    /// successor finds the key reserved and later AMBIGUOUS, never free to run again.
     pub async fn effect<F, Fut>(
         &self,
         key: &str,
-        opts: EffectOptions,
+        opts: effect::Options,
         executor: F,
-    ) -> Result<EffectOutcome, Error>
+    ) -> Result<effect::Outcome, Error>
     where
         F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Vec<u8>, EffectError>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<u8>, effect::Error>> + Send + 'static,
     {
         let reservation = match self.reserve_effect(key, &opts).await? {
             Ok(r) => r,
@@ -158,11 +155,11 @@ impl Org {
     pub async fn effect_blocking<F>(
         &self,
         key: &str,
-        opts: EffectOptions,
+        opts: effect::Options,
         executor: F,
-    ) -> Result<EffectOutcome, Error>
+    ) -> Result<effect::Outcome, Error>
     where
-        F: FnOnce() -> Result<Vec<u8>, EffectError> + Send + 'static,
+        F: FnOnce() -> Result<Vec<u8>, effect::Error> + Send + 'static,
     {
         let reservation = match self.reserve_effect(key, &opts).await? {
             Ok(r) => r,
@@ -185,12 +182,12 @@ impl Org {
     ///
     /// # Errors
     /// As [`Org::applied`].
-    pub async fn effects(&self, state: Option<EffectState>) -> Result<Vec<Effect>, Error> {
+    pub async fn effects(&self, state: Option<State>) -> Result<Vec<Effect>, Error> {
         self.read_effects(None, state).await
     }
 
-    /// Resolves an AMBIGUOUS effect (see `idem::resolve`), stamped with the registry clock and
-    /// acknowledged after a ship.
+    /// Resolves an AMBIGUOUS effect (see `idem::effect::resolve`), stamped with the registry
+    /// clock and acknowledged after a ship.
     ///
     /// # Errors
     /// [`Error::Idem`] with `EffectNotAmbiguous` / `EffectLost`; otherwise as [`Org::applied`].
@@ -220,7 +217,7 @@ impl Org {
     async fn read_effects(
         &self,
         key: Option<String>,
-        state: Option<EffectState>,
+        state: Option<State>,
     ) -> Result<Vec<Effect>, Error> {
         let Answer {
             value: rows,
@@ -236,8 +233,8 @@ impl Org {
     async fn reserve_effect(
         &self,
         key: &str,
-        opts: &EffectOptions,
-    ) -> Result<Result<Reservation, EffectOutcome>, Error> {
+        opts: &effect::Options,
+    ) -> Result<Result<Reservation, effect::Outcome>, Error> {
         let Answer {
             value: reserved,
             commit_seq,
@@ -259,7 +256,7 @@ impl Org {
         }
         Ok(match reserved {
             Reserved::Reservation(r) => Ok(r),
-            Reserved::Replay(row) => Err(EffectOutcome {
+            Reserved::Replay(row) => Err(effect::Outcome {
                 key: key.to_owned(),
                 result: row.result.unwrap_or_default(),
                 executed: false,
@@ -271,16 +268,19 @@ impl Org {
         &self,
         key: &str,
         reservation: Reservation,
-        ran: Result<Result<Vec<u8>, EffectError>, tokio::task::JoinError>,
-        opts: EffectOptions,
-    ) -> Result<EffectOutcome, Error> {
+        ran: Result<Result<Vec<u8>, effect::Error>, tokio::task::JoinError>,
+        opts: effect::Options,
+    ) -> Result<effect::Outcome, Error> {
         let (settlement, not_executed) = match ran {
             Ok(Ok(result)) => (Settlement::Executed(result), None),
-            Ok(Err(EffectError::NotExecuted(e))) => {
-                (Settlement::NotExecuted(e.to_string()), Some(e))
+            Ok(Err(e)) => {
+                let settlement = e.settlement();
+                match e {
+                    effect::Error::NotExecuted(source) => (settlement, Some(source)),
+                    effect::Error::Ambiguous(_) => (settlement, None),
+                }
             }
-            Ok(Err(EffectError::Failed(e))) => (Settlement::Failed(e.to_string()), None),
-            Err(join) => (Settlement::Failed(format!("executor {join}")), None),
+            Err(join) => (Settlement::Ambiguous(format!("executor {join}")), None),
         };
         let Answer {
             value: row,
@@ -303,12 +303,12 @@ impl Org {
         };
         metrics::counter!(crate::metrics::EFFECTS, "state" => state).increment(1);
         match (row.state, not_executed) {
-            (EffectState::Committed, _) => Ok(EffectOutcome {
+            (State::Committed, _) => Ok(effect::Outcome {
                 key: key.to_owned(),
                 result: row.result.unwrap_or_default(),
                 executed: true,
             }),
-            (EffectState::Failed, Some(source)) => Err(Error::from_idem(
+            (State::Failed, Some(source)) => Err(Error::from_idem(
                 self.id(),
                 idem::Error::EffectNotExecuted {
                     key: key.to_owned(),

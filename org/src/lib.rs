@@ -60,6 +60,7 @@
 #![forbid(unsafe_code)]
 
 mod ack;
+mod clock;
 mod commit;
 mod effect;
 mod error;
@@ -81,6 +82,7 @@ pub use idem_replica as replica;
 pub use object_store;
 pub use rusqlite;
 
+pub use clock::replica_clock;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};
 pub use org::{Org, OrgStats};

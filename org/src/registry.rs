@@ -32,7 +32,10 @@ impl RegistryBuilder {
         self
     }
 
-    /// The clock stamping `applied_at` of keys (tests inject a manual one).
+    /// The one clock of the stack (default: the system clock): it stamps `applied_at` of keys
+    /// and effect rows and judges effect leases. Open the replica with
+    /// [`crate::replica_clock`] of the same clock, so its leases and retention read the same
+    /// time (tests inject an `idem::ManualClock`).
     pub fn clock(mut self, clock: Arc<dyn idem::Clock>) -> Self {
         self.clock = clock;
         self
@@ -232,12 +235,12 @@ impl Registry {
         &self,
         org: &OrgId,
         key: &str,
-        opts: idem::EffectOptions,
+        opts: idem::effect::Options,
         executor: F,
-    ) -> Result<idem::EffectOutcome, Error>
+    ) -> Result<idem::effect::Outcome, Error>
     where
         F: FnOnce() -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = Result<Vec<u8>, idem::EffectError>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<u8>, idem::effect::Error>> + Send + 'static,
     {
         let mut tries = 0;
         loop {

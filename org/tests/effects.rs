@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use common::{R, force, registry, replica};
-use idem::{EffectError, EffectOptions, EffectState, Resolution};
+use idem::effect::{self, Resolution};
 use idem_org::{Error, Settings};
 use object_store::memory::InMemory;
 
@@ -32,7 +32,7 @@ async fn published_state(
         .restore(&idem_replica::OrgId::new(org)?, None, &dest)
         .await?;
     let conn = rusqlite::Connection::open(&dest)?;
-    Ok(idem::effect(&conn, key)?.map(|e| e.state.to_string()))
+    Ok(idem::effect::get(&conn, key)?.map(|e| e.state.to_string()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,7 +50,7 @@ async fn an_effect_runs_once_and_its_settlement_is_shipped_before_the_ack() -> R
     for _ in 0..2 {
         let runs = runs.clone();
         let out = acme
-            .effect("mail-1", EffectOptions::new(), move || async move {
+            .effect("mail-1", effect::Options::new(), move || async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Ok(b"sent".to_vec())
             })
@@ -65,8 +65,8 @@ async fn an_effect_runs_once_and_its_settlement_is_shipped_before_the_ack() -> R
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     let out = acme
-        .effect_blocking("mail-2", EffectOptions::new(), || {
-            Err(EffectError::not_executed("smtp refused"))
+        .effect_blocking("mail-2", effect::Options::new(), || {
+            Err(effect::Error::not_executed("smtp refused"))
         })
         .await;
     assert!(
@@ -75,21 +75,21 @@ async fn an_effect_runs_once_and_its_settlement_is_shipped_before_the_ack() -> R
         "{out:?}"
     );
     let out = acme
-        .effect_blocking("mail-2", EffectOptions::new(), || Ok(b"retried".to_vec()))
+        .effect_blocking("mail-2", effect::Options::new(), || Ok(b"retried".to_vec()))
         .await?;
     assert!(out.executed, "a FAILED key runs again");
 
     let out = acme
-        .effect("mail-3", EffectOptions::new(), || async {
-            Err(EffectError::failed("timeout"))
+        .effect("mail-3", effect::Options::new(), || async {
+            Err(effect::Error::ambiguous("timeout"))
         })
         .await;
     assert!(out.is_err());
-    assert_eq!(acme.effects(Some(EffectState::Ambiguous)).await?.len(), 1);
+    assert_eq!(acme.effects(Some(effect::State::Ambiguous)).await?.len(), 1);
     let row = acme
         .resolve("mail-3", Resolution::NotExecuted, "ops")
         .await?;
-    assert_eq!(row.state, EffectState::Failed);
+    assert_eq!(row.state, effect::State::Failed);
     assert_eq!(
         published_state(a.replica(), "acme", "mail-3", dir.path()).await?,
         Some("failed".into())
@@ -118,7 +118,7 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
     let task = {
         let (org_a, runs) = (org_a.clone(), runs.clone());
         tokio::spawn(async move {
-            let opts = EffectOptions::new().lease_ms(60_000).attempt_id(attempt);
+            let opts = effect::Options::new().lease_ms(60_000).attempt_id(attempt);
             org_a
                 .effect("charge-1", opts, move || async move {
                     runs.fetch_add(1, Ordering::SeqCst);
@@ -143,13 +143,13 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
         .effect_record("charge-1")
         .await?
         .ok_or("B does not see A's reservation")?;
-    assert_eq!(row.state, EffectState::Reserved);
+    assert_eq!(row.state, effect::State::Reserved);
     assert_eq!(row.attempt, attempt.to_vec(), "A's attempt");
 
     let b_runs = Arc::new(AtomicUsize::new(0));
     let try_b = |at: u64| {
         let b_runs = b_runs.clone();
-        let opts = EffectOptions::new()
+        let opts = effect::Options::new()
             .lease_ms(60_000)
             .clock(Arc::new(At(AtomicU64::new(at))));
         let org_b = org_b.clone();
@@ -193,7 +193,7 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(b_runs.load(Ordering::SeqCst), 0, "never a second execution");
     let row = org_b.effect_record("charge-1").await?.ok_or("row gone")?;
-    assert_eq!(row.state, EffectState::Ambiguous);
+    assert_eq!(row.state, effect::State::Ambiguous);
     b.shutdown().await;
     a.shutdown().await;
     Ok(())

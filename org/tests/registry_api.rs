@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect, registry, replica};
-use idem::EffectOptions;
+use idem::effect;
 use idem_org::{ErrorKind, Settings};
 use idem_replica::{OrgId, Snapshot};
 use object_store::memory::InMemory;
@@ -29,7 +29,7 @@ async fn once_once_with_and_effect_through_the_registry_replay_after_a_release()
             .applied
     );
     let sent = reg
-        .effect(&acme, "mail", EffectOptions::new(), || async {
+        .effect(&acme, "mail", effect::Options::new(), || async {
             Ok(b"sent".to_vec())
         })
         .await?;
@@ -60,7 +60,7 @@ async fn once_once_with_and_effect_through_the_registry_replay_after_a_release()
     assert!(err.is_fingerprint_mismatch(), "{err}");
     assert_eq!(err.kind(), ErrorKind::Rejected);
     let replay = reg
-        .effect(&acme, "mail", EffectOptions::new(), || async {
+        .effect(&acme, "mail", effect::Options::new(), || async {
             Ok(b"sent twice".to_vec())
         })
         .await?;

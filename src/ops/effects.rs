@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use idem::{Effect, EffectState, Resolution};
+use idem::effect::{self, Effect, Resolution};
 use idem_org::Registry;
 use serde_json::{Value, json};
 
@@ -21,7 +21,7 @@ pub struct EffectsArgs {
     store: String,
     /// Only effects in this state: reserved, committed, failed, ambiguous.
     #[arg(long, value_parser = parse_state)]
-    state: Option<EffectState>,
+    state: Option<effect::State>,
     /// Print as JSON.
     #[arg(long)]
     json: bool,
@@ -61,8 +61,8 @@ pub struct ResolveArgs {
     json: bool,
 }
 
-fn parse_state(s: &str) -> Result<EffectState, String> {
-    EffectState::parse(s)
+fn parse_state(s: &str) -> Result<effect::State, String> {
+    effect::State::parse(s)
         .ok_or_else(|| format!("unknown state {s:?}: reserved, committed, failed or ambiguous"))
 }
 
@@ -92,7 +92,7 @@ pub async fn effects(a: EffectsArgs) -> Result<ExitCode, String> {
     history(&replica, &org).await?;
     let rows = match crate::restored::restore(&replica, &org, None).await? {
         None => Vec::new(),
-        Some(r) => idem::effects(&r.open()?, a.state)
+        Some(r) => idem::effect::list(&r.open()?, a.state)
             .map_err(|e| format!("reading the newest snapshot: {}", crate::chain(&e)))?,
     };
     if a.json {
@@ -132,12 +132,12 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     // when the newest published state holds something to resolve.
     let published = match crate::restored::restore(&replica, &org, None).await? {
         None => None,
-        Some(r) => idem::effect(&r.open()?, &a.key)
+        Some(r) => idem::effect::get(&r.open()?, &a.key)
             .map_err(|e| format!("reading the newest snapshot: {}", crate::chain(&e)))?,
     };
     match published.as_ref().map(|e| e.state) {
         None => return Err(format!("org {org}: no effect {:?} in the store", a.key)),
-        Some(s @ (EffectState::Committed | EffectState::Failed)) => {
+        Some(s @ (effect::State::Committed | effect::State::Failed)) => {
             return Err(format!(
                 "org {org}: effect {:?} is already {s}: nothing to resolve (nothing claimed)",
                 a.key

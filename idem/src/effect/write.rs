@@ -6,8 +6,8 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use super::options::Options;
 use super::row::{self, Effect};
 use crate::Error;
-use crate::failpoint::{FailPoint, Write};
 use crate::error::{BoxError, is_busy};
+use crate::failpoint::{FailPoint, Write};
 
 /// How often an in-band `SQLITE_BUSY` (nothing committed) is retried beyond the busy timeout.
 pub(crate) const BUSY_RETRIES: u32 = 3;
@@ -41,11 +41,7 @@ fn injected_busy(point: FailPoint) -> rusqlite::Error {
 }
 
 /// Runs the write hook, then COMMIT, with the failpoints of `write`.
-pub(crate) fn commit(
-    tx: Transaction<'_>,
-    opts: &Options,
-    write: Write,
-) -> Result<Ended, Error> {
+pub(crate) fn commit(tx: Transaction<'_>, opts: &Options, write: Write) -> Result<Ended, Error> {
     if let Some(hook) = &opts.on_write {
         match hook(&tx) {
             Ok(()) => {}
