@@ -5,8 +5,8 @@
 //!
 //! Run: `cargo run --example handoff`
 
-use idem_org::{ErrorKind, Registry, Settings as OrgSettings};
-use idem_replica::{Replica, Settings};
+use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::{ErrorKind, Registry, Settings as OrgSettings, rusqlite};
 
 fn pay(tx: &rusqlite::Transaction<'_>) -> Result<Vec<u8>, rusqlite::Error> {
     tx.execute("INSERT INTO ledger VALUES (1250)", [])?;
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let a = writer("replica-a", false).await?;
     let out = a
-        .acquire(&idem_replica::OrgId::new("acme")?)
+        .acquire(&OrgId::new("acme")?)
         .await?
         .once("pay-7", pay)
         .await?;
@@ -44,7 +44,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     a.shutdown().await; // final ship + Release: B need not wait for A's lease
 
     let b = writer("replica-b", false).await?;
-    let b_acme = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
+    let b_acme = b.acquire(&OrgId::new("acme")?).await?;
     let out = b_acme.once("pay-7", pay).await?;
     println!(
         "B (round {}): pay-7 applied={} (replayed A's result)",
@@ -55,7 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // B "crashes": no release, its lease stays live. C forces the claim and fences B.
     let c = writer("replica-c", true).await?;
-    let c_acme = c.acquire(&idem_replica::OrgId::new("acme")?).await?;
+    let c_acme = c.acquire(&OrgId::new("acme")?).await?;
     println!("C (round {}): took over with force_claim", c_acme.round());
     for key in ["pay-7", "pay-8"] {
         let out = c_acme.once(key, pay).await?;

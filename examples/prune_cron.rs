@@ -6,8 +6,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use idem_org::Registry;
-use idem_replica::{Replica, Settings};
+use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::{Registry, rusqlite};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -18,7 +18,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let replica = Replica::open(store.clone(), "", Settings::default()).await?;
     let server = Registry::builder(dir.path().join("server"), replica, "server").build()?;
     for org in ["acme", "globex", "initech"] {
-        let h = server.acquire(&idem_replica::OrgId::new(org)?).await?;
+        let h = server.acquire(&OrgId::new(org)?).await?;
         for i in 0..5 {
             h.once(&format!("req-{i}"), |_tx| Ok::<_, rusqlite::Error>(vec![]))
                 .await?;

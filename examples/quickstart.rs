@@ -3,8 +3,8 @@
 //!
 //! Run: `cargo run --example quickstart`
 
-use idem_org::Registry;
-use idem_replica::{Replica, Settings};
+use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::{Registry, rusqlite};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -15,7 +15,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (key TEXT, cents INT)"))
         .build()?;
 
-    let acme = registry.acquire(&idem_replica::OrgId::new("acme")?).await?; // claim a round, hydrate, then serve
+    let acme = registry.acquire(&OrgId::new("acme")?).await?; // claim a round, hydrate, then serve
     for attempt in 1..=3 {
         // A client retrying "pay-7" three times: the effect runs once, every call gets the
         // first result, and each returns only after the snapshot holding it is published.

@@ -1,18 +1,25 @@
-//! `idem`: the command-line tool of idem — the rolling-upgrade demo, the HTTP ledger server
-//! and the operator commands (prune, inspect, snapshots, restore, verify, check-store).
+//! `idem`: the command-line tool of idem — the HTTP ledger server and the operator commands,
+//! plus a rolling-upgrade demo and a benchmark harness.
+//!
+//! Layout: the product is `cli` (the command list), `serve/` (the request path, through
+//! `idem-org` only), `ops/` (operator commands that read the replica log directly, like
+//! `litestream restore`) and `store/` (store URLs, restoring an org's published state), which
+//! both use. `demo/` (`idem demo`) and `bench/` (`idem bench`) are tools beside the product:
+//! each is reached through one entry point (`Args` + `run`) and nothing in the product uses
+//! them. The binary depends on `idem-org` alone and reaches idem, the replica and SQLite
+//! through its re-exports.
 //!
 //! Every failure ends as one line on stderr and a non-zero exit code; nothing panics on
 //! user or environment input.
 #![forbid(unsafe_code)]
 
-mod bench;
 mod cli;
-mod demo;
-mod ledger;
 mod ops;
-mod restored;
 mod serve;
-mod store_url;
+mod store;
+
+mod bench;
+mod demo;
 
 use std::process::ExitCode;
 

@@ -6,6 +6,8 @@ mod common;
 use std::path::Path;
 
 use common::{TestResult, assert_clean_failure, run};
+use idem_org::idem::effect;
+use idem_org::replica::{OrgId, Replica, Settings};
 
 /// A store holding org `acme` with effects `sent` (committed), `lost-1` and `lost-2`
 /// (ambiguous), released (no live lease).
@@ -13,22 +15,17 @@ fn seeded_store(dir: &Path) -> TestResult<String> {
     let store = dir.join("store");
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let replica = idem_replica::Replica::open(
-            idem_replica::Replica::local_store(&store)?,
-            "",
-            idem_replica::Settings::default(),
-        )
-        .await?;
+        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
         let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed").build()?;
-        let org = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
-        org.effect("sent", idem::effect::Options::new(), || async {
+        let org = registry.acquire(&OrgId::new("acme")?).await?;
+        org.effect("sent", effect::Options::new(), || async {
             Ok(b"ok".to_vec())
         })
         .await?;
         for key in ["lost-1", "lost-2"] {
             let out = org
-                .effect(key, idem::effect::Options::new(), || async {
-                    Err(idem::effect::Error::ambiguous("connection reset"))
+                .effect(key, effect::Options::new(), || async {
+                    Err(effect::Error::ambiguous("connection reset"))
                 })
                 .await;
             assert!(out.is_err());

@@ -8,22 +8,19 @@ mod common;
 use std::path::Path;
 
 use common::{TestResult, assert_clean_failure, run};
+use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::rusqlite;
 
 /// A store holding org `acme` with three applied keys, released (no live lease).
 fn seeded_store(dir: &Path) -> TestResult<String> {
     let store = dir.join("store");
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let replica = idem_replica::Replica::open(
-            idem_replica::Replica::local_store(&store)?,
-            "",
-            idem_replica::Settings::default(),
-        )
-        .await?;
+        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
         let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed")
             .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
             .build()?;
-        let org = registry.acquire(&idem_replica::OrgId::new("acme")?).await?;
+        let org = registry.acquire(&OrgId::new("acme")?).await?;
         for k in ["k1", "k2", "k3"] {
             org.once(k, move |tx| {
                 tx.execute("INSERT INTO t VALUES (?1)", [k])?;
@@ -232,13 +229,13 @@ fn prune_respects_a_live_lease_unless_forced() -> TestResult {
     // A live writer (claimed, lease 30 s, never released) holds acme.
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let replica = idem_replica::Replica::open(
-            idem_replica::Replica::local_store(Path::new(&store))?,
+        let replica = Replica::open(
+            Replica::local_store(Path::new(&store))?,
             "",
-            idem_replica::Settings::default(),
+            Settings::default(),
         )
         .await?;
-        let org = idem_replica::OrgId::new("acme")?;
+        let org = OrgId::new("acme")?;
         replica.claim(&org, "live-writer", false).await?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
     })?;

@@ -5,7 +5,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, TransactionBehavior};
+use idem_org::rusqlite::{Connection, TransactionBehavior};
+use idem_org::{idem, rusqlite};
 
 use super::BenchResult;
 
@@ -41,25 +42,22 @@ fn dedup(conn: &mut Connection, key: &str) -> BenchResult<()> {
     Ok(())
 }
 
+/// A database holding `preload` applied keys, each written by `once` as a real request would
+/// (through idem's public API: the dedup table is idem's own), at synchronous OFF for speed;
+/// the measured runs then use `sync`.
 fn setup(path: &Path, sync: &str, preload: usize, keys: &mut Keys) -> BenchResult<Connection> {
     let mut conn = Connection::open(path)?;
-    conn.execute_batch(&format!(
-        "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync};
-         CREATE TABLE effects (id INTEGER PRIMARY KEY, key TEXT NOT NULL, cents INTEGER NOT NULL);"
-    ))?;
-    idem::ensure_schema(&conn)?;
-    let tx = conn.transaction()?;
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=OFF;
+         CREATE TABLE effects (id INTEGER PRIMARY KEY, key TEXT NOT NULL, cents INTEGER NOT NULL);",
+    )?;
     for _ in 0..preload {
         let k = keys.next();
-        tx.execute(
-            "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, attempts)
-             VALUES (?1, 1, 1, x'00', 0, x'', 0)",
-            [&k],
-        )?;
-        tx.execute("INSERT INTO effects (key, cents) VALUES (?1, 1)", [&k])?;
+        idem::once(&mut conn, &k, 1, |tx| effect(tx, &k))?;
     }
-    tx.commit()?;
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={sync}; PRAGMA wal_checkpoint(TRUNCATE)"
+    ))?;
     Ok(conn)
 }
 

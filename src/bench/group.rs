@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_org::{Registry, Settings};
-use idem_replica::Replica;
+use idem_org::replica::{OrgId, Replica};
+use idem_org::{Registry, Settings, idem, replica, rusqlite};
 use tokio::sync::oneshot;
 
 use super::{BenchResult, ms, quantile};
@@ -42,7 +42,7 @@ pub(crate) async fn registry(dir: &Path) -> BenchResult<Registry> {
 /// [`registry`] with other settings.
 pub(crate) async fn registry_with(dir: &Path, settings: Settings) -> BenchResult<Registry> {
     let store = Replica::local_store(&dir.join("store"))?;
-    let replica = Replica::open(store, "", idem_replica::Settings::default()).await?;
+    let replica = Replica::open(store, "", replica::Settings::default()).await?;
     Ok(Registry::builder(dir.join("data"), replica, "bench")
         .settings(settings)
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT, v BLOB)"))
@@ -121,7 +121,7 @@ pub async fn p2(dir: &Path, time: Duration) -> BenchResult<()> {
     for clients in [1usize, 8, 64, 256] {
         let work = dir.join(format!("p2-{clients}"));
         let reg = registry(&work).await?;
-        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
+        let org = reg.acquire(&OrgId::new("acme")?).await?;
         let r = acked_row(&org, clients, time).await?;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
@@ -227,7 +227,7 @@ pub async fn p6(dir: &Path, time: Duration) -> BenchResult<()> {
     println!("|---|---|---|---|");
     let work = dir.join("p6");
     let reg = registry(&work).await?;
-    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
+    let org = reg.acquire(&OrgId::new("acme")?).await?;
     let shipped = acked_row(&org, clients, time).await?;
     reg.shutdown().await;
     let (rps, p50, p99) = local_only(&work, clients, time).await?;

@@ -10,6 +10,8 @@ use std::time::Duration;
 use super::group::{acked_row_with, registry};
 use super::litestream::{find, litestream_row};
 use super::{BenchResult, ms, quantile};
+use idem_org::replica::OrgId;
+use idem_org::rusqlite;
 
 /// 1 KB of half-random, half-zero bytes: compresses about 2:1, like typical row data.
 pub(crate) const ROW: &str = "randomblob(512) || zeroblob(512)";
@@ -64,7 +66,7 @@ pub async fn run(
     for mb in sizes {
         let work = dir.join(format!("p3-{mb}"));
         let reg = registry(&work).await?;
-        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
+        let org = reg.acquire(&OrgId::new("acme")?).await?;
         preload(&org, mb).await?;
         let before = org.stats();
         let row = acked_row_with(&org, clients, time, write_1k).await?;

@@ -6,8 +6,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use idem_replica::{LogEntry, OrgId, Replica, Snapshot};
-use object_store::ObjectStoreExt;
+use idem_org::object_store::ObjectStoreExt;
+use idem_org::replica::{LogEntry, OrgId, Replica, Snapshot};
+use idem_org::{object_store, replica, rusqlite};
 
 use super::BenchResult;
 use super::group::{acked_row_with, registry, registry_with};
@@ -26,7 +27,7 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
         [i64::try_from(mb * 1024)?],
     )?;
     let store = Replica::local_store(&work.join("store"))?;
-    let replica = Replica::open(store.clone(), "", idem_replica::Settings::default()).await?;
+    let replica = Replica::open(store.clone(), "", replica::Settings::default()).await?;
     let org = OrgId::new("acme")?;
     let mut claim = replica.claim(&org, "bench-a", false).await?;
     let snap = Snapshot::take(&conn, |_| Ok(1))?;
@@ -104,15 +105,15 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     let cap = Duration::from_secs(if quick { 3 } else { 300 });
     let work = dir.join("p5-chain");
     let settings = idem_org::Settings {
-        ship: idem_replica::ShipPolicy {
+        ship: replica::ShipPolicy {
             compact_every_deltas: 0,
-            ..idem_replica::ShipPolicy::default()
+            ..replica::ShipPolicy::default()
         },
         ..idem_org::Settings::default()
     };
     let budget = settings.ship.delta_budget_percent;
     let reg = registry_with(&work, settings).await?;
-    let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
+    let org = reg.acquire(&OrgId::new("acme")?).await?;
     super::growth::preload(&org, mb).await?;
     let started = Instant::now();
     // Writes until the policy ships its next full snapshot (the chain before it is the
@@ -135,7 +136,7 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
             // same database, right after the chain's last delta.
             reg.shutdown().await;
             let reg2 = registry(&work).await?;
-            let org2 = reg2.acquire(&idem_replica::OrgId::new("acme")?).await?;
+            let org2 = reg2.acquire(&OrgId::new("acme")?).await?;
             org2.once("after", |tx| update_1k(tx, "after")).await?;
             reg2.shutdown().await;
             let log = replica.history(&id).await?;

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use super::group::{VALUE, acked_row, registry, write};
 use super::{BenchResult, ms, quantile};
+use idem_org::replica::OrgId;
+use idem_org::rusqlite;
 
 struct Replicating {
     child: Child,
@@ -200,7 +202,7 @@ pub async fn run(dir: &Path, quick: bool, bin: Option<&Path>, time: Duration) ->
         }
         let work = dir.join("p4-idem");
         let reg = registry(&work).await?;
-        let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
+        let org = reg.acquire(&OrgId::new("acme")?).await?;
         let row = if gap.is_zero() {
             acked_row(&org, clients, time).await?
         } else {

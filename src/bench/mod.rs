@@ -20,22 +20,22 @@ use clap::Args;
 pub struct BenchArgs {
     /// Tiny sizes and short rows: checks the command works (CI smoke run).
     #[arg(long)]
-    pub quick: bool,
+    quick: bool,
     /// Seconds per throughput row.
     #[arg(long, default_value_t = 3.0)]
-    pub secs: f64,
+    secs: f64,
     /// Also run the 1 GB row of P3.
     #[arg(long)]
-    pub gigabyte: bool,
+    gigabyte: bool,
     /// The Litestream binary for P4 (default: `litestream` on PATH; the row says when absent).
     #[arg(long)]
-    pub litestream: Option<PathBuf>,
+    litestream: Option<PathBuf>,
     /// Only these parts (e.g. `--only p1,p2`).
     #[arg(long, value_delimiter = ',')]
-    pub only: Vec<String>,
+    only: Vec<String>,
     /// Working directory (default: a temporary directory).
     #[arg(long)]
-    pub dir: Option<PathBuf>,
+    dir: Option<PathBuf>,
 }
 
 impl BenchArgs {

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use clap::Args;
+use idem_org::replica as idem_replica;
 use tokio::sync::watch;
 
 use client::Shared;
@@ -183,7 +184,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     rep_c.terminate().await?;
 
     let stats = std::mem::take(&mut *shared.stats.lock().unwrap_or_else(|p| p.into_inner()));
-    let replica = crate::store_url::parse(&store.display().to_string())?
+    let replica = crate::store::parse(&store.display().to_string())?
         .open(idem_replica::Settings::default())
         .await?;
     say("auditing the store's newest published states".into());

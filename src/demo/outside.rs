@@ -3,6 +3,7 @@
 //! replicas' database files with SQLite as any other program would; every open must be
 //! refused ("database is locked"), and the audit then shows nothing acknowledged was lost.
 
+use idem_org::rusqlite;
 use std::path::Path;
 use std::time::Duration;
 

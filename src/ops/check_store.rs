@@ -4,8 +4,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use futures::TryStreamExt;
-use idem_replica::{OrgId, Settings, Snapshot};
-use object_store::ObjectStoreExt;
+use idem_org::object_store::ObjectStoreExt;
+use idem_org::replica::{OrgId, Settings, Snapshot};
+use idem_org::{object_store, replica, rusqlite};
 use serde_json::json;
 
 use super::CheckStoreArgs;
@@ -16,13 +17,13 @@ use super::CheckStoreArgs;
 /// # Errors
 /// The first step that fails, as one line.
 pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
-    let url = crate::store_url::parse(&a.url)?;
+    let url = crate::store::parse(&a.url)?;
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| format!("random source: {e}"))?;
     // The scratch org lives under a prefix of its own, beside (never inside) the store's
     // `orgs/`: a local directory keeps empty folders after its objects are deleted, and those
     // must not show up as orgs for `prune` or `verify`.
-    let scratch = crate::store_url::StoreUrl {
+    let scratch = crate::store::StoreUrl {
         store: url.store.clone(),
         prefix: [
             url.prefix.as_str(),
@@ -41,7 +42,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
     let probe_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let org = OrgId::new("check").map_err(|e| e.to_string())?;
     let step =
-        |what: &'static str| move |e: idem_replica::Error| format!("{what}: {}", crate::chain(&e));
+        |what: &'static str| move |e: replica::Error| format!("{what}: {}", crate::chain(&e));
 
     let t1 = Instant::now();
     let result = async {
@@ -91,7 +92,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
 
 /// Deletes every object under the scratch prefix (best effort), and on a local store the
 /// folders the deletes leave behind: the check leaves nothing.
-async fn cleanup(scratch: &crate::store_url::StoreUrl) {
+async fn cleanup(scratch: &crate::store::StoreUrl) {
     let path = object_store::path::Path::from(scratch.prefix.as_str());
     let listed: Result<Vec<_>, _> = scratch.store.list(Some(&path)).try_collect().await;
     for meta in listed.unwrap_or_default() {

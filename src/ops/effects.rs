@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use idem::effect::{self, Effect, Resolution};
 use idem_org::Registry;
+use idem_org::idem::effect::{self, Effect, Resolution};
 use serde_json::{Value, json};
 
 use super::{history, open, open_read_only, org_id, print_json, rfc3339};
@@ -90,9 +90,9 @@ pub async fn effects(a: EffectsArgs) -> Result<ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     history(&replica, &org).await?;
-    let rows = match crate::restored::restore(&replica, &org, None).await? {
+    let rows = match crate::store::restored::restore(&replica, &org, None).await? {
         None => Vec::new(),
-        Some(r) => idem::effect::list(&r.open()?, a.state)
+        Some(r) => effect::list(&r.open()?, a.state)
             .map_err(|e| format!("reading the newest snapshot: {}", crate::chain(&e)))?,
     };
     if a.json {
@@ -130,9 +130,9 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     };
     // Look before claiming: a claim fences the org's live writer, which is only worth it
     // when the newest published state holds something to resolve.
-    let published = match crate::restored::restore(&replica, &org, None).await? {
+    let published = match crate::store::restored::restore(&replica, &org, None).await? {
         None => None,
-        Some(r) => idem::effect::get(&r.open()?, &a.key)
+        Some(r) => effect::get(&r.open()?, &a.key)
             .map_err(|e| format!("reading the newest snapshot: {}", crate::chain(&e)))?,
     };
     match published.as_ref().map(|e| e.state) {

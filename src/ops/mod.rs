@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use idem_replica::{OrgId, Replica};
+use idem_org::replica;
+use idem_org::replica::{OrgId, Replica};
 
 pub use check_store::check_store;
 pub use effects::{EffectsArgs, ResolveArgs, effects, resolve};
@@ -96,8 +97,8 @@ pub struct CheckStoreArgs {
 }
 
 async fn open(store: &str) -> Result<Replica, String> {
-    crate::store_url::parse(store)?
-        .open(idem_replica::Settings::default())
+    crate::store::parse(store)?
+        .open(replica::Settings::default())
         .await
 }
 
@@ -105,7 +106,7 @@ async fn open(store: &str) -> Result<Replica, String> {
 /// credentials suffice; a local store directory must already exist (a mistyped path is an
 /// error, never an empty store).
 fn open_read_only(store: &str) -> Result<Replica, String> {
-    crate::store_url::parse_existing(store)?.open_read_only(idem_replica::Settings::default())
+    crate::store::parse_existing(store)?.open_read_only(replica::Settings::default())
 }
 
 /// `org X: why`, unless `why` already names the org (no repeated prefixes).
@@ -122,7 +123,7 @@ fn org_id(org: &str) -> Result<OrgId, String> {
 }
 
 /// The org's history; an org without any entry is unknown.
-async fn history(replica: &Replica, org: &OrgId) -> Result<Vec<idem_replica::LogEntry>, String> {
+async fn history(replica: &Replica, org: &OrgId) -> Result<Vec<replica::LogEntry>, String> {
     let h = replica
         .history(org)
         .await

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use idem_org::Registry;
+use idem_org::{Registry, replica};
 use serde_json::json;
 
 use super::{PruneArgs, open, org_id};
@@ -124,8 +124,8 @@ enum Pruned {
 
 async fn prune_one(
     registry: &Registry,
-    replica: &idem_replica::Replica,
-    org: &idem_replica::OrgId,
+    replica: &replica::Replica,
+    org: &replica::OrgId,
     cutoff: SystemTime,
     named: bool,
 ) -> Result<Pruned, String> {
@@ -141,9 +141,9 @@ async fn prune_one(
     let handle = match registry.acquire(org).await {
         Ok(h) => h,
         Err(idem_org::Error::Replica { source, .. })
-            if matches!(*source, idem_replica::Error::LeaseHeld { .. }) =>
+            if matches!(*source, replica::Error::LeaseHeld { .. }) =>
         {
-            let idem_replica::Error::LeaseHeld { holder, .. } = *source else {
+            let replica::Error::LeaseHeld { holder, .. } = *source else {
                 return Err("lease held".into());
             };
             return Ok(Pruned::Skipped(holder));

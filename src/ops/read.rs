@@ -2,7 +2,8 @@
 
 use std::process::ExitCode;
 
-use idem_replica::LogEntry;
+use idem_org::idem;
+use idem_org::replica::LogEntry;
 use serde_json::{Value, json};
 
 use super::{
@@ -49,20 +50,12 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
             .filter(|e| e.is_delta() && Some(e.seq()) > s["seq"].as_u64())
             .count()
     });
-    let (applied, failed) = match crate::restored::restore(&replica, &org, None).await? {
-        None => (0, 0),
-        Some(r) => {
-            let conn = r.open()?;
-            let count = |sql: &str| {
-                conn.query_row(sql, [], |row| row.get::<_, i64>(0))
-                    .map_err(|e| format!("reading the newest snapshot: {e}"))
-            };
-            (
-                count("SELECT count(*) FROM idem_keys WHERE applied = 1")?,
-                count("SELECT count(*) FROM idem_keys WHERE applied = 0")?,
-            )
-        }
+    let keys = match crate::store::restored::restore(&replica, &org, None).await? {
+        None => idem::Stats::default(),
+        Some(r) => idem::stats(&r.open()?)
+            .map_err(|e| format!("reading the newest snapshot: {}", crate::chain(&e)))?,
     };
+    let (applied, failed) = (keys.applied_keys, keys.failed_only_keys);
     let entries: Vec<Value> = log
         .iter()
         .map(|e| json!({"seq": e.seq(), "kind": e.kind_name(), "round": e.round(), "writer": e.writer(), "at": rfc3339(e.at_ms())}))

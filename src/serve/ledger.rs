@@ -4,7 +4,7 @@
 //! between two accounts, inside the idem transaction, so "transfers rows == applied keys" and
 //! "every balance = credits − debits of its transfers" check exactly-once.
 
-use rusqlite::{Connection, Transaction, params};
+use idem_org::rusqlite::{self, Connection, Transaction, params};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use idem_replica::{Hydrated, OrgId, Replica};
+use idem_org::replica::{Hydrated, OrgId, Replica};
+use idem_org::rusqlite;
 use tempfile::TempDir;
 
 /// A snapshot restored to a private temporary file, deleted on drop.

@@ -3,11 +3,15 @@
 //!
 //! The URL's path part becomes the replica prefix; cloud credentials, region, endpoint and
 //! `AWS_ALLOW_HTTP` come from the standard environment variables of each provider.
+//! [`restored`] reads an org's acknowledged state back out of the store.
+
+pub mod restored;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use object_store::{ObjectStore, ObjectStoreScheme};
+use idem_org::object_store::{ObjectStore, ObjectStoreScheme};
+use idem_org::{object_store, replica};
 use url::Url;
 
 /// An object store and the prefix inside it under which idem keeps its objects.
@@ -109,7 +113,7 @@ pub fn parse_existing(text: &str) -> Result<StoreUrl, String> {
 }
 
 fn local(dir: PathBuf) -> Result<StoreUrl, String> {
-    let store = idem_replica::Replica::local_store(&dir)
+    let store = replica::Replica::local_store(&dir)
         .map_err(|e| format!("cannot open local store {}: {e}", dir.display()))?;
     Ok(StoreUrl {
         store,
@@ -124,11 +128,8 @@ impl StoreUrl {
     ///
     /// # Errors
     /// The replica's error, as one line.
-    pub fn open_read_only(
-        &self,
-        settings: idem_replica::Settings,
-    ) -> Result<idem_replica::Replica, String> {
-        idem_replica::Replica::open_read_only(self.store.clone(), &self.prefix, settings)
+    pub fn open_read_only(&self, settings: replica::Settings) -> Result<replica::Replica, String> {
+        replica::Replica::open_read_only(self.store.clone(), &self.prefix, settings)
             .map_err(|e| format!("cannot open store: {}", crate::chain(&e)))
     }
 
@@ -136,11 +137,8 @@ impl StoreUrl {
     ///
     /// # Errors
     /// The replica's open error, as one line.
-    pub async fn open(
-        &self,
-        settings: idem_replica::Settings,
-    ) -> Result<idem_replica::Replica, String> {
-        idem_replica::Replica::open(self.store.clone(), &self.prefix, settings)
+    pub async fn open(&self, settings: replica::Settings) -> Result<replica::Replica, String> {
+        replica::Replica::open(self.store.clone(), &self.prefix, settings)
             .await
             .map_err(|e| match &self.hint {
                 Some(hint) => format!("cannot open store: {hint} ({})", crate::chain(&e)),
