@@ -256,7 +256,7 @@ pub(crate) fn settlement_of(
     }
 }
 
-/// Turns the settled row into `run_effect`'s answer.
+/// Turns the settled row into [`run`]'s answer.
 pub(crate) fn finish(
     key: &str,
     row: Result<Effect, crate::Error>,
