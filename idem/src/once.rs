@@ -122,7 +122,7 @@ where
         Some(id) => id.to_vec(),
         None => random_attempt_id()?,
     };
-    let now = i64::try_from(opts.clock.now_ms()).unwrap_or(i64::MAX);
+    let now = i64::try_from(opts.now()).unwrap_or(i64::MAX);
     tx.prepare_cached("SAVEPOINT idem_apply")?.execute([])?;
     failpoint::hit(opts.failpoints.as_ref(), FailPoint::BeforeApply).map_err(|e| Error::Apply {
         key: key.to_owned(),

@@ -22,7 +22,7 @@ pub struct Options {
     pub(crate) fingerprint: Option<Vec<u8>>,
     pub(crate) max_attempts: Option<u32>,
     pub(crate) max_result_bytes: usize,
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     pub(crate) attempt_id: Option<[u8; 16]>,
 }
@@ -33,7 +33,7 @@ impl Default for Options {
             fingerprint: None,
             max_attempts: None,
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
-            clock: Arc::new(SystemClock),
+            clock: None,
             failpoints: None,
             attempt_id: None,
         }
@@ -70,8 +70,13 @@ impl Options {
     /// The clock that stamps `applied_at` and failed attempts (tests inject a
     /// [`crate::ManualClock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
+        self.clock = Some(clock);
         self
+    }
+
+    /// True when a clock was set with [`Options::clock`] (as [`crate::effect::Options`]).
+    pub fn has_clock(&self) -> bool {
+        self.clock.is_some()
     }
 
     /// Failpoints for tests (see [`crate::failpoint`]); production code leaves this unset.
@@ -85,6 +90,14 @@ impl Options {
     pub fn attempt_id(mut self, id: [u8; 16]) -> Self {
         self.attempt_id = Some(id);
         self
+    }
+
+    /// Now, in ms since the Unix epoch, by the set clock or else the system clock.
+    pub(crate) fn now(&self) -> u64 {
+        match &self.clock {
+            Some(c) => c.now_ms(),
+            None => SystemClock.now_ms(),
+        }
     }
 }
 
