@@ -17,10 +17,10 @@ use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use idem_org::{Registry, rusqlite};
 use idem_org::http::{Idempotency, IdempotentRequest, Refusal, StoredResponse};
 use idem_org::object_store::ObjectStore;
 use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::{Registry, rusqlite};
 use tokio::sync::oneshot;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
