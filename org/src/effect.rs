@@ -297,8 +297,8 @@ impl Org {
             .await?;
         self.wait_shipped(commit_seq).await?;
         let state = match row.state {
-            EffectState::Committed => "committed",
-            EffectState::Failed => "failed",
+            State::Committed => "committed",
+            State::Failed => "failed",
             _ => "ambiguous",
         };
         metrics::counter!(crate::metrics::EFFECTS, "state" => state).increment(1);
