@@ -337,3 +337,74 @@ async fn sigterm_with_a_half_sent_body_exits_after_the_drain_timeout() -> TestRe
     assert_eq!((s, replayed), (201, true));
     Ok(())
 }
+
+/// The value of one sample line of the Prometheus text format, `name{labels} value`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[tokio::test]
+async fn metrics_count_a_known_workload() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &dir.path().join("data"),
+        "t",
+        &[],
+    )?;
+    let http = client();
+    let body = json!({"from": "alice", "to": "bob", "cents": 5});
+    for k in ["m1", "m2", "m3"] {
+        assert_eq!(post(&http, &srv.url, "acme", Some(k), &body).await?.0, 201);
+    }
+    for k in ["m1", "m2"] {
+        assert!(
+            post(&http, &srv.url, "acme", Some(k), &body).await?.1,
+            "replayed"
+        );
+    }
+    let other = json!({"from": "alice", "to": "bob", "cents": 6});
+    assert_eq!(
+        post(&http, &srv.url, "acme", Some("m1"), &other).await?.0,
+        422
+    );
+    assert_eq!(post(&http, &srv.url, "acme", None, &body).await?.0, 400);
+
+    let text = http
+        .get(format!("{}/metrics", srv.url))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let n = |series: &str| sample(&text, series).ok_or(format!("no {series} in\n{text}"));
+    assert_eq!(n(r#"idem_requests_total{outcome="applied"}"#)?, 3.0);
+    assert_eq!(n(r#"idem_requests_total{outcome="replayed"}"#)?, 2.0);
+    assert_eq!(n(r#"idem_requests_total{outcome="mismatch"}"#)?, 1.0);
+    assert_eq!(n(r#"idem_requests_total{outcome="input"}"#)?, 1.0);
+    assert_eq!(n(r#"idem_ack_seconds_count{outcome="applied"}"#)?, 3.0);
+    assert_eq!(n("idem_open_orgs")?, 1.0);
+    assert!(n("idem_hydrate_seconds_count")? >= 1.0);
+    // Every acknowledged first run was shipped: at least one full snapshot, then deltas.
+    let ships = ["full", "delta", "compacted"]
+        .iter()
+        .filter_map(|k| sample(&text, &format!(r#"idem_ships_total{{kind="{k}"}}"#)))
+        .sum::<f64>();
+    assert!((1.0..=6.0).contains(&ships), "ships {ships}");
+    assert!(n(r#"idem_ships_total{kind="full"}"#)? >= 1.0);
+    assert!(n("idem_shipped_bytes_total")? > 0.0);
+    assert!(n(r#"idem_store_requests_total{op="put"}"#)? >= 2.0 * ships);
+    for ty in [
+        "# TYPE idem_requests_total counter",
+        "# TYPE idem_ack_seconds histogram",
+        "# TYPE idem_open_orgs gauge",
+    ] {
+        assert!(text.contains(ty), "{ty} in\n{text}");
+    }
+    Ok(())
+}

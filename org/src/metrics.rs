@@ -33,9 +33,11 @@ pub const RETENTION_DELETED: &str = "idem_retention_deleted_total";
 /// `ambiguous` (outcome unknown: needs `resolve`).
 pub const EFFECTS: &str = "idem_effects_total";
 
-/// Registers the description and unit of every metric above with the installed recorder.
+/// Registers the description and unit of every metric above, and of `idem_replica`'s
+/// (store requests by op, lease renewals, bytes downloaded), with the installed recorder.
 pub fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    idem_replica::metrics::describe();
     describe_counter!(REQUESTS, "HTTP requests answered, by outcome");
     describe_histogram!(ACK_SECONDS, Unit::Seconds, "request to acknowledgement");
     describe_histogram!(

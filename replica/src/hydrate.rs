@@ -212,6 +212,7 @@ impl Replica {
             .ok_or_else(|| Error::MissingObject {
                 path: object.clone(),
             })?;
+        metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
         let obj = object.clone();
         let out = blocking("decompressing a blob", move || {

@@ -89,6 +89,7 @@ impl Replica {
             };
             if self.put_lease(claim.org(), &lease).await {
                 claim.lease_renewed_ms = now;
+                metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
             }
         }
     }

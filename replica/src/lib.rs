@@ -69,6 +69,7 @@ mod checksum;
 mod claim;
 #[cfg(feature = "test-util")]
 pub mod conformance;
+mod counted;
 mod delta;
 mod error;
 mod failpoint;
@@ -78,6 +79,7 @@ mod hydrate;
 mod layout;
 mod lease;
 mod log;
+pub mod metrics;
 mod org_id;
 mod replica;
 mod retention;
@@ -90,6 +92,7 @@ mod verify;
 
 pub use blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use claim::Claim;
+pub use counted::CountedStore;
 pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};

@@ -89,6 +89,7 @@ impl Replica {
         failpoints: Option<Arc<dyn Failpoints>>,
     ) -> Result<Replica, Error> {
         settings.check()?;
+        let store: Arc<dyn ObjectStore> = Arc::new(crate::CountedStore::new(store));
         let layout = Layout::new(prefix);
         let probe = layout.probe(&new_nonce()?);
         let body = || PutPayload::from(Bytes::from_static(b"idem create-only probe"));
@@ -148,7 +149,7 @@ impl Replica {
         settings.check()?;
         Ok(Replica {
             inner: Arc::new(Inner {
-                store,
+                store: Arc::new(crate::CountedStore::new(store)),
                 layout: Layout::new(prefix),
                 settings,
                 clock: Arc::new(SystemClock),

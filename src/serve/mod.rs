@@ -3,22 +3,30 @@
 //! - `POST /orgs/{org}/transfers` with `Idempotency-Key` and `{"from","to","cents"}`:
 //!   201 + receipt once shipped (ack); a replay returns the stored receipt with
 //!   `Idempotent-Replayed: true`; missing key or bad body → 400; same key, other payload →
-//!   422; same key while its first request is still in flight here → 409; store unavailable,
-//!   lease held by another writer or fenced → 503 with `Retry-After` (retry, same key).
+//!   422; same key while its first request is still in flight here, or a retry of a key
+//!   pruned long ago → 409; store unavailable, lease held by another writer or fenced → 503
+//!   with `Retry-After` (retry, same key). All of it is `idem_org::http`'s layer.
 //! - `GET /orgs/{org}/balances`: balances in the newest published (acknowledged) snapshot.
+//! - `GET /metrics`: Prometheus text format (`idem_org::metrics` lists the names).
+//! - Unauthenticated: an example bound to loopback by default, whose tenant is the path's
+//!   org. Put it behind your own authentication, or embed `idem_org::http` in your service
+//!   with the tenant taken from your authentication (`examples/axum_service.rs`).
 //! - SIGTERM / Ctrl-C: stop accepting, finish in-flight requests, release every org (final
 //!   ship + Release entry, so a successor claims at once), exit 0.
 //!
-//! The request path goes through `idem-org` alone (its `Registry`, its `http::idempotency_key`
-//! header parser, and the idem and replica types it re-exports): `routes.rs` maps requests to
-//! org calls and org errors to statuses, `ledger.rs` is the application each request runs.
+//! The request path goes through `idem-org` alone (its `Registry`, its `http` layer, and the
+//! idem and replica types it re-exports): `routes.rs` is a few routes over the layer,
+//! `ledger.rs` the application each request runs, `metrics.rs` the exporter.
 //!
 //! Test hook: when `IDEM_TEST_HOLD_DIR` is set, a request whose key starts with `hold-` writes
-//! `<dir>/<key>.held` once it is registered in flight, then waits until `<dir>/<key>.go`
-//! exists before applying. Tests use it to make the 409 case deterministic.
+//! `<dir>/<key>.held` once it is registered in flight and inside its transaction, then waits
+//! until `<dir>/<key>.go` exists before applying. Tests use it to make the 409 case deterministic.
 
 pub(crate) mod ledger;
+mod metrics;
 mod routes;
+
+pub(crate) use metrics::Metrics;
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
@@ -100,7 +108,14 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
         .on_open(ledger::init)
         .build()
         .map_err(|e| crate::chain(&e))?;
-    let app = routes::router(registry.clone());
+    let metrics = match Metrics::install() {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, "serving without /metrics");
+            None
+        }
+    };
+    let app = routes::router(registry.clone(), metrics);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;

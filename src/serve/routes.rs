@@ -1,146 +1,92 @@
-//! The HTTP routes: each request becomes one `idem-org` call, each org error one status.
+//! The HTTP routes: the ledger's `POST` through `idem_org::http` (the Idempotency-Key
+//! layer: 400/409/422, replay, errors by kind), its `GET` through the writer or the store.
+//!
+//! `idem serve` is an unauthenticated example bound to loopback by default: the tenant is
+//! the path's org. A service exposed to clients takes the tenant from its authentication
+//! instead (`examples/axum_service.rs`), never from the path alone.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_org::http::idempotency_key;
+use idem_org::Registry;
+use idem_org::http::{Idempotency, IdempotentRequest, Refusal, StoredResponse, json_error};
 use idem_org::replica::OrgId;
-use idem_org::{ErrorKind, Registry, idem};
 
-use super::ledger::{self, Transfer};
+use super::ledger::{self, ApplyError, Transfer};
 
 /// The routes of `idem serve` over `registry`.
-pub(super) fn router(registry: Registry) -> Router {
+pub(super) fn router(registry: Registry, metrics: Option<super::Metrics>) -> Router {
+    // The fingerprint is the transfer's canonical form, so a retry that reformats the JSON
+    // is the same request; a body that does not parse is refused before the layer.
+    let idem = Idempotency::new(registry).fingerprint(|req| {
+        serde_json::from_slice::<Transfer>(req.body())
+            .map(|t| t.fingerprint())
+            .unwrap_or_else(|_| req.body().to_vec())
+    });
     let state = Arc::new(AppState {
-        registry,
-        inflight: Mutex::new(HashSet::new()),
+        idem,
         hold: std::env::var_os("IDEM_TEST_HOLD_DIR").map(PathBuf::from),
     });
-    Router::new()
+    let mut router = Router::new()
         .route("/orgs/{org}/transfers", post(transfer))
         .route("/orgs/{org}/balances", get(balances))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(state)
+        .route("/healthz", get(|| async { "ok" }));
+    if let Some(m) = metrics {
+        router = router.route("/metrics", get(move || std::future::ready(m.render())));
+    }
+    router.with_state(state)
 }
 
 struct AppState {
-    registry: Registry,
-    inflight: Mutex<HashSet<(String, String)>>,
+    idem: Idempotency,
     hold: Option<PathBuf>,
-}
-
-/// Removes a key from the in-flight set when its request ends, however it ends.
-struct InFlight<'a>(&'a AppState, (String, String));
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        lock(&self.0.inflight).remove(&self.1);
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
-    let body = serde_json::json!({ "error": message.into(), "kind": kind });
-    let mut resp = (status, axum::Json(body)).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    resp
 }
 
 async fn transfer(
     State(st): State<Arc<AppState>>,
     Path(org): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+    req: IdempotentRequest,
 ) -> Response {
-    // A body refused by the extractor (too large: 413) gets the same JSON error shape.
-    let body = match body {
-        Ok(b) => b,
-        Err(rejection) => {
-            return error(rejection.status(), "input", rejection.body_text());
-        }
-    };
-    let org_id = match OrgId::new(&org) {
+    let org = match OrgId::new(&org) {
         Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "input", e.to_string()),
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", e.to_string()),
     };
-    // The IETF header rules, then idem's key rules (`idem::validate_key`): one parser, org's.
-    let key = match idempotency_key(&headers) {
-        Ok(k) => k,
-        Err(why) => return error(StatusCode::BAD_REQUEST, "input", why),
-    };
-    let t: Transfer = match serde_json::from_slice(&body) {
+    // Validated before the layer: a malformed transfer is bad input, not a failed attempt.
+    let t: Transfer = match serde_json::from_slice(req.body()) {
         Ok(t) => t,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "input", format!("bad body: {e}")),
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", format!("bad body: {e}")),
     };
     if let Err(e) = t.validate() {
-        return error(StatusCode::BAD_REQUEST, "input", e);
+        return json_error(StatusCode::BAD_REQUEST, "input", e);
     }
-    let id = (org.clone(), key.clone());
-    if !lock(&st.inflight).insert(id.clone()) {
-        return error(
-            StatusCode::CONFLICT,
-            "conflict",
-            format!("a request with idempotency key {key:?} is still in flight"),
-        );
-    }
-    let _guard = InFlight(&st, id);
-    if let Some(dir) = &st.hold {
-        hold(dir, &key).await;
-    }
-    let opts = idem::Options::new().fingerprint(t.fingerprint());
-    let k = key.clone();
-    let result = st
-        .registry
-        .once_with(&org_id, &key, opts, move |tx| t.apply(&k, tx))
-        .await;
-    match result {
-        Ok(out) => {
-            let mut resp = (StatusCode::CREATED, out.result).into_response();
-            let h = resp.headers_mut();
-            h.insert(
+    let hold = st.hold.clone();
+    st.idem
+        .run(&org, req, move |tx, req| {
+            if let Some(dir) = &hold {
+                hold_until_go(dir, req.key());
+            }
+            let receipt = t.apply(req.key(), tx).map_err(|e| match e {
+                ApplyError::Pruned(_) => Refusal::new(StatusCode::CONFLICT, e.to_string()),
+                ApplyError::Sqlite(e) => Refusal::internal(e),
+            })?;
+            Ok(StoredResponse::new(StatusCode::CREATED, receipt).header(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
-            );
-            if !out.applied {
-                h.insert("idempotent-replayed", HeaderValue::from_static("true"));
-            }
-            resp
-        }
-        Err(e) => org_error(&e),
-    }
+            ))
+        })
+        .await
 }
 
-fn org_error(e: &idem_org::Error) -> Response {
-    let msg = crate::chain(e);
-    if e.is_fingerprint_mismatch() {
-        return error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
-    }
-    let fenced = matches!(e, idem_org::Error::Fenced { .. });
-    match e.kind() {
-        ErrorKind::Retry => error(StatusCode::SERVICE_UNAVAILABLE, "retry", msg),
-        ErrorKind::Reacquire if fenced => error(StatusCode::SERVICE_UNAVAILABLE, "fenced", msg),
-        ErrorKind::Reacquire => error(StatusCode::SERVICE_UNAVAILABLE, "reacquire", msg),
-        ErrorKind::Input => error(StatusCode::BAD_REQUEST, "input", msg),
-        ErrorKind::Rejected => error(StatusCode::UNPROCESSABLE_ENTITY, "rejected", msg),
-        ErrorKind::Corrupt => error(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", msg),
-        _ => error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", msg),
-    }
-}
-
-async fn hold(dir: &std::path::Path, key: &str) {
+/// Test hook (`IDEM_TEST_HOLD_DIR`): a `hold-*` key, already registered in flight and inside
+/// its transaction, marks `<dir>/<key>.held` and waits for `<dir>/<key>.go` (30 s at most).
+/// It blocks the org's writer thread, which is what a slow handler does too.
+fn hold_until_go(dir: &std::path::Path, key: &str) {
     let safe = key.starts_with("hold-")
         && key
             .bytes()
@@ -150,21 +96,22 @@ async fn hold(dir: &std::path::Path, key: &str) {
     }
     let _ = std::fs::write(dir.join(format!("{key}.held")), b"");
     let go = dir.join(format!("{key}.go"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !go.exists() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !go.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> Response {
     let id = match OrgId::new(&org) {
         Ok(id) => id,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "input", e.to_string()),
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", e.to_string()),
     };
+    let registry = st.idem.registry();
     // This replica's own writer answers from its database, once confirmed (I6, I7): no
     // download. An org it does not hold is read from the store's newest published state
     // (never claimed for a read: that would fence the writer that holds it).
-    if let Some(handle) = st.registry.serving(&id) {
+    if let Some(handle) = registry.serving(&id) {
         match handle.read(ledger::balances).await {
             Ok(rows) => {
                 return axum::Json(serde_json::json!({
@@ -178,9 +125,9 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
             }
         }
     }
-    let restored = match crate::store::restored::restore(st.registry.replica(), &id, None).await {
+    let restored = match crate::store::restored::restore(registry.replica(), &id, None).await {
         Ok(r) => r,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, "retry", e),
+        Err(e) => return json_error(StatusCode::SERVICE_UNAVAILABLE, "retry", e),
     };
     let (seq, rows) = match &restored {
         None => (None, Vec::new()),
@@ -190,7 +137,7 @@ async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> R
                 .and_then(|c| ledger::balances(&c).map_err(|e| e.to_string()));
             match rows {
                 Ok(rows) => (r.hydrated.snapshot.as_ref().map(|s| s.seq), rows),
-                Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", e),
+                Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", e),
             }
         }
     };

@@ -56,7 +56,7 @@ use rusqlite::Transaction;
 use sha2::{Digest, Sha256};
 
 pub use key::{IDEMPOTENCY_KEY, idempotency_key};
-pub use status::{Refusal, error_response};
+pub use status::{Refusal, error_response, json_error};
 pub use stored::StoredResponse;
 
 use crate::Registry;
@@ -152,7 +152,7 @@ impl Idempotency {
         let id = (org.clone(), key.clone());
         if !lock(&self.inner.inflight).insert(id.clone()) {
             counted("in_flight");
-            return status::error(
+            return status::json_error(
                 axum::http::StatusCode::CONFLICT,
                 "in_flight",
                 format!("a request with idempotency key {key:?} is still in flight"),
@@ -168,7 +168,7 @@ impl Idempotency {
                     counted(if out.applied { "applied" } else { "replayed" });
                     stored.into_response(!out.applied)
                 }
-                Err(why) => status::error(
+                Err(why) => status::json_error(
                     axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                     "corrupt",
                     format!("idempotency key {key:?}: {why}"),
@@ -244,13 +244,14 @@ impl<S: Send + Sync> FromRequest<S> for IdempotentRequest {
         let (parts, body) = req.into_parts();
         let key = idempotency_key(&parts.headers).map_err(|why| {
             counted("input");
-            status::error(axum::http::StatusCode::BAD_REQUEST, "input", why)
+            status::json_error(axum::http::StatusCode::BAD_REQUEST, "input", why)
         })?;
         let body = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
             .await
             .map_err(|rejection| {
                 counted("input");
-                status::error(rejection.status(), "input", rejection.body_text()).into_response()
+                status::json_error(rejection.status(), "input", rejection.body_text())
+                    .into_response()
             })?;
         Ok(IdempotentRequest {
             key,

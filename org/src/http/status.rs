@@ -7,7 +7,8 @@
 //! | the handler's [`Refusal`] (not stored) | the refusal's | the refusal's |
 //! | other rejections (attempts exhausted, an effect in the wrong state) | 409 | `rejected` |
 //! | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After: 1` | `retry` |
-//! | `Reacquire` (fenced, closed, poisoned: the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
+//! | `Reacquire`: fenced by a newer round | 503 + `Retry-After: 1` | `fenced` |
+//! | `Reacquire`: closed, claim lost, poisoned (the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
 //! | `Input` (bad key, bad org id) | 400 | `input` |
 //! | `Corrupt` | 500 | `corrupt` |
 //! | `Fatal` | 500 | `fatal` |
@@ -54,8 +55,9 @@ impl Refusal {
     }
 }
 
-/// The layer's JSON error answer.
-pub(crate) fn error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
+/// The layer's JSON error answer, `{"error": message, "kind": kind}`, with `Retry-After: 1`
+/// on a 503: for an application's own errors around the layer, in the same shape.
+pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
     let body = serde_json::json!({ "error": message.into(), "kind": kind });
     let mut resp = (status, axum::Json(body)).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
@@ -69,20 +71,23 @@ pub(crate) fn error(status: StatusCode, kind: &str, message: impl Into<String>) 
 pub fn error_response(e: &Error) -> Response {
     let msg = chain(e);
     if e.is_fingerprint_mismatch() {
-        return error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
+        return json_error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
     }
     if let Some(idem::Error::Apply { source, .. }) = e.idem()
         && let Some(refusal) = source.downcast_ref::<Refusal>()
     {
-        return error(refusal.status, &refusal.kind, refusal.message.clone());
+        return json_error(refusal.status, &refusal.kind, refusal.message.clone());
     }
     match e.kind() {
-        ErrorKind::Rejected => error(StatusCode::CONFLICT, "rejected", msg),
-        ErrorKind::Retry => error(StatusCode::SERVICE_UNAVAILABLE, "retry", msg),
-        ErrorKind::Reacquire => error(StatusCode::SERVICE_UNAVAILABLE, "reacquire", msg),
-        ErrorKind::Input => error(StatusCode::BAD_REQUEST, "input", msg),
-        ErrorKind::Corrupt => error(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", msg),
-        ErrorKind::Fatal => error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", msg),
+        ErrorKind::Rejected => json_error(StatusCode::CONFLICT, "rejected", msg),
+        ErrorKind::Retry => json_error(StatusCode::SERVICE_UNAVAILABLE, "retry", msg),
+        ErrorKind::Reacquire if matches!(e, Error::Fenced { .. }) => {
+            json_error(StatusCode::SERVICE_UNAVAILABLE, "fenced", msg)
+        }
+        ErrorKind::Reacquire => json_error(StatusCode::SERVICE_UNAVAILABLE, "reacquire", msg),
+        ErrorKind::Input => json_error(StatusCode::BAD_REQUEST, "input", msg),
+        ErrorKind::Corrupt => json_error(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", msg),
+        ErrorKind::Fatal => json_error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", msg),
     }
 }
 
@@ -206,7 +211,7 @@ mod tests {
                 },
                 StatusCode::SERVICE_UNAVAILABLE,
                 Some("1".to_owned()),
-                "reacquire",
+                "fenced",
             ),
             (
                 Error::InvalidSettings {

@@ -1,0 +1,23 @@
+//! The metrics this crate records through the `metrics` facade (the embedder installs an
+//! exporter; `idem serve` serves Prometheus text at `/metrics`).
+
+/// Object store requests, by `op`: `put`, `get`, `head`, `list`, `delete`, `copy`,
+/// `multipart` (one per upload started). Counted by [`crate::CountedStore`], which every
+/// [`crate::Replica`] wraps its store in.
+pub const STORE_REQUESTS: &str = "idem_store_requests_total";
+/// Advisory lease renewals written.
+pub const LEASE_RENEWALS: &str = "idem_lease_renewals_total";
+/// Compressed bytes of snapshots and deltas downloaded (hydrates, restores, verifies).
+pub const DOWNLOADED_BYTES: &str = "idem_downloaded_bytes_total";
+
+/// Registers the description and unit of every metric above with the installed recorder.
+pub fn describe() {
+    use metrics::{Unit, describe_counter};
+    describe_counter!(STORE_REQUESTS, "object store requests, by op");
+    describe_counter!(LEASE_RENEWALS, "advisory lease renewals written");
+    describe_counter!(
+        DOWNLOADED_BYTES,
+        Unit::Bytes,
+        "snapshot and delta bytes downloaded"
+    );
+}

@@ -1,0 +1,45 @@
+//! `GET /metrics`: the Prometheus text format of everything `idem-org` and `idem-replica`
+//! record (names in `idem_org::metrics`), through the `metrics` facade's Prometheus exporter.
+
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// The installed recorder, rendered per scrape.
+#[derive(Clone)]
+pub(crate) struct Metrics(PrometheusHandle);
+
+/// Buckets of every `_seconds` histogram: 1 ms to 10 s.
+const SECONDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+impl Metrics {
+    /// Installs the process-wide recorder and describes every metric.
+    ///
+    /// # Errors
+    /// A recorder is already installed in this process.
+    pub(crate) fn install() -> Result<Metrics, String> {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
+            .map_err(|e| format!("metrics buckets: {e}"))?
+            .install_recorder()
+            .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+        idem_org::metrics::describe();
+        let upkeep = handle.clone();
+        // Histograms drain their buffers on upkeep; a scrape also runs it.
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
+        Ok(Metrics(handle))
+    }
+
+    /// The text exposition format.
+    pub(crate) fn render(&self) -> String {
+        self.0.render()
+    }
+}
