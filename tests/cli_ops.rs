@@ -115,6 +115,12 @@ fn inspect_snapshots_restore_verify_succeed_on_a_good_store() -> TestResult {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Not a terminal (cron, a pipe): no progress bar, nothing on stderr.
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let conn = rusqlite::Connection::open(&dest)?;
     let n: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
     assert_eq!(n, 3);
@@ -134,6 +140,13 @@ fn inspect_snapshots_restore_verify_succeed_on_a_good_store() -> TestResult {
     let v = stdout_json(&run(&["verify", "--store", &store, "--json"]))?;
     assert_eq!(v["faults"], 0);
     assert_eq!(v["ok"].as_u64(), Some(snaps.len() as u64));
+    let plain = run(&["verify", "--store", &store]);
+    assert!(plain.status.success());
+    assert!(
+        plain.stderr.is_empty(),
+        "no progress bar outside a terminal: {}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
     Ok(())
 }
 

@@ -2,6 +2,8 @@
 //! after it, prove it with checksums, install it (I8, I10).
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::Either;
 use futures::{StreamExt, TryStreamExt};
@@ -27,6 +29,21 @@ pub struct Hydrated {
     pub position: Option<u64>,
     /// Deltas applied on top of the snapshot.
     pub deltas: usize,
+}
+
+/// Progress of a [`Replica::restore_with_progress`], updated as it runs.
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    /// Compressed bytes of the snapshot and deltas to download (0 until the chain is read;
+    /// a retry after retention moved the chain sets it again).
+    pub total: AtomicU64,
+    /// Compressed bytes downloaded so far.
+    pub downloaded: AtomicU64,
+}
+
+tokio::task_local! {
+    /// The progress of the restore running in this task, if one asked for it.
+    static PROGRESS: Arc<RestoreProgress>;
 }
 
 impl Replica {
@@ -97,6 +114,22 @@ impl Replica {
             ));
         }
         self.install_chain(org, chain, dest).await
+    }
+
+    /// [`Replica::restore`], reporting into `progress` as it goes: the chain's total
+    /// compressed bytes once it is known, then the bytes downloaded so far (for a progress
+    /// bar; read it from another task while this one runs).
+    ///
+    /// # Errors
+    /// As [`Replica::restore`].
+    pub async fn restore_with_progress(
+        &self,
+        org: &OrgId,
+        at: Option<u64>,
+        dest: &Path,
+        progress: Arc<RestoreProgress>,
+    ) -> Result<Hydrated, Error> {
+        PROGRESS.scope(progress, self.restore(org, at, dest)).await
     }
 
     /// The entries a hydrate of the newest state below `limit` needs, read from the head
@@ -213,6 +246,7 @@ impl Replica {
                 path: object.clone(),
             })?;
         metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
+        let _ = PROGRESS.try_with(|p| p.downloaded.fetch_add(data.len() as u64, Ordering::Relaxed));
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
         let obj = object.clone();
         let out = blocking("decompressing a blob", move || {
@@ -311,6 +345,14 @@ impl Replica {
                 deltas: 0,
             });
         };
+        let _ = PROGRESS.try_with(|p| {
+            let total = std::iter::once(&chain.snapshot)
+                .chain(&chain.deltas)
+                .filter_map(|e| e.stored().map(|s| s.compressed_bytes))
+                .sum();
+            p.total.store(total, Ordering::Relaxed);
+            p.downloaded.store(0, Ordering::Relaxed);
+        });
         let (image, object) = self.rebuild(org, &chain).await?;
         let nonce = new_nonce()?;
         blocking("installing a snapshot", move || {

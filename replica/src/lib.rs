@@ -96,7 +96,7 @@ pub use counted::CountedStore;
 pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
-pub use hydrate::Hydrated;
+pub use hydrate::{Hydrated, RestoreProgress};
 pub use lease::Lease;
 pub use log::entry::{DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, LogEntry, Stored};
 pub use org_id::OrgId;

@@ -1,5 +1,6 @@
 //! Read-only operator commands: inspect, snapshots, restore, verify.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use idem_org::idem;
@@ -214,8 +215,9 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     history(&replica, &org).await?;
-    let got = replica
-        .restore(&org, a.at, &a.to)
+    let progress = std::sync::Arc::new(idem_org::replica::RestoreProgress::default());
+    let restoring = replica.restore_with_progress(&org, a.at, &a.to, progress.clone());
+    let got = with_bytes_bar(restoring, &progress)
         .await
         .map_err(|e| crate::chain(&e))?;
     match got.snapshot {
@@ -235,6 +237,35 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
     }
 }
 
+/// Runs `fut` with a bar of the bytes it downloads on a terminal's stderr (hidden in cron
+/// and pipes, as `prune`'s is).
+async fn with_bytes_bar<T>(
+    fut: impl std::future::Future<Output = T>,
+    progress: &idem_org::replica::RestoreProgress,
+) -> T {
+    use std::sync::atomic::Ordering;
+    if !std::io::stderr().is_terminal() {
+        return fut.await;
+    }
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {bytes}/{total_bytes} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut fut = std::pin::pin!(fut);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+    let out = loop {
+        tokio::select! {
+            out = &mut fut => break out,
+            _ = tick.tick() => {
+                bar.set_length(progress.total.load(Ordering::Relaxed));
+                bar.set_position(progress.downloaded.load(Ordering::Relaxed));
+            }
+        }
+    };
+    bar.finish_and_clear();
+    out
+}
+
 /// `idem verify [ORG]`: sha256, size and SQLite integrity of every published snapshot.
 ///
 /// # Errors
@@ -250,7 +281,15 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
         None => replica.orgs().await.map_err(|e| crate::chain(&e))?,
     };
     let (mut ok, mut faults, mut rows) = (0usize, Vec::new(), Vec::new());
+    // A bar per org on a terminal's stderr; hidden in cron, pipes and with --json.
+    let bar = if std::io::stderr().is_terminal() && !a.json {
+        indicatif::ProgressBar::new(orgs.len() as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     for org in &orgs {
+        bar.set_message(org.to_string());
+        bar.inc(1);
         let report = replica
             .verify(org)
             .await
@@ -266,6 +305,7 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
             .collect();
         rows.push(json!({"org": org.as_str(), "ok": report.ok, "failed": failed}));
     }
+    bar.finish_and_clear();
     if a.json {
         print_json(&json!({"orgs": rows, "ok": ok, "faults": faults.len()}));
     } else {
