@@ -502,4 +502,7 @@ fn serve_help_shows_the_operator_flags() {
     for flag in ["--lease-ms", "--force-claim", "--drain-timeout", "--writer"] {
         assert!(help.contains(flag), "{flag} missing from serve --help");
     }
+    // It says it is unauthenticated, and listens on loopback unless told otherwise.
+    assert!(help.contains("unauthenticated"), "{help}");
+    assert!(help.contains("[default: 127.0.0.1:8080]"), "{help}");
 }

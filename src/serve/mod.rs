@@ -40,7 +40,9 @@ pub struct ServeArgs {
     /// Store URL: a path, file://, memory://, s3://bucket/prefix, gs://, az://.
     #[arg(long)]
     store: String,
-    /// Address to listen on; port 0 picks a free port (printed on stdout).
+    /// Address to listen on; port 0 picks a free port (printed on stdout). Loopback by
+    /// default: `idem serve` is unauthenticated (the tenant is the path's org), so expose it
+    /// only behind your own authentication.
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: String,
     /// Local data directory for org databases (a cache; the store is the authority).
