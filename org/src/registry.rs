@@ -224,10 +224,11 @@ impl Registry {
         }
     }
 
-    /// Acquires `org` and runs [`Org::effect`]; when the handle turns out closed before the
-    /// reservation (evicted or released meanwhile) it acquires again and retries once.
-    /// `executor` is `Clone` for that; a closed handle never ran it (the reservation is
-    /// acknowledged before the executor starts).
+    /// Acquires `org` and runs [`Org::effect`]; when the handle turns out closed (evicted or
+    /// released meanwhile) it acquires again and retries once. `executor` is `Clone` for
+    /// that, and the retry never executes twice: closed before the reservation, nothing ran;
+    /// closed after it (the executor may have run), the retry finds the key reserved by the
+    /// first attempt and answers in progress or AMBIGUOUS, never a second execution.
     ///
     /// # Errors
     /// As [`Registry::acquire`] and [`Org::effect`].
