@@ -7,7 +7,8 @@ use std::time::Duration;
 
 /// Requests answered by the HTTP layer, by `outcome`: `applied`, `replayed`, `input` (400),
 /// `in_flight` (409), `mismatch` (422), `rejected` (409), `refused` (the handler's own
-/// answer, not stored), `unavailable` (503: retry or re-acquire), `error` (500).
+/// answer, not stored), `fenced` (503: a newer round holds the org), `unavailable` (other
+/// 503s: retry or re-acquire), `error` (500).
 pub const REQUESTS: &str = "idem_requests_total";
 /// Seconds from a request reaching its org to its acknowledgement, by `outcome`: `applied`
 /// (waited for the ship holding its commit) or `replayed` (waited for a confirmation).

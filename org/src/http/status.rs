@@ -103,6 +103,7 @@ pub(crate) fn outcome(e: &Error) -> &'static str {
     }
     match e.kind() {
         ErrorKind::Rejected => "rejected",
+        ErrorKind::Reacquire if matches!(e, Error::Fenced { .. }) => "fenced",
         ErrorKind::Retry | ErrorKind::Reacquire => "unavailable",
         ErrorKind::Input => "input",
         ErrorKind::Corrupt | ErrorKind::Fatal => "error",
@@ -242,6 +243,35 @@ mod tests {
             let what = e.to_string();
             assert_eq!(answer(e)?, (status, retry, kind.to_owned()), "{what}");
         }
+        Ok(())
+    }
+
+    #[test]
+    fn outcomes_name_fenced_apart_from_other_503s() -> Result<(), Box<dyn std::error::Error>> {
+        let org = OrgId::new("acme")?;
+        let fenced = Error::Fenced {
+            org: org.clone(),
+            ours: 2,
+        };
+        let closed = Error::Closed {
+            org: org.clone(),
+            round: 2,
+        };
+        let mismatch = Error::Idem {
+            org: org.clone(),
+            source: Box::new(idem::Error::FingerprintMismatch { key: "k".into() }),
+        };
+        let refused = Error::Idem {
+            org,
+            source: Box::new(idem::Error::Apply {
+                key: "k".into(),
+                source: Box::new(Refusal::new(StatusCode::CONFLICT, "no")),
+            }),
+        };
+        assert_eq!(
+            [&fenced, &closed, &mismatch, &refused].map(outcome),
+            ["fenced", "unavailable", "mismatch", "refused"]
+        );
         Ok(())
     }
 }
