@@ -222,6 +222,21 @@ impl Error {
         }
     }
 
+    /// How long a client should wait before retrying, when this error knows: while another
+    /// writer's advisory lease holds the org, the time left on it (at least one second).
+    /// `None` for every other error (retry soon; HTTP answers `Retry-After: 1`).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        let Error::Replica { source, .. } = self else {
+            return None;
+        };
+        let idem_replica::Error::LeaseHeld { expires_at_ms, .. } = **source else {
+            return None;
+        };
+        let now = idem::system_time_ms(std::time::SystemTime::now());
+        let ms = expires_at_ms.saturating_sub(now).max(1_000);
+        Some(std::time::Duration::from_millis(ms))
+    }
+
     /// True when retrying the request as is (same key, same handle) may succeed.
     pub fn is_retryable(&self) -> bool {
         self.kind() == ErrorKind::Retry

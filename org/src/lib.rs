@@ -86,6 +86,6 @@ pub use clock::replica_clock;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};
 pub use org::{Org, OrgStats};
-pub use registry::{PruneProgress, Registry, RegistryBuilder};
+pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
 pub use settings::Settings;
 pub use writer::InitFn;

@@ -45,3 +45,53 @@ async fn a_live_lease_blocks_a_second_writer_without_force() -> R {
     a.shutdown().await;
     Ok(())
 }
+
+/// Regression for rolling upgrades of many orgs: `shutdown` released one org after another,
+/// so one slow release held every other org's successor back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_orgs_concurrently() -> R {
+    use idem_replica::fault::PauseAt;
+    use idem_replica::{FailPoint, OrgId};
+    let dir = tempfile::tempdir()?;
+    let pause = PauseAt::new(FailPoint::ReleaseBeforePublish);
+    let reg = registry(
+        dir.path(),
+        replica(Arc::new(InMemory::new()), Some(pause.clone())).await?,
+        "A",
+        Settings::default(),
+    )?;
+    let orgs = [OrgId::new("a")?, OrgId::new("b")?];
+    for org in &orgs {
+        reg.once(org, "k", common::effect(org.as_str(), "k"))
+            .await?;
+    }
+    let held = pause.arm().await;
+    let shutdown = tokio::spawn({
+        let reg = reg.clone();
+        async move { reg.shutdown().await }
+    });
+    held.reached.await?; // one release waits before publishing its Release entry
+    // The other org's Release entry lands while the first is still held.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut released = 0;
+        for org in &orgs {
+            let log = reg.replica().history(org).await?;
+            released += usize::from(log.last().is_some_and(|e| e.kind_name() == "release"));
+        }
+        if released == 1 {
+            break;
+        }
+        assert!(released == 0, "both released while one was held");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second release waited for the first"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let _ = held.resume.send(());
+    let results = shutdown.await?;
+    assert_eq!(results.len(), 2);
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    Ok(())
+}

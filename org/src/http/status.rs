@@ -67,8 +67,23 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
     resp
 }
 
-/// The answer for an org error (the module's table). The message names the cause chain.
+/// The answer for an org error (the module's table). The message names the cause chain; a
+/// 503 for an org another writer's lease holds says when to retry (`Retry-After`: the lease's
+/// remaining seconds, rounded up).
 pub fn error_response(e: &Error) -> Response {
+    let mut resp = table_response(e);
+    if let Some(wait) = e.retry_after()
+        && resp.status() == StatusCode::SERVICE_UNAVAILABLE
+    {
+        let secs = wait.as_millis().div_ceil(1000).to_string();
+        if let Ok(v) = HeaderValue::from_str(&secs) {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    resp
+}
+
+fn table_response(e: &Error) -> Response {
     let msg = chain(e);
     if e.is_fingerprint_mismatch() {
         return json_error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
@@ -272,6 +287,29 @@ mod tests {
             [&fenced, &closed, &mismatch, &refused].map(outcome),
             ["fenced", "unavailable", "mismatch", "refused"]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_held_lease_says_when_to_retry() -> Result<(), Box<dyn std::error::Error>> {
+        let now = idem::system_time_ms(std::time::SystemTime::now());
+        let held = |expires_at_ms| Error::Replica {
+            org: OrgId::new("acme").unwrap_or_else(|_| unreachable!()),
+            source: Box::new(idem_replica::Error::LeaseHeld {
+                org: "acme".into(),
+                holder: "replica-a".into(),
+                expires_at_ms,
+            }),
+        };
+        let (status, retry, kind) = answer(held(now + 29_500))?;
+        assert_eq!(
+            (status, kind.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "retry")
+        );
+        let secs: u64 = retry.ok_or("no Retry-After")?.parse()?;
+        assert!((29..=30).contains(&secs), "{secs}");
+        // A lease that just lapsed: retry in a second, never 0.
+        assert_eq!(answer(held(now.saturating_sub(5)))?.1.as_deref(), Some("1"));
         Ok(())
     }
 }
