@@ -92,7 +92,7 @@ mod verify;
 
 pub use blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use claim::Claim;
-pub use counted::CountedStore;
+pub use counted::{CountedStore, StoreRequests};
 pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};

@@ -20,6 +20,8 @@ pub struct Replica {
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn ObjectStore>,
+    /// What `store` (a [`crate::CountedStore`]) has counted.
+    pub(crate) requests: Arc<crate::counted::Counts>,
     pub(crate) layout: Layout,
     pub(crate) settings: Settings,
     pub(crate) clock: Arc<dyn Clock>,
@@ -89,7 +91,9 @@ impl Replica {
         failpoints: Option<Arc<dyn Failpoints>>,
     ) -> Result<Replica, Error> {
         settings.check()?;
-        let store: Arc<dyn ObjectStore> = Arc::new(crate::CountedStore::new(store));
+        let counted = crate::CountedStore::new(store);
+        let requests = counted.counts();
+        let store: Arc<dyn ObjectStore> = Arc::new(counted);
         let layout = Layout::new(prefix);
         let probe = layout.probe(&new_nonce()?);
         let body = || PutPayload::from(Bytes::from_static(b"idem create-only probe"));
@@ -125,6 +129,7 @@ impl Replica {
         Ok(Replica {
             inner: Arc::new(Inner {
                 store,
+                requests,
                 layout,
                 settings,
                 clock,
@@ -147,9 +152,11 @@ impl Replica {
         settings: Settings,
     ) -> Result<Replica, Error> {
         settings.check()?;
+        let counted = crate::CountedStore::new(store);
         Ok(Replica {
             inner: Arc::new(Inner {
-                store: Arc::new(crate::CountedStore::new(store)),
+                requests: counted.counts(),
+                store: Arc::new(counted),
                 layout: Layout::new(prefix),
                 settings,
                 clock: Arc::new(SystemClock),
@@ -172,9 +179,15 @@ impl Replica {
         &self.inner.settings
     }
 
-    /// The underlying store.
+    /// The underlying store (wrapped in a [`crate::CountedStore`]).
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
         &self.inner.store
+    }
+
+    /// Store requests made through this handle since it was opened, by op: what ships,
+    /// confirmations, claims and idle orgs cost (I14).
+    pub fn store_requests(&self) -> crate::StoreRequests {
+        self.inner.requests.snapshot()
     }
 
     /// Calls the injected failpoints, if any, at `point` for `org`.

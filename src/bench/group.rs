@@ -114,25 +114,28 @@ pub async fn p2(dir: &Path, time: Duration) -> BenchResult<()> {
         time.as_secs_f64()
     );
     println!(
-        "| clients | acked req/s | ack p50 | ack p99 | ships/s | requests/ship | bytes shipped/ack |"
+        "| clients | acked req/s | ack p50 | ack p99 | ships/s | requests/ship | bytes shipped/ack | store requests/ack |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut rates = Vec::new();
     for clients in [1usize, 8, 64, 256] {
         let work = dir.join(format!("p2-{clients}"));
         let reg = registry(&work).await?;
         let org = reg.acquire(&OrgId::new("acme")?).await?;
+        let before = reg.replica().store_requests().total();
         let r = acked_row(&org, clients, time).await?;
+        let store_requests = reg.replica().store_requests().total() - before;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
         println!(
-            "| {clients} | {:.0} | {} | {} | {:.0} | {:.1} | {:.0} |",
+            "| {clients} | {:.0} | {} | {} | {:.0} | {:.1} | {:.0} | {:.2} |",
             r.rps,
             ms(r.p50),
             ms(r.p99),
             r.ships as f64 / r.elapsed,
             r.acks as f64 / r.ships.max(1) as f64,
-            r.bytes_shipped as f64 / r.acks.max(1) as f64
+            r.bytes_shipped as f64 / r.acks.max(1) as f64,
+            store_requests as f64 / r.acks.max(1) as f64
         );
         rates.push((clients, r.rps));
     }
