@@ -21,8 +21,9 @@ pub const SHIPS: &str = "idem_ships_total";
 pub const SHIPPED_BYTES: &str = "idem_shipped_bytes_total";
 /// Ships and confirmations that failed and left their waiters unacknowledged (retryable).
 pub const SHIP_FAILURES: &str = "idem_ship_failures_total";
-/// Writers that stopped, by `reason`: `fenced` (a newer round claimed the org) or
-/// `poisoned` (its files were changed from outside, I13).
+/// Writers that stopped, by `reason`: `fenced` (a newer round claimed the org),
+/// `claim_lost` (a publish of unknown outcome) or `poisoned` (its files were changed from
+/// outside, I13).
 pub const WRITERS_STOPPED: &str = "idem_writers_stopped_total";
 /// Seconds to claim and hydrate an org before it serves.
 pub const HYDRATE_SECONDS: &str = "idem_hydrate_seconds";

@@ -161,18 +161,23 @@ impl Idempotency {
         let _guard = InFlight(&self.inner, id);
         let opts = idem::Options::new().fingerprint((self.inner.fingerprint)(&request));
         let request = Arc::new(request);
-        let apply = move |tx: &Transaction<'_>| handler(tx, &request).map(|r| r.encode());
+        let apply = move |tx: &Transaction<'_>| {
+            handler(tx, &request).and_then(|r| r.encode().map_err(Refusal::internal))
+        };
         match self.inner.registry.once_with(org, &key, opts, apply).await {
             Ok(out) => match StoredResponse::decode(&out.result) {
                 Ok(stored) => {
                     counted(if out.applied { "applied" } else { "replayed" });
                     stored.into_response(!out.applied)
                 }
-                Err(why) => status::json_error(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "corrupt",
-                    format!("idempotency key {key:?}: {why}"),
-                ),
+                Err(why) => {
+                    counted("error");
+                    status::json_error(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "corrupt",
+                        format!("idempotency key {key:?}: {why}"),
+                    )
+                }
             },
             Err(e) => {
                 counted(status::outcome(&e));

@@ -5,7 +5,9 @@
 //! |---|---|---|
 //! | another payload under an applied key (I4) | 422 | `mismatch` |
 //! | the handler's [`Refusal`] (not stored) | the refusal's | the refusal's |
-//! | other rejections (attempts exhausted, an effect in the wrong state) | 409 | `rejected` |
+//! | the handler failed otherwise, panicked, or its response is too large to store | 500 | `handler_failed` |
+//! | every attempt the key allows failed | 422 | `attempts_exhausted` |
+//! | other rejections (an effect in the wrong state) | 409 | `rejected` |
 //! | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After: 1` | `retry` |
 //! | `Reacquire`: fenced by a newer round | 503 + `Retry-After: 1` | `fenced` |
 //! | `Reacquire`: closed, claim lost, poisoned (the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
@@ -88,10 +90,24 @@ fn table_response(e: &Error) -> Response {
     if e.is_fingerprint_mismatch() {
         return json_error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
     }
-    if let Some(idem::Error::Apply { source, .. }) = e.idem()
-        && let Some(refusal) = source.downcast_ref::<Refusal>()
-    {
-        return json_error(refusal.status, &refusal.kind, refusal.message.clone());
+    match e.idem() {
+        Some(idem::Error::Apply { source, .. }) => {
+            return match source.downcast_ref::<Refusal>() {
+                Some(refusal) => json_error(refusal.status, &refusal.kind, refusal.message.clone()),
+                // The handler failed or panicked: a server bug, not a state of the key
+                // (a 409 would have the client retry a bug forever).
+                None => json_error(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed", msg),
+            };
+        }
+        Some(idem::Error::ResultTooLarge { .. } | idem::Error::TransactionEnded { .. }) => {
+            return json_error(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed", msg);
+        }
+        // Every attempt this key allows failed: retrying it changes nothing; a new request
+        // needs a new key.
+        Some(idem::Error::AttemptsExhausted { .. }) => {
+            return json_error(StatusCode::UNPROCESSABLE_ENTITY, "attempts_exhausted", msg);
+        }
+        _ => {}
     }
     match e.kind() {
         ErrorKind::Rejected => json_error(StatusCode::CONFLICT, "rejected", msg),
@@ -111,10 +127,16 @@ pub(crate) fn outcome(e: &Error) -> &'static str {
     if e.is_fingerprint_mismatch() {
         return "mismatch";
     }
-    if let Some(idem::Error::Apply { source, .. }) = e.idem()
-        && source.downcast_ref::<Refusal>().is_some()
-    {
-        return "refused";
+    match e.idem() {
+        Some(idem::Error::Apply { source, .. }) if source.downcast_ref::<Refusal>().is_some() => {
+            return "refused";
+        }
+        Some(
+            idem::Error::Apply { .. }
+            | idem::Error::ResultTooLarge { .. }
+            | idem::Error::TransactionEnded { .. },
+        ) => return "error",
+        _ => {}
     }
     match e.kind() {
         ErrorKind::Rejected => "rejected",
@@ -203,9 +225,18 @@ mod tests {
                     attempts: 3,
                     last_error: "x".into(),
                 }),
-                StatusCode::CONFLICT,
+                StatusCode::UNPROCESSABLE_ENTITY,
                 None,
-                "rejected",
+                "attempts_exhausted",
+            ),
+            (
+                idem(idem::Error::Apply {
+                    key: "k".into(),
+                    source: "apply panicked".into(),
+                }),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                None,
+                "handler_failed",
             ),
             (
                 Error::ShipFailed {

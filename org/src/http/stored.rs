@@ -67,21 +67,31 @@ impl StoredResponse {
 
     /// The bytes stored as the key's result: magic, status (u16 BE), header count (u16 BE),
     /// each header as name length (u16 BE), name, value length (u16 BE), value; then the body.
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    ///
+    /// # Errors
+    /// More than 65,535 headers, or a header value over 65,535 bytes: refused rather than
+    /// stored cut, since a replay must be the first answer byte for byte.
+    pub(crate) fn encode(&self) -> Result<Vec<u8>, String> {
         let mut out = Vec::with_capacity(MAGIC.len() + 4 + self.body.len() + 64);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&self.status.as_u16().to_be_bytes());
-        let n = u16::try_from(self.headers.len()).unwrap_or(u16::MAX);
+        let n = u16::try_from(self.headers.len())
+            .map_err(|_| format!("{} headers: at most 65535 are stored", self.headers.len()))?;
         out.extend_from_slice(&n.to_be_bytes());
-        for (name, value) in self.headers.iter().take(usize::from(n)) {
+        for (name, value) in &self.headers {
             for part in [name.as_str().as_bytes(), value.as_bytes()] {
-                let len = u16::try_from(part.len()).unwrap_or(u16::MAX);
+                let len = u16::try_from(part.len()).map_err(|_| {
+                    format!(
+                        "header {name}: {} bytes, at most 65535 are stored",
+                        part.len()
+                    )
+                })?;
                 out.extend_from_slice(&len.to_be_bytes());
-                out.extend_from_slice(&part[..usize::from(len)]);
+                out.extend_from_slice(part);
             }
         }
         out.extend_from_slice(&self.body);
-        out
+        Ok(out)
     }
 
     /// Reads what [`StoredResponse::encode`] wrote.
@@ -132,8 +142,15 @@ impl StoredResponse {
     pub(crate) fn into_response(self, replayed: bool) -> Response {
         let mut resp = (self.status, self.body).into_response();
         let h: &mut HeaderMap = resp.headers_mut();
+        // A stored header replaces the framework's default of that name (the body's
+        // `application/octet-stream`); a name stored more than once keeps every value.
+        let mut seen = std::collections::HashSet::new();
         for (name, value) in self.headers {
-            h.append(name, value);
+            if seen.insert(name.clone()) {
+                h.insert(name, value);
+            } else {
+                h.append(name, value);
+            }
         }
         if replayed {
             h.insert(
@@ -160,10 +177,45 @@ mod tests {
                 HeaderName::from_static("x-empty"),
                 HeaderValue::from_static(""),
             );
-        assert_eq!(StoredResponse::decode(&r.encode())?, r);
+        assert_eq!(StoredResponse::decode(&r.encode()?)?, r);
         let empty = StoredResponse::new(StatusCode::NO_CONTENT, Bytes::new());
-        assert_eq!(StoredResponse::decode(&empty.encode())?, empty);
+        assert_eq!(StoredResponse::decode(&empty.encode()?)?, empty);
         Ok(())
+    }
+
+    #[test]
+    fn a_header_too_long_to_store_is_refused_not_cut() -> Result<(), String> {
+        let long = HeaderValue::from_str(&"v".repeat(70_000)).map_err(|e| e.to_string())?;
+        let r = StoredResponse::new(StatusCode::OK, Bytes::new())
+            .header(HeaderName::from_static("x-big"), long);
+        assert!(r.encode().is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_stored_content_type_is_the_only_one_sent_and_repeated_names_all_are() {
+        let resp = StoredResponse::new(StatusCode::OK, &b"{}"[..])
+            .header(
+                axum::http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )
+            .header(
+                HeaderName::from_static("set-cookie"),
+                HeaderValue::from_static("a=1"),
+            )
+            .header(
+                HeaderName::from_static("set-cookie"),
+                HeaderValue::from_static("b=2"),
+            )
+            .into_response(true);
+        let h = resp.headers();
+        let types: Vec<_> = h.get_all(axum::http::header::CONTENT_TYPE).iter().collect();
+        assert_eq!(types, ["application/json"]);
+        assert_eq!(h.get_all("set-cookie").iter().count(), 2);
+        assert_eq!(
+            h.get("idempotent-replayed").map(|v| v.as_bytes()),
+            Some(&b"true"[..])
+        );
     }
 
     #[test]
@@ -173,7 +225,8 @@ mod tests {
                 HeaderName::from_static("etag"),
                 HeaderValue::from_static("\"v1\""),
             )
-            .encode();
+            .encode()
+            .unwrap_or_default();
         for cut in 0..MAGIC.len() + 12 {
             assert!(
                 StoredResponse::decode(&good[..cut]).is_err(),
