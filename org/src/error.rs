@@ -72,6 +72,13 @@ pub enum Error {
         #[source]
         source: idem::BoxError,
     },
+    /// The registry is shutting down (SIGTERM): no org opens in this process any more; the
+    /// client retries on another replica.
+    #[error("org {org}: this process is shutting down")]
+    ShuttingDown {
+        /// The org.
+        org: OrgId,
+    },
     /// The handle was released (shutdown, eviction, explicit release): acquire again.
     #[error("org {org}: handle of round {round} is closed")]
     Closed {
@@ -193,6 +200,7 @@ impl Error {
         match self {
             Error::Fenced { .. }
             | Error::ClaimLost { .. }
+            | Error::ShuttingDown { .. }
             | Error::Closed { .. }
             | Error::WriterGone { .. }
             | Error::Poisoned { .. } => ErrorKind::Reacquire,

@@ -114,6 +114,7 @@ impl Org {
             files: Mutex::new(Some(files)),
             inflight: AtomicUsize::new(0),
             last_used: AtomicU64::new(TICK.fetch_add(1, Ordering::Relaxed)),
+            closed: tokio::sync::watch::channel(false).0,
         });
         tokio::spawn(crate::shipper::run(inner.clone()));
         Ok(Org::from_inner(inner))
@@ -182,6 +183,7 @@ impl Inner {
             // Once per org: the files are taken once.
             metrics::gauge!(crate::metrics::OPEN_ORGS).decrement(1.0);
         }
+        self.closed.send_replace(true);
     }
 }
 

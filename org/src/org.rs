@@ -72,6 +72,8 @@ pub(crate) struct Inner {
     pub(crate) files: Mutex<Option<LocalFiles>>,
     pub(crate) inflight: AtomicUsize,
     pub(crate) last_used: AtomicU64,
+    /// True once the writer is closed and the files discarded (`Inner::close`).
+    pub(crate) closed: tokio::sync::watch::Sender<bool>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -129,8 +131,17 @@ impl Org {
         }
     }
 
+    /// Requests on this handle: queued or running on the writer, or waiting for the ship or
+    /// confirmation that acknowledges them. An org with any is never evicted.
     pub(crate) fn inflight(&self) -> usize {
-        self.inner.inflight.load(Ordering::SeqCst)
+        self.inner.inflight.load(Ordering::SeqCst) + self.inner.acks.lock().waiters.len()
+    }
+
+    /// Waits until this handle's writer is closed and its files discarded: a release in
+    /// progress (an eviction, a shutdown) has published its final ship and Release entry.
+    pub(crate) async fn wait_closed(&self) {
+        let mut closed = self.inner.closed.subscribe();
+        let _ = closed.wait_for(|c| *c).await;
     }
 
     pub(crate) fn last_used(&self) -> u64 {

@@ -83,6 +83,7 @@ impl RegistryBuilder {
                 init: self.init,
                 home: Arc::new(home),
                 orgs: Mutex::new(HashMap::new()),
+                shutting_down: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -103,6 +104,8 @@ struct RegistryInner {
     init: Option<InitFn>,
     home: Arc<crate::local::Home>,
     orgs: Mutex<HashMap<OrgId, Slot>>,
+    /// Set by [`Registry::shutdown`]: no org opens any more.
+    shutting_down: std::sync::atomic::AtomicBool,
 }
 
 /// Progress of [`Registry::prune_all`], reported after each org.
@@ -152,6 +155,9 @@ impl Registry {
     /// snapshot: stop); local file errors.
     pub async fn acquire(&self, id: &OrgId) -> Result<Org, Error> {
         loop {
+            if self.shutting_down() {
+                return Err(Error::ShuttingDown { org: id.clone() });
+            }
             let slot = {
                 let mut orgs = lock(&self.inner.orgs);
                 orgs.entry(id.clone()).or_default().clone()
@@ -181,12 +187,39 @@ impl Registry {
                     return Err(e);
                 }
             };
+            if self.shutting_down() {
+                // A slot `shutdown` drained is released by it; one inserted after the drain
+                // is nobody's but ours.
+                let ours = {
+                    let mut orgs = lock(&self.inner.orgs);
+                    let still = orgs.get(id).is_some_and(|s| Arc::ptr_eq(s, &slot));
+                    if still {
+                        orgs.remove(id);
+                    }
+                    still
+                };
+                if ours && let Err(e) = handle.release().await {
+                    tracing::warn!(org = %id, error = %e, "release of an org opened during shutdown failed");
+                }
+                return Err(Error::ShuttingDown { org: id.clone() });
+            }
             if handle.is_serving() {
                 self.evict_beyond_limit(id).await;
                 return Ok(handle);
             }
+            // A release of this org (an eviction) may still be shipping: claiming now would
+            // fence it and fail what it was about to acknowledge. Its Release entry then lets
+            // this claim proceed at once.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(60), handle.wait_closed())
+                .await;
             self.forget(id, &slot);
         }
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// [`Registry::once_with`] with default options.
@@ -301,15 +334,25 @@ impl Registry {
     /// seconds instead of one after another.
     pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
         use futures::StreamExt;
-        let orgs: Vec<Org> = lock(&self.inner.orgs)
-            .drain()
-            .filter_map(|(_, slot)| slot.get().cloned())
-            .collect();
-        futures::stream::iter(orgs)
-            .map(|org| async move { (org.id().clone(), org.release().await) })
+        self.inner
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let slots: Vec<(OrgId, Slot)> = lock(&self.inner.orgs).drain().collect();
+        let released: Vec<Option<(OrgId, Result<(), Error>)>> = futures::stream::iter(slots)
+            .map(|(id, slot)| async move {
+                // An org still opening is waited for (the cell runs one initializer at a
+                // time), then released like the others; a slot nobody opens yields nothing.
+                let org = slot
+                    .get_or_try_init(|| async { Err(Error::ShuttingDown { org: id.clone() }) })
+                    .await
+                    .ok()?
+                    .clone();
+                Some((id, org.release().await))
+            })
             .buffer_unordered(SHUTDOWN_CONCURRENCY)
             .collect()
-            .await
+            .await;
+        released.into_iter().flatten().collect()
     }
 
     /// Removes `slot` from the map if it is still the org's slot and holds no serving writer.
@@ -337,7 +380,7 @@ impl Registry {
     /// Releases the least recently used idle orgs beyond `max_open_orgs`.
     async fn evict_beyond_limit(&self, keep: &OrgId) {
         let victims: Vec<(OrgId, Slot, Org)> = {
-            let mut orgs = lock(&self.inner.orgs);
+            let orgs = lock(&self.inner.orgs);
             let excess = orgs.len().saturating_sub(self.inner.settings.max_open_orgs);
             if excess == 0 {
                 return;
@@ -346,21 +389,21 @@ impl Registry {
                 .iter()
                 .filter(|(id, _)| *id != keep)
                 .filter_map(|(id, s)| s.get().map(|o| (id.clone(), s.clone(), o.clone())))
-                .filter(|(_, _, o)| o.inflight() == 0)
+                .filter(|(_, _, o)| o.is_serving() && o.inflight() == 0)
                 .collect();
             idle.sort_by_key(|(_, _, o)| o.last_used());
             idle.truncate(excess);
-            for (id, _, _) in &idle {
-                orgs.remove(id);
-            }
             idle
         };
-        for (id, _slot, org) in victims {
+        // Victims stay in the map until released: an acquire of one meanwhile finds it
+        // closing and waits for its Release instead of claiming over its final ship.
+        for (id, slot, org) in victims {
             if let Err(e) = org.release().await
                 && e.kind() != ErrorKind::Reacquire
             {
                 tracing::warn!(org = %id, error = %e, "release on eviction failed");
             }
+            self.forget(&id, &slot);
         }
     }
 }
