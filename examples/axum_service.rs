@@ -144,6 +144,17 @@ async fn post_order(
         .await?;
     let status = StatusCode::from_u16(resp.status().as_u16())?;
     let replayed = resp.headers().get("idempotent-replayed").is_some();
+    if status == StatusCode::CREATED {
+        let types: Vec<_> = resp
+            .headers()
+            .get_all(header::CONTENT_TYPE)
+            .iter()
+            .collect();
+        check(
+            types == ["application/json"],
+            "a 201 carries the one Content-Type the handler stored",
+        )?;
+    }
     Ok((status, replayed, resp.text().await?))
 }
 

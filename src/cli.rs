@@ -26,9 +26,11 @@ enum Command {
     Inspect(crate::ops::OrgArgs),
     /// List an org's published positions: full snapshots and the deltas after them.
     Snapshots(crate::ops::OrgArgs),
-    /// Restore an org's newest (or a given) snapshot to a SQLite file.
+    /// Restore an org's newest (or a given) published position — a snapshot plus its
+    /// deltas, verified — to a new SQLite file.
     Restore(crate::ops::RestoreArgs),
-    /// Check checksums and SQLite integrity of every published snapshot; non-zero on a fault.
+    /// Check every published snapshot (checksums, SQLite integrity) and every delta chain
+    /// (replayed against its checksums); non-zero on a fault.
     Verify(crate::ops::VerifyArgs),
     /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
     CheckStore(crate::ops::CheckStoreArgs),

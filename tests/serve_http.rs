@@ -375,6 +375,10 @@ async fn metrics_count_a_known_workload() -> TestResult {
         422
     );
     assert_eq!(post(&http, &srv.url, "acme", None, &body).await?.0, 400);
+    assert_eq!(
+        post(&http, &srv.url, "Acme", Some("m9"), &body).await?.0,
+        400
+    );
 
     let text = http
         .get(format!("{}/metrics", srv.url))
@@ -386,7 +390,7 @@ async fn metrics_count_a_known_workload() -> TestResult {
     assert_eq!(n(r#"idem_requests_total{outcome="applied"}"#)?, 3.0);
     assert_eq!(n(r#"idem_requests_total{outcome="replayed"}"#)?, 2.0);
     assert_eq!(n(r#"idem_requests_total{outcome="mismatch"}"#)?, 1.0);
-    assert_eq!(n(r#"idem_requests_total{outcome="input"}"#)?, 1.0);
+    assert_eq!(n(r#"idem_requests_total{outcome="input"}"#)?, 2.0);
     assert_eq!(n(r#"idem_ack_seconds_count{outcome="applied"}"#)?, 3.0);
     assert_eq!(n("idem_open_orgs")?, 1.0);
     assert!(n("idem_hydrate_seconds_count")? >= 1.0);

@@ -76,6 +76,13 @@ pub fn key_hash(key: &str) -> String {
     format!("{h:016x}")
 }
 
+/// Counts one request answered by `outcome` (see [`REQUESTS`]): for an application's own
+/// answers around the HTTP layer (a bad org id in its path, a body it refuses before the
+/// layer), so the metric covers every request.
+pub fn record_request(outcome: &'static str) {
+    metrics::counter!(REQUESTS, "outcome" => outcome).increment(1);
+}
+
 pub(crate) fn seconds(d: Duration) -> f64 {
     d.as_secs_f64()
 }

@@ -53,17 +53,21 @@ async fn transfer(
     Path(org): Path<String>,
     req: IdempotentRequest,
 ) -> Response {
+    let refuse = |why: String| {
+        idem_org::metrics::record_request("input");
+        json_error(StatusCode::BAD_REQUEST, "input", why)
+    };
     let org = match OrgId::new(&org) {
         Ok(id) => id,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", e.to_string()),
+        Err(e) => return refuse(e.to_string()),
     };
     // Validated before the layer: a malformed transfer is bad input, not a failed attempt.
     let t: Transfer = match serde_json::from_slice(req.body()) {
         Ok(t) => t,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", format!("bad body: {e}")),
+        Err(e) => return refuse(format!("bad body: {e}")),
     };
     if let Err(e) = t.validate() {
-        return json_error(StatusCode::BAD_REQUEST, "input", e);
+        return refuse(e);
     }
     let hold = st.hold.clone();
     st.idem

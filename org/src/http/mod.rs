@@ -188,7 +188,7 @@ impl Idempotency {
 }
 
 fn counted(outcome: &'static str) {
-    metrics::counter!(crate::metrics::REQUESTS, "outcome" => outcome).increment(1);
+    crate::metrics::record_request(outcome);
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
