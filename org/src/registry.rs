@@ -164,7 +164,13 @@ impl Registry {
             };
             let inner = &self.inner;
             let handle = slot
-                .get_or_try_init(|| {
+                .get_or_try_init(|| async {
+                    // Checked again inside the cell, which runs one initializer at a time:
+                    // once `shutdown` has set the flag, an org it may already have passed
+                    // over never opens.
+                    if self.shutting_down() {
+                        return Err(Error::ShuttingDown { org: id.clone() });
+                    }
                     Org::open(
                         crate::open::Opening {
                             replica: inner.replica.clone(),
@@ -177,6 +183,7 @@ impl Registry {
                         },
                         id.clone(),
                     )
+                    .await
                 })
                 .await
                 .cloned();
