@@ -412,3 +412,43 @@ async fn metrics_count_a_known_workload() -> TestResult {
     }
     Ok(())
 }
+
+/// A rolling upgrade's client is told where to go: a replica refused by another's live
+/// lease answers 503 with `Retry-After` of the lease's remaining seconds and the holder's
+/// advertised address.
+#[tokio::test]
+async fn a_held_org_names_its_holder_and_when_its_lease_ends() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store");
+    let a = Server::start_with(
+        &store,
+        &dir.path().join("a"),
+        &["--writer", "a", "--advertise", "http://a.example:8080"],
+        &[],
+    )?;
+    let b = Server::start_with(&store, &dir.path().join("b"), &["--writer", "b"], &[])?;
+    let http = client();
+    let body = json!({"from": "alice", "to": "bob", "cents": 5});
+    assert_eq!(post(&http, &a.url, "acme", Some("k1"), &body).await?.0, 201);
+    let resp = http
+        .post(format!("{}/orgs/acme/transfers", b.url))
+        .header("Idempotency-Key", "k2")
+        .json(&body)
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 503);
+    let wait: u64 = resp
+        .headers()
+        .get("retry-after")
+        .ok_or("no Retry-After")?
+        .to_str()?
+        .parse()?;
+    assert!(
+        (20..=30).contains(&wait),
+        "the lease's remaining seconds, not 1: {wait}"
+    );
+    let err: Value = resp.json().await?;
+    assert_eq!(err["holder"], "http://a.example:8080", "{err}");
+    assert_eq!(err["kind"], "retry");
+    Ok(())
+}

@@ -245,6 +245,19 @@ impl Error {
         Some(std::time::Duration::from_millis(ms))
     }
 
+    /// Where the writer holding the org's lease says its clients reach it, when this error
+    /// is that lease and the holder advertised an address (`idem_replica::Settings::advertise`):
+    /// a client can retry there instead of waiting.
+    pub fn holder_addr(&self) -> Option<&str> {
+        match self {
+            Error::Replica { source, .. } => match &**source {
+                idem_replica::Error::LeaseHeld { holder_addr, .. } => holder_addr.as_deref(),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
     /// True when retrying the request as is (same key, same handle) may succeed.
     pub fn is_retryable(&self) -> bool {
         self.kind() == ErrorKind::Retry

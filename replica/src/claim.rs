@@ -196,6 +196,7 @@ impl Replica {
                         org: org.to_string(),
                         holder: lease.writer,
                         expires_at_ms: lease.expires_at_ms,
+                        holder_addr: lease.addr,
                     });
                 }
             }
@@ -240,6 +241,7 @@ impl Replica {
                 expires_at_ms: now + self.inner.settings.lease_ms,
                 instance: self.inner.instance.clone(),
                 home: home.clone(),
+                addr: self.inner.settings.advertise.clone(),
             };
             self.put_lease(org, &lease).await;
             info!(%org, round, seq, writer, "claimed");

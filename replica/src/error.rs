@@ -100,6 +100,8 @@ pub enum Error {
         holder: String,
         /// Lease expiry, ms since the Unix epoch.
         expires_at_ms: u64,
+        /// Where the holder's clients reach it, if it advertised an address.
+        holder_addr: Option<String>,
     },
     /// Every claim attempt collided with a concurrent claimer.
     #[error("org {org}: claim lost the race {attempts} times")]
@@ -409,6 +411,7 @@ mod message_tests {
             org: "acme".into(),
             holder: "w".into(),
             expires_at_ms: 1_764_547_200_123,
+            holder_addr: None,
         };
         assert_eq!(
             e.to_string(),

@@ -26,10 +26,13 @@ pub struct Lease {
     /// ([`crate::Replica::claim_from`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<String>,
+    /// Where the holder's clients reach it ([`crate::Settings::advertise`]), if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
 }
 
 /// `lease.json` on the wire: `{"v":1,"writer":…,"round":…,"expires_at_ms":…,"instance":…}`
-/// (`home` only when set), in this order.
+/// (`home` and `addr` only when set), in this order.
 #[derive(Serialize, Deserialize)]
 struct LeaseWire {
     v: u64,
@@ -86,6 +89,7 @@ impl Replica {
                 expires_at_ms: now + self.inner.settings.lease_ms,
                 instance: self.inner.instance.clone(),
                 home: claim.home.clone(),
+                addr: self.inner.settings.advertise.clone(),
             };
             if self.put_lease(claim.org(), &lease).await {
                 claim.lease_renewed_ms = now;

@@ -14,6 +14,11 @@ pub struct Settings {
     pub zstd_level: i32,
     /// How many log entries are fetched concurrently when reading history.
     pub read_concurrency: usize,
+    /// Where clients reach this process (for example `http://10.0.0.7:8080`), written into
+    /// the leases it holds: a replica refused by one of them names it to its client, which
+    /// retries there instead of waiting. `None`: not advertised.
+    #[serde(default)]
+    pub advertise: Option<String>,
 }
 
 impl Default for Settings {
@@ -23,6 +28,7 @@ impl Default for Settings {
             claim_retries: 8,
             zstd_level: 3,
             read_concurrency: 16,
+            advertise: None,
         }
     }
 }

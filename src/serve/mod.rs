@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// orgs of a writer that died without releasing them (SIGTERM releases at once).
     #[arg(long, default_value_t = 30_000)]
     lease_ms: u64,
+    /// Where clients reach this server (e.g. http://10.0.0.7:8080), written into the leases
+    /// it holds: another replica refused by one of its orgs answers 503 naming it as
+    /// `"holder"`, so a client retries there instead of waiting.
+    #[arg(long)]
+    advertise: Option<String>,
     /// Claim orgs even when another writer's lease is live, fencing that writer (operator
     /// override, e.g. when a host is known dead).
     #[arg(long)]
@@ -99,6 +104,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     let store = crate::store::parse(&a.store)?;
     let settings = replica::Settings {
         lease_ms: a.lease_ms,
+        advertise: a.advertise.clone(),
         ..replica::Settings::default()
     };
     let replica = store.open(settings).await?;

@@ -8,7 +8,7 @@
 //! | the handler failed otherwise, panicked, or its response is too large to store | 500 | `handler_failed` |
 //! | every attempt the key allows failed | 422 | `attempts_exhausted` |
 //! | other rejections (an effect in the wrong state) | 409 | `rejected` |
-//! | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After: 1` | `retry` |
+//! | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After: 1` (a held lease: its remaining seconds, and `"holder": <its address>` when advertised) | `retry` |
 //! | `Reacquire`: fenced by a newer round | 503 + `Retry-After: 1` | `fenced` |
 //! | `Reacquire`: closed, claim lost, poisoned (the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
 //! | `Input` (bad key, bad org id) | 400 | `input` |
@@ -73,7 +73,18 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
 /// 503 for an org another writer's lease holds says when to retry (`Retry-After`: the lease's
 /// remaining seconds, rounded up).
 pub fn error_response(e: &Error) -> Response {
-    let mut resp = table_response(e);
+    if let Some(addr) = e.holder_addr() {
+        let body = serde_json::json!({ "error": chain(e), "kind": "retry", "holder": addr });
+        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return with_retry_after(resp, e);
+    }
+    with_retry_after(table_response(e), e)
+}
+
+/// Sets `Retry-After` to the held lease's remaining seconds, when the error knows them.
+fn with_retry_after(mut resp: Response, e: &Error) -> Response {
     if let Some(wait) = e.retry_after()
         && resp.status() == StatusCode::SERVICE_UNAVAILABLE
     {
@@ -330,6 +341,7 @@ mod tests {
                 org: "acme".into(),
                 holder: "replica-a".into(),
                 expires_at_ms,
+                holder_addr: None,
             }),
         };
         let (status, retry, kind) = answer(held(now + 29_500))?;
