@@ -75,9 +75,8 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
 pub fn error_response(e: &Error) -> Response {
     if let Some(addr) = e.holder_addr() {
         let body = serde_json::json!({ "error": chain(e), "kind": "retry", "holder": addr });
-        let mut resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        // A held lease always knows its end: `with_retry_after` sets the header.
+        let resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
         return with_retry_after(resp, e);
     }
     with_retry_after(table_response(e), e)
@@ -335,8 +334,9 @@ mod tests {
     #[test]
     fn a_held_lease_says_when_to_retry() -> Result<(), Box<dyn std::error::Error>> {
         let now = idem::system_time_ms(std::time::SystemTime::now());
+        let acme = OrgId::new("acme")?;
         let held = |expires_at_ms| Error::Replica {
-            org: OrgId::new("acme").unwrap_or_else(|_| unreachable!()),
+            org: acme.clone(),
             source: Box::new(idem_replica::Error::LeaseHeld {
                 org: "acme".into(),
                 holder: "replica-a".into(),
