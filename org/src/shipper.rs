@@ -1,6 +1,7 @@
 //! The org's shipping task: ships whenever some request waits for an unshipped commit,
-//! confirms when replays and reads wait for a check that no successor appended, keeps an
-//! idle org's lease alive, and ends the org when it is fenced or poisoned.
+//! confirms when replays and reads wait for a check that no successor appended, and ends the
+//! org when it is fenced or poisoned. An idle org's task waits and issues no store request:
+//! the process lease keeps its claim alive (I14).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -84,29 +85,6 @@ async fn confirm_once(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error>
     }
 }
 
-/// Renews an idle org's lease; false when the org turned out fenced (and is now discarded).
-async fn keep_lease(inner: &Arc<Inner>) -> bool {
-    let kept = {
-        let mut shipper = inner.shipper.lock().await;
-        if inner.acks.lock().stop.is_some() {
-            return false;
-        }
-        shipper.keep_alive().await
-    };
-    match kept {
-        Ok(()) => true,
-        Err(e) if e.is_claim_lost() => {
-            inner.acks.lose_claim(&e);
-            inner.close().await;
-            false
-        }
-        Err(e) => {
-            tracing::warn!(org = %inner.acks.org, round = inner.acks.round, error = %e, "lease renewal failed");
-            true
-        }
-    }
-}
-
 /// The org's shipper task; returns when the org stops.
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut ships_since_retain = 0u64;
@@ -118,15 +96,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             if inner.acks.has_demand() {
                 break;
             }
-            let keep_alive = Duration::from_millis((inner.replica.settings().lease_ms / 3).max(1));
-            tokio::select! {
-                () = inner.acks.demand.notified() => {}
-                () = tokio::time::sleep(keep_alive) => {
-                    if !keep_lease(&inner).await {
-                        return;
-                    }
-                }
-            }
+            inner.acks.demand.notified().await;
         }
         let (shipped, full) = {
             let mut shipper = inner.shipper.lock().await;

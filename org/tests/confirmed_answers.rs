@@ -16,7 +16,6 @@ use common::{BoxErr, R, effect, force, registry, replica};
 use idem::Options;
 use idem_org::{Error, ErrorKind, Registry, Settings};
 use idem_replica::fault::{Fault, FaultStore, Op};
-use idem_replica::{ManualClock, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
@@ -168,46 +167,6 @@ async fn a_refusal_is_not_answered_before_the_conflicting_commit_is_published() 
     let e = second.await.err().ok_or("`b` acknowledged")?;
     assert_eq!(e.kind(), ErrorKind::Rejected, "{e}");
     probe.await??;
-    a.shutdown().await;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_writer_serving_only_replays_keeps_its_lease() -> R {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let open = |clock: Arc<ManualClock>| {
-        let store = store.clone();
-        async move {
-            Replica::open_with(store, "t", idem_replica::Settings::default(), clock, None).await
-        }
-    };
-    let lease = idem_replica::Settings::default().lease_ms;
-    let a = registry(
-        &dir.path().join("a"),
-        open(clock.clone()).await?,
-        "A",
-        Settings::default(),
-    )?;
-    let org = a.acquire(&idem_replica::OrgId::new("o")?).await?;
-    org.once("k", effect("o", "k")).await?;
-    for _ in 0..4 {
-        clock.advance(lease * 3 / 5);
-        assert!(!org.once("k", effect("o", "k")).await?.applied);
-    }
-    // Well past the term of the lease the first ship wrote: a replay renewed it.
-    let b = registry(
-        &dir.path().join("b"),
-        open(clock.clone()).await?,
-        "B",
-        Settings::default(),
-    )?;
-    match b.acquire(&idem_replica::OrgId::new("o")?).await {
-        Err(e) if format!("{e:?}").contains("LeaseHeld") => {}
-        other => return Err(format!("an active writer's org was claimed: {other:?}").into()),
-    }
-    assert!(org.is_serving());
     a.shutdown().await;
     Ok(())
 }

@@ -1,5 +1,11 @@
-//! An idle writer keeps its advisory lease: without traffic (so without ships) its lease is
-//! renewed, so a second writer cannot claim the org without `force` and fence a live writer.
+//! Liveness is the process's (I14): one process lease, renewed on a timer, keeps every claim
+//! of a live writer, idle or busy, so a second writer cannot claim without `force`; an idle
+//! org issues no store request at all; a process paused past its lease loses its orgs to a
+//! successor and, resumed, acknowledges nothing more (I7).
+//!
+//! Paused runtime time and a manual replica clock advance together, so lease expiry and the
+//! renewal timer are deterministic; a "paused process" is the manual clock advancing while
+//! runtime time (the renewal timer) does not.
 
 mod common;
 
@@ -7,41 +13,129 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, effect, registry};
-use idem_org::{ErrorKind, Settings};
-use idem_replica::{ManualClock, Replica};
+use idem_org::{ErrorKind, Registry, Settings};
+use idem_replica::{ManualClock, OrgId, Replica};
+use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
-// Paused runtime time and a manual replica clock advance together, so lease expiry and the
-// keep-alive timer are deterministic.
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn an_idle_writer_keeps_its_lease_and_is_not_claimed_away() -> R {
-    let dir = tempfile::tempdir()?;
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let store = Arc::new(InMemory::new());
-    let settings = idem_replica::Settings {
-        lease_ms: 1_000,
+const LEASE_MS: u64 = 1_000;
+
+fn settings() -> idem_replica::Settings {
+    idem_replica::Settings {
+        lease_ms: LEASE_MS,
         ..idem_replica::Settings::default()
-    };
-    let ra = Replica::open_with(store.clone(), "t", settings.clone(), clock.clone(), None).await?;
-    let a = registry(&dir.path().join("a"), ra, "A", Settings::default())?;
-    let org = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
-    for _ in 0..30 {
+    }
+}
+
+async fn open(
+    store: &Arc<dyn ObjectStore>,
+    clock: &Arc<ManualClock>,
+    data: &std::path::Path,
+    writer: &str,
+) -> Result<(Replica, Registry), common::BoxErr> {
+    let replica = Replica::open_with(store.clone(), "t", settings(), clock.clone(), None).await?;
+    let registry = registry(data, replica.clone(), writer, Settings::default())?;
+    Ok((replica, registry))
+}
+
+/// Advances the replica clock and runtime time together by `ms`, in steps of 100 ms, letting
+/// timers that fall due run.
+async fn live_for(clock: &ManualClock, ms: u64) {
+    for _ in 0..ms / 100 {
         clock.advance(100);
         tokio::time::advance(Duration::from_millis(100)).await;
         for _ in 0..5 {
             tokio::task::yield_now().await;
         }
     }
-    let rb = Replica::open_with(store, "t", settings, clock.clone(), None).await?;
-    let b = registry(&dir.path().join("b"), rb, "B", Settings::default())?;
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_idle_writer_keeps_its_lease_and_is_not_claimed_away() -> R {
+    let dir = tempfile::tempdir()?;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (_, a) = open(&store, &clock, &dir.path().join("a"), "A").await?;
+    let org = a.acquire(&OrgId::new("acme")?).await?;
+    live_for(&clock, 3 * LEASE_MS).await;
+    let (_, b) = open(&store, &clock, &dir.path().join("b"), "B").await?;
     let err = b
-        .acquire(&idem_replica::OrgId::new("acme")?)
+        .acquire(&OrgId::new("acme")?)
         .await
         .err()
         .ok_or("B claimed the org of a live, idle writer after three lease lengths")?;
     assert_eq!(err.kind(), ErrorKind::Retry, "{err:?}");
     assert!(org.is_serving());
     assert!(org.once("k", effect("acme", "k")).await?.applied);
+    a.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn idle_orgs_issue_no_store_requests_only_the_process_lease_is_renewed() -> R {
+    let dir = tempfile::tempdir()?;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (replica, a) = open(&store, &clock, &dir.path().join("a"), "A").await?;
+    let mut orgs = Vec::new();
+    for i in 0..100 {
+        let id = format!("org-{i}");
+        let org = a.acquire(&OrgId::new(&id)?).await?;
+        assert!(org.once("k", effect(&id, "k")).await?.applied);
+        orgs.push(org);
+    }
+    let before = replica.store_requests();
+    // One idle minute: 60 s / (lease / 3) renewals of the one process lease.
+    live_for(&clock, 60_000).await;
+    let idle = replica.store_requests();
+    let renewals = 60_000 / (LEASE_MS / 3);
+    assert_eq!(idle.put - before.put, renewals, "{before:?} -> {idle:?}");
+    assert_eq!(
+        idle.total() - before.total(),
+        idle.put - before.put,
+        "an idle org read or listed something: {before:?} -> {idle:?}"
+    );
+    // Every org is still held: its claim is alive through the process lease.
+    let (_, b) = open(&store, &clock, &dir.path().join("b"), "B").await?;
+    for i in [0, 57, 99] {
+        let err = b
+            .acquire(&OrgId::new(&format!("org-{i}"))?)
+            .await
+            .err()
+            .ok_or("an idle org of a live process was claimed")?;
+        assert_eq!(err.kind(), ErrorKind::Retry, "{err:?}");
+    }
+    for org in &orgs {
+        assert!(org.is_serving());
+    }
+    a.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_process_paused_past_its_lease_loses_its_orgs_and_acknowledges_nothing_more() -> R {
+    let dir = tempfile::tempdir()?;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (_, a) = open(&store, &clock, &dir.path().join("a"), "A").await?;
+    let acme = OrgId::new("acme")?;
+    let org = a.acquire(&acme).await?;
+    assert!(org.once("k1", effect("acme", "k1")).await?.applied);
+    // A is paused: wall time passes, its renewal timer does not run.
+    clock.advance(2 * LEASE_MS);
+    let (_, b) = open(&store, &clock, &dir.path().join("b"), "B").await?;
+    let successor = b.acquire(&acme).await?;
+    assert!(!successor.once("k1", effect("acme", "k1")).await?.applied);
+    // A resumes: a new request's ship is fenced, a replay's confirmation too.
+    let err = org
+        .once("k2", effect("acme", "k2"))
+        .await
+        .err()
+        .ok_or("a fenced writer acknowledged a first run")?;
+    assert_eq!(err.kind(), ErrorKind::Reacquire, "{err:?}");
+    assert!(org.once("k1", effect("acme", "k1")).await.is_err());
+    assert!(successor.once("k2", effect("acme", "k2")).await?.applied);
+    b.shutdown().await;
     a.shutdown().await;
     Ok(())
 }

@@ -59,10 +59,6 @@ pub struct Claim {
     seq: u64,
     /// The log position the next ship or release publishes at.
     pub(crate) next_seq: u64,
-    /// When the lease was last written, ms since the Unix epoch.
-    pub(crate) lease_renewed_ms: u64,
-    /// The home written into this claim's leases.
-    pub(crate) home: Option<String>,
     /// Why the claim can no longer publish, once it cannot.
     pub(crate) unusable: Option<&'static str>,
     /// The newest snapshot or delta published under this claim.
@@ -191,13 +187,16 @@ impl Replica {
                         || home.is_some_and(|(id, locked)| {
                             locked && lease.home.as_deref() == Some(id)
                         }));
-                if !ours && lease.expires_at_ms > now && !released && lease.round >= max_round {
-                    return Err(Error::LeaseHeld {
-                        org: org.to_string(),
-                        holder: lease.writer,
-                        expires_at_ms: lease.expires_at_ms,
-                        holder_addr: lease.addr,
-                    });
+                if !ours && !released && lease.round >= max_round {
+                    let expires_at_ms = self.lease_expiry(&lease).await?;
+                    if expires_at_ms > now {
+                        return Err(Error::LeaseHeld {
+                            org: org.to_string(),
+                            holder: lease.writer,
+                            expires_at_ms,
+                            holder_addr: lease.addr,
+                        });
+                    }
                 }
             }
             self.failpoint(FailPoint::ClaimBeforePublish, org).await?;
@@ -235,13 +234,16 @@ impl Replica {
             let home = home
                 .filter(|(_, locked)| *locked)
                 .map(|(id, _)| id.to_owned());
+            // The org lease points to the process lease, which must exist first.
+            self.ensure_process_lease().await;
             let lease = Lease {
                 writer: writer.to_owned(),
                 round,
                 expires_at_ms: now + self.inner.settings.lease_ms,
                 instance: self.inner.instance.clone(),
-                home: home.clone(),
+                home,
                 addr: self.inner.settings.advertise.clone(),
+                process: true,
             };
             self.put_lease(org, &lease).await;
             info!(%org, round, seq, writer, "claimed");
@@ -252,8 +254,6 @@ impl Replica {
                 nonce,
                 seq,
                 next_seq: seq + 1,
-                lease_renewed_ms: now,
-                home,
                 unusable: None,
                 tip: None,
                 snapshot_tip: None,
@@ -326,30 +326,11 @@ impl Replica {
         }
     }
 
-    /// Keeps an idle writer's advisory lease alive. Once more than half of `lease_ms` has
-    /// elapsed since the last renewal, confirms that no successor appended to the log since
-    /// this claim's last entry, then renews `lease.json`. Ships renew the lease themselves;
-    /// this is for orgs without traffic, so a live writer's lease does not lapse while it idles
-    /// (which would let another writer claim without `force` and fence it on its next ship).
-    ///
-    /// # Errors
-    /// [`Error::Fenced`] when a successor appended (the claim becomes unusable, I7);
-    /// [`Error::ClaimUnusable`]; [`Error::Store`] when the log cannot be listed.
-    pub async fn keep_alive(&self, claim: &mut Claim) -> Result<(), Error> {
-        claim.usable()?;
-        let now = self.inner.clock.now_ms();
-        if now.saturating_sub(claim.lease_renewed_ms) * 2 <= self.inner.settings.lease_ms {
-            return Ok(());
-        }
-        // Confirming renews the lease.
-        self.confirm(claim).await
-    }
-
     /// Confirms that this claim still owns the org: no entry was appended to the log after
     /// the claim's last entry (one LIST). A writer answers a replay or a read only after a
     /// ship or a confirmation that started after the request arrived, so a fenced writer never
-    /// acknowledges from its local file (I6, I7). Renews the advisory lease once past half
-    /// its term, as a ship does, so a writer serving only replays keeps its org.
+    /// acknowledges from its local file (I6, I7). Costs one LIST and writes nothing: liveness
+    /// is the process lease's job.
     ///
     /// # Errors
     /// [`Error::Fenced`] when a successor appended (the claim becomes unusable);
@@ -357,10 +338,7 @@ impl Replica {
     pub async fn confirm(&self, claim: &mut Claim) -> Result<(), Error> {
         claim.usable()?;
         let last = claim.next_seq.saturating_sub(1);
-        self.check_no_successor(claim, last).await?;
-        // A writer that only answers replays and reads is active: it must not look dead.
-        self.renew_lease(claim).await;
-        Ok(())
+        self.check_no_successor(claim, last).await
     }
 
     /// After our create at `seq`, anything above it means a successor owns the org (I11):

@@ -4,7 +4,8 @@
 //! <prefix>/orgs/<org>/log/<seq:020>.json                    create-only history
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  immutable snapshot blobs
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.delta.zst  immutable delta blobs
-//! <prefix>/orgs/<org>/lease.json                            advisory lease
+//! <prefix>/orgs/<org>/lease.json                            advisory lease of the org's claim
+//! <prefix>/processes/<instance>.json                        a writer process's lease
 //! ```
 
 use object_store::path::Path;
@@ -52,6 +53,10 @@ impl Layout {
     }
     pub(crate) fn lease(&self, org: &OrgId) -> Path {
         self.join(&format!("orgs/{org}/lease.json"))
+    }
+    /// `instance` must pass `lease::valid_instance` (one path segment, I12).
+    pub(crate) fn process(&self, instance: &str) -> Path {
+        self.join(&format!("processes/{instance}.json"))
     }
 }
 

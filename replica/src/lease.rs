@@ -1,13 +1,21 @@
-//! The advisory lease in `orgs/<org>/lease.json`: liveness only, never fencing (the log
-//! fences, I7). A claim respects another writer's live lease unless forced; a writer renews
-//! its lease once past half its term, by a ship or a confirmation.
+//! Advisory leases: liveness only, never fencing (the log fences, I7).
+//!
+//! Liveness belongs to the process, not to each org (I14): a writer process keeps one
+//! object, `processes/<instance>.json`, renewed on a timer every `lease_ms / 3`; each claim
+//! writes `orgs/<org>/lease.json` once, pointing to it (`process: true`). An idle org
+//! therefore issues no store request at all, whatever the number of orgs. A claim respects
+//! another writer's lease while the org lease's own term or its process lease is live,
+//! unless forced.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::log::entry::ENTRY_VERSION;
-use crate::{Claim, Error, OrgId, Replica};
+use crate::{Error, OrgId, Replica};
 
 /// The advisory lease of an org (liveness only; fencing is the log's job).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +37,44 @@ pub struct Lease {
     /// Where the holder's clients reach it ([`crate::Settings::advertise`]), if it said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
+    /// True when the holder's liveness is its process lease
+    /// (`processes/<instance>.json`, see [`ProcessLease`]): the lease is live while either
+    /// `expires_at_ms` or that process lease's expiry is in the future. False in leases of
+    /// older versions, which their holders renewed per org.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub process: bool,
+}
+
+/// A writer process's lease, `processes/<instance>.json`: renewed every `lease_ms / 3` by a
+/// task of the [`crate::Replica`] that claimed through it, for as long as that handle lives.
+/// Every org lease with `process: true` and this instance is live while it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessLease {
+    /// The process instance (random per [`crate::Replica`] opened, 32 hex digits).
+    pub instance: String,
+    /// Expiry, ms since the Unix epoch.
+    pub expires_at_ms: u64,
+    /// Where the process's clients reach it, if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+}
+
+/// `processes/<instance>.json` on the wire: `{"v":1,"instance":…,"expires_at_ms":…}`
+/// (`addr` only when set).
+#[derive(Serialize, Deserialize)]
+struct ProcessWire {
+    v: u64,
+    #[serde(flatten)]
+    lease: ProcessLease,
+}
+
+/// True for an instance id this crate could have made: 32 lower-case hex digits. An
+/// instance read from a lease is a path segment only after this check (I12).
+pub(crate) fn valid_instance(instance: &str) -> bool {
+    instance.len() == 32
+        && instance
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// `lease.json` on the wire: `{"v":1,"writer":…,"round":…,"expires_at_ms":…,"instance":…}`
@@ -78,22 +124,109 @@ impl Replica {
         }
     }
 
-    /// Renews `claim`'s lease once more than half of `lease_ms` has passed since its last
-    /// renewal; a failed write is logged and tried again next time.
-    pub(crate) async fn renew_lease(&self, claim: &mut Claim) {
+    /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
+    /// and taken as absent (liveness unknown: fencing still protects, I7).
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn process_lease(&self, instance: &str) -> Result<Option<ProcessLease>, Error> {
+        if !valid_instance(instance) {
+            return Ok(None);
+        }
+        let path = self.inner.layout.process(instance);
+        let Some(bytes) = self.get_bytes(&path).await? else {
+            return Ok(None);
+        };
+        match serde_json::from_slice::<ProcessWire>(&bytes) {
+            Ok(w) if w.v == ENTRY_VERSION && w.lease.instance == instance => Ok(Some(w.lease)),
+            Ok(w) => {
+                warn!(%path, v = w.v, "process lease of another version or instance: ignored");
+                Ok(None)
+            }
+            Err(e) => {
+                warn!(%path, error = %e, "unreadable process lease: ignored");
+                Ok(None)
+            }
+        }
+    }
+
+    /// When `lease` stops holding its org, ms since the Unix epoch: its own term, or, for a
+    /// lease whose liveness is its process's, that process lease's expiry when later. Reads
+    /// the process lease only once the org lease's own term has passed.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn lease_expiry(&self, lease: &Lease) -> Result<u64, Error> {
         let now = self.inner.clock.now_ms();
-        if now.saturating_sub(claim.lease_renewed_ms) * 2 > self.inner.settings.lease_ms {
-            let lease = Lease {
-                writer: claim.writer().to_owned(),
-                round: claim.round(),
-                expires_at_ms: now + self.inner.settings.lease_ms,
-                instance: self.inner.instance.clone(),
-                home: claim.home.clone(),
-                addr: self.inner.settings.advertise.clone(),
-            };
-            if self.put_lease(claim.org(), &lease).await {
-                claim.lease_renewed_ms = now;
+        if !lease.process || lease.expires_at_ms > now {
+            return Ok(lease.expires_at_ms);
+        }
+        Ok(match self.process_lease(&lease.instance).await? {
+            Some(p) => p.expires_at_ms.max(lease.expires_at_ms),
+            None => lease.expires_at_ms,
+        })
+    }
+
+    /// Makes sure this process's lease exists before a claim points to it: written once, then
+    /// renewed by a task every `lease_ms / 3` while this handle (any clone) lives. A failed
+    /// first write is logged and tried again at the next claim; the org lease's own term
+    /// still covers the claim meanwhile.
+    pub(crate) async fn ensure_process_lease(&self) {
+        let started = self
+            .inner
+            .process_lease
+            .get_or_try_init(|| async {
+                if !self.put_process_lease().await {
+                    return Err(());
+                }
+                let weak = Arc::downgrade(&self.inner);
+                let every = Duration::from_millis((self.inner.settings.lease_ms / 3).max(1));
+                tokio::spawn(async move {
+                    // A fixed schedule (not a sleep after each write) so a slow write does
+                    // not stretch the period; missed ticks are not made up in a burst.
+                    let mut ticks =
+                        tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    loop {
+                        ticks.tick().await;
+                        let Some(inner) = weak.upgrade() else {
+                            return;
+                        };
+                        Replica { inner }.put_process_lease().await;
+                    }
+                });
+                Ok(())
+            })
+            .await;
+        if started.is_err() {
+            warn!(instance = %self.inner.instance, "process lease not written yet");
+        }
+    }
+
+    /// Writes this process's lease for another `lease_ms`; false (logged) when the write
+    /// fails.
+    async fn put_process_lease(&self) -> bool {
+        let lease = ProcessLease {
+            instance: self.inner.instance.clone(),
+            expires_at_ms: self.inner.clock.now_ms() + self.inner.settings.lease_ms,
+            addr: self.inner.settings.advertise.clone(),
+        };
+        let path = self.inner.layout.process(&lease.instance);
+        let body = match serde_json::to_vec(&ProcessWire {
+            v: ENTRY_VERSION,
+            lease,
+        }) {
+            Ok(b) => b,
+            Err(_) => return false,
+        };
+        match self.inner.store.put(&path, PutPayload::from(body)).await {
+            Ok(_) => {
                 metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
+                true
+            }
+            Err(e) => {
+                warn!(%path, error = %e, "could not write the process lease");
+                false
             }
         }
     }

@@ -97,7 +97,7 @@ pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use hydrate::{Hydrated, RestoreProgress};
-pub use lease::Lease;
+pub use lease::{Lease, ProcessLease};
 pub use log::entry::{DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, LogEntry, Stored};
 pub use org_id::OrgId;
 pub use replica::Replica;

@@ -31,6 +31,8 @@ pub(crate) struct Inner {
     pub(crate) instance: String,
     /// Opened with [`Replica::open_read_only`]: claims and retention are refused.
     pub(crate) read_only: bool,
+    /// Set once this process's lease was first written and its renewal task started.
+    pub(crate) process_lease: tokio::sync::OnceCell<()>,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -136,6 +138,7 @@ impl Replica {
                 failpoints,
                 instance: new_nonce()?,
                 read_only: false,
+                process_lease: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -163,6 +166,7 @@ impl Replica {
                 failpoints: None,
                 instance: new_nonce()?,
                 read_only: true,
+                process_lease: tokio::sync::OnceCell::new(),
             }),
         })
     }

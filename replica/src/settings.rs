@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Settings {
-    /// Advisory lease length in ms written to `lease.json` at claim and renewed by ships.
+    /// Advisory lease length in ms: the term of an org lease written at claim, and of this
+    /// process's lease, which a timer renews every `lease_ms / 3` (360 PUTs an hour at the
+    /// default 30 000, whatever the number of orgs).
     pub lease_ms: u64,
     /// How many times `claim` re-reads the log and retries after losing a race.
     pub claim_retries: u32,

@@ -4,7 +4,6 @@
 //! pack (sha256 + zstd, blocking pool) -> put blob (unique name)
 //!   -> create log/<next> (create-only; settled by re-reading, see `log`)
 //!   -> list above it: anything there is a successor (Fenced)
-//!   -> renew the lease once past half its term
 //! ```
 
 use std::sync::Arc;
@@ -240,7 +239,6 @@ impl Replica {
         self.publish_for_claim(claim, &entry).await?;
         self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
         self.check_no_successor(claim, seq).await?;
-        self.renew_lease(claim).await;
         info!(%org, round = claim.round(), seq, kind = entry.kind_name(), bytes = packed.bytes,
               compressed_bytes, elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
         Ok(Shipped {

@@ -141,7 +141,6 @@ impl Shipper {
     /// Confirms, without shipping, that no successor appended to the log since this claim's
     /// last entry and that the files are still the writer's own, unchanged since its last
     /// checkpoint (I7, I13): what an answer that ships nothing (a replay, a read) waits for.
-    /// Renews the advisory lease past half its term.
     ///
     /// # Errors
     /// [`Error::FilesChanged`]; [`Error::Fenced`]; store errors (retry).
@@ -150,14 +149,6 @@ impl Shipper {
         self.files
             .check_unchanged()
             .map_err(|f| self.files_changed(&f))
-    }
-
-    /// Renews the advisory lease of an idle claim after checking it is not fenced.
-    ///
-    /// # Errors
-    /// As [`Replica::keep_alive`].
-    pub async fn keep_alive(&mut self) -> Result<(), Error> {
-        self.replica.keep_alive(&mut self.claim).await
     }
 
     /// Publishes the claim's Release entry, so a successor claims at once.

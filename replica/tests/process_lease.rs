@@ -1,0 +1,112 @@
+//! The process lease (I14): one object per writer process, renewed on a timer, keeps every
+//! claim of that process alive without a store request per org; a successor's decision to
+//! wait or claim reads it. Paused runtime time and a manual clock advance together.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_replica::{Error, ManualClock, OrgId, Replica, Settings};
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const LEASE_MS: u64 = 3_000;
+
+async fn open(
+    store: &Arc<dyn ObjectStore>,
+    clock: &Arc<ManualClock>,
+    advertise: Option<&str>,
+) -> Result<Replica, Error> {
+    let settings = Settings {
+        lease_ms: LEASE_MS,
+        advertise: advertise.map(str::to_owned),
+        ..Settings::default()
+    };
+    Replica::open_with(store.clone(), "t", settings, clock.clone(), None).await
+}
+
+async fn live_for(clock: &ManualClock, ms: u64) {
+    for _ in 0..ms / 100 {
+        clock.advance(100);
+        tokio::time::advance(Duration::from_millis(100)).await;
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_live_process_holds_its_claims_and_a_dead_one_lets_them_go() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = open(&store, &clock, Some("http://a:8080")).await?;
+    let acme = OrgId::new("acme")?;
+    let claim = a.claim(&acme, "a", false).await?;
+    let lease = a.lease(&acme).await?.ok_or("no org lease")?;
+    assert!(lease.process, "{lease:?}");
+    // Five lease lengths later the org lease's own term is long over; the process lease is not.
+    live_for(&clock, 5 * LEASE_MS).await;
+    let b = open(&store, &clock, None).await?;
+    match b.claim(&acme, "b", false).await {
+        Err(Error::LeaseHeld {
+            holder,
+            expires_at_ms,
+            holder_addr,
+            ..
+        }) => {
+            assert_eq!(holder, "a");
+            assert!(expires_at_ms > 1_000_000 + 5 * LEASE_MS, "{expires_at_ms}");
+            assert_eq!(holder_addr.as_deref(), Some("http://a:8080"));
+        }
+        other => return Err(format!("a live process's claim was taken: {other:?}").into()),
+    }
+    // The process ends (its handle and renewal task go); one lease length later B claims.
+    drop(claim);
+    drop(a);
+    live_for(&clock, LEASE_MS + 100).await;
+    let taken = b.claim(&acme, "b", false).await?;
+    assert_eq!(taken.round(), 2);
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_crafted_or_unreadable_process_lease_is_no_proof_of_life() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let r = open(&store, &clock, None).await?;
+    let acme = OrgId::new("acme")?;
+    // An org lease, past its own term, naming an instance that is not one (a path outside).
+    let crafted = r#"{"v":1,"writer":"x","round":1,"expires_at_ms":5,"instance":"../../orgs/acme/log","process":true}"#;
+    store
+        .put(
+            &Path::from("t/orgs/acme/lease.json"),
+            PutPayload::from(crafted),
+        )
+        .await?;
+    assert_eq!(r.process_lease("../../orgs/acme/log").await?, None);
+    let c = r.claim(&acme, "w", false).await?;
+    assert_eq!(c.round(), 1);
+    // A garbled process lease behind a valid instance reads as absent, not as live.
+    let instance = "0123456789abcdef0123456789abcdef";
+    store
+        .put(
+            &Path::from(format!("t/processes/{instance}.json")),
+            PutPayload::from_static(b"{not json"),
+        )
+        .await?;
+    assert_eq!(r.process_lease(instance).await?, None);
+    let beta = OrgId::new("beta")?;
+    let lease = format!(
+        r#"{{"v":1,"writer":"x","round":1,"expires_at_ms":5,"instance":"{instance}","process":true}}"#
+    );
+    store
+        .put(
+            &Path::from("t/orgs/beta/lease.json"),
+            PutPayload::from(lease),
+        )
+        .await?;
+    assert_eq!(r.claim(&beta, "w", false).await?.round(), 1);
+    Ok(())
+}
