@@ -71,6 +71,8 @@ fn inspect_snapshots_restore_verify_succeed_on_a_good_store() -> TestResult {
     let v = stdout_json(&run(&["inspect", "acme", "--store", &store, "--json"]))?;
     assert_eq!(v["applied_keys"], 3);
     assert_eq!(v["head"], "release");
+    // The org lease stays after a release; the release is what ends it.
+    assert_eq!(v["lease"]["released"], true, "{v}");
     let snaps = stdout_json(&run(&["snapshots", "acme", "--store", &store, "--json"]))?;
     let snaps = snaps.as_array().ok_or("not an array")?;
     assert!(!snaps.is_empty());

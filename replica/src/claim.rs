@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use object_store::ObjectStoreExt;
 use tracing::{debug, info, warn};
 
 use crate::checksum::{PageHashes, checksum_hex};
@@ -265,8 +264,10 @@ impl Replica {
         })
     }
 
-    /// Publishes a Release entry (same create/compare/fence rules as ship) and drops the
-    /// lease, so the next claim goes through at once. The claim is unusable afterwards.
+    /// Publishes a Release entry (same create/compare/fence rules as ship), so the next claim
+    /// goes through at once: a Release at the head of the log passes any lease of its round
+    /// or older, so the org lease is left in place (deleting it would cost a GET and a DELETE
+    /// per org at every handoff). The claim is unusable afterwards.
     ///
     /// # Errors
     /// As [`Replica::ship`]'s publish step.
@@ -283,14 +284,6 @@ impl Replica {
         self.publish_for_claim(claim, &entry).await?;
         claim.unusable = Some("released");
         self.check_no_successor(claim, seq).await?;
-        let path = self.inner.layout.lease(&org);
-        if let Ok(Some(lease)) = self.lease(&org).await
-            && lease.writer == claim.writer
-            && lease.round == claim.round
-            && let Err(e) = self.inner.store.delete(&path).await
-        {
-            warn!(%org, round = claim.round, error = %e, "could not drop lease after release");
-        }
         info!(%org, round = claim.round, seq, "released");
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! `idem bench`: the side-by-side benchmark table (P1–P6 of BENCHMARKS.md), in one run.
+//! `idem bench`: the side-by-side benchmark table (P1–P7 of BENCHMARKS.md), in one run.
 //!
 //! Every row is measured in this process run, so ratios compare like with like on a noisy
 //! shared machine. `--quick` shrinks every size for a CI smoke run.
@@ -8,6 +8,7 @@ mod group;
 mod growth;
 mod hydrate;
 mod litestream;
+mod orgs;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ pub struct BenchArgs {
     /// Only these parts (e.g. `--only p1,p2`).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Orgs opened in P7's first row (thousands of orgs in one process).
+    #[arg(long, default_value_t = 10_000)]
+    orgs: usize,
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -102,6 +106,15 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     }
     if args.wants("p6") {
         group::p6(&dir, args.row_time()).await.map_err(fail("p6"))?;
+    }
+    if args.wants("p7") {
+        orgs::run(
+            &dir,
+            orgs::Sizes::new(args.quick, args.orgs),
+            args.row_time(),
+        )
+        .await
+        .map_err(fail("p7"))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -39,6 +39,19 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     let org = org_id(&a.org)?;
     let log = history(&replica, &org).await?;
     let lease = replica.lease(&org).await.map_err(|e| crate::chain(&e))?;
+    // A lease ends with its own term or, when its holder's liveness is its process's, with
+    // that process lease; a Release at the head of the log ends it at once.
+    let expires_at_ms = match &lease {
+        Some(l) => replica
+            .lease_expiry(l)
+            .await
+            .map_err(|e| crate::chain(&e))?,
+        None => 0,
+    };
+    let released = lease.as_ref().is_some_and(|l| {
+        log.last()
+            .is_some_and(|e| e.kind_name() == "release" && e.round() >= l.round)
+    });
     let claims: Vec<u64> = log
         .iter()
         .filter(|e| e.is_claim())
@@ -64,7 +77,7 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     let current = log.iter().map(LogEntry::round).max().unwrap_or(0);
     let head = log.last().map(|e| e.kind_name()).unwrap_or("none");
     let lease_json = lease.as_ref().map(
-        |l| json!({"writer": l.writer, "round": l.round, "expires_at": rfc3339(l.expires_at_ms)}),
+        |l| json!({"writer": l.writer, "round": l.round, "expires_at": rfc3339(expires_at_ms), "released": released}),
     );
     if a.json {
         print_json(&json!({
@@ -81,11 +94,15 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         claims.len()
     );
     match &lease {
+        Some(l) if released => println!(
+            "lease          writer {} round {}, released",
+            l.writer, l.round
+        ),
         Some(l) => println!(
             "lease          writer {} round {} until {}",
             l.writer,
             l.round,
-            rfc3339(l.expires_at_ms)
+            rfc3339(expires_at_ms)
         ),
         None => println!("lease          none"),
     }
