@@ -128,9 +128,13 @@ struct Queue {
     /// False once a drain began: requests are refused, captures still run. Read and written
     /// under this lock, so no request is queued behind the drain.
     accepting: bool,
-    /// False once a close began (or a job panicked outside `apply`): nothing is queued any
-    /// more, and the connection closes after the jobs already queued.
+    /// False once a close began: nothing is queued any more, and the connection closes
+    /// after the jobs already queued.
     open: bool,
+    /// True once a job panicked outside `apply` and a read: the connection is closed and
+    /// every job is refused (`WriterGone` / `Closed`) until the org is closed and acquired
+    /// again, as when the org had a thread of its own and it died.
+    stopped: bool,
 }
 
 struct Runner {
@@ -157,6 +161,7 @@ impl Writer {
                     scheduled: Scheduled::default(),
                     accepting: true,
                     open: true,
+                    stopped: false,
                 }),
                 runner: Mutex::new(Some(Runner { owned, ctx })),
                 closed: tokio::sync::watch::channel(false).0,
@@ -170,7 +175,7 @@ impl Writer {
     fn push(&self, job: Job, request: bool) -> Result<(), Job> {
         let schedule = {
             let mut q = lock(&self.org.queue);
-            if !q.open || (request && !q.accepting) {
+            if !q.open || q.stopped || (request && !q.accepting) {
                 return Err(job);
             }
             q.jobs.push_back(job);
@@ -257,8 +262,7 @@ impl Task for OrgWriter {
                 );
                 let dropped = {
                     let mut q = lock(&self.queue);
-                    q.open = false;
-                    q.accepting = false;
+                    q.stopped = true;
                     std::mem::take(&mut q.jobs)
                 };
                 drop(dropped);
