@@ -171,27 +171,27 @@ impl Writer {
     }
 
     /// Queues `job` (a request's only while accepting), scheduling the org on the pool if it
-    /// was idle; gives the job back when refused.
-    fn push(&self, job: Job, request: bool) -> Result<(), Job> {
-        let schedule = {
+    /// was idle; false when refused. A refused job is dropped after the queue's lock is
+    /// released: its reply sender goes with it.
+    fn push(&self, job: Job, request: bool) -> bool {
+        let (refused, schedule) = {
             let mut q = lock(&self.org.queue);
             if !q.open || q.stopped || (request && !q.accepting) {
-                return Err(job);
+                (Some(job), false)
+            } else {
+                q.jobs.push_back(job);
+                (None, q.scheduled.claim())
             }
-            q.jobs.push_back(job);
-            q.scheduled.claim()
         };
         if schedule {
             self.pool.schedule(self.org.clone());
         }
-        Ok(())
+        refused.is_none()
     }
 
     /// Queues a request's job; false when the writer is draining or stopped.
     pub(crate) fn request(&self, job: Job) -> bool {
-        // A refused job is dropped here, outside the queue's lock: its reply sender goes
-        // with it.
-        self.push(job, true).is_ok()
+        self.push(job, true)
     }
 
     /// True while requests are accepted.
@@ -206,7 +206,7 @@ impl Writer {
         let (tx, rx) = oneshot::channel();
         lock(&self.org.queue).accepting = false;
         // Queued as an internal job: captures may still follow it.
-        let sent = self.push(Job::Drain { reply: tx }, false).is_ok();
+        let sent = self.push(Job::Drain { reply: tx }, false);
         sent && rx.await.is_ok()
     }
 
@@ -294,9 +294,7 @@ impl idem_replica::CaptureSource for Writer {
     async fn capture(&self, request: CaptureRequest) -> Result<Captured, CaptureError> {
         let (tx, rx) = oneshot::channel();
         // Captures run while draining; the sender is never held across an await.
-        let sent = self
-            .push(Job::Capture { request, reply: tx }, false)
-            .is_ok();
+        let sent = self.push(Job::Capture { request, reply: tx }, false);
         match if sent { rx.await.ok() } else { None } {
             Some(out) => out,
             None => Err(CaptureError::Io(std::io::Error::other(
