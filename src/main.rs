@@ -59,7 +59,11 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.default_log())),
         )
         .init();
+    // Blocking work (hydrate, compression, opening a connection, local store I/O) queues for
+    // at most 32 threads instead of tokio's 512: with writers on the registry's pool
+    // (`Settings::writer_threads`), thousands of open orgs stay within a few dozen threads.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(32)
         .enable_all()
         .build()
     {

@@ -54,12 +54,14 @@
 //! from other rejections; [`Error::idem`] gives the dedup transaction's own error.
 //!
 //! # Modules
-//! `writer` (the writer thread and its jobs), `commit` (the commit sequence), `ack` (waiters:
+//! `writer` (an org's writer: its jobs and connection), `pool` (the writer threads shared by
+//! every org), `budget` (open-org limit and caches from settings and the open-files limit), `commit` (the commit sequence), `ack` (waiters:
 //! ship-before-ack with group commit), `shipper` (the task driving `idem_replica::Shipper`),
 //! `open` (claim, hydrate, open, release), `registry`, `effect` (external effects).
 #![forbid(unsafe_code)]
 
 mod ack;
+mod budget;
 mod clock;
 mod commit;
 mod effect;
@@ -70,6 +72,7 @@ mod local;
 pub mod metrics;
 mod open;
 mod org;
+mod pool;
 mod registry;
 mod settings;
 mod shipper;
@@ -82,6 +85,7 @@ pub use idem_replica as replica;
 pub use object_store;
 pub use rusqlite;
 
+pub use budget::{FDS_PER_ORG, MIN_ORG_BYTES, RESERVED_FDS};
 pub use clock::replica_clock;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};

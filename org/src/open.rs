@@ -12,6 +12,7 @@ use crate::ack::{AckState, Acks, Counters, Stop};
 use crate::commit::{self, CommitSeq};
 use crate::local::LocalFiles;
 use crate::org::{Inner, TICK, lock};
+use crate::pool::Pool;
 use crate::writer::{self, InitFn, OpenError, Writer, WriterCtx};
 use crate::{Error, Org, Settings};
 
@@ -24,6 +25,10 @@ pub(crate) struct Opening<'a> {
     pub settings: Settings,
     pub clock: Arc<dyn idem::Clock>,
     pub init: Option<InitFn>,
+    /// The registry's writer threads.
+    pub pool: &'a Pool,
+    /// SQLite page cache of the writer connection, in KiB.
+    pub cache_kib: u64,
 }
 
 impl Org {
@@ -49,6 +54,8 @@ impl Org {
             settings,
             clock,
             init,
+            pool,
+            cache_kib,
         } = opening;
         crate::local::prepare(data_dir, &org)?;
         let began = std::time::Instant::now();
@@ -65,14 +72,14 @@ impl Org {
         span.record("round", claim.round());
         span.record("seq", claim.seq());
         let files = LocalFiles::create(data_dir, &org, claim.round(), claim.nonce())?;
-        let (owned, commit_seq) = match open_files(&replica, &claim, &files, &settings, init).await
-        {
-            Ok(v) => v,
-            Err(e) => {
-                files.remove();
-                return Err(e);
-            }
-        };
+        let (owned, commit_seq) =
+            match open_files(&replica, &claim, &files, &settings, cache_kib, init).await {
+                Ok(v) => v,
+                Err(e) => {
+                    files.remove();
+                    return Err(e);
+                }
+            };
         let acks = Arc::new(Acks {
             org: org.clone(),
             round: claim.round(),
@@ -90,10 +97,10 @@ impl Org {
             commit_seq: acks.commit_seq.clone(),
             clock,
         };
-        let writer = match Writer::spawn(format!("idem-writer-{org}"), owned, ctx) {
+        let writer = match Writer::start(owned, ctx, pool) {
             Ok(w) => Arc::new(w),
             Err(source) => {
-                // The thread never started: `owned` was dropped, connection first.
+                // No writer thread could start: `owned` was dropped, connection first.
                 let path = files.db.clone();
                 files.remove();
                 return Err(Error::Local { org, path, source });
@@ -194,6 +201,7 @@ async fn open_files(
     claim: &Claim,
     files: &LocalFiles,
     settings: &Settings,
+    cache_kib: u64,
     init: Option<InitFn>,
 ) -> Result<(Owned, u64), Error> {
     let org = claim.org().clone();
@@ -208,7 +216,7 @@ async fn open_files(
     let busy = Duration::from_millis(settings.busy_timeout_ms);
     let org2 = org.clone();
     let opened = tokio::task::spawn_blocking(move || {
-        let owned = writer::open(&path, busy, init.as_ref()).map_err(|e| match e {
+        let owned = writer::open(&path, busy, cache_kib, init.as_ref()).map_err(|e| match e {
             OpenError::Idem(source) => Error::from_idem(&org2, source),
             OpenError::Own(source) => Error::Writer {
                 org: org2.clone(),

@@ -10,6 +10,8 @@ use idem_replica::{OrgId, Replica};
 use rusqlite::Transaction;
 use tokio::sync::OnceCell;
 
+use crate::budget::Budget;
+use crate::pool::Pool;
 use crate::writer::InitFn;
 use crate::{Error, ErrorKind, Org, Settings};
 
@@ -57,12 +59,22 @@ impl RegistryBuilder {
     /// Creates the data directory and the registry.
     ///
     /// # Errors
-    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs); [`Error::DataDir`] when
-    /// the data directory cannot be created or locked.
+    /// The registry raises the process's soft open-files limit to its hard limit and sizes
+    /// its open-org limit, page caches and writer pool from the settings (see
+    /// [`Settings::max_open_orgs`], [`Settings::memory_budget_bytes`],
+    /// [`Settings::writer_threads`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs or writer threads);
+    /// [`Error::DataDir`] when the data directory cannot be created or locked.
     pub fn build(self) -> Result<Registry, Error> {
-        if self.writer_id.is_empty() || self.settings.max_open_orgs == 0 {
+        if self.writer_id.is_empty()
+            || self.settings.max_open_orgs == 0
+            || self.settings.writer_threads == 0
+        {
             return Err(Error::InvalidSettings {
-                reason: "writer id must be non-empty and max_open_orgs at least 1".into(),
+                reason: "writer id must be non-empty, max_open_orgs and writer_threads at least 1"
+                    .into(),
             });
         }
         std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::DataDir {
@@ -73,12 +85,28 @@ impl RegistryBuilder {
             path: self.data_dir.clone(),
             source,
         })?;
+        let budget = Budget::plan(&self.settings, crate::budget::raise_fd_limit());
+        if budget.open_orgs < self.settings.max_open_orgs {
+            tracing::info!(
+                configured = self.settings.max_open_orgs,
+                open_orgs = budget.open_orgs,
+                "open-org limit lowered to what open files and the memory budget allow"
+            );
+        }
+        // Every org opens with the limits in force: the open-org limit the LRU keeps, and the
+        // shipper's share of the memory budget.
+        let mut settings = self.settings;
+        settings.max_open_orgs = budget.open_orgs;
+        settings.ship.delta_cache_pages = budget.ship_cache_pages;
+        let pool = Pool::new(settings.writer_threads);
         Ok(Registry {
             inner: Arc::new(RegistryInner {
                 data_dir: self.data_dir,
                 replica: self.replica,
                 writer_id: self.writer_id,
-                settings: self.settings,
+                settings,
+                budget,
+                pool,
                 clock: self.clock,
                 init: self.init,
                 home: Arc::new(home),
@@ -99,7 +127,11 @@ struct RegistryInner {
     data_dir: PathBuf,
     replica: Replica,
     writer_id: String,
+    /// The settings in force: `max_open_orgs` and `ship.delta_cache_pages` as `budget` set.
     settings: Settings,
+    budget: Budget,
+    /// The writer threads every org of this registry runs on.
+    pool: Pool,
     clock: Arc<dyn idem::Clock>,
     init: Option<InitFn>,
     home: Arc<crate::local::Home>,
@@ -143,6 +175,23 @@ impl Registry {
         &self.inner.replica
     }
 
+    /// The open-org limit in force: [`Settings::max_open_orgs`], lowered to what the open-files
+    /// limit and the memory budget allow.
+    pub fn max_open_orgs(&self) -> usize {
+        self.inner.budget.open_orgs
+    }
+
+    /// Each writer connection's SQLite page cache, in KiB (`PRAGMA cache_size = -KiB`): the
+    /// connection's half of one org's share of [`Settings::memory_budget_bytes`].
+    pub fn sqlite_cache_kib(&self) -> u64 {
+        self.inner.budget.sqlite_cache_kib
+    }
+
+    /// Writer threads started so far (at most [`Settings::writer_threads`]).
+    pub fn writer_threads(&self) -> usize {
+        self.inner.pool.threads()
+    }
+
     /// Returns this process's writer for `org`, acquiring it first if needed: claim the next
     /// round, hydrate the latest snapshot, open the database, and only then serve (I8).
     /// Concurrent acquires of one org share a single writer. When more than
@@ -180,6 +229,8 @@ impl Registry {
                             settings: inner.settings.clone(),
                             clock: inner.clock.clone(),
                             init: inner.init.clone(),
+                            pool: &inner.pool,
+                            cache_kib: inner.budget.sqlite_cache_kib,
                         },
                         id.clone(),
                     )

@@ -4,8 +4,24 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
     /// Most orgs held open at once; idle orgs beyond it are released and closed (LRU), so open
-    /// files, threads and memory stay bounded with thousands of orgs. Default 256.
+    /// files and memory stay bounded. Default 10 000. The registry lowers it to what the
+    /// process's open-files limit allows (each open org keeps
+    /// [`crate::FDS_PER_ORG`] descriptors, after [`crate::RESERVED_FDS`] for the rest) and to
+    /// `memory_budget_bytes / `[`crate::MIN_ORG_BYTES`]; [`crate::Registry::max_open_orgs`]
+    /// tells the limit in force.
     pub max_open_orgs: usize,
+    /// Worker threads that run the writer jobs (transactions, reads, captures) of every open
+    /// org of the registry, one job per org at a time. Threads start on demand up to this
+    /// many, however many orgs are open. A job holds its worker until it ends: while this
+    /// many long jobs run, other orgs wait. Default `min(16, 2 × available cores)`; 0 is
+    /// refused.
+    pub writer_threads: usize,
+    /// Memory for the caches of all open orgs together, in bytes: split evenly across
+    /// `max_open_orgs`, half to each writer connection's SQLite page cache
+    /// (`PRAGMA cache_size`), half to its shipper's cache of shipped pages (at most
+    /// `ship.delta_cache_pages`). Default 320 MiB: 10 000 orgs at the smallest share. Connections, statements and the WAL
+    /// index cost about the same per org on top (see docs/design.md, section 3c).
+    pub memory_budget_bytes: u64,
     /// How long a request waits for SQLite's write lock, in milliseconds. Default 5000.
     pub busy_timeout_ms: u64,
     /// Smallest gap between two ships of one org, in milliseconds (0 = ship as soon as the
@@ -26,7 +42,9 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            max_open_orgs: 256,
+            max_open_orgs: 10_000,
+            writer_threads: default_writer_threads(),
+            memory_budget_bytes: 320 << 20,
             busy_timeout_ms: 5_000,
             min_ship_interval_ms: 0,
             retain_every_ships: 64,
@@ -35,4 +53,12 @@ impl Default for Settings {
             force_claim: false,
         }
     }
+}
+
+/// `min(16, 2 × available cores)`: enough to keep the cores busy while some jobs wait on the
+/// disk, few enough that thousands of orgs cost a handful of threads.
+fn default_writer_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, |n| n.get().saturating_mul(2))
+        .min(16)
 }

@@ -1,13 +1,13 @@
-//! The org's writer: the one SQLite connection that writes, on its own thread, off the async
-//! runtime, and the handle that queues jobs to it.
+//! The org's writer: the one SQLite connection that writes, its FIFO of jobs, and the handle
+//! that queues them. Jobs run off the async runtime on the registry's writer pool
+//! ([`crate::pool`]): one at a time per org, in the order queued.
 //!
 //! Every write transaction also raises the commit sequence in the same transaction
 //! ([`crate::commit`]), and every job raises the in-memory [`CommitSeq`] to the database's
 //! before it replies, so an answer names exactly the commits it may depend on (I6).
 
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -17,6 +17,7 @@ use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
 use crate::commit::{self, Answer, CommitSeq};
+use crate::pool::{Pool, Scheduled, Task};
 
 /// The boxed `apply` closure of a request.
 pub(crate) type ApplyFn =
@@ -83,10 +84,13 @@ impl From<rusqlite::Error> for OpenError {
 
 /// Opens the org's writer connection as the owner of its files (I13; see
 /// `idem_replica::sqlite::open_exclusive`), creates the commit sequence and idem's schema,
-/// runs the application's hook, then takes the descriptors the shipper reads through.
+/// runs the application's hook, sizes SQLite's page cache to `cache_kib` KiB (after the hook,
+/// so the registry's memory budget holds whatever the hook set), then takes the descriptors
+/// the shipper reads through.
 pub(crate) fn open(
     path: &std::path::Path,
     busy: Duration,
+    cache_kib: u64,
     init: Option<&InitFn>,
 ) -> Result<Owned, OpenError> {
     let conn = sqlite::open_exclusive(path, busy)?;
@@ -95,17 +99,47 @@ pub(crate) fn open(
     if let Some(init) = init {
         init(&conn)?;
     }
+    // A negative cache_size is a size in KiB, whatever the page size.
+    conn.execute_batch(&format!("PRAGMA cache_size = -{cache_kib}"))?;
     Ok(Owned::take(conn, path, busy)?)
 }
 
-/// The handle on the writer thread: its job queue, whether it still accepts requests, and
-/// the thread to join.
+/// An org's writer: its FIFO of jobs and its connection, run by the registry's writer pool
+/// ([`crate::pool`]) one job at a time, in order, never two at once.
 pub(crate) struct Writer {
-    jobs: Mutex<Option<Sender<Job>>>,
+    org: Arc<OrgWriter>,
+    pool: Pool,
+}
+
+/// What the pool runs: the org's queue and the connection its jobs use.
+struct OrgWriter {
+    queue: Mutex<Queue>,
+    /// The connection and its context; `None` once closed. Locked only by the worker that
+    /// holds the org (the `scheduled` flag makes that one worker at a time), so a job runs
+    /// without blocking anyone who queues the next one.
+    runner: Mutex<Option<Runner>>,
+    /// True once the connection is closed (its files' descriptors may then be dropped).
+    closed: tokio::sync::watch::Sender<bool>,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    scheduled: Scheduled,
     /// False once a drain began: requests are refused, captures still run. Read and written
-    /// under the `jobs` lock, so no request is queued behind the drain.
-    accepting: AtomicBool,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// under this lock, so no request is queued behind the drain.
+    accepting: bool,
+    /// False once a close began: nothing is queued any more, and the connection closes
+    /// after the jobs already queued.
+    open: bool,
+    /// True once a job panicked outside `apply` and a read: the connection is closed and
+    /// every job is refused (`WriterGone` / `Closed`) until the org is closed and acquired
+    /// again, as when the org had a thread of its own and it died.
+    stopped: bool,
+}
+
+struct Runner {
+    owned: Owned,
+    ctx: WriterCtx,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -113,59 +147,145 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Writer {
-    /// Starts the writer thread on `owned`.
-    pub(crate) fn spawn(name: String, owned: Owned, ctx: WriterCtx) -> std::io::Result<Writer> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || run(owned, ctx, rx))?;
+    /// Hands `owned` to `pool`: from now on its jobs run on the pool's workers.
+    ///
+    /// # Errors
+    /// The I/O error of starting the pool's first worker thread (`owned` is then dropped,
+    /// connection first).
+    pub(crate) fn start(owned: Owned, ctx: WriterCtx, pool: &Pool) -> std::io::Result<Writer> {
+        pool.ensure_worker()?;
         Ok(Writer {
-            jobs: Mutex::new(Some(tx)),
-            accepting: AtomicBool::new(true),
-            thread: Mutex::new(Some(thread)),
+            org: Arc::new(OrgWriter {
+                queue: Mutex::new(Queue {
+                    jobs: VecDeque::new(),
+                    scheduled: Scheduled::default(),
+                    accepting: true,
+                    open: true,
+                    stopped: false,
+                }),
+                runner: Mutex::new(Some(Runner { owned, ctx })),
+                closed: tokio::sync::watch::channel(false).0,
+            }),
+            pool: pool.clone(),
         })
+    }
+
+    /// Queues `job` (a request's only while accepting), scheduling the org on the pool if it
+    /// was idle; false when refused. A refused job is dropped after the queue's lock is
+    /// released: its reply sender goes with it.
+    fn push(&self, job: Job, request: bool) -> bool {
+        let (refused, schedule) = {
+            let mut q = lock(&self.org.queue);
+            if !q.open || q.stopped || (request && !q.accepting) {
+                (Some(job), false)
+            } else {
+                q.jobs.push_back(job);
+                (None, q.scheduled.claim())
+            }
+        };
+        if schedule {
+            self.pool.schedule(self.org.clone());
+        }
+        refused.is_none()
     }
 
     /// Queues a request's job; false when the writer is draining or stopped.
     pub(crate) fn request(&self, job: Job) -> bool {
-        let jobs = lock(&self.jobs);
-        self.accepting.load(Ordering::SeqCst) && jobs.as_ref().is_some_and(|j| j.send(job).is_ok())
-    }
-
-    /// Queues a shipper's job (captures run while draining); false when stopped. Never holds
-    /// the sender across an await.
-    fn internal(&self, job: Job) -> bool {
-        lock(&self.jobs)
-            .as_ref()
-            .is_some_and(|j| j.send(job).is_ok())
+        self.push(job, true)
     }
 
     /// True while requests are accepted.
     pub(crate) fn accepting(&self) -> bool {
-        self.accepting.load(Ordering::SeqCst) && lock(&self.jobs).is_some()
+        let q = lock(&self.org.queue);
+        q.accepting && q.open
     }
 
     /// Refuses new requests and waits until every request queued before runs: after it, the
     /// commit sequence covers them all. False when the writer had stopped.
     pub(crate) async fn drain(&self) -> bool {
         let (tx, rx) = oneshot::channel();
-        let sent = {
-            let jobs = lock(&self.jobs);
-            self.accepting.store(false, Ordering::SeqCst);
-            jobs.as_ref()
-                .is_some_and(|j| j.send(Job::Drain { reply: tx }).is_ok())
-        };
+        lock(&self.org.queue).accepting = false;
+        // Queued as an internal job: captures may still follow it.
+        let sent = self.push(Job::Drain { reply: tx }, false);
         sent && rx.await.is_ok()
     }
 
-    /// Stops accepting jobs and waits for the thread to finish the queued ones (the
-    /// connection closes before its descriptors, I13).
+    /// Stops accepting jobs and waits until the ones queued have run and the connection is
+    /// closed (before its descriptors, I13).
     pub(crate) async fn close(&self) {
-        drop(lock(&self.jobs).take());
-        let thread = lock(&self.thread).take();
-        if let Some(t) = thread {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        let schedule = {
+            let mut q = lock(&self.org.queue);
+            q.open = false;
+            q.accepting = false;
+            // An idle org is scheduled once more, so a worker closes its connection.
+            q.scheduled.claim()
+        };
+        if schedule {
+            self.pool.schedule(self.org.clone());
         }
+        let mut closed = self.org.closed.subscribe();
+        let _ = closed.wait_for(|c| *c).await;
+    }
+}
+
+impl Task for OrgWriter {
+    fn run_batch(&self, budget: usize) -> bool {
+        let mut runner = lock(&self.runner);
+        for _ in 0..budget {
+            let job = {
+                let mut q = lock(&self.queue);
+                match q.jobs.pop_front() {
+                    Some(job) => job,
+                    None => {
+                        if !q.open {
+                            drop(q);
+                            self.finish(&mut runner);
+                            q = lock(&self.queue);
+                        }
+                        q.scheduled.release();
+                        return false;
+                    }
+                }
+            };
+            let Some(r) = runner.as_mut() else {
+                // Stopped after a panic: the job's reply sender is dropped (`WriterGone`).
+                drop(job);
+                continue;
+            };
+            // `apply` and reads catch their own panics; anything else that panics leaves
+            // this connection in a state nobody checked, so the org's writer stops (as its
+            // own thread used to die) and the worker goes on with other orgs.
+            if catch_unwind(AssertUnwindSafe(|| r.run(job))).is_err() {
+                tracing::error!(
+                    round = r.ctx.round,
+                    "a writer job panicked; the org's writer stops"
+                );
+                let dropped = {
+                    let mut q = lock(&self.queue);
+                    q.stopped = true;
+                    std::mem::take(&mut q.jobs)
+                };
+                drop(dropped);
+                self.finish(&mut runner);
+            }
+        }
+        let mut q = lock(&self.queue);
+        if q.jobs.is_empty() && q.open {
+            q.scheduled.release();
+            false
+        } else {
+            // More jobs, or a close to finish: the pool runs this org again in turn.
+            true
+        }
+    }
+}
+
+impl OrgWriter {
+    /// Closes the connection (it drops before the descriptors it owns, I13) and tells
+    /// `close` it is done.
+    fn finish(&self, runner: &mut Option<Runner>) {
+        drop(runner.take());
+        self.closed.send_replace(true);
     }
 }
 
@@ -173,11 +293,12 @@ impl Writer {
 impl idem_replica::CaptureSource for Writer {
     async fn capture(&self, request: CaptureRequest) -> Result<Captured, CaptureError> {
         let (tx, rx) = oneshot::channel();
-        let sent = self.internal(Job::Capture { request, reply: tx });
+        // Captures run while draining; the sender is never held across an await.
+        let sent = self.push(Job::Capture { request, reply: tx }, false);
         match if sent { rx.await.ok() } else { None } {
             Some(out) => out,
             None => Err(CaptureError::Io(std::io::Error::other(
-                "the writer thread has stopped",
+                "the writer has stopped",
             ))),
         }
     }
@@ -219,14 +340,11 @@ fn answer<T>(out: Result<T, idem::Error>, commit_seq: u64) -> Result<Answer<T>, 
     out.map(|value| Answer { value, commit_seq })
 }
 
-/// Runs jobs until every sender is dropped.
-fn run(mut owned: Owned, ctx: WriterCtx, jobs: Receiver<Job>) {
-    let WriterCtx {
-        round,
-        commit_seq: seq,
-        clock,
-    } = ctx;
-    while let Ok(job) = jobs.recv() {
+impl Runner {
+    /// Runs one job on the connection and sends its reply.
+    fn run(&mut self, job: Job) {
+        let Runner { owned, ctx } = self;
+        let (round, seq, clock) = (ctx.round, &*ctx.commit_seq, &ctx.clock);
         // Where the job starts: SQLite's count of changed rows and the sequence (equal to the
         // database's between jobs: every job that moves it raises `seq` before it replies).
         let (changes, before) = (owned.conn.total_changes(), seq.get());
@@ -256,14 +374,14 @@ fn run(mut owned: Owned, ctx: WriterCtx, jobs: Receiver<Job>) {
                 });
                 // Every answer waits for every commit so far: a replay's or a refusal's key
                 // row is among them.
-                let _ = reply.send(answer(out, settle(conn, &seq, changes, before)));
+                let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
             }
             Job::Applied { key, reply } => {
                 let _ = reply.send(answer(idem::applied(conn, &key), seq.get()));
             }
             Job::Prune { cutoff, reply } => {
                 let out = idem::prune(conn, cutoff);
-                let _ = reply.send(answer(out, settle(conn, &seq, changes, before)));
+                let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
             }
             Job::Vacuum { reply } => {
                 let out = conn
@@ -281,7 +399,7 @@ fn run(mut owned: Owned, ctx: WriterCtx, jobs: Receiver<Job>) {
                     .map_err(idem::Error::from);
                 let _ = reply.send(out);
             }
-            Job::Effect(job) => crate::effect::run_job(conn, &seq, &clock, job),
+            Job::Effect(job) => crate::effect::run_job(conn, seq, clock, job),
             Job::Capture { request, reply } => {
                 // The database's own sequence, not the in-memory one: a capture labels what
                 // the pages hold, and the shipper checks the pages agree.
