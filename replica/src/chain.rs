@@ -17,6 +17,7 @@
 //! before it is its `base_checksum`, and must leave the checksum its entry records.
 
 use crate::checksum::{PageHashes, checksum_hex};
+use crate::claim::Inherited;
 use crate::delta::body::DeltaBody;
 use crate::log::entry::{DeltaLink, EntryBody};
 use crate::{Error, LogEntry, OrgId};
@@ -31,6 +32,24 @@ impl Chain {
     /// Log position of the state the chain rebuilds: its last delta's, or the snapshot's.
     pub(crate) fn position(&self) -> u64 {
         self.deltas.last().unwrap_or(&self.snapshot).seq()
+    }
+
+    /// What the chain weighs, for a writer that continues it: its snapshot's compressed
+    /// bytes, pages (of `page_size` bytes) and time, and the compressed bytes and number of
+    /// the deltas a hydrate reads after it; `commit` is the commit counter at its position.
+    pub(crate) fn inherited(&self, commit: u64, page_size: u32) -> Inherited {
+        let stored = |e: &LogEntry| e.stored().map_or(0, |s| s.compressed_bytes);
+        Inherited {
+            commit,
+            snapshot_bytes: stored(&self.snapshot),
+            snapshot_pages: self
+                .snapshot
+                .stored()
+                .map_or(0, |s| s.bytes / u64::from(page_size.max(1))),
+            snapshot_at_ms: self.snapshot.at_ms(),
+            delta_bytes: self.deltas.iter().map(stored).sum(),
+            deltas: self.deltas.len() as u64,
+        }
     }
 }
 

@@ -56,9 +56,9 @@ pub(super) async fn delta_chain_hydrates_and_restores_every_position(
     let mut a = r.claim(&acme, "a", false).await?;
     let images = ship_chain(&r, &mut a).await?;
     r.release(&mut a).await?;
-    let b = r.claim(&acme, "b", false).await?;
+    let mut b = r.claim(&acme, "b", false).await?;
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&b, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut b, &tmp.path().join("db")).await?;
     let (last_seq, last_image) = images.last().cloned().unwrap_or_default();
     assert_eq!(h.position, Some(last_seq));
     assert_eq!(h.deltas, images.len() - 1);
@@ -107,13 +107,13 @@ pub(super) async fn delta_needs_a_snapshot_and_is_fenced(
     db.exec("INSERT INTO t VALUES (1, x'00')")?;
     let next = db.image()?;
     r.ship_delta(&mut a, diff(&img, &next, 2)?).await?;
-    let b = r.claim(&acme, "b", true).await?;
+    let mut b = r.claim(&acme, "b", true).await?;
     db.exec("INSERT INTO t VALUES (2, x'01')")?;
     let late = db.image()?;
     let fenced = r.ship_delta(&mut a, diff(&next, &late, 3)?).await;
     assert!(matches!(fenced, Err(Error::Fenced { .. })), "{fenced:?}");
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&b, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut b, &tmp.path().join("db")).await?;
     assert_eq!(h.commit, 2);
     Ok(())
 }
@@ -176,9 +176,9 @@ pub(super) async fn compacted_delta_supersedes_the_chain(
     // A superseded delta vanishes: the newest state does not need it.
     let gone = images[2].0;
     store.delete(&log_path(&pfx, gone)).await?;
-    let b = r.claim(&acme, "b", false).await?;
+    let mut b = r.claim(&acme, "b", false).await?;
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&b, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut b, &tmp.path().join("db")).await?;
     assert_eq!(h.deltas, 3, "snapshot + compacted + 2 deltas");
     assert_eq!(h.snapshot.as_ref().map(|s| s.seq), Some(snap_seq));
     let got = std::fs::read(tmp.path().join("db"))?;
