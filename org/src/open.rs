@@ -229,15 +229,19 @@ async fn open_files(
     let commit = match resumed {
         Some(r) => {
             metrics::counter!(crate::metrics::RESUMES).increment(1);
-            tracing::debug!(position = r.position, commit_seq = r.commit, "reused the local file");
+            tracing::debug!(
+                position = r.position,
+                commit_seq = r.commit,
+                "reused the local file"
+            );
             r.commit
         }
         // A hydrate replaces whatever file is there (a kept one the store did not confirm).
         None => {
             let span = tracing::info_span!("hydrate", org = %org, round = claim.round());
             let hydrated = tracing::Instrument::instrument(replica.hydrate(claim, &files.db), span)
-            .await
-            .map_err(|e| Error::replica(&org, e))?;
+                .await
+                .map_err(|e| Error::replica(&org, e))?;
             tracing::debug!(position = ?hydrated.position, deltas = hydrated.deltas, commit_seq = hydrated.commit, "hydrated");
             hydrated.commit
         }

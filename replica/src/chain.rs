@@ -495,12 +495,7 @@ mod tests {
         ));
         // A compaction the reader reaches by skipping: the claim among the skipped
         // entries still fences it.
-        let skipped = [
-            snapshot(2, 1),
-            delta(3, 1, 2),
-            claim(4, 2),
-            delta(6, 1, 2),
-        ];
+        let skipped = [snapshot(2, 1), delta(3, 1, 2), claim(4, 2), delta(6, 1, 2)];
         assert!(matches!(
             newest(&acme(), &skipped, u64::MAX),
             Err(Error::ChainBroken { .. })

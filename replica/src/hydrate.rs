@@ -12,11 +12,11 @@ use tracing::info;
 use crate::blob::unpack;
 use crate::chain::{self, Chain, Start, broken};
 use crate::checksum::PageHashes;
+use crate::claim::{Inherited, Tip};
 use crate::layout::new_nonce;
 use crate::replica::blocking;
 use crate::ship::Shipped;
 use crate::sqlite::install::{install, remove_db};
-use crate::claim::{Inherited, Tip};
 use crate::{Claim, Error, FailPoint, LogEntry, OrgId, Replica};
 
 /// Result of a hydrate or restore.
