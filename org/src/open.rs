@@ -153,8 +153,9 @@ impl Org {
                     let unshipped = inner.acks.commit_seq.get() > inner.acks.lock().shipped;
                     // A continued chain whose file differs from its tip (SQLite's switch to
                     // WAL mode rewrote page 1) ships once, so the kept file is the published
-                    // position.
-                    let differs = keep && shipper.inherited_unshipped();
+                    // position. A failed check ships too: the ship's capture repeats it
+                    // and reports what it finds.
+                    let differs = keep && shipper.inherited_unshipped().await.unwrap_or(true);
                     let shipped = if unshipped || differs {
                         crate::shipper::ship_once(inner, &mut shipper).await
                     } else {

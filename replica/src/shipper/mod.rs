@@ -124,12 +124,32 @@ impl Shipper {
         }
     }
 
-    /// True while this shipper continues a chain from before its claim and has published
-    /// nothing: the database file may differ from the chain's tip even with no commit (the
-    /// switch to WAL mode rewrote page 1's change counter), so a writer that wants its file
-    /// to match the published position ([`Shipper::resume_point`]) ships once first.
-    pub fn inherited_unshipped(&self) -> bool {
-        self.chain.diff_file
+    /// True when the database file differs from the chain's tip although this shipper has
+    /// nothing to publish for its own commits: it continues a chain from before its claim,
+    /// published nothing yet, and the open path wrote outside the WAL (SQLite's switch to
+    /// WAL mode rewrote page 1's change counter) or into it. A writer that wants its file to
+    /// match the published position ([`Shipper::resume_point`]) ships once first. Reads the
+    /// file once (local, no store request); call between captures.
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`] when the files were changed outside the writer; [`Error::Io`].
+    pub async fn inherited_unshipped(&mut self) -> Result<bool, Error> {
+        if !self.chain.diff_file {
+            return Ok(false);
+        }
+        let tip_pages = self.claim.tip.as_ref().map(|t| t.hashes.pages());
+        if !self.take_file_changes().await? {
+            // Another page size: only a full snapshot can follow.
+            self.chain.wal = WalState::Lost;
+            return Ok(true);
+        }
+        let wal = self
+            .files
+            .wal_len()
+            .map_err(|e| self.capture_error(e.into()))?;
+        Ok(!self.chain.pending.is_empty()
+            || tip_pages != Some(self.chain.db_pages as usize)
+            || wal > 0)
     }
 
     /// Where a later claim on this host can resume from this shipper's file, after its claim
