@@ -297,6 +297,9 @@ pub(crate) fn read_pages(
     Ok(out)
 }
 
+/// The database file's size in pages and its pages that differ from a tip, by number.
+pub(crate) type FileChanges = (u32, BTreeMap<u32, Vec<u8>>);
+
 /// Pages read per chunk by [`file_changes`]: memory stays bounded whatever the file's size.
 const DIFF_CHUNK_PAGES: u64 = 256;
 
@@ -311,7 +314,7 @@ const DIFF_CHUNK_PAGES: u64 = 256;
 pub(crate) fn file_changes(
     files: &OwnedFiles,
     tip: &crate::checksum::PageHashes,
-) -> Result<Option<(u32, BTreeMap<u32, Vec<u8>>)>, CaptureError> {
+) -> Result<Option<FileChanges>, CaptureError> {
     use crate::checksum::page_hash;
     use crate::sqlite::pages::{canonical_page1, image_page_size};
     files.check_unchanged()?;
