@@ -3,11 +3,16 @@
 //! ```text
 //! <data>/orgs/<org>/<round:020>-<nonce>.lock   flock held by the owning process
 //! <data>/orgs/<org>/<round:020>-<nonce>.db     (+ -wal, -shm)
+//! <data>/orgs/<org>/<round:020>-<nonce>.cache  after a clean release only: the position the
+//!                                              closed .db holds (idem_replica::ResumePoint)
 //! ```
 //! A successor (another process on the same host during a rolling restart, or this process
 //! after a crash) only ever deletes the files of a claim whose lock it can take, which means
-//! their owner has closed them or died. The local file is a cache, never an authority: every
-//! acquire hydrates a fresh file from the store.
+//! their owner has closed them or died. The local file is a cache, never an authority: an
+//! acquire takes a released claim's file (under that claim's lock, into its own claim's
+//! name, so no two writers ever open it) and uses it only when the store proves it
+//! holds the newest published state (`Replica::resume`); otherwise it hydrates a fresh one.
+//! The file is copied into the new name rather than renamed: see [`take_cached`].
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
@@ -22,6 +27,9 @@ pub(crate) struct LocalFiles {
     pub db: PathBuf,
     lock_path: PathBuf,
     _lock: File,
+    /// A released claim's file, now at `db`, and the position it says it holds: a hint the
+    /// store must confirm before the file is used.
+    pub cached: Option<idem_replica::ResumePoint>,
 }
 
 fn local_err(org: &OrgId, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
@@ -66,11 +74,15 @@ impl LocalFiles {
             })
         })?;
         std::fs::rename(&pending, &lock_path).map_err(local_err(org, &lock_path))?;
+        let db = dir.join(format!("{base}.db"));
+        // Before the cleanup, which would delete a released claim's file as dead.
+        let cached = take_cached(&dir, &db);
         remove_dead_claims(&dir, &lock_path);
         Ok(LocalFiles {
-            db: dir.join(format!("{base}.db")),
+            db,
             lock_path,
             _lock: lock,
+            cached,
         })
     }
 
@@ -79,6 +91,77 @@ impl LocalFiles {
         remove_db(&self.db);
         let _ = std::fs::remove_file(&self.lock_path);
     }
+
+    /// Keeps this claim's closed database file for a later acquire on this host, with the
+    /// position it holds, then lets go of the lock (a cleanup may delete it from then on,
+    /// which only costs that acquire a download). The writer connection must be closed,
+    /// which checkpointed the WAL into the file and removed it; with a WAL still there, or
+    /// a record that cannot be written, the files are deleted instead.
+    pub fn keep(self, point: &idem_replica::ResumePoint) {
+        let wal = sidecar(&self.db, "-wal");
+        let wal_empty = std::fs::metadata(&wal).map_or(true, |m| m.len() == 0);
+        let record = self.lock_path.with_extension("cache");
+        let written = wal_empty
+            && serde_json::to_vec(point).ok().is_some_and(|json| {
+                let tmp = self.lock_path.with_extension("cache-tmp");
+                std::fs::write(&tmp, json).is_ok() && std::fs::rename(&tmp, &record).is_ok()
+            });
+        if !written {
+            tracing::debug!(db = %self.db.display(), "released file not kept");
+            self.remove();
+        }
+    }
+}
+
+fn sidecar(db: &Path, suffix: &str) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Takes the newest released claim's file in `dir` whose lock is free, copying its database
+/// to `dest` (this claim's name) while holding that claim's lock, and returns the position
+/// its record names. Every record taken is removed with its claim's other files; older ones
+/// are left to the cleanup.
+///
+/// A copy, not a rename: the released writer's handles in this process may still hold a
+/// descriptor of the old inode (the shipper's reads), and closing it would drop the new
+/// writer's SQLite locks on that inode for the whole process (I13). A new inode was never
+/// opened by anyone else. (`std::fs::copy` uses the kernel's copy, a reflink where the file
+/// system has them.)
+fn take_cached(dir: &Path, dest: &Path) -> Option<idem_replica::ResumePoint> {
+    let mut records: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "cache"))
+        .collect();
+    // Names start with the zero-padded round: the newest claim's record sorts last.
+    records.sort();
+    for record in records.iter().rev() {
+        let lock_path = record.with_extension("lock");
+        let Ok(lock) = File::open(&lock_path) else {
+            continue;
+        };
+        if lock.try_lock().is_err() {
+            continue;
+        }
+        let db = record.with_extension("db");
+        let point = std::fs::read(record)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<idem_replica::ResumePoint>(&b).ok());
+        let taken = point.is_some()
+            && std::fs::metadata(sidecar(&db, "-wal")).map_or(true, |m| m.len() == 0)
+            && std::fs::copy(&db, dest).is_ok();
+        remove_db(&db);
+        let _ = std::fs::remove_file(record);
+        let _ = std::fs::remove_file(&lock_path);
+        drop(lock);
+        if taken {
+            return point;
+        }
+    }
+    None
 }
 
 fn remove_db(db: &Path) {
@@ -104,12 +187,14 @@ fn remove_dead_claims(dir: &Path, ours: &Path) {
         };
         if file.try_lock().is_ok() {
             remove_db(&path.with_extension("db"));
+            let _ = std::fs::remove_file(path.with_extension("cache"));
             let _ = std::fs::remove_file(&path);
         }
     }
 }
 
-/// Count of claim lock files under a data directory (for tests of bounded open files).
+/// Count of claim lock files under a data directory, not counting released claims' files
+/// kept for reuse (for tests of bounded open files).
 pub fn open_claims(data_dir: &Path) -> usize {
     let Ok(orgs) = std::fs::read_dir(data_dir.join("orgs")) else {
         return 0;
@@ -118,6 +203,7 @@ pub fn open_claims(data_dir: &Path) -> usize {
         .filter_map(|o| std::fs::read_dir(o.path()).ok())
         .flat_map(|d| d.flatten())
         .filter(|e| e.path().extension().is_some_and(|x| x == "lock"))
+        .filter(|e| !e.path().with_extension("cache").exists())
         .count()
 }
 

@@ -27,6 +27,9 @@ pub const SHIP_FAILURES: &str = "idem_ship_failures_total";
 pub const WRITERS_STOPPED: &str = "idem_writers_stopped_total";
 /// Seconds to claim and hydrate an org before it serves.
 pub const HYDRATE_SECONDS: &str = "idem_hydrate_seconds";
+/// Acquires that reused the database file this host kept at a release (the store proved it
+/// current), downloading nothing.
+pub const RESUMES: &str = "idem_resumes_total";
 /// Orgs open (served) in this process.
 pub const OPEN_ORGS: &str = "idem_open_orgs";
 /// Retention deletions after ships, by `what`: `entries` or `blobs`.
@@ -60,6 +63,7 @@ pub fn describe() {
         Unit::Seconds,
         "claim and hydrate before serving"
     );
+    describe_counter!(RESUMES, "acquires that reused the file kept at a release");
     describe_gauge!(OPEN_ORGS, "orgs served by this process");
     describe_counter!(RETENTION_DELETED, "retention deletions, by what");
     describe_counter!(EFFECTS, "external effects settled, by state");

@@ -59,7 +59,7 @@ impl Org {
         } = opening;
         crate::local::prepare(data_dir, &org)?;
         let began = std::time::Instant::now();
-        let claim = replica
+        let mut claim = replica
             .claim_from(
                 &org,
                 writer_id,
@@ -71,15 +71,15 @@ impl Org {
         let span = tracing::Span::current();
         span.record("round", claim.round());
         span.record("seq", claim.seq());
-        let files = LocalFiles::create(data_dir, &org, claim.round(), claim.nonce())?;
-        let (owned, commit_seq) =
-            match open_files(&replica, &claim, &files, &settings, cache_kib, init).await {
-                Ok(v) => v,
-                Err(e) => {
-                    files.remove();
-                    return Err(e);
-                }
-            };
+        let mut files = LocalFiles::create(data_dir, &org, claim.round(), claim.nonce())?;
+        let opened = open_files(&replica, &mut claim, &mut files, &settings, cache_kib, init).await;
+        let (owned, commit_seq) = match opened {
+            Ok(v) => v,
+            Err(e) => {
+                files.remove();
+                return Err(e);
+            }
+        };
         let acks = Arc::new(Acks {
             org: org.clone(),
             round: claim.round(),
@@ -129,7 +129,9 @@ impl Org {
 
     /// Graceful handoff: refuses new requests, lets queued ones commit (a drain), ships what
     /// is unshipped, publishes a Release entry (so the next claim proceeds at once), closes
-    /// the database and deletes the local files.
+    /// the database, and keeps its file for a later acquire on this host
+    /// ([`Settings::reuse_released_files`]; the next acquire uses it only if the store
+    /// proves it current) or deletes the local files.
     ///
     /// # Errors
     /// The final ship's or the release's error; the handle is closed either way.
@@ -144,6 +146,8 @@ impl Org {
 
     async fn release_traced(&self) -> Result<(), Error> {
         let inner = self.inner();
+        let keep = inner.settings.reuse_released_files;
+        let mut kept = None;
         let result = {
             // Wait for a ship in flight first.
             let mut shipper = inner.shipper.lock().await;
@@ -154,7 +158,12 @@ impl Org {
                 None if !drained => Err(inner.acks.stop_error(Stop::Closed)),
                 None => {
                     let unshipped = inner.acks.commit_seq.get() > inner.acks.lock().shipped;
-                    let shipped = if unshipped {
+                    // A continued chain whose file differs from its tip (SQLite's switch to
+                    // WAL mode rewrote page 1) ships once, so the kept file is the published
+                    // position. A failed check ships too: the ship's capture repeats it
+                    // and reports what it finds.
+                    let differs = keep && shipper.inherited_unshipped().await.unwrap_or(true);
+                    let shipped = if unshipped || differs {
                         crate::shipper::ship_once(inner, &mut shipper).await
                     } else {
                         Ok(())
@@ -168,12 +177,15 @@ impl Org {
                     }
                 }
             };
+            if result.is_ok() && keep {
+                kept = shipper.resume_point();
+            }
             // Stop while still holding the shipper, so a shipper task waiting for it finds the
             // org closed instead of shipping on a released claim.
             inner.acks.stop(Stop::Closed);
             result
         };
-        inner.close().await;
+        inner.close_keeping(kept.as_ref()).await;
         tracing::info!(org = %inner.acks.org, round = inner.acks.round, ok = result.is_ok(), "released");
         result
     }
@@ -183,10 +195,19 @@ impl Inner {
     /// Closes the writer (queued jobs finish; the connection closes before its descriptors)
     /// and deletes the local files.
     pub(crate) async fn close(&self) {
+        self.close_keeping(None).await;
+    }
+
+    /// [`Inner::close`], keeping the closed database file for a later acquire on this host
+    /// when `kept` names the released position it holds (after a clean release only).
+    pub(crate) async fn close_keeping(&self, kept: Option<&idem_replica::ResumePoint>) {
         self.writer.close().await;
         let files = lock(&self.files).take();
         if let Some(files) = files {
-            files.remove();
+            match kept {
+                Some(point) => files.keep(point),
+                None => files.remove(),
+            }
             // Once per org: the files are taken once.
             metrics::gauge!(crate::metrics::OPEN_ORGS).decrement(1.0);
         }
@@ -194,24 +215,46 @@ impl Inner {
     }
 }
 
-/// Hydrates the claim's state into the fresh local file, opens the writer on it, and checks
-/// that the file's commit sequence is the one the store's entry says it holds.
+/// Installs the claim's state in the local file — the released file this host kept, when
+/// the store proves it holds the newest published position, else a hydrate — opens the
+/// writer on it, and checks that the file's commit sequence is the one the store's entry
+/// says it holds. Either way the claim holds the position as its chain tip.
 async fn open_files(
     replica: &Replica,
-    claim: &Claim,
-    files: &LocalFiles,
+    claim: &mut Claim,
+    files: &mut LocalFiles,
     settings: &Settings,
     cache_kib: u64,
     init: Option<InitFn>,
 ) -> Result<(Owned, u64), Error> {
     let org = claim.org().clone();
-    let hydrated = tracing::Instrument::instrument(
-        replica.hydrate(claim, &files.db),
-        tracing::info_span!("hydrate", org = %org, round = claim.round()),
-    )
-    .await
-    .map_err(|e| Error::replica(&org, e))?;
-    tracing::debug!(position = ?hydrated.position, deltas = hydrated.deltas, commit_seq = hydrated.commit, "hydrated");
+    let resumed = match files.cached.take() {
+        Some(point) if settings.reuse_released_files => replica
+            .resume(claim, &files.db, &point)
+            .await
+            .map_err(|e| Error::replica(&org, e))?,
+        _ => None,
+    };
+    let commit = match resumed {
+        Some(r) => {
+            metrics::counter!(crate::metrics::RESUMES).increment(1);
+            tracing::debug!(
+                position = r.position,
+                commit_seq = r.commit,
+                "reused the local file"
+            );
+            r.commit
+        }
+        // A hydrate replaces whatever file is there (a kept one the store did not confirm).
+        None => {
+            let span = tracing::info_span!("hydrate", org = %org, round = claim.round());
+            let hydrated = tracing::Instrument::instrument(replica.hydrate(claim, &files.db), span)
+                .await
+                .map_err(|e| Error::replica(&org, e))?;
+            tracing::debug!(position = ?hydrated.position, deltas = hydrated.deltas, commit_seq = hydrated.commit, "hydrated");
+            hydrated.commit
+        }
+    };
     let path = files.db.clone();
     let busy = Duration::from_millis(settings.busy_timeout_ms);
     let org2 = org.clone();
@@ -237,10 +280,10 @@ async fn open_files(
         source,
     })??;
     let (owned, in_file) = opened;
-    if in_file != hydrated.commit {
+    if in_file != commit {
         return Err(Error::CommitMismatch {
             org,
-            hydrated: hydrated.commit,
+            hydrated: commit,
             in_file,
         });
     }

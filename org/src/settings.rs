@@ -37,6 +37,11 @@ pub struct Settings {
     pub retention: idem_replica::Retention,
     /// Claim even when another writer's advisory lease is live (operator override).
     pub force_claim: bool,
+    /// Keep a released org's database file on this host, and reuse it at the next acquire
+    /// here when the store proves it still holds the newest published state (its checksum
+    /// equals the newest entry's), downloading nothing. Default true; false deletes the
+    /// file at release and every acquire downloads.
+    pub reuse_released_files: bool,
 }
 
 impl Default for Settings {
@@ -51,6 +56,7 @@ impl Default for Settings {
             ship: idem_replica::ShipPolicy::default(),
             retention: idem_replica::Retention::default(),
             force_claim: false,
+            reuse_released_files: true,
         }
     }
 }

@@ -146,7 +146,8 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
     let (mut ships, mut fulls, mut max_wal) = (0u64, 0u64, 0u64);
     for step in 0..160u64 {
         if step % 53 == 52 {
-            // Handoff: the next writer hydrates the chain and starts its own with a snapshot.
+            // Handoff: the next writer (same data directory) reuses the released file or
+            // hydrates, and continues the chain with deltas.
             let s = org.stats();
             ships += s.ships;
             fulls += s.full_ships;

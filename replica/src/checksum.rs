@@ -74,6 +74,16 @@ impl PageHashes {
         })
     }
 
+    /// The hashes of pages of `page_size` bytes, page 1 first.
+    pub(crate) fn from_hashes(page_size: u32, hashes: Vec<u64>) -> PageHashes {
+        let sum = hashes.iter().fold(0, |a, h| a ^ h);
+        PageHashes {
+            page_size,
+            hashes,
+            sum,
+        }
+    }
+
     /// The database checksum.
     pub(crate) fn sum(&self) -> u64 {
         self.sum

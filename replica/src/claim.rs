@@ -31,6 +31,25 @@ impl std::fmt::Debug for Tip {
     }
 }
 
+/// The chain a claim continues: what a hydrate (or a reused local file) proved about the
+/// newest published position below the claim, which a [`crate::Shipper`] seeds its budget
+/// from, so the bounds on what a hydrate reads hold across rounds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Inherited {
+    /// The commit counter the position holds.
+    pub(crate) commit: u64,
+    /// Compressed bytes of the chain's snapshot.
+    pub(crate) snapshot_bytes: u64,
+    /// Database pages in the chain's snapshot.
+    pub(crate) snapshot_pages: u64,
+    /// When the chain's snapshot was published, ms since the Unix epoch.
+    pub(crate) snapshot_at_ms: u64,
+    /// Compressed bytes of the deltas a hydrate of the position reads.
+    pub(crate) delta_bytes: u64,
+    /// How many deltas that is.
+    pub(crate) deltas: u64,
+}
+
 /// A writer's claim on an org for one round: ship, confirm and release with it; any later
 /// claim fences it (I7).
 ///
@@ -62,8 +81,12 @@ pub struct Claim {
     pub(crate) unusable: Option<&'static str>,
     /// The newest snapshot or delta published under this claim.
     pub(crate) tip: Option<Tip>,
-    /// The snapshot the chain started from (compacted deltas apply to it).
+    /// The snapshot the chain started from (compacted deltas apply to it); `None` for a
+    /// chain continued from an earlier round until this claim ships a snapshot of its own.
     pub(crate) snapshot_tip: Option<Tip>,
+    /// The chain continued from before the claim, set with `tip` by a hydrate or a reused
+    /// local file, until the claim publishes.
+    pub(crate) inherited: Option<Inherited>,
 }
 
 impl Claim {
@@ -98,10 +121,33 @@ impl Claim {
         self.next_seq
     }
 
-    /// Log position of the newest snapshot or delta this claim published, which the next
-    /// [`crate::Replica::ship_delta`] applies to; `None` until a snapshot is shipped.
+    /// Log position of the chain's newest entry, which the next
+    /// [`crate::Replica::ship_delta`] applies to: the newest snapshot or delta this claim
+    /// published or, before it published anything, the position its
+    /// [hydrate](crate::Replica::hydrate) installed (the previous round's tip, which the
+    /// claim continues). `None` when there is none: the next ship must be a full snapshot.
     pub fn chain_tip(&self) -> Option<u64> {
         self.tip.as_ref().map(|t| t.seq)
+    }
+
+    /// Leaves the claim holding `tip`, the verified position it installed before publishing
+    /// anything, and what the chain up to it weighs. A claim that already published, or holds
+    /// a tip, keeps its own.
+    pub(crate) fn inherit(&mut self, tip: Tip, inherited: Inherited) {
+        if self.tip.is_none() && self.next_seq == self.seq + 1 && tip.seq < self.seq {
+            self.tip = Some(tip);
+            self.inherited = Some(inherited);
+        }
+    }
+
+    /// The chain tip the next delta applies to, if the claim may append one at `next_seq`:
+    /// its own last entry right before it, or, for its first entry, the position it
+    /// inherited. A claim whose last publish landed but whose tip was not recorded (the
+    /// successor check failed) has none: it ships a full snapshot.
+    pub(crate) fn delta_tip(&self) -> Option<&Tip> {
+        self.tip.as_ref().filter(|t| {
+            t.seq + 1 == self.next_seq || (t.seq < self.seq && self.next_seq == self.seq + 1)
+        })
     }
 
     /// Why this claim can no longer publish (fenced, released, unknown outcome), if so.
@@ -256,6 +302,7 @@ impl Replica {
                 unusable: None,
                 tip: None,
                 snapshot_tip: None,
+                inherited: None,
             });
         }
         Err(Error::Contended {

@@ -12,6 +12,7 @@ use tracing::info;
 use crate::blob::unpack;
 use crate::chain::{self, Chain, Start, broken};
 use crate::checksum::PageHashes;
+use crate::claim::{Inherited, Tip};
 use crate::layout::new_nonce;
 use crate::replica::blocking;
 use crate::ship::Shipped;
@@ -48,7 +49,9 @@ tokio::task_local! {
 
 impl Replica {
     /// Installs at `dest` the newest state published before `claim` (I8): the newest
-    /// snapshot, then every delta after it.
+    /// snapshot, then every delta after it, and leaves `claim` holding that position and
+    /// its page hashes as its chain tip, so the claim's first ship can be a delta that
+    /// continues the chain ([`Claim::chain_tip`]) instead of a full snapshot.
     ///
     /// Verifies size and sha256 of every blob, the database checksum before and after each
     /// delta, and runs `quick_check` on a temp file in `dest`'s directory before renaming it
@@ -61,10 +64,14 @@ impl Replica {
     /// [`Error::MissingObject`]/[`Error::Corrupt`]/[`Error::ChainBroken`] when the newest
     /// state cannot be rebuilt exactly; never falls back to an older one (I10).
     /// [`Error::Store`], [`Error::Io`].
-    pub async fn hydrate(&self, claim: &Claim, dest: &Path) -> Result<Hydrated, Error> {
+    pub async fn hydrate(&self, claim: &mut Claim, dest: &Path) -> Result<Hydrated, Error> {
         let log = self.tail(claim.org(), claim.seq()).await?;
         let chain = chain::newest(claim.org(), &log, claim.seq())?;
-        self.install_chain(claim.org(), chain, dest).await
+        let (hydrated, tip) = self.install_chain(claim.org(), chain, dest).await?;
+        if let Some((tip, inherited)) = tip {
+            claim.inherit(tip, inherited);
+        }
+        Ok(hydrated)
     }
 
     /// Installs any published position of `org` at `dest`: `at: None` = the newest,
@@ -91,7 +98,7 @@ impl Replica {
                 let chain = chain::newest(org, &log, u64::MAX)?;
                 match self.install_chain(org, chain, dest).await {
                     Err(Error::MissingObject { .. }) if attempt < 4 => continue,
-                    other => return other,
+                    other => return other.map(|(h, _)| h),
                 }
             }
         };
@@ -113,7 +120,7 @@ impl Replica {
                 "delta is not on the chain of any snapshot",
             ));
         }
-        self.install_chain(org, chain, dest).await
+        Ok(self.install_chain(org, chain, dest).await?.0)
     }
 
     /// [`Replica::restore`], reporting into `progress` as it goes: the chain's total
@@ -274,7 +281,11 @@ impl Replica {
 
     /// Rebuilds the image of a chain: the snapshot, then each delta after checking the
     /// database checksum before it and after it. Blobs are fetched concurrently.
-    async fn rebuild(&self, org: &OrgId, chain: &Chain) -> Result<(Vec<u8>, String), Error> {
+    async fn rebuild(
+        &self,
+        org: &OrgId,
+        chain: &Chain,
+    ) -> Result<(Vec<u8>, String, PageHashes), Error> {
         let (object, image) = self.fetch(org, &chain.snapshot).await?;
         let n = self.inner.settings.read_concurrency.max(1);
         let mut state = blocking("hashing a snapshot", move || {
@@ -323,27 +334,29 @@ impl Replica {
                 }
             };
         }
-        Ok((state.0, format!("{org}@{}", chain.position())))
+        Ok((state.0, format!("{org}@{}", chain.position()), state.1))
     }
 
     /// Rebuilds `chain` and installs it at `dest`, or, with no chain (nothing published),
-    /// removes `dest` and its sidecars.
+    /// removes `dest` and its sidecars. Returns what was installed and, for a chain, its
+    /// tip (position and page hashes) and what the chain weighs.
     async fn install_chain(
         &self,
         org: &OrgId,
         chain: Option<Chain>,
         dest: &Path,
-    ) -> Result<Hydrated, Error> {
+    ) -> Result<(Hydrated, Option<(Tip, Inherited)>), Error> {
         let dest_buf = dest.to_path_buf();
         let Some(chain) = chain else {
             blocking("clearing the destination", move || remove_db(&dest_buf)).await?;
             info!(%org, "hydrated empty: no snapshot published yet");
-            return Ok(Hydrated {
+            let empty = Hydrated {
                 snapshot: None,
                 commit: 0,
                 position: None,
                 deltas: 0,
-            });
+            };
+            return Ok((empty, None));
         };
         let _ = PROGRESS.try_with(|p| {
             let total = std::iter::once(&chain.snapshot)
@@ -353,7 +366,7 @@ impl Replica {
             p.total.store(total, Ordering::Relaxed);
             p.downloaded.store(0, Ordering::Relaxed);
         });
-        let (image, object) = self.rebuild(org, &chain).await?;
+        let (image, object, hashes) = self.rebuild(org, &chain).await?;
         let nonce = new_nonce()?;
         blocking("installing a snapshot", move || {
             install(&object, &image, &dest_buf, &nonce)
@@ -364,11 +377,17 @@ impl Replica {
         let position = Some(last.seq());
         info!(%org, seq = chain.snapshot.seq(), position, deltas = chain.deltas.len(),
               round = chain.snapshot.round(), commit, "hydrated");
-        Ok(Hydrated {
+        let hydrated = Hydrated {
             snapshot: self.shipped(org, &chain.snapshot),
             commit,
             position,
             deltas: chain.deltas.len(),
-        })
+        };
+        let inherited = chain.inherited(commit, hashes.page_size());
+        let tip = Tip {
+            seq: last.seq(),
+            hashes: Arc::new(hashes),
+        };
+        Ok((hydrated, Some((tip, inherited))))
     }
 }

@@ -26,10 +26,10 @@
 //! replica.release(&mut claim).await?;
 //!
 //! // A successor claims a higher round and hydrates what was shipped.
-//! let next = replica.claim(&org, "writer-b", false).await?;
+//! let mut next = replica.claim(&org, "writer-b", false).await?;
 //! assert!(next.round() > claim.round());
 //! let dir = tempfile::tempdir()?;
-//! let got = replica.hydrate(&next, &dir.path().join("acme.db")).await?;
+//! let got = replica.hydrate(&mut next, &dir.path().join("acme.db")).await?;
 //! assert_eq!(got.snapshot.map(|s| s.seq), Some(shipped.seq));
 //! let x: i64 = rusqlite::Connection::open(dir.path().join("acme.db"))?
 //!     .query_row("SELECT x FROM t", [], |r| r.get(0))?;
@@ -82,6 +82,7 @@ mod log;
 pub mod metrics;
 mod org_id;
 mod replica;
+mod resume;
 mod retention;
 mod settings;
 mod ship;
@@ -101,6 +102,7 @@ pub use lease::{Lease, ProcessLease};
 pub use log::entry::{DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, LogEntry, Stored};
 pub use org_id::OrgId;
 pub use replica::Replica;
+pub use resume::{ResumePoint, Resumed};
 pub use retention::RetentionReport;
 pub use settings::{Clock, ManualClock, Retention, Settings, SystemClock};
 pub use ship::Shipped;

@@ -99,6 +99,7 @@ impl Replica {
         };
         claim.snapshot_tip = Some(tip.clone());
         claim.tip = Some(tip);
+        claim.inherited = None;
         Ok(shipped)
     }
 
@@ -107,13 +108,18 @@ impl Replica {
     /// and after it, and checks nothing newer exists above it. Costs O(changed pages), not
     /// O(database). Same acknowledgement and fencing rules as [`Replica::ship`] (I6, I7, I9).
     ///
+    /// The first delta of a claim that [hydrated](Replica::hydrate) a chain continues it: its
+    /// base is the previous round's tip, across the claims and releases between.
+    ///
     /// A [compacted](Delta::compacted) delta names the chain's snapshot as its base instead,
     /// so a hydrate skips the deltas before it; it is refused unless applying it to the
-    /// snapshot gives exactly the database the tip plus its pages gives.
+    /// snapshot gives exactly the database the tip plus its pages gives, and unless the
+    /// snapshot was shipped under this claim.
     ///
     /// # Errors
-    /// [`Error::NoChainTip`] when the claim has shipped no snapshot yet, or its last ship
-    /// failed (ship a full snapshot); [`Error::DeltaRefused`] when the page size differs from
+    /// [`Error::NoChainTip`] when the claim has no chain tip (it shipped no snapshot and
+    /// hydrated none), or its last publish landed without its tip being recorded (ship a
+    /// full snapshot); [`Error::DeltaRefused`] when the page size differs from
     /// the tip's, a page was [encoded](Delta::encode_against) against content the tip does
     /// not hold, or a compacted delta misses a page changed since the snapshot (nothing is
     /// published, the claim is unchanged: ship a full snapshot); otherwise as
@@ -122,14 +128,11 @@ impl Replica {
         claim.usable()?;
         let org = claim.org().to_string();
         let seq = claim.next_seq;
-        let tip = match &claim.tip {
-            Some(tip) if tip.seq + 1 == seq => tip.clone(),
-            _ => {
-                return Err(Error::NoChainTip {
-                    org,
-                    round: claim.round(),
-                });
-            }
+        let Some(tip) = claim.delta_tip().cloned() else {
+            return Err(Error::NoChainTip {
+                org,
+                round: claim.round(),
+            });
         };
         let refused = move |org: String, reason: String| Error::DeltaRefused { org, seq, reason };
         if delta.page_size() != tip.hashes.page_size() {
@@ -146,7 +149,15 @@ impl Replica {
         let commit = delta.commit();
         let base = match (&claim.snapshot_tip, delta.is_compacted()) {
             (Some(snapshot), true) => snapshot.clone(),
-            _ => tip.clone(),
+            // A chain continued from an earlier round compacts only onto a snapshot of this
+            // claim's own: the chain rules take a compaction of the snapshot's round only.
+            (None, true) => {
+                return Err(refused(
+                    org,
+                    "a compaction needs a snapshot shipped under this claim".into(),
+                ));
+            }
+            (_, false) => tip.clone(),
         };
         let mut delta = delta;
         // The tip comparison must see the pages as the caller gave them: filled zero pages
@@ -200,6 +211,7 @@ impl Replica {
             seq: shipped.seq,
             hashes,
         });
+        claim.inherited = None;
         Ok(shipped)
     }
 

@@ -34,9 +34,11 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     let shipped = replica.ship(&mut claim, snap).await?;
     replica.release(&mut claim).await?;
 
-    let next = replica.claim(&org, "bench-b", false).await?;
+    let mut next = replica.claim(&org, "bench-b", false).await?;
     let t = Instant::now();
-    replica.hydrate(&next, &work.join("hydrated.db")).await?;
+    replica
+        .hydrate(&mut next, &work.join("hydrated.db"))
+        .await?;
     let hydrate = t.elapsed();
 
     let t = Instant::now();

@@ -56,14 +56,14 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
         let snap = Snapshot::take(&conn, |_| Ok(1)).map_err(step("snapshot"))?;
         let shipped = replica.ship(&mut claim, snap).await.map_err(step("ship"))?;
         replica.release(&mut claim).await.map_err(step("release"))?;
-        let next = replica
+        let mut next = replica
             .claim(&org, "idem-check-b", false)
             .await
             .map_err(step("second claim"))?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let dest = dir.path().join("check.db");
         replica
-            .hydrate(&next, &dest)
+            .hydrate(&mut next, &dest)
             .await
             .map_err(step("hydrate"))?;
         let x: i64 = rusqlite::Connection::open(&dest)

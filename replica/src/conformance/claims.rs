@@ -128,10 +128,10 @@ pub(super) async fn release_lets_next_claim_through(store: Arc<dyn ObjectStore>)
         r.ship(&mut a, test_snapshot(4)?).await,
         Err(Error::ClaimUnusable { .. })
     ));
-    let b = r.claim(&o, "b", false).await?;
+    let mut b = r.claim(&o, "b", false).await?;
     assert!(b.round() > a.round());
     let tmp = tempfile::tempdir()?;
-    assert_eq!(r.hydrate(&b, &tmp.path().join("db")).await?.commit, 3);
+    assert_eq!(r.hydrate(&mut b, &tmp.path().join("db")).await?.commit, 3);
     Ok(())
 }
 
@@ -170,10 +170,10 @@ pub(super) async fn org_isolation(store: Arc<dyn ObjectStore>) -> CaseResult {
     r.ship(&mut c2, test_snapshot(7)?).await?;
     assert!(r.history(&acme).await?.is_empty());
     assert!(r.lease(&acme).await?.is_none());
-    let c = r.claim(&acme, "w", false).await?;
+    let mut c = r.claim(&acme, "w", false).await?;
     assert_eq!(c.round(), 1);
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&c, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut c, &tmp.path().join("db")).await?;
     assert_eq!(
         h,
         crate::Hydrated {

@@ -100,10 +100,10 @@ pub(super) async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectSto
                 store.put(&path, PutPayload::from(bytes)).await?;
             }
         }
-        let b = r.claim(&acme, "b", false).await?;
+        let mut b = r.claim(&acme, "b", false).await?;
         let tmp = tempfile::tempdir()?;
         let dest = tmp.path().join("db");
-        let got = r.hydrate(&b, &dest).await;
+        let got = r.hydrate(&mut b, &dest).await;
         let typed = match how {
             "flip" => matches!(&got, Err(Error::Corrupt { .. })),
             _ => matches!(&got, Err(Error::ChainBroken { .. })),

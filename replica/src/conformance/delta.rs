@@ -56,9 +56,9 @@ pub(super) async fn delta_chain_hydrates_and_restores_every_position(
     let mut a = r.claim(&acme, "a", false).await?;
     let images = ship_chain(&r, &mut a).await?;
     r.release(&mut a).await?;
-    let b = r.claim(&acme, "b", false).await?;
+    let mut b = r.claim(&acme, "b", false).await?;
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&b, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut b, &tmp.path().join("db")).await?;
     let (last_seq, last_image) = images.last().cloned().unwrap_or_default();
     assert_eq!(h.position, Some(last_seq));
     assert_eq!(h.deltas, images.len() - 1);
@@ -107,13 +107,13 @@ pub(super) async fn delta_needs_a_snapshot_and_is_fenced(
     db.exec("INSERT INTO t VALUES (1, x'00')")?;
     let next = db.image()?;
     r.ship_delta(&mut a, diff(&img, &next, 2)?).await?;
-    let b = r.claim(&acme, "b", true).await?;
+    let mut b = r.claim(&acme, "b", true).await?;
     db.exec("INSERT INTO t VALUES (2, x'01')")?;
     let late = db.image()?;
     let fenced = r.ship_delta(&mut a, diff(&next, &late, 3)?).await;
     assert!(matches!(fenced, Err(Error::Fenced { .. })), "{fenced:?}");
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&b, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut b, &tmp.path().join("db")).await?;
     assert_eq!(h.commit, 2);
     Ok(())
 }
@@ -176,9 +176,9 @@ pub(super) async fn compacted_delta_supersedes_the_chain(
     // A superseded delta vanishes: the newest state does not need it.
     let gone = images[2].0;
     store.delete(&log_path(&pfx, gone)).await?;
-    let b = r.claim(&acme, "b", false).await?;
+    let mut b = r.claim(&acme, "b", false).await?;
     let tmp = tempfile::tempdir()?;
-    let h = r.hydrate(&b, &tmp.path().join("db")).await?;
+    let h = r.hydrate(&mut b, &tmp.path().join("db")).await?;
     assert_eq!(h.deltas, 3, "snapshot + compacted + 2 deltas");
     assert_eq!(h.snapshot.as_ref().map(|s| s.seq), Some(snap_seq));
     let got = std::fs::read(tmp.path().join("db"))?;
@@ -277,5 +277,81 @@ pub(super) async fn a_delta_encoded_against_a_wrong_base_is_refused_before_publi
         .await?;
     assert_eq!((got.commit, got.deltas), (2, 1));
     assert_eq!(std::fs::read(dir.path().join("x.db"))?, s2);
+    Ok(())
+}
+
+/// A successor that hydrated a chain continues it: its first delta applies to the previous
+/// round's tip, across the claim between; the fenced writer's late delta is refused; a third
+/// round continues after a release; every position of the chain restores byte for byte and
+/// verifies; retention keeps the whole cross-round chain of a kept snapshot and deletes it
+/// whole with its snapshot (I7, I10, I11).
+pub(super) async fn a_successor_continues_the_chain_and_a_zombie_stays_fenced(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let r = open(store, &prefix()?).await?;
+    let acme = org("acme");
+    let mut a = r.claim(&acme, "a", false).await?;
+    let mut images = ship_chain(&r, &mut a).await?;
+    let a_tip = a.chain_tip().ok_or("A has no tip")?;
+    // B takes over while A still runs (a zombie from now on).
+    let mut b = r.claim(&acme, "b", true).await?;
+    let tmp = tempfile::tempdir()?;
+    r.hydrate(&mut b, &tmp.path().join("b.db")).await?;
+    assert_eq!(b.chain_tip(), Some(a_tip), "B holds A's tip");
+    let mut prev = images.last().map(|(_, i)| i.clone()).unwrap_or_default();
+    let mut db = Db::from_image(&prev)?;
+    db.exec("INSERT INTO t VALUES (700, randomblob(900))")?;
+    let next = db.image()?;
+    let d = r.ship_delta(&mut b, diff(&prev, &next, 50)?).await?;
+    assert!(d.delta, "B's first ship is a delta");
+    images.push((d.seq, next.clone()));
+    prev = next;
+    // A's late delta onto its own tip: its slot is taken, it is fenced (I7).
+    let late = r
+        .ship_delta(&mut a, diff(&images[images.len() - 2].1, &prev, 99)?)
+        .await;
+    assert!(matches!(late, Err(Error::Fenced { .. })), "{late:?}");
+    r.release(&mut b).await?;
+    // C continues after B's release.
+    let mut c = r.claim(&acme, "c", false).await?;
+    r.hydrate(&mut c, &tmp.path().join("c.db")).await?;
+    assert!(std::fs::read(tmp.path().join("c.db"))? == prev);
+    db.exec("UPDATE t SET v = randomblob(20) WHERE id = 700")?;
+    let next = db.image()?;
+    let d = r.ship_delta(&mut c, diff(&prev, &next, 51)?).await?;
+    assert!(d.delta);
+    images.push((d.seq, next.clone()));
+    for (seq, image) in &images {
+        let dest = tmp.path().join(format!("at-{seq}"));
+        r.restore(&acme, Some(*seq), &dest).await?;
+        assert!(std::fs::read(&dest)? == *image, "restore at {seq} differs");
+    }
+    let report = r.verify(&acme).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.ok.len(), images.len());
+    // A new snapshot: with two kept, the old chain stays whole, B's and C's deltas included.
+    r.ship(&mut c, Snapshot::from_bytes(next, 52)).await?;
+    let keep_two = crate::Retention {
+        keep_snapshots: 2,
+        keep_ms: 0,
+    };
+    let kept = r.retain(&acme, &keep_two).await?;
+    assert!(kept.deleted_entries.is_empty(), "{kept:?}");
+    let (seq, image) = images.last().cloned().unwrap_or_default();
+    r.restore(&acme, Some(seq), &tmp.path().join("kept"))
+        .await?;
+    assert!(std::fs::read(tmp.path().join("kept"))? == image);
+    // With one kept, the old snapshot goes with every delta of its chain; claims stay.
+    let keep_one = crate::Retention {
+        keep_snapshots: 1,
+        keep_ms: 0,
+    };
+    let gone = r.retain(&acme, &keep_one).await?;
+    for (seq, _) in &images {
+        assert!(gone.deleted_entries.contains(seq), "{seq} kept: {gone:?}");
+    }
+    assert!(!gone.deleted_entries.contains(&b.seq()) && !gone.deleted_entries.contains(&c.seq()));
+    let h = r.restore(&acme, None, &tmp.path().join("newest")).await?;
+    assert_eq!(h.commit, 52);
     Ok(())
 }

@@ -95,9 +95,9 @@ pub(super) async fn faults_at_every_put_site(store: Arc<dyn ObjectStore>) -> Cas
                         Some(s.seq),
                         "{site} {fault:?}: false success"
                     );
-                    let c = r.claim(&o, "check", true).await?;
+                    let mut c = r.claim(&o, "check", true).await?;
                     let tmp = tempfile::tempdir()?;
-                    let h = r.hydrate(&c, &tmp.path().join("db")).await?;
+                    let h = r.hydrate(&mut c, &tmp.path().join("db")).await?;
                     assert_eq!(h.commit, 2, "{site} {fault:?}: lost publish");
                 }
                 Err(e) => {
@@ -140,7 +140,7 @@ pub(super) async fn corrupt_blob_is_refused_and_nothing_installed(
     let newest = r.ship(&mut a, test_snapshot(9)?).await?;
     let blob = Path::from(newest.blob.as_str());
     let good = store.get(&blob).await?.bytes().await?;
-    let c = r.claim(&o, "b", true).await?;
+    let mut c = r.claim(&o, "b", true).await?;
     let tmp = tempfile::tempdir()?;
     let dest = tmp.path().join("acme.db");
     let mut flipped = good.to_vec();
@@ -156,7 +156,7 @@ pub(super) async fn corrupt_blob_is_refused_and_nothing_installed(
             Some(b) => store.put(&blob, PutPayload::from(b)).await.map(|_| ()),
             None => store.delete(&blob).await,
         }?;
-        let res = r.hydrate(&c, &dest).await;
+        let res = r.hydrate(&mut c, &dest).await;
         match (what, &res) {
             ("deleted", Err(Error::MissingObject { .. }))
             | ("flipped" | "truncated", Err(Error::Corrupt { .. })) => {}

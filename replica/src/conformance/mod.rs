@@ -82,6 +82,7 @@ macro_rules! __conformance_cases {
             delta::compacted_delta_supersedes_the_chain,
             delta::compaction_missing_grown_pages_is_refused,
             delta::a_delta_encoded_against_a_wrong_base_is_refused_before_publishing,
+            delta::a_successor_continues_the_chain_and_a_zombie_stays_fenced,
             damage::broken_delta_chain_is_a_typed_error,
             damage::restore_at_a_delta_without_its_snapshot_is_an_error_not_an_empty_db,
             damage::a_delta_with_a_huge_db_size_is_corrupt_not_a_panic,

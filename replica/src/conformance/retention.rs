@@ -84,8 +84,8 @@ pub(super) async fn zombie_after_retention_is_fenced(store: Arc<dyn ObjectStore>
         "zombie not fenced: {res:?}"
     );
     let tmp = tempfile::tempdir()?;
-    let c = rb.claim(&o, "c", true).await?;
-    let h = rb.hydrate(&c, &tmp.path().join("db")).await?;
+    let mut c = rb.claim(&o, "c", true).await?;
+    let h = rb.hydrate(&mut c, &tmp.path().join("db")).await?;
     assert_eq!(
         h.snapshot.map(|s| s.seq),
         Some(s2.seq),
@@ -123,9 +123,9 @@ pub(super) async fn retention_keeps_the_delta_chain(store: Arc<dyn ObjectStore>)
         assert!(left.contains(seq), "newest chain entry {seq} deleted");
     }
     r.release(&mut a).await?;
-    let b = r.claim(&acme, "b", false).await?;
+    let mut b = r.claim(&acme, "b", false).await?;
     let tmp = tempfile::tempdir()?;
-    r.hydrate(&b, &tmp.path().join("db")).await?;
+    r.hydrate(&mut b, &tmp.path().join("db")).await?;
     let got = std::fs::read(tmp.path().join("db"))?;
     assert!(new.last().is_some_and(|(_, img)| *img == got));
     Ok(())
@@ -199,9 +199,9 @@ pub(super) async fn zombie_delta_is_fenced_and_collected(
         !blobs.iter().any(|b| b.ends_with(".delta.zst")),
         "the zombie's orphan blob survived retention: {blobs:?}"
     );
-    let c = rb.claim(&o, "c", true).await?;
+    let mut c = rb.claim(&o, "c", true).await?;
     let tmp = tempfile::tempdir()?;
-    let h = rb.hydrate(&c, &tmp.path().join("db")).await?;
+    let h = rb.hydrate(&mut c, &tmp.path().join("db")).await?;
     assert_eq!(h.position, Some(newest.seq));
     let report = rb.verify(&o).await?;
     assert!(report.failed.is_empty(), "{:?}", report.failed);

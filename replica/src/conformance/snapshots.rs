@@ -75,8 +75,8 @@ pub(super) async fn retention_keeps_newest(store: Arc<dyn ObjectStore>) -> CaseR
     )
     .await?;
     let tmp = tempfile::tempdir()?;
-    let c = r.claim(&o, "b", true).await?;
-    assert_eq!(r.hydrate(&c, &tmp.path().join("db")).await?.commit, 4);
+    let mut c = r.claim(&o, "b", true).await?;
+    assert_eq!(r.hydrate(&mut c, &tmp.path().join("db")).await?.commit, 4);
     Ok(())
 }
 

@@ -7,7 +7,9 @@
 //!                                  ◄─ ShipReport { commit_seq }  (acknowledge every commit ≤ it)
 //! ```
 //!
-//! A full snapshot is shipped when the claim has none yet (a new writer), when the WAL
+//! A claim that hydrated a chain continues it: its first ship is a delta against the
+//! previous round's tip, with the budget counters seeded from what the chain weighs. A full
+//! snapshot is shipped when the claim has no chain (an empty org), when the WAL
 //! position of the chain is lost (a failed capture, a WAL restarted behind our back, a delta
 //! the store refused), and when the deltas since the last full snapshot outgrow
 //! [`ShipPolicy::delta_budget_percent`] of it, number [`ShipPolicy::max_deltas`], or are
@@ -25,6 +27,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use policy::ShipPolicy;
+
+use crate::resume::ResumePoint;
 use state::{Chain, WalState};
 
 use crate::sqlite::{
@@ -100,13 +104,71 @@ impl Shipper {
         files: Arc<OwnedFiles>,
         policy: ShipPolicy,
     ) -> Shipper {
+        let mut chain = Chain::new();
+        // A claim that hydrated a chain (or reused a file holding its tip) continues it.
+        if let (Some(tip), Some(inherited)) = (&claim.tip, &claim.inherited) {
+            let age_ms = replica
+                .inner
+                .clock
+                .now_ms()
+                .saturating_sub(inherited.snapshot_at_ms);
+            let (page_size, pages) = (tip.hashes.page_size(), tip.hashes.pages() as u32);
+            chain.inherit(page_size, pages, inherited, age_ms);
+        }
         Shipper {
             replica,
             claim,
             files,
             policy,
-            chain: Chain::new(),
+            chain,
         }
+    }
+
+    /// True when the database file differs from the chain's tip although this shipper has
+    /// nothing to publish for its own commits: it continues a chain from before its claim,
+    /// published nothing yet, and the open path wrote outside the WAL (SQLite's switch to
+    /// WAL mode rewrote page 1's change counter) or into it. A writer that wants its file to
+    /// match the published position ([`Shipper::resume_point`]) ships once first. Reads the
+    /// file once (local, no store request); call between captures.
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`] when the files were changed outside the writer; [`Error::Io`].
+    pub async fn inherited_unshipped(&mut self) -> Result<bool, Error> {
+        if !self.chain.diff_file {
+            return Ok(false);
+        }
+        let tip_pages = self.claim.tip.as_ref().map(|t| t.hashes.pages());
+        if !self.take_file_changes().await? {
+            // Another page size: only a full snapshot can follow.
+            self.chain.wal = WalState::Lost;
+            return Ok(true);
+        }
+        let wal = self
+            .files
+            .wal_len()
+            .map_err(|e| self.capture_error(e.into()))?;
+        Ok(!self.chain.pending.is_empty()
+            || tip_pages != Some(self.chain.db_pages as usize)
+            || wal > 0)
+    }
+
+    /// Where a later claim on this host can resume from this shipper's file, after its claim
+    /// was released: the chain's tip (log position and database checksum) and what the chain
+    /// weighs. `None` when the claim holds no tip it published or inherited, or when the
+    /// file may differ from it ([`Shipper::inherited_unshipped`]). The file matches only once
+    /// the writer connection has closed (SQLite then checkpoints the WAL into it); a later
+    /// [`Replica::resume`] checks it against the store before trusting it.
+    pub fn resume_point(&self) -> Option<ResumePoint> {
+        let tip = self.claim.tip.as_ref()?;
+        if self.chain.diff_file || !self.chain.pending.is_empty() {
+            return None;
+        }
+        let commit = self.chain.proven?;
+        Some(ResumePoint::new(
+            tip.seq,
+            tip.hashes.sum(),
+            self.chain.weight(commit),
+        ))
     }
 
     /// The claim published under.
@@ -210,6 +272,7 @@ impl Shipper {
             page_size,
             db_pages,
             shipped.compressed_bytes,
+            self.replica.inner.clock.now_ms(),
         );
         Ok(ShipReport {
             commit_seq: commit,
@@ -220,6 +283,9 @@ impl Shipper {
     }
 
     async fn ship_delta(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Fallback> {
+        if self.chain.diff_file && !self.take_file_changes().await.map_err(Fallback::Failed)? {
+            return Err(Fallback::Full);
+        }
         let from = match self.chain.wal {
             WalState::At(pos) => Some(pos),
             WalState::Fresh => None,
@@ -315,6 +381,28 @@ impl Shipper {
             }
             Err(e) => Err(Fallback::Failed(e)),
         }
+    }
+
+    /// Takes into the pending pages every page of the database file that differs from the
+    /// inherited tip (before the first capture: the file holds the tip plus whatever the open
+    /// path wrote outside the WAL), so the first delta holds every change since the tip.
+    /// False when the file's page size is not the tip's: the chain cannot go on (ship full).
+    async fn take_file_changes(&mut self) -> Result<bool, Error> {
+        let Some(tip) = self.claim.tip.clone() else {
+            return Ok(false);
+        };
+        let files = self.files.clone();
+        let read = off_thread(move || sqlite::file_changes(&files, &tip.hashes)).await?;
+        let Some((db_pages, pages)) = read.map_err(|e| self.capture_error(e))? else {
+            return Ok(false);
+        };
+        if !pages.is_empty() || db_pages != self.chain.db_pages {
+            tracing::debug!(org = %self.org(), pages = pages.len(), db_pages, "file differs from the inherited tip");
+        }
+        self.chain.db_pages = db_pages;
+        self.chain.pending.extend(pages);
+        self.chain.diff_file = false;
+        Ok(true)
     }
 
     /// Builds a compacted delta after a capture whose checkpoint emptied the WAL: every page

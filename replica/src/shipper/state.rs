@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::policy::{COMPACTION_FLOOR, ShipPolicy};
 use crate::Claim;
+use crate::claim::Inherited;
 use crate::sqlite::wal::{Frames, WalPos};
 
 /// Where the next delta capture starts.
@@ -30,6 +31,19 @@ pub(super) struct Chain {
     since_full_bytes: u64,
     since_full_deltas: u64,
     full_at: Instant,
+    /// Age of the chain's snapshot when this shipper took the chain over, in ms (0 for a
+    /// snapshot it shipped): [`ShipPolicy::snapshot_interval_ms`] counts from the snapshot.
+    full_age_ms: u64,
+    /// When the chain's snapshot was published, ms since the Unix epoch.
+    pub(super) full_at_ms: u64,
+    /// The chain's snapshot was shipped by this shipper: only then may it compact (a
+    /// compaction must be of its snapshot's round, and `changed` covers only what this
+    /// shipper saw).
+    own_snapshot: bool,
+    /// The chain was taken over from a hydrate or a reused file and nothing shipped yet: the
+    /// first delta must first take every page of the database file that differs from the
+    /// tip (the open path may have written it outside the WAL, see [`Chain::inherit`]).
+    pub(super) diff_file: bool,
     /// Pages changed since the chain's snapshot (shipped or pending): a compacted delta
     /// carries them all.
     changed: BTreeSet<u32>,
@@ -58,6 +72,10 @@ impl Chain {
             since_full_bytes: 0,
             since_full_deltas: 0,
             full_at: Instant::now(),
+            full_age_ms: 0,
+            full_at_ms: 0,
+            own_snapshot: false,
+            diff_file: false,
             changed: BTreeSet::new(),
             window_deltas: 0,
             window_bytes: 0,
@@ -74,7 +92,53 @@ impl Chain {
                 > self.full_bytes.saturating_mul(p.delta_budget_percent)
             || self.since_full_deltas >= p.max_deltas
             || (p.snapshot_interval_ms > 0
-                && self.full_at.elapsed().as_millis() as u64 >= p.snapshot_interval_ms)
+                && (self.full_at.elapsed().as_millis() as u64).saturating_add(self.full_age_ms)
+                    >= p.snapshot_interval_ms)
+    }
+
+    /// Takes over a chain the claim continues: a database of `db_pages` pages of `page_size`
+    /// bytes at the chain's tip, installed with an empty WAL, holding commit `commit`; the
+    /// budget counters start from what the chain already weighs (`inherited`), and its
+    /// snapshot is `age_ms` old, so the bounds on what a hydrate reads hold across rounds.
+    ///
+    /// The next delta reads the WAL from its start, after taking every page of the file
+    /// that differs from the tip: SQLite's switch of the installed file to WAL mode rewrites
+    /// page 1 (its change counter) in the file itself, and an open hook may checkpoint.
+    pub(super) fn inherit(
+        &mut self,
+        page_size: u32,
+        db_pages: u32,
+        inherited: &Inherited,
+        age_ms: u64,
+    ) {
+        self.restart();
+        self.wal = WalState::Fresh;
+        self.page_size = page_size;
+        self.db_pages = db_pages;
+        self.full_bytes = inherited.snapshot_bytes;
+        self.full_pages = inherited.snapshot_pages;
+        self.since_full_bytes = inherited.delta_bytes;
+        self.since_full_deltas = inherited.deltas;
+        self.full_at = Instant::now();
+        self.full_age_ms = age_ms;
+        self.full_at_ms = inherited.snapshot_at_ms;
+        self.own_snapshot = false;
+        self.diff_file = true;
+        self.changed.clear();
+        (self.window_deltas, self.window_bytes) = (0, 0);
+        self.proven = Some(inherited.commit);
+    }
+
+    /// What the chain weighs now, for a writer that continues it from this position.
+    pub(super) fn weight(&self, commit: u64) -> Inherited {
+        Inherited {
+            commit,
+            snapshot_bytes: self.full_bytes,
+            snapshot_pages: self.full_pages,
+            snapshot_at_ms: self.full_at_ms,
+            delta_bytes: self.since_full_bytes,
+            deltas: self.since_full_deltas,
+        }
     }
 
     /// A compaction is due after `compact_every_deltas` deltas, and worth it only while its
@@ -88,7 +152,8 @@ impl Chain {
     pub(super) fn wants_compaction(&self, p: &ShipPolicy) -> bool {
         let per_page = self.full_bytes / self.full_pages.max(1);
         let estimate = (self.changed.len() as u64).saturating_mul(per_page);
-        p.compact_every_deltas > 0
+        self.own_snapshot
+            && p.compact_every_deltas > 0
             && self.window_deltas >= p.compact_every_deltas
             && estimate <= (self.window_bytes / 4).max(COMPACTION_FLOOR)
     }
@@ -98,6 +163,7 @@ impl Chain {
         self.wal = WalState::Lost;
         self.pending.clear();
         self.published.clear();
+        self.diff_file = false;
     }
 
     pub(super) fn full_shipped(
@@ -106,8 +172,12 @@ impl Chain {
         page_size: u32,
         db_pages: u32,
         bytes: u64,
+        at_ms: u64,
     ) {
         self.wal = wal;
+        self.own_snapshot = true;
+        self.full_age_ms = 0;
+        self.full_at_ms = at_ms;
         self.page_size = page_size;
         self.db_pages = db_pages;
         self.full_bytes = bytes;

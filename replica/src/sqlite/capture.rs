@@ -296,3 +296,58 @@ pub(crate) fn read_pages(
     files.check_db(db)?;
     Ok(out)
 }
+
+/// The database file's size in pages and its pages that differ from a tip, by number.
+pub(crate) type FileChanges = (u32, BTreeMap<u32, Vec<u8>>);
+
+/// Pages read per chunk by [`file_changes`]: memory stays bounded whatever the file's size.
+const DIFF_CHUNK_PAGES: u64 = 256;
+
+/// Every page of the database file whose hash differs from `tip` (page 1 compared in its
+/// canonical form, as images are hashed), with the file's size in pages, read in bounded
+/// chunks through the writer's descriptor. `None` when the file's page size is not the
+/// tip's. The file must be as the writer's open or last checkpoint left it.
+///
+/// # Errors
+/// [`CaptureError::Foreign`] when the file changed before or during the read, or is not a
+/// whole number of pages; [`CaptureError::Io`].
+pub(crate) fn file_changes(
+    files: &OwnedFiles,
+    tip: &crate::checksum::PageHashes,
+) -> Result<Option<FileChanges>, CaptureError> {
+    use crate::checksum::page_hash;
+    use crate::sqlite::pages::{canonical_page1, image_page_size};
+    files.check_unchanged()?;
+    let len = files.db_state()?.len();
+    let ps = u64::from(tip.page_size());
+    if len < ps || image_page_size(&files.read_db(0, 100.min(len))?) != Some(tip.page_size()) {
+        return Ok(None);
+    }
+    if len % ps != 0 {
+        return Err(Foreign("the database file is not a whole number of pages".into()).into());
+    }
+    let pages = len / ps;
+    let mut changed = BTreeMap::new();
+    let mut first = 0;
+    while first < pages {
+        let n = DIFF_CHUNK_PAGES.min(pages - first);
+        let buf = files.read_db(first * ps, (first + n) * ps)?;
+        for (i, page) in buf.chunks(ps as usize).enumerate() {
+            let pgno = u32::try_from(first + i as u64 + 1).map_err(std::io::Error::other)?;
+            let hash = if pgno == 1 {
+                let mut canonical = page.to_vec();
+                canonical_page1(&mut canonical);
+                page_hash(1, &canonical)
+            } else {
+                page_hash(pgno, page)
+            };
+            if tip.get(pgno) != Some(hash) {
+                changed.insert(pgno, page.to_vec());
+            }
+        }
+        first += n;
+    }
+    files.check_unchanged()?;
+    let pages = u32::try_from(pages).map_err(std::io::Error::other)?;
+    Ok(Some((pages, changed)))
+}
