@@ -219,12 +219,18 @@ impl Replica {
         check_writer(writer)?;
         let attempts = self.inner.settings.claim_retries.saturating_add(1);
         for attempt in 0..attempts {
-            let log = self.history(org).await?;
-            let head = log.last().map(LogEntry::seq).unwrap_or(0);
-            let max_round = log.iter().map(LogEntry::round).max().unwrap_or(0);
+            // One LIST and one GET, whatever the length of the log: the head entry carries the
+            // highest round of any claim that can still publish. Claims that passed the check
+            // below took rounds in seq order (each read the one before), and a claim that landed
+            // below a newer entry (a freed slot) is abandoned and never publishes.
+            let Some(top) = self.head_entry(org).await? else {
+                continue;
+            };
+            let head = top.as_ref().map(LogEntry::seq).unwrap_or(0);
+            let max_round = top.as_ref().map(LogEntry::round).unwrap_or(0);
             let now = self.inner.clock.now_ms();
             if !force && let Some(lease) = self.lease(org).await? {
-                let released = log.last().is_some_and(|e| {
+                let released = top.as_ref().is_some_and(|e| {
                     matches!(e.body, EntryBody::Release) && e.round() >= lease.round
                 });
                 let ours = lease.writer == writer
@@ -379,6 +385,16 @@ impl Replica {
         claim.usable()?;
         let last = claim.next_seq.saturating_sub(1);
         self.check_no_successor(claim, last).await
+    }
+
+    /// The entry at the head of `org`'s log (`Some(None)` for an empty log); `None` when the
+    /// listed head vanished before it was read (retention never deletes the head, so the log
+    /// moved: list again).
+    async fn head_entry(&self, org: &OrgId) -> Result<Option<Option<LogEntry>>, Error> {
+        let Some(&seq) = self.log_seqs(org).await?.last() else {
+            return Ok(Some(None));
+        };
+        Ok(self.read_entry(org, seq).await?.map(Some))
     }
 
     /// After our create at `seq`, anything above it means a successor owns the org (I11):
