@@ -27,11 +27,11 @@ use replica::ReplicaProc;
 /// `idem demo` options.
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Number of orgs (tenants).
-    #[arg(long, default_value_t = 16)]
+    /// Number of orgs (tenants): hundreds by default, each moved through both handoffs.
+    #[arg(long, default_value_t = 300)]
     orgs: usize,
     /// Number of distinct requests (idempotency keys).
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = 6000)]
     requests: usize,
     /// Concurrent clients.
     #[arg(long, default_value_t = 32)]
