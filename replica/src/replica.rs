@@ -31,6 +31,8 @@ pub(crate) struct Inner {
     pub(crate) instance: String,
     /// Opened with [`Replica::open_read_only`]: claims and retention are refused.
     pub(crate) read_only: bool,
+    /// Entries published or read by retention, so retention reads only new ones.
+    pub(crate) known: crate::log::known::Known,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -128,6 +130,7 @@ impl Replica {
         }
         Ok(Replica {
             inner: Arc::new(Inner {
+                known: crate::log::known::Known::new(settings.known_entries),
                 store,
                 requests,
                 layout,
@@ -155,6 +158,7 @@ impl Replica {
         let counted = crate::CountedStore::new(store);
         Ok(Replica {
             inner: Arc::new(Inner {
+                known: crate::log::known::Known::new(settings.known_entries),
                 requests: counted.counts(),
                 store: Arc::new(counted),
                 layout: Layout::new(prefix),

@@ -28,6 +28,11 @@ pub struct Settings {
     /// two, and a hydrate one GET less per delta. 0 = every delta gets a blob. Full
     /// snapshots always get a blob. Default 16 KiB (an entry of about 22 KB with base64).
     pub inline_delta_bytes: usize,
+    /// Log entries a handle keeps (across orgs, inline bodies dropped: a few hundred bytes
+    /// each) so retention reads only entries it has not seen: the ones this handle published
+    /// are never read back. When full, it forgets everything and starts over. 0 = keep none
+    /// (every retention run reads the whole log). Default 65536.
+    pub known_entries: usize,
 }
 
 impl Default for Settings {
@@ -39,6 +44,7 @@ impl Default for Settings {
             read_concurrency: 16,
             advertise: None,
             inline_delta_bytes: 16 * 1024,
+            known_entries: 65_536,
         }
     }
 }

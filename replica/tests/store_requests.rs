@@ -336,3 +336,55 @@ async fn inline_deltas_hydrate_restore_and_verify_byte_for_byte() -> R {
     assert_eq!(report.ok.len(), 6);
     Ok(())
 }
+
+/// Retention used to GET every log entry on every run, so its cost grew with the log (and,
+/// run every few full snapshots, with the acknowledgements). It now reads only entries its
+/// handle has not published or read before: a run over a log this handle wrote is two LISTs.
+#[tokio::test]
+async fn retention_reads_only_entries_its_handle_has_not_seen() -> R {
+    let store = Arc::new(InMemory::new());
+    let replica = Replica::open(store.clone(), "", Settings::default()).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = replica.claim(&org, "w", false).await?;
+    let images = growing(5, 100)?;
+    replica
+        .ship(&mut claim, Snapshot::from_bytes(images[0].clone(), 1))
+        .await?;
+    for (i, pair) in images.windows(2).enumerate() {
+        replica
+            .ship_delta(&mut claim, diff(&pair[0], &pair[1], i as u64 + 2)?)
+            .await?;
+    }
+    let policy = idem_replica::Retention::default();
+    let two_lists = StoreRequests {
+        list: 2,
+        ..StoreRequests::default()
+    };
+    let before = replica.store_requests();
+    replica.retain(&org, &policy).await?;
+    assert_eq!(minus(replica.store_requests(), before), two_lists);
+    // Another handle reads each entry once, then knows them.
+    let other = Replica::open(store, "", Settings::default()).await?;
+    let before = other.store_requests();
+    other.retain(&org, &policy).await?;
+    let first = minus(other.store_requests(), before);
+    assert_eq!((first.get, first.list), (6, 2), "{first:?}");
+    let before = other.store_requests();
+    other.retain(&org, &policy).await?;
+    assert_eq!(minus(other.store_requests(), before), two_lists);
+    // Entries retention deletes are forgotten: the next run neither reads nor deletes them.
+    let keep_one = idem_replica::Retention {
+        keep_snapshots: 1,
+        keep_ms: 0,
+    };
+    replica
+        .ship(&mut claim, Snapshot::from_bytes(images[4].clone(), 5))
+        .await?;
+    let report = replica.retain(&org, &keep_one).await?;
+    assert_eq!(report.deleted_entries, vec![2, 3, 4, 5, 6], "{report:?}");
+    let before = replica.store_requests();
+    let again = replica.retain(&org, &keep_one).await?;
+    assert!(again.deleted_entries.is_empty(), "{again:?}");
+    assert_eq!(minus(replica.store_requests(), before), two_lists);
+    Ok(())
+}
