@@ -30,6 +30,11 @@ pub struct Settings {
     /// Run snapshot retention after a full snapshot, at most once per this many ships of an
     /// org (0 = never). Only a new full snapshot makes older entries deletable.
     pub retain_every_ships: u64,
+    /// Smallest gap between two retention runs of one org, in milliseconds (the first run
+    /// waits this long after the org opens). With `retain_every_ships` alone, an org whose
+    /// full snapshots come often ran retention often; this bounds a busy org's retention to
+    /// a few store requests per interval, not per acknowledgement (I14). Default 60000.
+    pub retain_interval_ms: u64,
     /// When a ship is a full snapshot, a delta or a compacted delta; the WAL bound; the
     /// page cache per open org (see [`idem_replica::ShipPolicy`]).
     pub ship: idem_replica::ShipPolicy,
@@ -53,6 +58,7 @@ impl Default for Settings {
             busy_timeout_ms: 5_000,
             min_ship_interval_ms: 0,
             retain_every_ships: 64,
+            retain_interval_ms: 60_000,
             ship: idem_replica::ShipPolicy::default(),
             retention: idem_replica::Retention::default(),
             force_claim: false,

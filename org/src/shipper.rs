@@ -88,6 +88,8 @@ async fn confirm_once(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error>
 /// The org's shipper task; returns when the org stops.
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut ships_since_retain = 0u64;
+    let retain_interval = Duration::from_millis(inner.settings.retain_interval_ms);
+    let mut last_retain = tokio::time::Instant::now();
     loop {
         loop {
             if inner.acks.lock().stop.is_some() {
@@ -131,9 +133,15 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             Ok(()) => {
                 ships_since_retain += 1;
                 let every = inner.settings.retain_every_ships;
-                // Only a new full snapshot makes older entries deletable.
-                if every > 0 && full && ships_since_retain >= every {
+                // Only a new full snapshot makes older entries deletable; and at most one run
+                // per interval, so retention's requests do not follow the acknowledgements.
+                if every > 0
+                    && full
+                    && ships_since_retain >= every
+                    && last_retain.elapsed() >= retain_interval
+                {
                     ships_since_retain = 0;
+                    last_retain = tokio::time::Instant::now();
                     match inner
                         .replica
                         .retain(&inner.acks.org, &inner.settings.retention)

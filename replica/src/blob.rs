@@ -79,6 +79,33 @@ pub(crate) fn pack(
     })
 }
 
+/// The packed bytes of a body carried inline in the log entry `object`: `text` decoded from
+/// standard base64, checked to be `compressed_bytes` long (the entry's own record of it).
+/// Decoding allocates at most the text's own length (the entry was already read whole).
+///
+/// # Errors
+/// [`Error::Corrupt`] for text that is not base64 or decodes to another length.
+pub(crate) fn inline_body(
+    object: &str,
+    text: &str,
+    compressed_bytes: u64,
+) -> Result<Vec<u8>, Error> {
+    use base64::Engine;
+    let data = base64::prelude::BASE64_STANDARD
+        .decode(text)
+        .map_err(|e| Error::corrupt(object, format!("inline body is not base64: {e}")))?;
+    if data.len() as u64 != compressed_bytes {
+        return Err(Error::corrupt(
+            object,
+            format!(
+                "inline body is {} bytes, the entry says {compressed_bytes}",
+                data.len()
+            ),
+        ));
+    }
+    Ok(data)
+}
+
 /// Unpacks the blob stored at `object` and checks its size and sha256 against the log
 /// entry's `bytes` and `sha256` (I10).
 ///
@@ -133,6 +160,22 @@ mod tests {
         b[8] = 9;
         assert!(matches!(frame("x", &b), Err(Error::UnknownFormat { .. })));
         assert!(matches!(frame("x", b"short"), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn an_inline_body_that_is_not_base64_or_has_another_length_is_corrupt() -> Result<(), Error> {
+        use base64::Engine;
+        let packed = pack("acme", "delta", b"some bytes", 3)?;
+        let text = base64::prelude::BASE64_STANDARD.encode(&packed.blob);
+        let n = packed.blob.len() as u64;
+        assert_eq!(inline_body("x", &text, n)?, packed.blob);
+        for (text, n) in [("not base64!", n), ("AAEC=", n), (text.as_str(), n + 1)] {
+            assert!(
+                matches!(inline_body("x", text, n), Err(Error::Corrupt { .. })),
+                "{text} {n}"
+            );
+        }
+        Ok(())
     }
 
     #[test]

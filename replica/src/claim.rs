@@ -317,10 +317,12 @@ impl Replica {
         })
     }
 
-    /// Publishes a Release entry (same create/compare/fence rules as ship), so the next claim
-    /// goes through at once: a Release at the head of the log passes any lease of its round
-    /// or older, so the org lease is left in place (deleting it would cost a GET and a DELETE
-    /// per org at every handoff). The claim is unusable afterwards.
+    /// Publishes a Release entry (same create/compare/fence rules as ship, and like a ship no
+    /// LIST after it: the create in the slot after the claim's own last entry proves no
+    /// successor claimed), so the next claim goes through at once: a Release at the head of
+    /// the log passes any lease of its round or older, so the org lease is left in place
+    /// (deleting it would cost a GET and a DELETE per org at every handoff). The claim is
+    /// unusable afterwards.
     ///
     /// # Errors
     /// As [`Replica::ship`]'s publish step.
@@ -336,7 +338,6 @@ impl Replica {
         let seq = entry.seq();
         self.publish_for_claim(claim, &entry).await?;
         claim.unusable = Some("released");
-        self.check_no_successor(claim, seq).await?;
         info!(%org, round = claim.round, seq, "released");
         Ok(())
     }

@@ -9,7 +9,7 @@ use futures::future::Either;
 use futures::{StreamExt, TryStreamExt};
 use tracing::info;
 
-use crate::blob::unpack;
+use crate::blob::{inline_body, unpack};
 use crate::chain::{self, Chain, Start, broken};
 use crate::checksum::PageHashes;
 use crate::claim::{Inherited, Tip};
@@ -17,7 +17,7 @@ use crate::layout::new_nonce;
 use crate::replica::blocking;
 use crate::ship::Shipped;
 use crate::sqlite::install::{install, remove_db};
-use crate::{Claim, Error, FailPoint, LogEntry, OrgId, Replica};
+use crate::{BlobRef, Claim, Error, FailPoint, LogEntry, OrgId, Replica};
 
 /// Result of a hydrate or restore.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,14 +223,19 @@ impl Replica {
     }
 
     fn shipped(&self, org: &OrgId, entry: &LogEntry) -> Option<Shipped> {
-        Shipped::from_entry(entry, |b| self.inner.layout.blob(org, b).to_string())
+        Shipped::from_entry(entry, |b| match b {
+            Some(b) => self.inner.layout.blob(org, b).to_string(),
+            None => self.inner.layout.log(org, entry.seq()).to_string(),
+        })
     }
 
-    /// Downloads a snapshot's or delta's blob and returns its object path and its verified
-    /// uncompressed bytes (size and sha256 as the entry records, I10).
+    /// Downloads a snapshot's or delta's blob (or decodes the body carried inline in its
+    /// entry) and returns its object path (the entry's, for an inline body) and its verified
+    /// uncompressed bytes: the same size and sha256 checks either way (I10).
     ///
     /// # Errors
-    /// [`Error::MissingObject`], [`Error::Corrupt`], [`Error::Store`];
+    /// [`Error::MissingObject`], [`Error::Corrupt`] (also for an inline body that is not
+    /// base64, or whose packed size is not the entry's `compressed_bytes`), [`Error::Store`];
     /// [`Error::NoSuchSnapshot`] for an entry that names no blob.
     pub(crate) async fn fetch(
         &self,
@@ -244,15 +249,25 @@ impl Replica {
             });
         };
         let (bytes, sha256) = (stored.bytes, stored.sha256.clone());
-        let path = self.inner.layout.blob(org, &stored.blob);
-        let object = path.to_string();
-        let data = self
-            .get_bytes(&path)
-            .await?
-            .ok_or_else(|| Error::MissingObject {
-                path: object.clone(),
-            })?;
-        metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
+        let (object, data) = match &stored.blob {
+            BlobRef::Object(name) => {
+                let path = self.inner.layout.blob(org, name);
+                let object = path.to_string();
+                let data = self
+                    .get_bytes(&path)
+                    .await?
+                    .ok_or_else(|| Error::MissingObject {
+                        path: object.clone(),
+                    })?;
+                metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
+                (object, data.to_vec())
+            }
+            BlobRef::Inline(text) => {
+                let object = self.inner.layout.log(org, entry.seq()).to_string();
+                let data = inline_body(&object, text, stored.compressed_bytes)?;
+                (object, data)
+            }
+        };
         let _ = PROGRESS.try_with(|p| p.downloaded.fetch_add(data.len() as u64, Ordering::Relaxed));
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
         let obj = object.clone();

@@ -99,12 +99,15 @@ pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use hydrate::{Hydrated, RestoreProgress};
 pub use lease::{Lease, ProcessLease};
-pub use log::entry::{DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, LogEntry, Stored};
+pub use log::entry::{
+    BlobRef, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION, LogEntry,
+    Stored,
+};
 pub use org_id::OrgId;
 pub use replica::Replica;
 pub use resume::{ResumePoint, Resumed};
 pub use retention::RetentionReport;
-pub use settings::{Clock, ManualClock, Retention, Settings, SystemClock};
+pub use settings::{Clock, MAX_INLINE_DELTA_BYTES, ManualClock, Retention, Settings, SystemClock};
 pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;

@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) read_only: bool,
     /// Set once this process's lease was first written and its renewal task started.
     pub(crate) process_lease: tokio::sync::OnceCell<()>,
+    /// Entries published or read by retention, so retention reads only new ones.
+    pub(crate) known: crate::log::known::Known,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -130,6 +132,7 @@ impl Replica {
         }
         Ok(Replica {
             inner: Arc::new(Inner {
+                known: crate::log::known::Known::new(settings.known_entries),
                 store,
                 requests,
                 layout,
@@ -158,6 +161,7 @@ impl Replica {
         let counted = crate::CountedStore::new(store);
         Ok(Replica {
             inner: Arc::new(Inner {
+                known: crate::log::known::Known::new(settings.known_entries),
                 requests: counted.counts(),
                 store: Arc::new(counted),
                 layout: Layout::new(prefix),

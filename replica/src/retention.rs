@@ -32,11 +32,16 @@ impl Replica {
     /// head may belong to a ship in flight (a zombie's uploaded blob is an orphan: its entry
     /// can never land).
     ///
+    /// Reads only the log entries this handle has not published or read before (checked
+    /// against the listing's size and ETag; see [`crate::Settings::known_entries`]).
+    ///
     /// # Errors
     /// [`Error::Store`]; an unreadable log. A partial run is safe to repeat.
     pub async fn retain(&self, org: &OrgId, policy: &Retention) -> Result<RetentionReport, Error> {
         self.writable("retention")?;
-        let log = self.history(org).await?;
+        // Entries this handle published or read before are not read again: a run costs two
+        // LISTs, a GET per entry it has not seen, and its deletions (I14).
+        let (log, listed) = self.history_known(org).await?;
         let mut report = RetentionReport::default();
         let Some(head) = log.last().map(LogEntry::seq) else {
             return Ok(report);
@@ -82,6 +87,9 @@ impl Replica {
             report.deleted_entries.push(e.seq());
         }
         report.deleted_entries.sort_unstable();
+        self.inner
+            .known
+            .forget(org, &report.deleted_entries, &listed);
         let referenced: std::collections::HashSet<&str> = log
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))

@@ -2,6 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Largest allowed [`Settings::inline_delta_bytes`]: 1 MiB, so a log entry (base64 adds a
+/// third) stays small enough to read whole whenever the log is read.
+pub const MAX_INLINE_DELTA_BYTES: usize = 1024 * 1024;
+
 /// Tunables of a [`crate::Replica`]. Plain data: `Default`, serde.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -21,6 +25,16 @@ pub struct Settings {
     /// retries there instead of waiting. `None`: not advertised.
     #[serde(default)]
     pub advertise: Option<String>,
+    /// Largest packed delta (the `idemsnap` header + zstd frame, in bytes) carried inside its
+    /// log entry instead of a blob object: such a ship costs one create-only PUT instead of
+    /// two, and a hydrate one GET less per delta. 0 = every delta gets a blob. Full
+    /// snapshots always get a blob. Default 16 KiB (an entry of about 22 KB with base64).
+    pub inline_delta_bytes: usize,
+    /// Log entries a handle keeps (across orgs, inline bodies dropped: a few hundred bytes
+    /// each) so retention reads only entries it has not seen: the ones this handle published
+    /// are never read back. When full, it forgets everything and starts over. 0 = keep none
+    /// (every retention run reads the whole log). Default 65536.
+    pub known_entries: usize,
 }
 
 impl Default for Settings {
@@ -31,6 +45,8 @@ impl Default for Settings {
             zstd_level: 3,
             read_concurrency: 16,
             advertise: None,
+            inline_delta_bytes: 16 * 1024,
+            known_entries: 65_536,
         }
     }
 }
@@ -43,6 +59,12 @@ impl Settings {
         }
         if self.read_concurrency == 0 {
             return bad("read_concurrency must be at least 1".into());
+        }
+        if self.inline_delta_bytes > MAX_INLINE_DELTA_BYTES {
+            return bad(format!(
+                "inline_delta_bytes {} is above {MAX_INLINE_DELTA_BYTES}",
+                self.inline_delta_bytes
+            ));
         }
         Ok(())
     }

@@ -1,13 +1,21 @@
 //! Shipping: publishing a full snapshot or a delta under a claim's round (I6, I7, I9, I11).
 //!
 //! ```text
-//! pack (sha256 + zstd, blocking pool) -> put blob (unique name)
+//! pack (sha256 + zstd, blocking pool)
+//!   -> put blob (unique name), unless a delta small enough to go inside its entry
 //!   -> create log/<next> (create-only; settled by re-reading, see `log`)
-//!   -> list above it: anything there is a successor (Fenced)
 //! ```
+//!
+//! No LIST after the create: a create that lands in the slot after this writer's own last
+//! entry proves no successor has claimed (see `docs/design.md`, "Store requests per
+//! acknowledgement"): a successor's claim is created in the slot after the last entry it
+//! read, retention never frees a claim, release or the newest entry, so a claim that came
+//! first holds that very slot and the create collides (Fenced).
 
 use std::sync::Arc;
 
+use base64::Engine;
+use base64::prelude::BASE64_STANDARD;
 use object_store::{ObjectStoreExt, PutPayload};
 use tracing::info;
 
@@ -15,7 +23,7 @@ use crate::blob::{Packed, pack};
 use crate::checksum::{PageHashes, checksum_hex};
 use crate::claim::Tip;
 use crate::layout::{blob_name, delta_blob_name, new_nonce};
-use crate::log::entry::{DeltaLink, EntryBody, Stored};
+use crate::log::entry::{BlobRef, DeltaLink, EntryBody, Stored};
 use crate::replica::blocking;
 use crate::{Claim, Delta, Error, FailPoint, LogEntry, Replica, Snapshot};
 
@@ -36,16 +44,17 @@ pub struct Shipped {
     pub compressed_bytes: u64,
     /// sha256 of the uncompressed image or delta body, hex.
     pub sha256: String,
-    /// Full object path of the blob.
+    /// Full object path of the blob; for a delta carried inline, of its log entry.
     pub blob: String,
 }
 
 impl Shipped {
     /// The snapshot or delta `entry` describes, its blob named by its full object path
-    /// (`blob_path` of the blob's file name); `None` for claims and releases.
+    /// (`blob_path` of the blob's file name, or of `None` for an inline body: the entry's
+    /// path); `None` for claims and releases.
     pub(crate) fn from_entry(
         entry: &LogEntry,
-        blob_path: impl FnOnce(&str) -> String,
+        blob_path: impl FnOnce(Option<&str>) -> String,
     ) -> Option<Shipped> {
         let stored = entry.stored()?;
         Some(Shipped {
@@ -56,19 +65,20 @@ impl Shipped {
             bytes: stored.bytes,
             compressed_bytes: stored.compressed_bytes,
             sha256: stored.sha256.clone(),
-            blob: blob_path(&stored.blob),
+            blob: blob_path(stored.blob.name()),
         })
     }
 }
 
 impl Replica {
     /// Compresses and uploads `snapshot` under a unique blob name, then publishes a
-    /// create-only Snapshot entry at the claim's next seq and checks nothing newer exists
-    /// above it. Only an `Ok` means the snapshot is durably published under this round (I6).
-    /// The snapshot becomes the claim's chain tip: later deltas apply to it.
+    /// create-only Snapshot entry at the claim's next seq: two PUTs. Only an `Ok` means the
+    /// snapshot is durably published under this round (I6), and a create that lands in the
+    /// slot after the claim's own last entry proves no successor claimed (I7, I11). The
+    /// snapshot becomes the claim's chain tip: later deltas apply to it.
     ///
     /// # Errors
-    /// [`Error::Fenced`] when a newer entry holds our slot or sits above it (I7, I11);
+    /// [`Error::Fenced`] when a newer entry holds our slot (I7, I11);
     /// [`Error::PublishUnknown`] when a publish could not be settled by re-reading (I9);
     /// both make the claim unusable. [`Error::Store`]/[`Error::Injected`] before publishing
     /// (retry the ship); [`Error::StoreRefused`]; [`Error::InvalidSnapshot`];
@@ -91,7 +101,7 @@ impl Replica {
         .await?;
         let name = blob_name(claim.next_seq, claim.round(), &new_nonce()?);
         let shipped = self
-            .upload_and_publish(claim, packed, name, commit, EntryBody::Snapshot)
+            .upload_and_publish(claim, packed, Some(name), commit, EntryBody::Snapshot)
             .await?;
         let tip = Tip {
             seq: shipped.seq,
@@ -103,10 +113,13 @@ impl Replica {
         Ok(shipped)
     }
 
-    /// Ships the pages changed since the claim's chain tip: uploads the delta body, publishes
-    /// a create-only Delta entry naming the tip as its base with the database checksum before
-    /// and after it, and checks nothing newer exists above it. Costs O(changed pages), not
-    /// O(database). Same acknowledgement and fencing rules as [`Replica::ship`] (I6, I7, I9).
+    /// Ships the pages changed since the claim's chain tip: packs the delta body and
+    /// publishes a create-only Delta entry naming the tip as its base with the database
+    /// checksum before and after it. A packed body of at most
+    /// [`Settings::inline_delta_bytes`](crate::Settings::inline_delta_bytes) goes inside the
+    /// entry (one PUT per ship); a larger one is uploaded as a blob first (two PUTs). Costs
+    /// O(changed pages), not O(database). Same acknowledgement and fencing rules as
+    /// [`Replica::ship`] (I6, I7, I9).
     ///
     /// The first delta of a claim that [hydrated](Replica::hydrate) a chain continues it: its
     /// base is the previous round's tip, across the claims and releases between.
@@ -187,7 +200,11 @@ impl Replica {
         })
         .await?;
         let (base_checksum, checksum) = (base.hashes.sum(), change.sum);
-        let name = delta_blob_name(seq, claim.round(), &new_nonce()?);
+        let name = if packed.blob.len() <= self.inner.settings.inline_delta_bytes {
+            None
+        } else {
+            Some(delta_blob_name(seq, claim.round(), &new_nonce()?))
+        };
         let shipped = self
             .upload_and_publish(claim, packed, name, commit, |stored| {
                 EntryBody::Delta(DeltaLink {
@@ -215,32 +232,46 @@ impl Replica {
         Ok(shipped)
     }
 
-    /// Uploads a packed blob under `name`, publishes at the claim's next seq the entry whose
-    /// body `body` builds from the blob's [`Stored`] fields and `commit`, checks for a
-    /// successor, renews the lease.
+    /// Uploads a packed blob under `name` (or, with no name, puts the packed bytes inside
+    /// the entry), publishes at the claim's next seq the entry whose body `body` builds from
+    /// the blob's [`Stored`] fields and `commit`, renews the lease.
+    ///
+    /// No successor check after the create: the create-only slot after the claim's own last
+    /// entry already proves it (module docs; I7, I11).
     async fn upload_and_publish(
         &self,
         claim: &mut Claim,
         packed: Packed,
-        name: String,
+        name: Option<String>,
         commit: u64,
         body: impl FnOnce(Stored) -> EntryBody,
     ) -> Result<Shipped, Error> {
         let org = claim.org().clone();
         let started = std::time::Instant::now();
-        let blob_path = self.inner.layout.blob(&org, &name);
         let compressed_bytes = packed.blob.len() as u64;
+        // The failpoints around the upload fire for an inline body too, so the seams of
+        // kill and pause tests stay where they are (nothing is uploaded between them).
         self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
-        self.inner
-            .store
-            .put(&blob_path, PutPayload::from(packed.blob))
-            .await
-            .map_err(|e| Error::store("put", &blob_path, e))?;
+        let (blob, blob_path) = match name {
+            Some(name) => {
+                let blob_path = self.inner.layout.blob(&org, &name);
+                self.inner
+                    .store
+                    .put(&blob_path, PutPayload::from(packed.blob))
+                    .await
+                    .map_err(|e| Error::store("put", &blob_path, e))?;
+                (BlobRef::Object(name), blob_path)
+            }
+            None => (
+                BlobRef::Inline(BASE64_STANDARD.encode(&packed.blob)),
+                self.inner.layout.log(&org, claim.next_seq),
+            ),
+        };
         self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
         let entry = LogEntry {
             header: claim.next_header(self.inner.clock.now_ms())?,
             body: body(Stored {
-                blob: name,
+                blob,
                 sha256: packed.sha256.clone(),
                 bytes: packed.bytes,
                 compressed_bytes,
@@ -250,9 +281,8 @@ impl Replica {
         let seq = entry.seq();
         self.publish_for_claim(claim, &entry).await?;
         self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
-        self.check_no_successor(claim, seq).await?;
         info!(%org, round = claim.round(), seq, kind = entry.kind_name(), bytes = packed.bytes,
-              compressed_bytes, elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
+              compressed_bytes, inline = entry.is_inline(), elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
         Ok(Shipped {
             seq,
             delta: entry.is_delta(),

@@ -45,7 +45,7 @@ async fn audit_org(
 ) -> Result<(), String> {
     let org = OrgId::new(name).map_err(|e| e.to_string())?;
     let history = replica.history(&org).await.map_err(|e| crate::chain(&e))?;
-    a.ships += history.iter().filter(|e| e.blob().is_some()).count() as u64;
+    a.ships += history.iter().filter(|e| e.stored().is_some()).count() as u64;
     a.full_snapshots += history.iter().filter(|e| e.is_snapshot()).count() as u64;
     a.rounds.insert(
         name.to_owned(),

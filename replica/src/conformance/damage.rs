@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use base64::Engine;
+use base64::prelude::BASE64_STANDARD;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::Digest;
@@ -44,12 +46,14 @@ async fn tamper(
 /// delta blob each fail hydrate with a typed error and install nothing (I10).
 pub(super) async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectStore>) -> CaseResult {
     type Damage = fn(u64) -> (u64, &'static str);
-    let cases: [(&str, Damage); 5] = [
+    let cases: [(&str, Damage); 7] = [
         ("missing", |first| (first + 1, "delete")),
         ("foreign base", |first| (first + 1, "rebase")),
         ("reordered", |first| (first + 1, "swap")),
         ("checksum", |first| (first + 2, "checksum")),
         ("bitflip", |first| (first + 3, "flip")),
+        ("inline not base64", |first| (first + 3, "garble")),
+        ("inline of another size", |first| (first + 3, "resize")),
     ];
     for (name, damage) in cases {
         let pfx = prefix()?;
@@ -85,6 +89,27 @@ pub(super) async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectSto
                 })
                 .await?
             }
+            // A small delta's body is inside its entry: damage it there.
+            "flip" | "garble" | "resize"
+                if read_json(&store, &log_path(&pfx, seq)).await?["inline"].is_string() =>
+            {
+                tamper(&store, &pfx, seq, |v| {
+                    let text = v["inline"].as_str().unwrap_or_default();
+                    let mut bytes = BASE64_STANDARD.decode(text).unwrap_or_default();
+                    let mid = bytes.len() / 2;
+                    match how {
+                        "flip" => bytes[mid] ^= 0x40,
+                        "resize" => bytes.push(0),
+                        _ => {}
+                    }
+                    v["inline"] = match how {
+                        "garble" => "not base64!".into(),
+                        _ => BASE64_STANDARD.encode(&bytes).into(),
+                    };
+                })
+                .await?
+            }
+            "garble" | "resize" => return Err(format!("{name}: the delta is not inline").into()),
             _ => {
                 let entry = r.history(&acme).await?;
                 let blob = entry
@@ -105,7 +130,7 @@ pub(super) async fn broken_delta_chain_is_a_typed_error(store: Arc<dyn ObjectSto
         let dest = tmp.path().join("db");
         let got = r.hydrate(&mut b, &dest).await;
         let typed = match how {
-            "flip" => matches!(&got, Err(Error::Corrupt { .. })),
+            "flip" | "garble" | "resize" => matches!(&got, Err(Error::Corrupt { .. })),
             _ => matches!(&got, Err(Error::ChainBroken { .. })),
         };
         assert!(typed, "{name}: {got:?}");
@@ -158,18 +183,23 @@ pub(super) async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic(
     let sha = hex::encode(sha2::Sha256::digest(&body));
     let entry_path = log_path(&pfx, d.seq);
     let mut v = read_json(&store, &entry_path).await?;
-    let blob_name = v["blob"].as_str().ok_or("no blob")?.to_owned();
     v["db_pages"] = u32::MAX.into();
     v["sha256"] = sha.into();
     v["bytes"] = (body.len() as u64).into();
+    v["compressed_bytes"] = (blob.len() as u64).into();
+    match v["blob"].as_str().map(str::to_owned) {
+        Some(blob_name) => {
+            store
+                .put(
+                    &Path::from(format!("{pfx}/orgs/acme/snap/{blob_name}")),
+                    PutPayload::from(blob),
+                )
+                .await?;
+        }
+        None => v["inline"] = BASE64_STANDARD.encode(&blob).into(),
+    }
     store
         .put(&entry_path, PutPayload::from(serde_json::to_vec(&v)?))
-        .await?;
-    store
-        .put(
-            &Path::from(format!("{pfx}/orgs/acme/snap/{blob_name}")),
-            PutPayload::from(blob),
-        )
         .await?;
 
     let dir = tempfile::tempdir()?;
@@ -194,7 +224,12 @@ pub(super) async fn a_delta_with_a_huge_db_size_is_corrupt_not_a_panic(
 pub(super) async fn a_failed_apply_returns_without_waiting_for_the_next_fetch(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let mut w = Writer::start(store.clone(), "w", "").await?;
+    // Every delta gets a blob: the held GET is a blob's.
+    let blobs = Settings {
+        inline_delta_bytes: 0,
+        ..Settings::default()
+    };
+    let mut w = Writer::start_with(store.clone(), "w", "", blobs).await?;
     let held = Arc::new(FaultStore::new(store.clone()));
     let two = Settings {
         read_concurrency: 2,

@@ -99,8 +99,18 @@ impl Writer {
         writer: &str,
         sql: &str,
     ) -> Result<Writer, Box<dyn std::error::Error + Send + Sync>> {
+        Self::start_with(store, writer, sql, crate::Settings::default()).await
+    }
+
+    /// [`Writer::start`] on a replica opened with `settings`.
+    pub(super) async fn start_with(
+        store: Arc<dyn ObjectStore>,
+        writer: &str,
+        sql: &str,
+        settings: crate::Settings,
+    ) -> Result<Writer, Box<dyn std::error::Error + Send + Sync>> {
         let prefix = super::prefix()?;
-        let replica = super::open(store, &prefix).await?;
+        let replica = crate::Replica::open(store, &prefix, settings).await?;
         let org = super::org("acme");
         let mut claim = replica.claim(&org, writer, false).await?;
         let mut db = Db::new()?;

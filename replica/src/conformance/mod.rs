@@ -91,6 +91,7 @@ macro_rules! __conformance_cases {
             retention::retention_keeps_the_delta_chain,
             retention::zombie_delta_is_fenced_and_collected,
             retention::a_zombie_delta_after_retention_never_lands,
+            retention::a_zombie_is_fenced_by_its_create_without_a_list,
             retention::restore_newest_racing_retention_reads_again,
         }
     };

@@ -138,9 +138,27 @@ pub(super) async fn retention_keeps_the_delta_chain(store: Arc<dyn ObjectStore>)
 pub(super) async fn zombie_delta_is_fenced_and_collected(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
+    // A delta uploaded as a blob (the orphan retention collects), and one inside its entry.
+    for inline_delta_bytes in [0, Settings::default().inline_delta_bytes] {
+        zombie_delta_fenced(store.clone(), inline_delta_bytes).await?;
+    }
+    Ok(())
+}
+
+async fn zombie_delta_fenced(store: Arc<dyn ObjectStore>, inline_delta_bytes: usize) -> CaseResult {
     let p = prefix()?;
     let pause = PauseAt::new(FailPoint::ShipAfterUpload);
-    let za = paused_replica(store.clone(), &p, pause.clone()).await?;
+    let za = Replica::open_with(
+        store.clone(),
+        &p,
+        Settings {
+            inline_delta_bytes,
+            ..Settings::default()
+        },
+        Arc::new(SystemClock),
+        Some(pause.clone()),
+    )
+    .await?;
     let rb = open(store, &p).await?;
     let o = org("acme");
     let mut db = Db::new()?;
@@ -310,6 +328,85 @@ pub(super) async fn restore_newest_racing_retention_reads_again(
         assert_eq!(got.commit, 3, "held at {held_at}: {got:?}");
         let restored = std::fs::read(&dest)?;
         assert!(restored == s3, "held at {held_at}: not the newest snapshot");
+    }
+    Ok(())
+}
+
+/// What a zombie tries after its successor took over.
+#[derive(Clone, Copy, Debug)]
+enum ZombieOp {
+    Delta,
+    Snapshot,
+    Release,
+}
+
+/// A ship or release no longer lists the log after its create: the create-only slot after
+/// the writer's own last entry is the fence, because the successor's claim was created in
+/// exactly that slot and retention never frees a claim. A zombie whose successor claimed,
+/// shipped two snapshots and ran retention (its own snapshot and delta deleted) tries a
+/// delta, a snapshot or a release: each is `Fenced` by the collision alone (its handle made
+/// no LIST), nothing of it lands, and hydrate installs the successor's state (I7, I11).
+pub(super) async fn a_zombie_is_fenced_by_its_create_without_a_list(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    for op in [ZombieOp::Delta, ZombieOp::Snapshot, ZombieOp::Release] {
+        let mut w1 = Writer::start(store.clone(), "w1", "INSERT INTO t(v) VALUES (1);").await?;
+        w1.ship_change("INSERT INTO t(v) VALUES (2);", 2).await?;
+        let (zombie, o) = (w1.replica.clone(), w1.org.clone());
+        let rb = open(store.clone(), &w1.prefix).await?;
+        let mut b = rb.claim(&o, "w2", true).await?;
+        assert_eq!(
+            b.seq(),
+            w1.claim.next_seq(),
+            "{op:?}: the claim is in the zombie's slot"
+        );
+        rb.ship(&mut b, Snapshot::from_bytes(w1.image.clone(), 2))
+            .await?;
+        let newest = rb
+            .ship(&mut b, Snapshot::from_bytes(w1.image.clone(), 2))
+            .await?;
+        let report = rb.retain(&o, &KEEP_ONE).await?;
+        assert!(
+            report.deleted_entries.contains(&(b.seq() - 1)),
+            "{op:?}: retention kept the zombie's delta: {report:?}"
+        );
+        w1.db.exec("INSERT INTO t(v) VALUES (3);")?;
+        let next = w1.db.image()?;
+        let before = zombie.store_requests();
+        let got = match op {
+            ZombieOp::Delta => zombie
+                .ship_delta(&mut w1.claim, diff(&w1.image, &next, 3)?)
+                .await
+                .map(|_| ()),
+            ZombieOp::Snapshot => zombie
+                .ship(&mut w1.claim, Snapshot::from_bytes(next, 3))
+                .await
+                .map(|_| ()),
+            ZombieOp::Release => zombie.release(&mut w1.claim).await,
+        };
+        assert!(
+            matches!(
+                got,
+                Err(Error::Fenced {
+                    ours: 1,
+                    theirs: 2,
+                    ..
+                })
+            ),
+            "{op:?}: zombie not fenced: {got:?}"
+        );
+        let after = zombie.store_requests();
+        assert_eq!(after.list, before.list, "{op:?}: the fence needed a LIST");
+        let log = rb.history(&o).await?;
+        assert!(
+            !log.iter().any(|e| e.round() == 1 && !e.is_claim()),
+            "{op:?}: the zombie's entry landed: {log:?}"
+        );
+        let mut c = rb.claim(&o, "w3", true).await?;
+        let tmp = tempfile::tempdir()?;
+        let h = rb.hydrate(&mut c, &tmp.path().join("db")).await?;
+        assert_eq!(h.position, Some(newest.seq), "{op:?}");
+        assert_eq!(rows_in(&tmp.path().join("db"))?, 2, "{op:?}");
     }
     Ok(())
 }

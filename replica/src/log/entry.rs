@@ -1,16 +1,24 @@
-//! The log entry format: JSON, `"v":1`, a header every kind shares and a body per kind.
+//! The log entry format: JSON, a header every kind shares and a body per kind.
 //!
 //! On the wire an entry is one flat JSON object with its keys in sorted order, e.g.
 //! `{"at_ms":…,"kind":"claim","nonce":"…","round":1,"seq":1,"v":1,"writer":"w"}`. A reader
 //! that meets a version or kind it does not know refuses with [`Error::UnknownFormat`], so
 //! later kinds can be added safely.
+//!
+//! Version 1 is every entry whose snapshot or delta lives in a blob object (`"blob"`).
+//! Version 2 is exactly the entries that carry their packed body inline (`"inline"`, base64
+//! of the same bytes a blob would hold): a reader of version 1 only refuses them instead of
+//! looking for a blob that does not exist, and every version 1 entry stays byte for byte
+//! what it always was.
 
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
-/// Log entry format version written by this build.
+/// Log entry format version of every entry without an inline body (and of leases).
 pub const ENTRY_VERSION: u64 = 1;
+/// Log entry format version of an entry carrying its packed body inline ([`BlobRef::Inline`]).
+pub const INLINE_ENTRY_VERSION: u64 = 2;
 const KINDS: [&str; 4] = ["claim", "snapshot", "delta", "release"];
 
 /// One entry of an org's create-only log (`orgs/<org>/log/<seq:020>.json`): an [`EntryHeader`]
@@ -65,16 +73,58 @@ pub enum EntryBody {
 /// it leads to.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stored {
-    /// Blob file name inside the org's `snap/` directory (one path segment, checked on read).
-    pub blob: String,
+    /// Where the packed bytes are: a blob object (`"blob"`), or inline (`"inline"`).
+    #[serde(flatten)]
+    pub blob: BlobRef,
     /// sha256 of the uncompressed image or delta body, lowercase hex.
     pub sha256: String,
     /// Uncompressed size in bytes.
     pub bytes: u64,
-    /// Stored blob size in bytes (header + zstd frame).
+    /// Packed size in bytes (header + zstd frame), whether in a blob or inline.
     pub compressed_bytes: u64,
     /// The caller's commit counter the database holds at this position.
     pub commit: u64,
+}
+
+/// Where a snapshot's or delta's packed bytes (`"idemsnap"` header + zstd frame) are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BlobRef {
+    /// A blob file name inside the org's `snap/` directory (one path segment, checked on
+    /// read); `"blob"` on the wire.
+    #[serde(rename = "blob")]
+    Object(String),
+    /// The packed bytes themselves, standard base64 with padding; `"inline"` on the wire,
+    /// only in entries of version [`INLINE_ENTRY_VERSION`]. Checked like a blob when read
+    /// (size, sha256, I10).
+    #[serde(rename = "inline")]
+    Inline(String),
+}
+
+impl BlobRef {
+    /// The blob file name, `None` for an inline body.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            BlobRef::Object(name) => Some(name),
+            BlobRef::Inline(_) => None,
+        }
+    }
+
+    /// True for an inline body.
+    pub fn is_inline(&self) -> bool {
+        matches!(self, BlobRef::Inline(_))
+    }
+}
+
+impl From<&str> for BlobRef {
+    fn from(name: &str) -> Self {
+        BlobRef::Object(name.to_owned())
+    }
+}
+
+impl From<String> for BlobRef {
+    fn from(name: String) -> Self {
+        BlobRef::Object(name)
+    }
 }
 
 /// A delta entry: its blob, and how it links onto the chain.
@@ -137,9 +187,25 @@ impl LogEntry {
         }
     }
 
-    /// The blob a snapshot or delta entry names.
+    /// The blob object a snapshot or delta entry names; `None` for other kinds and for a
+    /// body carried inline.
     pub fn blob(&self) -> Option<&str> {
-        self.stored().map(|s| s.blob.as_str())
+        self.stored().and_then(|s| s.blob.name())
+    }
+
+    /// True for a snapshot or delta entry that carries its packed body inline.
+    pub fn is_inline(&self) -> bool {
+        self.stored().is_some_and(|s| s.blob.is_inline())
+    }
+
+    /// Format version this entry is written with: [`INLINE_ENTRY_VERSION`] when it carries
+    /// an inline body, else [`ENTRY_VERSION`].
+    pub fn version(&self) -> u64 {
+        if self.is_inline() {
+            INLINE_ENTRY_VERSION
+        } else {
+            ENTRY_VERSION
+        }
     }
 
     /// The commit counter a snapshot or delta entry holds.
@@ -172,8 +238,8 @@ impl LogEntry {
         }
     }
 
-    /// Serializes with the format version: one JSON object, keys sorted
-    /// (`{"at_ms":…,"kind":…,…,"v":1,…}`).
+    /// Serializes with the format version ([`LogEntry::version`]): one JSON object, keys
+    /// sorted (`{"at_ms":…,"kind":…,…,"v":1,…}`).
     ///
     /// # Errors
     /// [`Error::Encode`] if serde fails (it does not for these types).
@@ -186,7 +252,7 @@ impl LogEntry {
         // on the order of the fields in these types.
         let mut value = serde_json::to_value(self).map_err(encode)?;
         if let Some(map) = value.as_object_mut() {
-            map.insert("v".into(), ENTRY_VERSION.into());
+            map.insert("v".into(), self.version().into());
         }
         serde_json::to_vec(&value).map_err(encode)
     }
@@ -195,8 +261,11 @@ impl LogEntry {
     ///
     /// # Errors
     /// [`Error::UnknownFormat`] for an unknown `v` or `kind`; [`Error::Corrupt`] for anything
-    /// that is not a well-formed entry, whose `seq` differs from `expected_seq`, or whose
-    /// blob name is not one safe path segment (I12).
+    /// that is not a well-formed entry, whose `seq` differs from `expected_seq`, whose
+    /// blob name is not one safe path segment (I12), or whose version does not match its
+    /// body (version 2 is exactly the entries with an inline body). An inline body that is
+    /// not base64 or not the packed bytes the entry describes is found when it is read
+    /// ([`crate::Replica`]'s fetch: [`Error::Corrupt`]), like a damaged blob.
     pub fn decode(
         object: &str,
         bytes: &[u8],
@@ -207,14 +276,22 @@ impl LogEntry {
         let map = value
             .as_object_mut()
             .ok_or_else(|| Error::corrupt(object, "not a json object"))?;
-        match map.remove("v").and_then(|v| v.as_u64()) {
-            Some(ENTRY_VERSION) => {}
+        let version = match map.remove("v").and_then(|v| v.as_u64()) {
+            Some(v @ (ENTRY_VERSION | INLINE_ENTRY_VERSION)) => v,
             other => {
                 return Err(Error::UnknownFormat {
                     object: object.into(),
-                    detail: format!("entry version {other:?}, this build reads {ENTRY_VERSION}"),
+                    detail: format!(
+                        "entry version {other:?}, this build reads {ENTRY_VERSION} and {INLINE_ENTRY_VERSION}"
+                    ),
                 });
             }
+        };
+        if map.contains_key("blob") && map.contains_key("inline") {
+            return Err(Error::corrupt(
+                object,
+                "entry names a blob and carries a body",
+            ));
         }
         let kind = map.get("kind").and_then(|k| k.as_str()).unwrap_or("");
         if !KINDS.contains(&kind) {
@@ -237,6 +314,15 @@ impl LogEntry {
             && !valid_blob_name(blob)
         {
             return Err(Error::corrupt(object, format!("bad blob name {blob:?}")));
+        }
+        if entry.version() != version {
+            return Err(Error::corrupt(
+                object,
+                format!(
+                    "entry version {version} but the entry is written as version {}",
+                    entry.version()
+                ),
+            ));
         }
         Ok(entry)
     }

@@ -3,10 +3,11 @@
 //! and positions back.
 
 pub(crate) mod entry;
+pub(crate) mod known;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-use object_store::{PutMode, PutPayload};
+use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutPayload};
 use tracing::debug;
 
 use crate::layout::parse_log_name;
@@ -46,7 +47,12 @@ impl Replica {
                 )
                 .await;
             let cause = match put {
-                Ok(_) => return Ok(Published::Landed),
+                Ok(done) => {
+                    self.inner
+                        .known
+                        .insert(org, body.len() as u64, done.e_tag, entry);
+                    return Ok(Published::Landed);
+                }
                 Err(
                     e @ (object_store::Error::AlreadyExists { .. }
                     | object_store::Error::Precondition { .. }),
@@ -110,6 +116,20 @@ impl Replica {
         org: &OrgId,
         after: Option<u64>,
     ) -> Result<Vec<u64>, Error> {
+        Ok(self
+            .log_listing(org, after)
+            .await?
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect())
+    }
+
+    /// [`Replica::log_seqs_after`] with what the listing said about each object.
+    pub(crate) async fn log_listing(
+        &self,
+        org: &OrgId,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, ObjectMeta)>, Error> {
         let dir = self.inner.layout.log_dir(org);
         let listing = match after {
             Some(seq) => self
@@ -130,7 +150,7 @@ impl Replica {
                     if m.location.prefix_matches(&dir)
                         && m.location.parts().count() == dir.parts().count() + 1 =>
                 {
-                    seqs.push(seq)
+                    seqs.push((seq, m))
                 }
                 // Not a log entry's name (an editor's backup, a `.DS_Store`): no entry is
                 // ever written under another name, so it is not history; skip it, loudly.
@@ -139,8 +159,58 @@ impl Replica {
                 }
             }
         }
-        seqs.sort_unstable();
+        seqs.sort_unstable_by_key(|(seq, _)| *seq);
         Ok(seqs)
+    }
+
+    /// Every log entry of `org`, sorted by seq, as [`Replica::history`] reads them, except
+    /// that an entry this handle already holds (published or read before, with the size and
+    /// ETag the listing reports) is not read again, and inline bodies are left out (empty):
+    /// what retention reads (I14). Returns the listed seqs too.
+    ///
+    /// # Errors
+    /// As [`Replica::history`].
+    pub(crate) async fn history_known(
+        &self,
+        org: &OrgId,
+    ) -> Result<(Vec<LogEntry>, Vec<u64>), Error> {
+        let listing = self.log_listing(org, None).await?;
+        let listed: Vec<u64> = listing.iter().map(|(seq, _)| *seq).collect();
+        let reads = listing.into_iter().map(|(seq, meta)| async move {
+            let known = self
+                .inner
+                .known
+                .get(org, seq, meta.size, meta.e_tag.as_deref());
+            match known {
+                Some(entry) => Ok(Some(entry)),
+                None => self.read_entry_noting(org, seq).await,
+            }
+        });
+        let entries: Vec<Option<LogEntry>> = futures::stream::iter(reads)
+            .buffered(self.inner.settings.read_concurrency)
+            .try_collect()
+            .await?;
+        self.inner.known.forget(org, &[], &listed);
+        Ok((entries.into_iter().flatten().collect(), listed))
+    }
+
+    /// [`Replica::read_entry`], recording the entry read with the object's size and ETag.
+    async fn read_entry_noting(&self, org: &OrgId, seq: u64) -> Result<Option<LogEntry>, Error> {
+        let path = self.inner.layout.log(org, seq);
+        let got = match self.inner.store.get(&path).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store("get", &path, e)),
+        };
+        let meta = got.meta.clone();
+        let bytes = match got.bytes().await {
+            Ok(b) => b,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store("get", &path, e)),
+        };
+        let entry = LogEntry::decode(path.as_ref(), &bytes, Some(seq))?;
+        self.inner.known.insert(org, meta.size, meta.e_tag, &entry);
+        Ok(Some(entry))
     }
 
     pub(crate) async fn max_seq(&self, org: &OrgId) -> Result<u64, Error> {

@@ -78,9 +78,9 @@ fn entry_round_trips_with_version() -> Result<(), Error> {
 
 #[test]
 fn unknown_version_or_kind_is_refused() {
-    let v2 = br#"{"v":2,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
+    let v3 = br#"{"v":3,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
     assert!(matches!(
-        LogEntry::decode("x", v2, None),
+        LogEntry::decode("x", v3, None),
         Err(Error::UnknownFormat { .. })
     ));
     let future = br#"{"v":1,"kind":"compacted","seq":1}"#;
@@ -117,4 +117,46 @@ fn entry_at_wrong_seq_or_with_bad_blob_name_is_corrupt() -> Result<(), Error> {
     assert!(valid_blob_name("00000000000000000007-2-00.delta.zst"));
     assert!(!valid_blob_name("7-2-00.db.zst/.."));
     Ok(())
+}
+
+/// An inline delta as this build writes it: `"v":2`, `"inline"` instead of `"blob"`.
+const INLINE_WIRE: &str = r#"{"at_ms":1,"base":2,"base_checksum":"a97fde908c1e6161","bytes":5,"changed_pages":1,"checksum":"1e3f6e4fb83718b1","commit":2,"compressed_bytes":3,"db_pages":2,"inline":"AAEC","kind":"delta","nonce":"00","page_size":1024,"round":1,"seq":3,"sha256":"ab","v":2,"writer":"w"}"#;
+
+#[test]
+fn an_inline_entry_is_version_2_and_round_trips_byte_for_byte() -> Result<(), Error> {
+    let entry = LogEntry::decode("fixture", INLINE_WIRE.as_bytes(), Some(3))?;
+    assert!(entry.is_inline() && entry.is_delta());
+    assert_eq!(entry.blob(), None);
+    assert_eq!(entry.version(), crate::INLINE_ENTRY_VERSION);
+    assert_eq!(String::from_utf8_lossy(&entry.encode()?), INLINE_WIRE);
+    // Every entry without an inline body stays version 1.
+    assert_eq!(snap().version(), crate::ENTRY_VERSION);
+    Ok(())
+}
+
+/// Regression guard for the wire rule "version 2 is exactly the inline entries": an inline
+/// body labelled version 1 would be misread by an older reader as a blob entry missing its
+/// blob, and a version 2 entry without one is not what this build writes.
+#[test]
+fn an_inline_body_in_a_version_1_entry_or_a_version_2_entry_without_one_is_corrupt() {
+    let as_v1 = INLINE_WIRE.replace(r#""v":2"#, r#""v":1"#);
+    assert!(matches!(
+        LogEntry::decode("x", as_v1.as_bytes(), None),
+        Err(Error::Corrupt { .. })
+    ));
+    let v2_blob = WIRE[2].replace(r#""v":1"#, r#""v":2"#);
+    assert!(matches!(
+        LogEntry::decode("x", v2_blob.as_bytes(), None),
+        Err(Error::Corrupt { .. })
+    ));
+    let v2_claim = WIRE[0].replace(r#""v":1"#, r#""v":2"#);
+    assert!(matches!(
+        LogEntry::decode("x", v2_claim.as_bytes(), None),
+        Err(Error::Corrupt { .. })
+    ));
+    let both = INLINE_WIRE.replace(
+        r#""inline":"AAEC","#,
+        r#""blob":"00000000000000000003-1-00.delta.zst","inline":"AAEC","#,
+    );
+    assert!(LogEntry::decode("x", both.as_bytes(), None).is_err());
 }
