@@ -246,7 +246,10 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
     let began = Instant::now();
     let shutdown = {
         let a = a.clone();
-        tokio::spawn(async move { a.shutdown().await })
+        tokio::spawn(async move {
+            let released = a.shutdown().await;
+            (began.elapsed(), released.iter().filter(|(_, r)| r.is_err()).count())
+        })
     };
     let mut tasks = Vec::new();
     for i in 0..n {
@@ -280,7 +283,7 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
         gaps.push(gap);
         max_tries = max_tries.max(tries);
     }
-    shutdown.await?;
+    let (shutdown_took, failed) = shutdown.await?;
     gaps.sort_unstable();
     let (mut full, mut bytes) = (0u64, 0u64);
     for org in b.open_orgs() {
@@ -293,6 +296,11 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
         ms(quantile(&gaps, 0.5)),
         ms(quantile(&gaps, 0.99)),
         ms(quantile(&gaps, 1.0))
+    );
+    println!(
+        "| A's shutdown (releases {} at a time) took | {} ({failed} releases failed) |",
+        idem_org::SHUTDOWN_CONCURRENCY,
+        ms(shutdown_took)
     );
     println!(
         "| B's first ships: full snapshots / bytes uploaded per org | {full} of {n} / {:.0} B |",
