@@ -103,7 +103,15 @@ impl Summary {
             }
             return;
         }
-        let rounds: Vec<u64> = self.final_rounds.values().copied().collect();
+        // How many orgs ended at each round: one line for hundreds of orgs.
+        let mut by_round = std::collections::BTreeMap::<u64, usize>::new();
+        for round in self.final_rounds.values() {
+            *by_round.entry(*round).or_default() += 1;
+        }
+        let rounds: Vec<String> = by_round
+            .iter()
+            .map(|(round, orgs)| format!("{orgs} at round {round}"))
+            .collect();
         let unavailable: Vec<String> = self
             .unavailable_503
             .iter()
@@ -133,8 +141,10 @@ impl Summary {
             self.connection_errors
         );
         println!(
-            "ships          {} published ({} full snapshots, the rest deltas); final rounds per org {:?}",
-            self.ships, self.full_snapshots, rounds
+            "ships          {} published ({} full snapshots, the rest deltas); orgs by final round: {}",
+            self.ships,
+            self.full_snapshots,
+            rounds.join(", ")
         );
         println!(
             "ack latency    p50 {:.1} ms, p99 {:.1} ms (ship-before-ack included)",
