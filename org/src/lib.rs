@@ -72,6 +72,7 @@ mod local;
 pub mod metrics;
 mod open;
 mod org;
+mod park;
 mod pool;
 mod registry;
 mod settings;
@@ -85,7 +86,7 @@ pub use idem_replica as replica;
 pub use object_store;
 pub use rusqlite;
 
-pub use budget::{FDS_PER_ORG, MIN_ORG_BYTES, RESERVED_FDS};
+pub use budget::{FDS_PER_ORG, FDS_PER_PARKED_ORG, MIN_ORG_BYTES, RESERVED_FDS};
 pub use clock::replica_clock;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};
