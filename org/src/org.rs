@@ -373,6 +373,7 @@ impl Org {
         }
         let (tx, rx) = oneshot::channel();
         let mut job = job(tx);
+        let mut unparked = false;
         loop {
             match inner.writer.request(job) {
                 Ok(()) => break,
@@ -381,9 +382,13 @@ impl Org {
                 // then do so); nothing runs on it before (I8, I13).
                 Err(Refused::Parked(back)) => {
                     job = *back;
-                    crate::park::unpark(inner).await?;
+                    unparked |= crate::park::unpark(inner).await?;
                 }
             }
+        }
+        if unparked {
+            // While the job runs: park others beyond the registry's active-org limit.
+            inner.active.enforce(inner.serial).await;
         }
         let org = inner.acks.org.clone();
         match rx.await {

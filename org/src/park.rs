@@ -148,20 +148,15 @@ fn idle(inner: &Inner) -> bool {
 }
 
 /// Unparks `inner` if it is parked, before a request is queued: waits for the shipper
-/// lock (a park in progress finishes first), then [`unpark_locked`]; on success, parks the
-/// least recently used other orgs beyond the active limit.
+/// lock (a park in progress finishes first), then [`unpark_locked`]. True when it
+/// unparked: the caller then parks others beyond the active limit ([`Active::enforce`],
+/// once its own job is queued and the shipper lock released).
 ///
 /// # Errors
 /// As [`unpark_locked`].
-pub(crate) async fn unpark(inner: &Arc<Inner>) -> Result<(), Error> {
-    let unparked = {
-        let mut shipper = inner.shipper.lock().await;
-        unpark_locked(inner, &mut shipper).await?
-    };
-    if unparked {
-        inner.active.enforce(inner.serial).await;
-    }
-    Ok(())
+pub(crate) async fn unpark(inner: &Arc<Inner>) -> Result<bool, Error> {
+    let mut shipper = inner.shipper.lock().await;
+    unpark_locked(inner, &mut shipper).await
 }
 
 /// Reopens a parked org's connection and proves its file is still exactly the chain's tip

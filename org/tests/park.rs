@@ -293,3 +293,70 @@ async fn park_and_unpark_under_concurrent_requests_keep_exactly_once() -> R {
     }
     Ok(())
 }
+
+/// An application hook that writes at every open (here: a row per open) writes into the
+/// WAL of each unpark, outside any request's commit. Those pages must ship before the org
+/// parks again: folded into the file by the park's checkpoint unshipped, the next unpark
+/// would find the file differing from the chain's tip and poison a healthy org.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hook_that_writes_at_every_open_ships_before_the_org_parks_again() -> R {
+    let dir = tempfile::tempdir()?;
+    let store = Replica::local_store(&dir.path().join("store"))?;
+    let replica = replica(store, None).await?;
+    let reg = Registry::builder(dir.path().join("data"), replica.clone(), "w")
+        .settings(Settings {
+            max_active_orgs: 1,
+            ..Settings::default()
+        })
+        .on_open(|c| {
+            c.execute_batch(common::LEDGER)?;
+            c.execute_batch(
+                "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
+                 INSERT INTO opens DEFAULT VALUES;",
+            )
+        })
+        .build()?;
+    let (acme, other) = (id("acme")?, id("other")?);
+    let mut acked = Vec::new();
+    for round in 0..3 {
+        let key = format!("k{round}");
+        assert!(reg.once(&acme, &key, effect("acme", &key)).await?.applied);
+        acked.push(key);
+        // Parks acme (other takes the slot), then other parks as acme comes back.
+        reg.once(&other, "x", effect("other", "x")).await?;
+        assert!(reg.acquire(&acme).await?.is_parked());
+    }
+    let handle = reg.acquire(&acme).await?;
+    assert_eq!(handle.stats().parks, 3);
+    assert_eq!(handle.stats().unparks, 2);
+    let opens: i64 = handle
+        .read(|c| c.query_row("SELECT count(*) FROM opens", [], |r| r.get(0)))
+        .await?;
+    // The first open and one per unpark (this read's included).
+    assert_eq!(opens, 4);
+    reg.shutdown().await;
+    common::oracle::exactly_once(&replica, "acme", &acked, &[], dir.path()).await
+}
+
+/// A parked org released (a shutdown, an eviction) keeps its closed file for the next
+/// acquire on this host, like an active one: the park left exactly the chain's tip in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_parked_org_keeps_its_file_for_reuse() -> R {
+    let w = world(1).await?;
+    let acme = parked_acme(&w, &["k1"]).await?;
+    acme.release().await?;
+    let dir = w.dir.path().join("data").join("orgs").join("acme");
+    let kept = std::fs::read_dir(&dir)?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "cache"))
+        .count();
+    assert_eq!(kept, 1, "a resume record beside the kept file");
+    let again = w.reg.acquire(&id("acme")?).await?;
+    assert!(!again.once("k1", effect("acme", "ran-again")).await?.applied);
+    // Reused, not downloaded: the claim's first ship continues the chain with a delta.
+    assert!(again.once("k2", effect("acme", "k2")).await?.applied);
+    assert_eq!(again.stats().full_ships, 0);
+    w.reg.shutdown().await;
+    let acked = ["k1", "k2"].map(String::from);
+    common::oracle::exactly_once(&w.replica, "acme", &acked, &[], w.dir.path()).await
+}
