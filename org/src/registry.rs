@@ -58,11 +58,10 @@ impl RegistryBuilder {
 
     /// Creates the data directory and the registry.
     ///
-    /// # Errors
     /// The registry raises the process's soft open-files limit to its hard limit and sizes
-    /// its open-org limit, page caches and writer pool from the settings (see
-    /// [`Settings::max_open_orgs`], [`Settings::memory_budget_bytes`],
-    /// [`Settings::writer_threads`]).
+    /// its open-org and active-org limits, page caches and writer pool from the settings
+    /// (see [`Settings::max_open_orgs`], [`Settings::max_active_orgs`],
+    /// [`Settings::memory_budget_bytes`], [`Settings::writer_threads`]).
     ///
     /// # Errors
     /// [`Error::InvalidSettings`] (empty writer id, zero open orgs or writer threads);
@@ -135,7 +134,8 @@ struct RegistryInner {
     data_dir: PathBuf,
     replica: Replica,
     writer_id: String,
-    /// The settings in force: `max_open_orgs` and `ship.delta_cache_pages` as `budget` set.
+    /// The settings in force: `max_open_orgs`, `max_active_orgs` and
+    /// `ship.delta_cache_pages` as `budget` set.
     settings: Settings,
     budget: Budget,
     /// The orgs holding a connection; beyond `budget.active_orgs` idle ones park.
@@ -186,7 +186,7 @@ impl Registry {
     }
 
     /// The open-org limit in force: [`Settings::max_open_orgs`], lowered to what the open-files
-    /// limit and the memory budget allow.
+    /// limit allows (a parked org holds one descriptor).
     pub fn max_open_orgs(&self) -> usize {
         self.inner.budget.open_orgs
     }
