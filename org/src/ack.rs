@@ -96,6 +96,8 @@ pub(crate) struct Counters {
     pub ship_failures: AtomicU64,
     pub bytes_shipped: AtomicU64,
     pub acks: AtomicU64,
+    pub parks: AtomicU64,
+    pub unparks: AtomicU64,
 }
 
 /// What the requests of one org share with its shipper.

@@ -1,75 +1,104 @@
-//! What an open org may cost, fixed once per registry from its settings and the process's
+//! What open orgs may cost, fixed once per registry from its settings and the process's
 //! descriptor limit (I14: memory and open files bounded by settings, not by the number of
 //! orgs).
 //!
-//! - **Descriptors.** An open org holds [`FDS_PER_ORG`] descriptors for as long as it is open
-//!   (SQLite's database and WAL, the two the capture reads through, the claim's lock file).
-//!   None of them may be closed early (I13: closing a descriptor of a file SQLite has open
-//!   drops its locks), so the only way to stay within `RLIMIT_NOFILE` is to open fewer orgs:
-//!   the registry raises the soft limit to the hard one when it starts, keeps
-//!   [`RESERVED_FDS`] for everything else, and opens at most `(limit - reserved) /
-//!   FDS_PER_ORG` orgs at once.
-//! - **Memory.** [`crate::Settings::memory_budget_bytes`] is split evenly across the open-org
-//!   limit: half of an org's share is its SQLite page cache (`PRAGMA cache_size`), half its
-//!   shipper's cache of shipped pages (`ShipPolicy::delta_cache_pages`, never above the
-//!   configured value). A share below [`MIN_ORG_BYTES`] lowers the open-org limit instead,
-//!   so the caches of all open orgs together never exceed the budget.
+//! - **Descriptors.** An *active* org (one with a connection) holds [`FDS_PER_ORG`]
+//!   descriptors: SQLite's database and WAL, the two the capture reads through, the claim's
+//!   lock file. None of them may be closed while its connection is open (I13: closing a
+//!   descriptor of a file SQLite has open drops its locks). A *parked* org (idle, connection
+//!   closed, claim kept: `crate::park`) holds [`FDS_PER_PARKED_ORG`]: its lock file, whose
+//!   `flock` keeps other processes' cleanup off its files (I8). The registry raises the soft
+//!   `RLIMIT_NOFILE` to the hard one when it starts, keeps [`RESERVED_FDS`] for everything
+//!   else, and with `usable = limit - RESERVED_FDS` allows
+//!   - open orgs: `usable - 4` (one descriptor each, room left for one active org), and
+//!   - active orgs: `(usable - open × 1) / 4` (the 4 descriptors an active org holds
+//!     beyond its lock file).
+//!
+//!   With the common hard limit of 20 000 and 10 000 open orgs: `(18 976 - 10 000) / 4 =
+//!   2 244` active orgs, 18 976 descriptors in all.
+//! - **Memory.** [`crate::Settings::memory_budget_bytes`] is split evenly across the
+//!   active-org limit (a parked org has no caches): half of an org's share is its SQLite
+//!   page cache (`PRAGMA cache_size`), half its shipper's cache of shipped pages
+//!   (`ShipPolicy::delta_cache_pages`, never above the configured value). A share below
+//!   [`MIN_ORG_BYTES`] lowers the active-org limit instead, so the caches of all active orgs
+//!   together never exceed the budget.
 
 use crate::Settings;
 
-/// Descriptors an open org keeps: the SQLite connection's database and WAL files, the
+/// Descriptors an active org keeps: the SQLite connection's database and WAL files, the
 /// capture's read-only descriptors of the same two files (`idem_replica::sqlite::OwnedFiles`),
 /// and the claim's lock file. No `-shm` (exclusive locking keeps the WAL index in memory).
-/// Measured by `org/tests/writer_pool.rs`.
+/// Measured by `org/tests/pool_threads.rs`.
 pub const FDS_PER_ORG: u64 = 5;
 
+/// Descriptors a parked org keeps: the claim's lock file. Measured by `org/tests/park.rs`.
+pub const FDS_PER_PARKED_ORG: u64 = 1;
+
 /// Descriptors a registry leaves to the rest of the process (sockets, store connections,
-/// hydrate's temporary files, logs) when it sizes its open-org limit.
+/// hydrate's temporary files, logs) when it sizes its open-org and active-org limits.
 pub const RESERVED_FDS: u64 = 1024;
 
-/// The smallest cache share of one open org, in bytes: 16 KiB of SQLite page cache and four
-/// 4 KiB pages of the shipper's cache. SQLite works with less than that but reads every page
-/// again from the operating system's cache.
+/// The smallest cache share of one active org, in bytes: 16 KiB of SQLite page cache and
+/// four 4 KiB pages of the shipper's cache. SQLite works with less than that but reads every
+/// page again from the operating system's cache.
 pub const MIN_ORG_BYTES: u64 = 32 << 10;
 
 /// Pages of the shipper's cache are counted at SQLite's default page size; an org with
 /// larger pages holds proportionally more.
 const SHIP_PAGE_BYTES: u64 = 4096;
 
+/// Descriptors an active org holds beyond a parked one's.
+const FDS_TO_ACTIVATE: u64 = FDS_PER_ORG - FDS_PER_PARKED_ORG;
+
 /// An org's limits, derived once per registry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Budget {
-    /// Orgs open at once: `Settings::max_open_orgs`, lowered by the descriptor limit and the
-    /// memory budget.
+    /// Orgs open (claimed) at once: `Settings::max_open_orgs`, lowered by the descriptor
+    /// limit.
     pub open_orgs: usize,
+    /// Orgs with a connection at once: `Settings::max_active_orgs`, lowered to the open-org
+    /// limit, the descriptors left by the open orgs and the memory budget.
+    pub active_orgs: usize,
     /// SQLite page cache of each writer connection, in KiB.
     pub sqlite_cache_kib: u64,
     /// Shipped pages each shipper keeps.
     pub ship_cache_pages: usize,
 }
 
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 impl Budget {
     /// The limits for `settings` when the process may hold `fd_limit` descriptors (`None`:
     /// unknown, no descriptor cap).
     pub(crate) fn plan(settings: &Settings, fd_limit: Option<u64>) -> Budget {
-        let by_fds = fd_limit.map_or(usize::MAX, |limit| {
-            usize::try_from(limit.saturating_sub(RESERVED_FDS) / FDS_PER_ORG)
-                .unwrap_or(usize::MAX)
-                .max(1)
+        let usable = fd_limit.map(|limit| limit.saturating_sub(RESERVED_FDS));
+        let by_fds_open = usable.map_or(usize::MAX, |u| {
+            to_usize(u.saturating_sub(FDS_TO_ACTIVATE) / FDS_PER_PARKED_ORG).max(1)
         });
-        let by_memory = usize::try_from(settings.memory_budget_bytes / MIN_ORG_BYTES)
-            .unwrap_or(usize::MAX)
+        let open_orgs = settings.max_open_orgs.min(by_fds_open).max(1);
+        let by_fds_active = usable.map_or(usize::MAX, |u| {
+            let parked = (open_orgs as u64).saturating_mul(FDS_PER_PARKED_ORG);
+            to_usize(u.saturating_sub(parked) / FDS_TO_ACTIVATE).max(1)
+        });
+        let by_memory = to_usize(settings.memory_budget_bytes / MIN_ORG_BYTES).max(1);
+        let active_orgs = settings
+            .max_active_orgs
+            .min(open_orgs)
+            .min(by_fds_active)
+            .min(by_memory)
             .max(1);
-        let open_orgs = settings.max_open_orgs.min(by_fds).min(by_memory).max(1);
-        let share = settings.memory_budget_bytes / open_orgs as u64;
+        let share = settings.memory_budget_bytes / active_orgs as u64;
         let sqlite_cache_kib = (share / 2 / 1024).max(MIN_ORG_BYTES / 2 / 1024);
-        let ship_pages = usize::try_from(share / 2 / SHIP_PAGE_BYTES).unwrap_or(usize::MAX);
+        let ship_pages = to_usize(share / 2 / SHIP_PAGE_BYTES);
         let ship_cache_pages = settings
             .ship
             .delta_cache_pages
             .min(ship_pages.max((MIN_ORG_BYTES / 2 / SHIP_PAGE_BYTES) as usize));
         Budget {
             open_orgs,
+            active_orgs,
             sqlite_cache_kib,
             ship_cache_pages,
         }
@@ -99,35 +128,59 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_budget_is_split_across_the_open_org_limit() {
+    fn the_budget_is_split_across_the_active_org_limit() {
         let s = Settings {
             max_open_orgs: 1000,
             memory_budget_bytes: 256 << 20,
             ..Settings::default()
         };
         let b = Budget::plan(&s, None);
-        assert_eq!(b.open_orgs, 1000);
+        assert_eq!((b.open_orgs, b.active_orgs), (1000, 1000));
         // 268 435 456 / 1000 = 268 435 bytes: 131 KiB of page cache, 32 shipped pages.
         assert_eq!(b.sqlite_cache_kib, 131);
         assert_eq!(b.ship_cache_pages, 32);
+        let s = Settings {
+            max_active_orgs: 100,
+            ..s
+        };
+        // Parked orgs have no caches: 100 active orgs share the budget.
+        assert_eq!(Budget::plan(&s, None).sqlite_cache_kib, 1310);
     }
 
     #[test]
-    fn descriptors_and_memory_lower_the_open_org_limit() {
+    fn ten_thousand_open_orgs_fit_in_twenty_thousand_descriptors() {
+        let s = Settings {
+            max_open_orgs: 10_000,
+            memory_budget_bytes: 1 << 30,
+            ..Settings::default()
+        };
+        let b = Budget::plan(&s, Some(20_000));
+        // (20 000 - 1024 - 10 000 × 1) / 4 = 2244 active orgs.
+        assert_eq!((b.open_orgs, b.active_orgs), (10_000, 2244));
+        let fds = b.open_orgs as u64 * FDS_PER_PARKED_ORG
+            + b.active_orgs as u64 * (FDS_PER_ORG - FDS_PER_PARKED_ORG);
+        assert!(fds <= 20_000 - RESERVED_FDS, "{fds}");
+        assert!(b.sqlite_cache_kib * 1024 * b.active_orgs as u64 <= 1 << 29);
+    }
+
+    #[test]
+    fn descriptors_and_memory_lower_the_limits() {
         let s = Settings {
             max_open_orgs: 10_000,
             memory_budget_bytes: 64 << 20,
             ..Settings::default()
         };
-        // 64 MiB / 32 KiB = 2048 orgs by memory; (20 000 - 1024) / 5 = 3795 by descriptors.
-        assert_eq!(Budget::plan(&s, Some(20_000)).open_orgs, 2048);
+        // 64 MiB / 32 KiB = 2048 active orgs by memory; 2244 by descriptors.
+        assert_eq!(Budget::plan(&s, Some(20_000)).active_orgs, 2048);
+        // A tiny descriptor limit: open orgs take one each, one active org still fits.
+        let b = Budget::plan(&s, Some(RESERVED_FDS + 104));
+        assert_eq!((b.open_orgs, b.active_orgs), (100, 1));
         let s = Settings {
-            memory_budget_bytes: 1 << 30,
+            max_open_orgs: 30_000,
             ..s
         };
         let b = Budget::plan(&s, Some(20_000));
-        assert_eq!(b.open_orgs, 3795);
-        assert!(b.sqlite_cache_kib * 1024 * b.open_orgs as u64 <= 1 << 29);
+        assert_eq!((b.open_orgs, b.active_orgs), (18_972, 1));
     }
 
     #[test]

@@ -41,7 +41,8 @@
 //!
 //! # Core types
 //! - [`Registry`] (built with [`Registry::builder`]): one writer per org, opened on demand,
-//!   at most [`Settings::max_open_orgs`] open; `acquire`, and `once` / `once_with` / `effect`
+//!   at most [`Settings::max_open_orgs`] open and [`Settings::max_active_orgs`] of them with a
+//!   connection (idle ones park); `acquire`, and `once` / `once_with` / `effect`
 //!   that acquire and retry once on a handle closed meanwhile; `prune_all`, `shutdown`.
 //! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
 //!   external effects with `effect` / `effect_blocking`, `effects`, `effect_record`, `resolve`.
@@ -55,7 +56,9 @@
 //!
 //! # Modules
 //! `writer` (an org's writer: its jobs and connection), `pool` (the writer threads shared by
-//! every org), `budget` (open-org limit and caches from settings and the open-files limit), `commit` (the commit sequence), `ack` (waiters:
+//! every org), `budget` (open-org and active-org limits and caches from settings and the
+//! open-files limit), `park` (parking idle orgs, unparking after proving the file), `commit`
+//! (the commit sequence), `ack` (waiters:
 //! ship-before-ack with group commit), `shipper` (the task driving `idem_replica::Shipper`),
 //! `open` (claim, hydrate, open, release), `registry`, `effect` (external effects).
 #![forbid(unsafe_code)]
@@ -72,6 +75,7 @@ mod local;
 pub mod metrics;
 mod open;
 mod org;
+mod park;
 mod pool;
 mod registry;
 mod settings;
@@ -85,7 +89,7 @@ pub use idem_replica as replica;
 pub use object_store;
 pub use rusqlite;
 
-pub use budget::{FDS_PER_ORG, MIN_ORG_BYTES, RESERVED_FDS};
+pub use budget::{FDS_PER_ORG, FDS_PER_PARKED_ORG, MIN_ORG_BYTES, RESERVED_FDS};
 pub use clock::replica_clock;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};

@@ -32,6 +32,10 @@ pub const HYDRATE_SECONDS: &str = "idem_hydrate_seconds";
 pub const RESUMES: &str = "idem_resumes_total";
 /// Orgs open (served) in this process.
 pub const OPEN_ORGS: &str = "idem_open_orgs";
+/// Idle orgs parked: connection and descriptors closed, claim kept (docs/design.md, 3c).
+pub const PARKS: &str = "idem_parks_total";
+/// Parked orgs reopened for a request, their file proven to be the chain's tip.
+pub const UNPARKS: &str = "idem_unparks_total";
 /// Retention deletions after ships, by `what`: `entries` or `blobs`.
 pub const RETENTION_DELETED: &str = "idem_retention_deleted_total";
 /// External effects settled, by `state`: `committed`, `failed` (proved not executed),
@@ -65,6 +69,8 @@ pub fn describe() {
     );
     describe_counter!(RESUMES, "acquires that reused the file kept at a release");
     describe_gauge!(OPEN_ORGS, "orgs served by this process");
+    describe_counter!(PARKS, "idle orgs parked (connection closed, claim kept)");
+    describe_counter!(UNPARKS, "parked orgs reopened, their file proven");
     describe_counter!(RETENTION_DELETED, "retention deletions, by what");
     describe_counter!(EFFECTS, "external effects settled, by state");
 }

@@ -29,6 +29,8 @@ pub(crate) struct Opening<'a> {
     pub pool: &'a Pool,
     /// SQLite page cache of the writer connection, in KiB.
     pub cache_kib: u64,
+    /// The registry's orgs holding a connection; the new org joins it.
+    pub active: &'a Arc<crate::park::Active>,
 }
 
 impl Org {
@@ -56,6 +58,7 @@ impl Org {
             init,
             pool,
             cache_kib,
+            active,
         } = opening;
         crate::local::prepare(data_dir, &org)?;
         let began = std::time::Instant::now();
@@ -72,6 +75,12 @@ impl Org {
         span.record("round", claim.round());
         span.record("seq", claim.seq());
         let mut files = LocalFiles::create(data_dir, &org, claim.round(), claim.nonce())?;
+        let reopen = writer::Reopen {
+            path: files.db.clone(),
+            busy: Duration::from_millis(settings.busy_timeout_ms),
+            cache_kib,
+            init: init.clone(),
+        };
         let opened = open_files(&replica, &mut claim, &mut files, &settings, cache_kib, init).await;
         let (owned, commit_seq) = match opened {
             Ok(v) => v,
@@ -96,6 +105,7 @@ impl Org {
             round: claim.round(),
             commit_seq: acks.commit_seq.clone(),
             clock,
+            reopen,
         };
         let writer = match Writer::start(owned, ctx, pool) {
             Ok(w) => Arc::new(w),
@@ -121,8 +131,11 @@ impl Org {
             files: Mutex::new(Some(files)),
             inflight: AtomicUsize::new(0),
             last_used: AtomicU64::new(TICK.fetch_add(1, Ordering::Relaxed)),
+            serial: crate::park::SERIAL.fetch_add(1, Ordering::Relaxed),
+            active: active.clone(),
             closed: tokio::sync::watch::channel(false).0,
         });
+        inner.active.insert(&inner);
         tokio::spawn(crate::shipper::run(inner.clone()));
         Ok(Org::from_inner(inner))
     }
@@ -202,6 +215,7 @@ impl Inner {
     /// when `kept` names the released position it holds (after a clean release only).
     pub(crate) async fn close_keeping(&self, kept: Option<&idem_replica::ResumePoint>) {
         self.writer.close().await;
+        self.active.remove(self.serial);
         let files = lock(&self.files).take();
         if let Some(files) = files {
             match kept {

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use crate::ack::{Acks, Stop};
 use crate::commit::Answer;
 use crate::local::LocalFiles;
-use crate::writer::{ApplyFn, Job, ReadFn, Writer};
+use crate::writer::{ApplyFn, Job, ReadFn, Refused, Writer};
 use crate::{Error, ErrorKind, Settings};
 
 /// A handle on an acquired org: this process is its one writer for one round. Cheap to clone.
@@ -57,6 +57,10 @@ pub struct OrgStats {
     pub bytes_shipped: u64,
     /// Requests acknowledged after waiting for a ship.
     pub acks: u64,
+    /// Times the org was parked (connection closed while idle, claim kept).
+    pub parks: u64,
+    /// Times a parked org was reopened, its file proven to be the chain's tip.
+    pub unparks: u64,
 }
 
 pub(crate) struct Inner {
@@ -72,6 +76,10 @@ pub(crate) struct Inner {
     pub(crate) files: Mutex<Option<LocalFiles>>,
     pub(crate) inflight: AtomicUsize,
     pub(crate) last_used: AtomicU64,
+    /// Unique per handle: this org's key in `active`.
+    pub(crate) serial: u64,
+    /// The registry's orgs that hold a connection (`crate::park`).
+    pub(crate) active: Arc<crate::park::Active>,
     /// True once the writer is closed and the files discarded (`Inner::close`).
     pub(crate) closed: tokio::sync::watch::Sender<bool>,
 }
@@ -81,6 +89,13 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 pub(crate) static TICK: AtomicU64 = AtomicU64::new(0);
+
+impl Inner {
+    /// Requests queued or running on the writer, or waiting for a ship or confirmation.
+    pub(crate) fn busy(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst) + self.acks.lock().waiters.len()
+    }
+}
 
 /// Decrements the in-flight count when a request ends, however it ends.
 struct InFlight<'a>(&'a AtomicUsize);
@@ -128,13 +143,21 @@ impl Org {
             ship_failures: c.ship_failures.load(Ordering::Relaxed),
             bytes_shipped: c.bytes_shipped.load(Ordering::Relaxed),
             acks: c.acks.load(Ordering::Relaxed),
+            parks: c.parks.load(Ordering::Relaxed),
+            unparks: c.unparks.load(Ordering::Relaxed),
         }
     }
 
     /// Requests on this handle: queued or running on the writer, or waiting for the ship or
-    /// confirmation that acknowledges them. An org with any is never evicted.
+    /// confirmation that acknowledges them. An org with any is never evicted or parked.
     pub(crate) fn inflight(&self) -> usize {
-        self.inner.inflight.load(Ordering::SeqCst) + self.inner.acks.lock().waiters.len()
+        self.inner.busy()
+    }
+
+    /// True while the org is parked: open and claimed, but its connection closed until its
+    /// next request (docs/design.md, section 3c).
+    pub fn is_parked(&self) -> bool {
+        self.inner.writer.parked()
     }
 
     /// Waits until this handle's writer is closed and its files discarded: a release in
@@ -349,8 +372,23 @@ impl Org {
             return Err(inner.acks.stop_error(stop));
         }
         let (tx, rx) = oneshot::channel();
-        if !inner.writer.request(job(tx)) {
-            return Err(inner.acks.stop_error(Stop::Closed));
+        let mut job = job(tx);
+        let mut unparked = false;
+        loop {
+            match inner.writer.request(job) {
+                Ok(()) => break,
+                Err(Refused::Closed) => return Err(inner.acks.stop_error(Stop::Closed)),
+                // Parked: reopen and prove the file first (or wait for a park in progress,
+                // then do so); nothing runs on it before (I8, I13).
+                Err(Refused::Parked(back)) => {
+                    job = *back;
+                    unparked |= crate::park::unpark(inner).await?;
+                }
+            }
+        }
+        if unparked {
+            // While the job runs: park others beyond the registry's active-org limit.
+            inner.active.enforce(inner.serial).await;
         }
         let org = inner.acks.org.clone();
         match rx.await {

@@ -61,11 +61,10 @@ impl RegistryBuilder {
 
     /// Creates the data directory and the registry.
     ///
-    /// # Errors
     /// The registry raises the process's soft open-files limit to its hard limit and sizes
-    /// its open-org limit, page caches and writer pool from the settings (see
-    /// [`Settings::max_open_orgs`], [`Settings::memory_budget_bytes`],
-    /// [`Settings::writer_threads`]).
+    /// its open-org and active-org limits, page caches and writer pool from the settings
+    /// (see [`Settings::max_open_orgs`], [`Settings::max_active_orgs`],
+    /// [`Settings::memory_budget_bytes`], [`Settings::writer_threads`]).
     ///
     /// # Errors
     /// [`Error::InvalidSettings`] (empty writer id, zero open orgs or writer threads);
@@ -93,13 +92,20 @@ impl RegistryBuilder {
             tracing::info!(
                 configured = self.settings.max_open_orgs,
                 open_orgs = budget.open_orgs,
-                "open-org limit lowered to what open files and the memory budget allow"
+                "open-org limit lowered to what open files allow"
             );
         }
+        tracing::debug!(
+            open_orgs = budget.open_orgs,
+            active_orgs = budget.active_orgs,
+            cache_kib = budget.sqlite_cache_kib,
+            "org limits"
+        );
         // Every org opens with the limits in force: the open-org limit the LRU keeps, and the
         // shipper's share of the memory budget.
         let mut settings = self.settings;
         settings.max_open_orgs = budget.open_orgs;
+        settings.max_active_orgs = budget.active_orgs;
         settings.ship.delta_cache_pages = budget.ship_cache_pages;
         let pool = Pool::new(settings.writer_threads);
         Ok(Registry {
@@ -109,6 +115,7 @@ impl RegistryBuilder {
                 writer_id: self.writer_id,
                 settings,
                 budget,
+                active: crate::park::Active::new(budget.active_orgs),
                 pool,
                 clock: self.clock,
                 init: self.init,
@@ -130,9 +137,12 @@ struct RegistryInner {
     data_dir: PathBuf,
     replica: Replica,
     writer_id: String,
-    /// The settings in force: `max_open_orgs` and `ship.delta_cache_pages` as `budget` set.
+    /// The settings in force: `max_open_orgs`, `max_active_orgs` and
+    /// `ship.delta_cache_pages` as `budget` set.
     settings: Settings,
     budget: Budget,
+    /// The orgs holding a connection; beyond `budget.active_orgs` idle ones park.
+    active: Arc<crate::park::Active>,
     /// The writer threads every org of this registry runs on.
     pool: Pool,
     clock: Arc<dyn idem::Clock>,
@@ -179,13 +189,25 @@ impl Registry {
     }
 
     /// The open-org limit in force: [`Settings::max_open_orgs`], lowered to what the open-files
-    /// limit and the memory budget allow.
+    /// limit allows (a parked org holds one descriptor).
     pub fn max_open_orgs(&self) -> usize {
         self.inner.budget.open_orgs
     }
 
+    /// The active-org limit in force: [`Settings::max_active_orgs`], lowered to what the
+    /// open-files limit left by the open orgs and the memory budget allow. Beyond it, idle
+    /// orgs park (connection closed, claim kept).
+    pub fn max_active_orgs(&self) -> usize {
+        self.inner.budget.active_orgs
+    }
+
+    /// Open orgs holding a connection now (the rest of [`Registry::open_orgs`] are parked).
+    pub fn active_orgs(&self) -> usize {
+        self.inner.active.len()
+    }
+
     /// Each writer connection's SQLite page cache, in KiB (`PRAGMA cache_size = -KiB`): the
-    /// connection's half of one org's share of [`Settings::memory_budget_bytes`].
+    /// connection's half of one active org's share of [`Settings::memory_budget_bytes`].
     pub fn sqlite_cache_kib(&self) -> u64 {
         self.inner.budget.sqlite_cache_kib
     }
@@ -198,7 +220,8 @@ impl Registry {
     /// Returns this process's writer for `org`, acquiring it first if needed: claim the next
     /// round, hydrate the latest snapshot, open the database, and only then serve (I8).
     /// Concurrent acquires of one org share a single writer. When more than
-    /// `max_open_orgs` are open, the least recently used idle ones are released.
+    /// `max_open_orgs` are open, the least recently used idle ones are released; when more
+    /// than `max_active_orgs` hold a connection, the least recently used idle ones park.
     ///
     /// The org id is validated once, at the edge, by [`OrgId::new`] (I12).
     ///
@@ -234,6 +257,7 @@ impl Registry {
                             init: inner.init.clone(),
                             pool: &inner.pool,
                             cache_kib: inner.budget.sqlite_cache_kib,
+                            active: &inner.active,
                         },
                         id.clone(),
                     )
@@ -266,6 +290,8 @@ impl Registry {
             }
             if handle.is_serving() {
                 self.evict_beyond_limit(id).await;
+                // The org is (or is about to be, at its request) active: park others.
+                self.inner.active.enforce(handle.inner().serial).await;
                 return Ok(handle);
             }
             // A release of this org (an eviction) may still be shipping: claiming now would

@@ -3,24 +3,36 @@
 /// Tunables of a registry. Components (store, clock, schema hook) are given to the builder.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    /// Most orgs held open at once; idle orgs beyond it are released and closed (LRU), so open
-    /// files and memory stay bounded. Default 10 000. The registry lowers it to what the
-    /// process's open-files limit allows (each open org keeps
-    /// [`crate::FDS_PER_ORG`] descriptors, after [`crate::RESERVED_FDS`] for the rest) and to
-    /// `memory_budget_bytes / `[`crate::MIN_ORG_BYTES`]; [`crate::Registry::max_open_orgs`]
-    /// tells the limit in force.
+    /// Most orgs held open (claimed) at once; idle orgs beyond it are released (final ship,
+    /// Release entry) and closed, least recently used first, so claims, open files and memory
+    /// stay bounded. Default 10 000. The registry lowers it to what the process's open-files
+    /// limit allows: a parked org keeps [`crate::FDS_PER_PARKED_ORG`] descriptor, after
+    /// [`crate::RESERVED_FDS`] for the rest and room for one active org;
+    /// [`crate::Registry::max_open_orgs`] tells the limit in force.
     pub max_open_orgs: usize,
+    /// Most open orgs with a SQLite connection at once. Beyond it the least recently used
+    /// idle active org is *parked*: it stays open and claimed, but its connection and the
+    /// descriptors captures read through are closed and its caches dropped, until its next
+    /// request reopens it and proves its file is still the chain's tip (no store request).
+    /// Default `usize::MAX`: as many as the open-files limit and the memory budget allow.
+    /// The registry lowers it to `max_open_orgs`, to the descriptors the open orgs leave
+    /// (an active org keeps [`crate::FDS_PER_ORG`], a parked one
+    /// [`crate::FDS_PER_PARKED_ORG`]: `(limit - reserved - open) / 4`) and to
+    /// `memory_budget_bytes / `[`crate::MIN_ORG_BYTES`]; [`crate::Registry::max_active_orgs`]
+    /// tells the limit in force.
+    pub max_active_orgs: usize,
     /// Worker threads that run the writer jobs (transactions, reads, captures) of every open
     /// org of the registry, one job per org at a time. Threads start on demand up to this
     /// many, however many orgs are open. A job holds its worker until it ends: while this
     /// many long jobs run, other orgs wait. Default `min(16, 2 × available cores)`; 0 is
     /// refused.
     pub writer_threads: usize,
-    /// Memory for the caches of all open orgs together, in bytes: split evenly across
-    /// `max_open_orgs`, half to each writer connection's SQLite page cache
-    /// (`PRAGMA cache_size`), half to its shipper's cache of shipped pages (at most
-    /// `ship.delta_cache_pages`). Default 320 MiB: 10 000 orgs at the smallest share. Connections, statements and the WAL
-    /// index cost about the same per org on top (see docs/design.md, section 3c).
+    /// Memory for the caches of all active orgs together, in bytes: split evenly across
+    /// `max_active_orgs` (a parked org has none), half to each writer connection's SQLite
+    /// page cache (`PRAGMA cache_size`), half to its shipper's cache of shipped pages (at
+    /// most `ship.delta_cache_pages`). Default 320 MiB: 10 240 orgs at the smallest share.
+    /// Connections, statements and the WAL index cost about the same per active org on
+    /// top (see docs/design.md, section 3c).
     pub memory_budget_bytes: u64,
     /// How long a request waits for SQLite's write lock, in milliseconds. Default 5000.
     pub busy_timeout_ms: u64,
@@ -53,6 +65,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             max_open_orgs: 10_000,
+            max_active_orgs: usize::MAX,
             writer_threads: default_writer_threads(),
             memory_budget_bytes: 320 << 20,
             busy_timeout_ms: 5_000,

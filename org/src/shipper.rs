@@ -105,6 +105,13 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             if inner.acks.lock().stop.is_some() {
                 return;
             }
+            // A waiter that arrived as the org parked: reopen and prove the file first.
+            if crate::park::unpark_locked(&inner, &mut shipper)
+                .await
+                .is_err()
+            {
+                return;
+            }
             if inner.acks.needs_ship() {
                 let before = inner.acks.counters.full_ships.load(Ordering::Relaxed);
                 let shipped = ship_once(&inner, &mut shipper).await;

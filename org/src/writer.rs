@@ -12,7 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use idem::{BoxError, Options, Outcome, Record};
-use idem_replica::sqlite::{self, CaptureError, CaptureRequest, Captured, OwnError, Owned};
+use idem_replica::sqlite::{
+    self, CaptureError, CaptureRequest, Captured, OwnError, Owned, OwnedFiles, ReopenError,
+};
 use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
@@ -61,6 +63,28 @@ pub(crate) enum Job {
     Read { read: ReadFn, reply: Reply<()> },
     /// Answers once every job queued before it has run: the drain before a release.
     Drain { reply: oneshot::Sender<()> },
+    /// Parks the writer (`crate::park`): when the database still holds commit `shipped`,
+    /// checkpoints every frame into the file and closes the connection (before its
+    /// descriptors, I13).
+    Park {
+        shipped: u64,
+        reply: oneshot::Sender<Result<(), ParkRefused>>,
+    },
+    /// Reopens a parked writer's connection (`crate::park`) and answers with the
+    /// descriptors the shipper checks the file through before anything is served.
+    Unpark {
+        reply: oneshot::Sender<Result<Arc<OwnedFiles>, String>>,
+    },
+}
+
+/// Why a [`Job::Park`] left the writer open.
+#[derive(Debug)]
+pub(crate) enum ParkRefused {
+    /// Something committed since the caller looked, or the checkpoint could not empty the
+    /// WAL: the connection stays open and serves on.
+    Busy(String),
+    /// The files were changed outside the writer (I13): the org must stop.
+    Foreign(String),
 }
 
 /// Why the writer connection could not be opened.
@@ -94,6 +118,18 @@ pub(crate) fn open(
     init: Option<&InitFn>,
 ) -> Result<Owned, OpenError> {
     let conn = sqlite::open_exclusive(path, busy)?;
+    prepare(conn, path, busy, cache_kib, init)
+}
+
+/// The rest of [`open`] on a connection that holds the database exclusively (the same
+/// steps when a parked writer reopens, so its connection is configured the same way).
+fn prepare(
+    conn: Connection,
+    path: &std::path::Path,
+    busy: Duration,
+    cache_kib: u64,
+    init: Option<&InitFn>,
+) -> Result<Owned, OpenError> {
     conn.execute_batch(commit::SCHEMA)?;
     idem::ensure_schema(&conn)?;
     if let Some(init) = init {
@@ -125,6 +161,10 @@ struct OrgWriter {
 struct Queue {
     jobs: VecDeque<Job>,
     scheduled: Scheduled,
+    /// True from the moment a park is queued until an unpark proved the file and the
+    /// writer is active again: requests are handed back (`Refused::Parked`) so the caller
+    /// unparks first, and no request job ever runs on a parked or unproven connection.
+    parked: bool,
     /// False once a drain began: requests are refused, captures still run. Read and written
     /// under this lock, so no request is queued behind the drain.
     accepting: bool,
@@ -138,8 +178,17 @@ struct Queue {
 }
 
 struct Runner {
-    owned: Owned,
+    /// The connection and the descriptors captures read; `None` while parked.
+    owned: Option<Owned>,
     ctx: WriterCtx,
+}
+
+/// Why [`Writer::request`] did not queue a job.
+pub(crate) enum Refused {
+    /// The writer is draining, closed or stopped.
+    Closed,
+    /// The writer is parked: the job is handed back to be queued after an unpark.
+    Parked(Box<Job>),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -159,11 +208,15 @@ impl Writer {
                 queue: Mutex::new(Queue {
                     jobs: VecDeque::new(),
                     scheduled: Scheduled::default(),
+                    parked: false,
                     accepting: true,
                     open: true,
                     stopped: false,
                 }),
-                runner: Mutex::new(Some(Runner { owned, ctx })),
+                runner: Mutex::new(Some(Runner {
+                    owned: Some(owned),
+                    ctx,
+                })),
                 closed: tokio::sync::watch::channel(false).0,
             }),
             pool: pool.clone(),
@@ -174,10 +227,16 @@ impl Writer {
     /// was idle; false when refused. A refused job is dropped after the queue's lock is
     /// released: its reply sender goes with it.
     fn push(&self, job: Job, request: bool) -> bool {
+        self.try_push(job, request).is_ok()
+    }
+
+    fn try_push(&self, job: Job, request: bool) -> Result<(), Refused> {
         let (refused, schedule) = {
             let mut q = lock(&self.org.queue);
             if !q.open || q.stopped || (request && !q.accepting) {
-                (Some(job), false)
+                (Some(Refused::Closed), false)
+            } else if request && q.parked {
+                return Err(Refused::Parked(Box::new(job)));
             } else {
                 q.jobs.push_back(job);
                 (None, q.scheduled.claim())
@@ -186,12 +245,75 @@ impl Writer {
         if schedule {
             self.pool.schedule(self.org.clone());
         }
-        refused.is_none()
+        // A refused job is dropped here, after the lock: its reply sender goes with it.
+        refused.map_or(Ok(()), Err)
     }
 
-    /// Queues a request's job; false when the writer is draining or stopped.
-    pub(crate) fn request(&self, job: Job) -> bool {
-        self.push(job, true)
+    /// Queues a request's job. Refused while the writer is draining or stopped
+    /// ([`Refused::Closed`]) or parked ([`Refused::Parked`], the job handed back).
+    pub(crate) fn request(&self, job: Job) -> Result<(), Refused> {
+        self.try_push(job, true)
+    }
+
+    /// True while the writer is parked or being unparked: requests are handed back.
+    pub(crate) fn parked(&self) -> bool {
+        lock(&self.org.queue).parked
+    }
+
+    /// Parks the writer if it is idle — no job queued or running — and the database holds
+    /// commit `shipped`: from now on requests are handed back, then a job checkpoints every
+    /// frame into the file and closes the connection. `Ok(false)` when it did not park (busy,
+    /// already parked, closing); the writer then serves on.
+    ///
+    /// # Errors
+    /// The reason the files were found changed outside the writer (I13): the org must stop.
+    pub(crate) async fn park(&self, shipped: u64) -> Result<bool, String> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut q = lock(&self.org.queue);
+            if !q.open || q.stopped || !q.accepting || q.parked {
+                return Ok(false);
+            }
+            if !q.jobs.is_empty() || q.scheduled.is_set() {
+                return Ok(false);
+            }
+            q.parked = true;
+            q.jobs.push_back(Job::Park { shipped, reply: tx });
+            if q.scheduled.claim() {
+                drop(q);
+                self.pool.schedule(self.org.clone());
+            }
+        }
+        let refused = match rx.await {
+            Ok(Ok(())) => return Ok(true),
+            Ok(Err(ParkRefused::Foreign(reason))) => return Err(reason),
+            Ok(Err(ParkRefused::Busy(reason))) => reason,
+            Err(_) => "the writer has stopped".to_owned(),
+        };
+        tracing::debug!(reason = %refused, "park refused; the writer serves on");
+        lock(&self.org.queue).parked = false;
+        Ok(false)
+    }
+
+    /// Reopens a parked writer's connection on the pool and returns the descriptors of its
+    /// files. Requests stay refused until [`Writer::activate`]: the caller first proves the
+    /// file is the chain's tip through these descriptors.
+    ///
+    /// # Errors
+    /// Why the connection could not be reopened (the org must stop: the file's state is
+    /// unknown).
+    pub(crate) async fn unpark(&self) -> Result<Arc<OwnedFiles>, String> {
+        let (tx, rx) = oneshot::channel();
+        if !self.push(Job::Unpark { reply: tx }, false) {
+            return Err("the writer has stopped".into());
+        }
+        rx.await
+            .unwrap_or_else(|_| Err("the writer has stopped".into()))
+    }
+
+    /// Serves requests again after an unpark whose file was proven.
+    pub(crate) fn activate(&self) {
+        lock(&self.org.queue).parked = false;
     }
 
     /// True while requests are accepted.
@@ -309,6 +431,48 @@ pub(crate) struct WriterCtx {
     pub round: u64,
     pub commit_seq: Arc<CommitSeq>,
     pub clock: Arc<dyn idem::Clock>,
+    /// How to reopen the connection after a park, as it was opened.
+    pub reopen: Reopen,
+}
+
+/// The arguments of [`open`], kept to reopen a parked writer the same way.
+pub(crate) struct Reopen {
+    pub path: std::path::PathBuf,
+    pub busy: Duration,
+    pub cache_kib: u64,
+    pub init: Option<InitFn>,
+}
+
+impl Reopen {
+    /// Reopens the closed database ([`sqlite::reopen_exclusive`]: never creates it, refuses
+    /// a WAL someone else left) and configures the connection as [`open`] does.
+    fn open(&self) -> Result<Owned, String> {
+        let conn = sqlite::reopen_exclusive(&self.path, self.busy).map_err(|e| match e {
+            ReopenError::Foreign(f) => f.to_string(),
+            e => format!("{e}: {}", error_chain(&e)),
+        })?;
+        prepare(
+            conn,
+            &self.path,
+            self.busy,
+            self.cache_kib,
+            self.init.as_ref(),
+        )
+        .map_err(|e| format!("reopening the writer: {e:?}"))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(&s.to_string());
+        source = s.source();
+        if source.is_some() {
+            out.push_str(": ");
+        }
+    }
+    out
 }
 
 /// After a job: when it committed something without raising the sequence (a failed attempt
@@ -341,90 +505,146 @@ fn answer<T>(out: Result<T, idem::Error>, commit_seq: u64) -> Result<Answer<T>, 
 }
 
 impl Runner {
-    /// Runs one job on the connection and sends its reply.
+    /// Runs one job and sends its reply: parking and unparking change the connection; every
+    /// other job runs on it (a request never reaches a parked writer: `Writer::request`
+    /// hands it back; a capture there fails as I/O).
     fn run(&mut self, job: Job) {
-        let Runner { owned, ctx } = self;
-        let (round, seq, clock) = (ctx.round, &*ctx.commit_seq, &ctx.clock);
-        // Where the job starts: SQLite's count of changed rows and the sequence (equal to the
-        // database's between jobs: every job that moves it raises `seq` before it replies).
-        let (changes, before) = (owned.conn.total_changes(), seq.get());
-        let conn = &mut owned.conn;
         match job {
-            Job::Once {
-                key,
-                opts,
-                apply,
-                reply,
-            } => {
-                let opts = opts.clock(clock.clone());
-                // A panic in apply rolls its transaction back (the Transaction is dropped while
-                // unwinding); catching it keeps the org's writer alive for other requests.
-                let out = catch_unwind(AssertUnwindSafe(|| {
-                    idem::once_with(conn, &key, round, &opts, |tx| {
-                        let result = apply(tx)?;
-                        commit::bump(tx)?;
-                        Ok::<_, BoxError>(result)
-                    })
-                }))
-                .unwrap_or_else(|_| {
-                    Err(idem::Error::Apply {
-                        key: key.clone(),
-                        source: "apply panicked".into(),
-                    })
-                });
-                // Every answer waits for every commit so far: a replay's or a refusal's key
-                // row is among them.
-                let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
+            Job::Park { shipped, reply } => {
+                let _ = reply.send(self.park(shipped));
             }
-            Job::Applied { key, reply } => {
-                let _ = reply.send(answer(idem::applied(conn, &key), seq.get()));
-            }
-            Job::Prune { cutoff, reply } => {
-                let out = idem::prune(conn, cutoff);
-                let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
-            }
-            Job::Vacuum { reply } => {
-                let out = conn
-                    .execute_batch("VACUUM")
-                    .and_then(|()| {
-                        let tx = conn.transaction()?;
-                        let n = commit::bump(&tx)?;
-                        tx.commit()?;
-                        Ok(seq.raise(n))
-                    })
-                    .map(|n| Answer {
-                        value: (),
-                        commit_seq: n,
-                    })
-                    .map_err(idem::Error::from);
-                let _ = reply.send(out);
-            }
-            Job::Effect(job) => crate::effect::run_job(conn, seq, clock, job),
-            Job::Capture { request, reply } => {
-                // The database's own sequence, not the in-memory one: a capture labels what
-                // the pages hold, and the shipper checks the pages agree.
-                let labels = commit::read(conn).and_then(|n| Ok((n, commit::root_page(conn)?)));
-                let out = match labels {
-                    Ok((n, page)) => {
-                        seq.raise(n);
-                        owned.capture(n, page, request)
-                    }
-                    Err(e) => Err(CaptureError::Io(std::io::Error::other(e))),
-                };
-                let _ = reply.send(out);
-            }
-            Job::Read { read, reply } => {
-                let seen = seq.get();
-                // A panic in the read drops its result sender: the caller sees it.
-                let _ = catch_unwind(AssertUnwindSafe(|| read(conn)));
-                if !conn.is_autocommit() {
-                    let _ = conn.execute_batch("ROLLBACK");
-                }
-                let _ = reply.send(answer(Ok(()), seen));
+            Job::Unpark { reply } => {
+                let _ = reply.send(self.unpark());
             }
             Job::Drain { reply } => {
                 let _ = reply.send(());
             }
+            Job::Capture { reply, .. } if self.owned.is_none() => {
+                let _ = reply.send(Err(CaptureError::Io(std::io::Error::other(
+                    "the writer is parked",
+                ))));
+            }
+            job => match self.owned.as_mut() {
+                Some(owned) => run_on(owned, &self.ctx, job),
+                // Dropped: its reply sender tells the caller the writer is gone.
+                None => drop(job),
+            },
         }
+    }
+
+    /// Checkpoints and closes the connection when the database still holds `shipped`.
+    fn park(&mut self, shipped: u64) -> Result<(), ParkRefused> {
+        let Some(owned) = self.owned.as_mut() else {
+            return Ok(());
+        };
+        let now = commit::read(&owned.conn).map_err(|e| ParkRefused::Busy(e.to_string()))?;
+        if now != shipped || self.ctx.commit_seq.get() != shipped {
+            return Err(ParkRefused::Busy(format!(
+                "commit {now} is not the shipped {shipped}"
+            )));
+        }
+        owned.checkpoint_to_file().map_err(|e| match e {
+            CaptureError::Foreign(f) => ParkRefused::Foreign(f.to_string()),
+            CaptureError::Io(e) => ParkRefused::Busy(e.to_string()),
+        })?;
+        // The connection closes before the descriptors it owns (I13).
+        self.owned = None;
+        Ok(())
+    }
+
+    /// Reopens the connection of a parked writer.
+    fn unpark(&mut self) -> Result<Arc<OwnedFiles>, String> {
+        if let Some(owned) = &self.owned {
+            return Ok(owned.files().clone());
+        }
+        let owned = self.ctx.reopen.open()?;
+        let files = owned.files().clone();
+        self.owned = Some(owned);
+        Ok(files)
+    }
+}
+
+/// Runs one job on the open connection and sends its reply.
+fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
+    let (round, seq, clock) = (ctx.round, &*ctx.commit_seq, &ctx.clock);
+    // Where the job starts: SQLite's count of changed rows and the sequence (equal to the
+    // database's between jobs: every job that moves it raises `seq` before it replies).
+    let (changes, before) = (owned.conn.total_changes(), seq.get());
+    let conn = &mut owned.conn;
+    match job {
+        Job::Once {
+            key,
+            opts,
+            apply,
+            reply,
+        } => {
+            let opts = opts.clock(clock.clone());
+            // A panic in apply rolls its transaction back (the Transaction is dropped while
+            // unwinding); catching it keeps the org's writer alive for other requests.
+            let out = catch_unwind(AssertUnwindSafe(|| {
+                idem::once_with(conn, &key, round, &opts, |tx| {
+                    let result = apply(tx)?;
+                    commit::bump(tx)?;
+                    Ok::<_, BoxError>(result)
+                })
+            }))
+            .unwrap_or_else(|_| {
+                Err(idem::Error::Apply {
+                    key: key.clone(),
+                    source: "apply panicked".into(),
+                })
+            });
+            // Every answer waits for every commit so far: a replay's or a refusal's key
+            // row is among them.
+            let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
+        }
+        Job::Applied { key, reply } => {
+            let _ = reply.send(answer(idem::applied(conn, &key), seq.get()));
+        }
+        Job::Prune { cutoff, reply } => {
+            let out = idem::prune(conn, cutoff);
+            let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
+        }
+        Job::Vacuum { reply } => {
+            let out = conn
+                .execute_batch("VACUUM")
+                .and_then(|()| {
+                    let tx = conn.transaction()?;
+                    let n = commit::bump(&tx)?;
+                    tx.commit()?;
+                    Ok(seq.raise(n))
+                })
+                .map(|n| Answer {
+                    value: (),
+                    commit_seq: n,
+                })
+                .map_err(idem::Error::from);
+            let _ = reply.send(out);
+        }
+        Job::Effect(job) => crate::effect::run_job(conn, seq, clock, job),
+        Job::Capture { request, reply } => {
+            // The database's own sequence, not the in-memory one: a capture labels what
+            // the pages hold, and the shipper checks the pages agree.
+            let labels = commit::read(conn).and_then(|n| Ok((n, commit::root_page(conn)?)));
+            let out = match labels {
+                Ok((n, page)) => {
+                    seq.raise(n);
+                    owned.capture(n, page, request)
+                }
+                Err(e) => Err(CaptureError::Io(std::io::Error::other(e))),
+            };
+            let _ = reply.send(out);
+        }
+        Job::Read { read, reply } => {
+            let seen = seq.get();
+            // A panic in the read drops its result sender: the caller sees it.
+            let _ = catch_unwind(AssertUnwindSafe(|| read(conn)));
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            let _ = reply.send(answer(Ok(()), seen));
+        }
+        // Handled by `Runner::run`.
+        Job::Drain { .. } | Job::Park { .. } | Job::Unpark { .. } => {}
     }
 }

@@ -21,6 +21,12 @@ for i in range(times):
                 v = conn.execute("SELECT count(*) FROM idem_keys").fetchone()[0]
             elif action == "write":
                 v = conn.execute("INSERT INTO effects (key, org) VALUES ('outsider', 'acme')").rowcount
+            elif action == "write-and-die":
+                # Commits into the WAL and exits without closing: the WAL keeps its frames
+                # and the database file is untouched (a crashed outsider).
+                conn.execute("INSERT INTO effects (key, org) VALUES ('outsider', 'acme')")
+                print("ok 1", flush=True)
+                __import__("os")._exit(0)
             elif action == "backup":
                 v = "%s.backup-%d-%d" % (db, __import__("os").getpid(), i)
                 conn.execute("VACUUM INTO ?", (v,))

@@ -77,7 +77,10 @@ pub struct ShipReport {
 pub struct Shipper {
     replica: Replica,
     claim: Claim,
-    files: Arc<OwnedFiles>,
+    /// The writer's descriptors; `None` while the writer is parked ([`Shipper::park`]).
+    files: Option<Arc<OwnedFiles>>,
+    /// The database file's path (for errors, also while parked).
+    db_path: std::path::PathBuf,
     policy: ShipPolicy,
     chain: Chain,
 }
@@ -118,10 +121,87 @@ impl Shipper {
         Shipper {
             replica,
             claim,
-            files,
+            db_path: files.db_path().to_owned(),
+            files: Some(files),
             policy,
             chain,
         }
+    }
+
+    /// The writer's descriptors, or an error while parked: nothing reads the files then.
+    fn files(&self) -> Result<&Arc<OwnedFiles>, Error> {
+        self.files.as_ref().ok_or_else(|| Error::Io {
+            path: self.db_path.display().to_string(),
+            source: std::io::Error::other("the writer is parked"),
+        })
+    }
+
+    /// True when the writer may park ([`Shipper::park`]) once every commit is shipped: the
+    /// claim holds a chain tip (it published, or hydrated or resumed one), no captured page
+    /// waits to be published, and the database file is known to hold nothing but the tip
+    /// and the WAL frames after it (a continued chain first ships what its open path wrote
+    /// outside the WAL: [`Shipper::inherited_unshipped`]).
+    pub fn parkable(&self) -> bool {
+        self.claim.tip.is_some()
+            && self.chain.pending.is_empty()
+            && !self.chain.diff_file
+            && self.chain.proven.is_some()
+            && self.files.is_some()
+    }
+
+    /// Lets go of the writer's descriptors and the cache of shipped pages: the writer has
+    /// closed its connection after [`sqlite::Owned::checkpoint_to_file`], so the database
+    /// file holds exactly the chain's tip and no WAL remains (I14: a parked org keeps no
+    /// descriptor of its database and no page cache). Call only once the connection is
+    /// closed: these may be the last descriptors of its files, and closing one while
+    /// SQLite has the file open drops its locks (I13). Until [`Shipper::unpark`], ships and
+    /// confirmations fail with [`Error::Io`].
+    pub fn park(&mut self) {
+        self.files = None;
+        self.chain.published = std::collections::HashMap::new();
+    }
+
+    /// Takes the descriptors of a reopened writer ([`sqlite::reopen_exclusive`], then
+    /// [`sqlite::Owned::take`]) after proving, before anything is served from it, that the
+    /// database file is still exactly the chain's tip: every page's hash (page 1 in
+    /// canonical form, as [`Replica::resume`] and the first delta of a continued chain
+    /// compare them) equals the tip's and the file has the tip's size. Reads the file once
+    /// through `files` (local, no store request). The chain then goes on from the tip with
+    /// a fresh WAL, as after a hydrate; whatever the open path wrote into the WAL since
+    /// (an application hook) ships with the next delta.
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`] when the file is not the tip (it was changed, replaced or
+    /// truncated while parked) or the claim holds no tip: the org must stop, and nothing
+    /// may be answered from the file; [`Error::Io`] reading it.
+    pub async fn unpark(&mut self, files: Arc<OwnedFiles>) -> Result<(), Error> {
+        let Some(tip) = self.claim.tip.clone() else {
+            return Err(self.files_changed(&Foreign(
+                "the parked claim holds no chain tip to check its file against".into(),
+            )));
+        };
+        let reader = files.clone();
+        let hashes = tip.hashes.clone();
+        let read = off_thread(move || sqlite::file_changes(&reader, &hashes)).await?;
+        let same = match read.map_err(|e| self.capture_error(e))? {
+            Some((db_pages, changed)) => {
+                changed.is_empty() && db_pages as usize == tip.hashes.pages()
+            }
+            None => false,
+        };
+        if !same {
+            return Err(self.files_changed(&Foreign(
+                "the parked database file is not the chain's tip".into(),
+            )));
+        }
+        let wal = files.wal_len().map_err(|e| self.capture_error(e.into()))?;
+        self.files = Some(files);
+        self.chain.wal = WalState::Fresh;
+        self.chain.db_pages = tip.hashes.pages() as u32;
+        // The open path wrote into the WAL (an application hook): those pages ship with
+        // the next delta, and a park first ships them ([`Shipper::inherited_unshipped`]).
+        self.chain.diff_file = wal > 0;
+        Ok(())
     }
 
     /// True when the database file differs from the chain's tip although this shipper has
@@ -144,7 +224,7 @@ impl Shipper {
             return Ok(true);
         }
         let wal = self
-            .files
+            .files()?
             .wal_len()
             .map_err(|e| self.capture_error(e.into()))?;
         Ok(!self.chain.pending.is_empty()
@@ -208,7 +288,7 @@ impl Shipper {
     /// [`Error::FilesChanged`]; [`Error::Fenced`]; store errors (retry).
     pub async fn confirm(&mut self) -> Result<(), Error> {
         self.replica.confirm(&mut self.claim).await?;
-        self.files
+        self.files()?
             .check_unchanged()
             .map_err(|f| self.files_changed(&f))
     }
@@ -232,7 +312,7 @@ impl Shipper {
     fn capture_error(&self, e: CaptureError) -> Error {
         match e {
             CaptureError::Io(source) => Error::Io {
-                path: self.files.db_path().display().to_string(),
+                path: self.db_path.display().to_string(),
                 source,
             },
             CaptureError::Foreign(f) => self.files_changed(&f),
@@ -249,7 +329,7 @@ impl Shipper {
             .capture(request)
             .await
             .map_err(|e| self.capture_error(e))?;
-        let files = self.files.clone();
+        let files = self.files()?.clone();
         let built = off_thread(move || {
             let frames = sqlite::wal::read(&cap.head, &cap.tail, None)
                 .map_err(|e| Foreign(format!("the WAL cannot be read: {}", e.0)))?;
@@ -391,7 +471,7 @@ impl Shipper {
         let Some(tip) = self.claim.tip.clone() else {
             return Ok(false);
         };
-        let files = self.files.clone();
+        let files = self.files()?.clone();
         let read = off_thread(move || sqlite::file_changes(&files, &tip.hashes)).await?;
         let Some((db_pages, pages)) = read.map_err(|e| self.capture_error(e))? else {
             return Ok(false);
@@ -411,7 +491,7 @@ impl Shipper {
     async fn compacted_delta(&self, commit: u64, db: sqlite::DbState) -> Result<Delta, Error> {
         let wanted = self.chain.compaction_pages();
         let (files, ps, db_pages) = (
-            self.files.clone(),
+            self.files()?.clone(),
             self.chain.page_size,
             self.chain.db_pages,
         );

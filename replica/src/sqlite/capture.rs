@@ -194,6 +194,22 @@ impl Capturer {
         &self.files
     }
 
+    /// [`super::Owned::checkpoint_to_file`]: the capture's checks, then a `TRUNCATE`
+    /// checkpoint that must leave the WAL empty.
+    pub(crate) fn checkpoint_all(&mut self, conn: &Connection) -> Result<(), CaptureError> {
+        let (files, watch, busy) = (&*self.files, &mut self.watch, self.busy);
+        files.check_names()?;
+        files.check_db(watch.db)?;
+        watch.observe(&read_head(files)?)?;
+        if truncate_checkpoint(conn, busy, files, watch)? {
+            Ok(())
+        } else {
+            Err(CaptureError::Io(std::io::Error::other(
+                "the checkpoint left frames in the WAL",
+            )))
+        }
+    }
+
     /// Runs on the writer thread between two jobs.
     ///
     /// # Errors

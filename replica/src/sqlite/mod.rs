@@ -58,7 +58,59 @@ pub enum OwnError {
 /// [`OwnError::Sqlite`] when SQLite refuses (the lock is held elsewhere included);
 /// [`OwnError::Mode`] when the connection is not in exclusive WAL mode.
 pub fn open_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, OwnError> {
-    let conn = Connection::open(path)?;
+    exclusive(Connection::open(path)?, busy)
+}
+
+/// Reopens the closed database at `path` as its one writer, as [`open_exclusive`] does,
+/// after a writer of this claim closed it ([`Owned::checkpoint_to_file`]): the file must
+/// still exist (it is never created), and once the connection holds its lock the WAL must
+/// be empty. A WAL with frames was written by someone else while no connection held the
+/// file, and SQLite would show its frames to this connection without them ever touching
+/// the database file, so the caller's check of the file against the chain's tip
+/// ([`crate::Shipper::unpark`]) could not see them.
+///
+/// # Errors
+/// [`ReopenError::Foreign`] for a missing database file or a WAL with frames;
+/// [`ReopenError::Own`] when SQLite refuses the open (the lock is held elsewhere
+/// included).
+pub fn reopen_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, ReopenError> {
+    use rusqlite::OpenFlags;
+    // No CREATE flag: a missing file is an error, never a new empty database.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match Connection::open_with_flags(path, flags) {
+        Ok(conn) => conn,
+        Err(_) if !path.exists() => {
+            return Err(ReopenError::Foreign(Foreign(
+                "the parked database file is gone".into(),
+            )));
+        }
+        Err(e) => return Err(ReopenError::Own(e.into())),
+    };
+    let conn = exclusive(conn, busy).map_err(ReopenError::Own)?;
+    match std::fs::metadata(owned::wal_path(path)) {
+        Ok(m) if m.len() > 0 => Err(ReopenError::Foreign(Foreign(format!(
+            "a WAL of {} bytes appeared beside the parked database file",
+            m.len()
+        )))),
+        _ => Ok(conn),
+    }
+}
+
+/// Why a parked database could not be reopened by [`reopen_exclusive`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReopenError {
+    /// The files were changed while no connection held them: the org must stop.
+    #[error("{0}")]
+    Foreign(Foreign),
+    /// The open itself failed.
+    #[error("reopening the database")]
+    Own(#[source] OwnError),
+}
+
+fn exclusive(conn: Connection, busy: Duration) -> Result<Connection, OwnError> {
     conn.busy_timeout(busy)?;
     let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
     let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -118,6 +170,20 @@ impl Owned {
     /// connection by being dropped before it (they are read-only and closed last).
     pub fn files(&self) -> &Arc<OwnedFiles> {
         self.capturer.files()
+    }
+
+    /// Checkpoints every frame of the WAL into the database file (`TRUNCATE`) after the
+    /// checks a capture makes (names, the file as the last checkpoint left it, the WAL's
+    /// generation), so that once this value is dropped (the connection closes before the
+    /// descriptors) the database file alone holds the state and no WAL remains: what a
+    /// writer does before it parks. Run it only when every committed frame was shipped.
+    ///
+    /// # Errors
+    /// [`CaptureError::Foreign`] when the files are not as the writer left them;
+    /// [`CaptureError::Io`] when the checkpoint left frames in the WAL or an I/O step failed
+    /// (the connection stays usable).
+    pub fn checkpoint_to_file(&mut self) -> Result<(), CaptureError> {
+        self.capturer.checkpoint_all(&self.conn)
     }
 
     /// Captures what the next ship publishes, between two transactions of the writer
