@@ -91,12 +91,32 @@ fn org(i: usize) -> BenchResult<OrgId> {
     Ok(OrgId::new(&format!("org-{i:05}"))?)
 }
 
+/// 64 KiB of random bytes: an org whose full snapshot costs about that much.
+fn bulk(
+    tx: &idem_org::rusqlite::Transaction<'_>,
+    key: &str,
+) -> idem_org::rusqlite::Result<Vec<u8>> {
+    tx.execute("INSERT INTO t VALUES (?1, randomblob(65536))", [key])?;
+    Ok(Vec::new())
+}
+
 /// One request per org in `orgs`, `clients` at a time; each request's latency.
 async fn each_once(
     registry: &Registry,
     orgs: std::ops::Range<usize>,
     key: &'static str,
     clients: usize,
+) -> BenchResult<Vec<Duration>> {
+    each_once_with(registry, orgs, key, clients, write).await
+}
+
+/// [`each_once`] with another write per request.
+async fn each_once_with(
+    registry: &Registry,
+    orgs: std::ops::Range<usize>,
+    key: &'static str,
+    clients: usize,
+    write: super::group::Write,
 ) -> BenchResult<Vec<Duration>> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(orgs.start));
     let mut tasks = Vec::new();
@@ -111,7 +131,7 @@ async fn each_once(
                 }
                 let id = OrgId::new(&format!("org-{i:05}"))?;
                 let began = Instant::now();
-                registry.once(&id, key, |tx| write(tx, key)).await?;
+                registry.once(&id, key, move |tx| write(tx, key)).await?;
                 lat.push(began.elapsed());
             }
         }));
@@ -237,10 +257,21 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
     let store = Replica::local_store(&dir.join("store"))?;
     let ra = Replica::open(store.clone(), "", replica::Settings::default()).await?;
     let a = build(&ra, &dir.join("a"), "a")?;
-    // Each org gets a few requests, so there is a chain for B to continue.
+    // Each org holds 64 KiB of incompressible rows, then a few small requests: a chain for B
+    // to continue, whose full snapshot would cost about 64 KiB per org.
+    each_once_with(&a, 0..n, "bulk", 16, bulk).await?;
     for key in ["r1", "r2", "r3"] {
         each_once(&a, 0..n, key, 16).await?;
     }
+    let snapshot_bytes = {
+        let (mut bytes, mut ships) = (0u64, 0u64);
+        for org in a.open_orgs() {
+            let s = org.stats();
+            bytes += s.full_bytes;
+            ships += s.full_ships;
+        }
+        bytes / ships.max(1)
+    };
     let rb = Replica::open(store, "", replica::Settings::default()).await?;
     let b = build(&rb, &dir.join("b"), "b")?;
     let began = Instant::now();
@@ -248,7 +279,10 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
         let a = a.clone();
         tokio::spawn(async move {
             let released = a.shutdown().await;
-            (began.elapsed(), released.iter().filter(|(_, r)| r.is_err()).count())
+            (
+                began.elapsed(),
+                released.iter().filter(|(_, r)| r.is_err()).count(),
+            )
         })
     };
     let mut tasks = Vec::new();
@@ -303,7 +337,7 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
         ms(shutdown_took)
     );
     println!(
-        "| B's first ships: full snapshots / bytes uploaded per org | {full} of {n} / {:.0} B |",
+        "| B's first ships: full snapshots / bytes uploaded per org (A's full snapshot: {snapshot_bytes} B) | {full} of {n} / {:.0} B |",
         bytes as f64 / n.max(1) as f64
     );
     b.shutdown().await;
