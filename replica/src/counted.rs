@@ -54,6 +54,20 @@ impl StoreRequests {
     pub fn total(&self) -> u64 {
         self.put + self.get + self.head + self.list + self.delete + self.copy + self.multipart
     }
+
+    /// The requests made since `earlier`, a snapshot of the same counts taken before (counts
+    /// only grow; a later `earlier` saturates at zero).
+    pub fn since(&self, earlier: &StoreRequests) -> StoreRequests {
+        StoreRequests {
+            put: self.put.saturating_sub(earlier.put),
+            get: self.get.saturating_sub(earlier.get),
+            head: self.head.saturating_sub(earlier.head),
+            list: self.list.saturating_sub(earlier.list),
+            delete: self.delete.saturating_sub(earlier.delete),
+            copy: self.copy.saturating_sub(earlier.copy),
+            multipart: self.multipart.saturating_sub(earlier.multipart),
+        }
+    }
 }
 
 impl CountedStore {

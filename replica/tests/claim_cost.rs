@@ -28,16 +28,7 @@ async fn claim_cost(
     let before = successor.store_requests();
     let next = successor.claim(&org, "b", false).await?;
     assert_eq!(next.round(), 2);
-    let after = successor.store_requests();
-    Ok(StoreRequests {
-        put: after.put - before.put,
-        get: after.get - before.get,
-        head: after.head - before.head,
-        list: after.list - before.list,
-        delete: after.delete - before.delete,
-        copy: after.copy - before.copy,
-        multipart: after.multipart - before.multipart,
-    })
+    Ok(successor.store_requests().since(&before))
 }
 
 #[tokio::test]

@@ -12,18 +12,6 @@ use idem_replica::{Delta, OrgId, Replica, Settings, Snapshot, StoreRequests};
 use object_store::ObjectStoreExt;
 use object_store::memory::InMemory;
 
-fn minus(a: StoreRequests, b: StoreRequests) -> StoreRequests {
-    StoreRequests {
-        put: a.put - b.put,
-        get: a.get - b.get,
-        head: a.head - b.head,
-        list: a.list - b.list,
-        delete: a.delete - b.delete,
-        copy: a.copy - b.copy,
-        multipart: a.multipart - b.multipart,
-    }
-}
-
 #[tokio::test]
 async fn a_full_snapshot_costs_two_puts_and_no_list_and_the_counts_see_every_request()
 -> Result<(), Box<dyn std::error::Error>> {
@@ -35,7 +23,7 @@ async fn a_full_snapshot_costs_two_puts_and_no_list_and_the_counts_see_every_req
     let mut claim = replica.claim(&org, "w", false).await?;
     let before = replica.store_requests();
     replica.ship(&mut claim, test_snapshot(3)?).await?;
-    let ship = minus(replica.store_requests(), before);
+    let ship = replica.store_requests().since(&before);
     assert_eq!(
         ship,
         StoreRequests {
@@ -46,7 +34,7 @@ async fn a_full_snapshot_costs_two_puts_and_no_list_and_the_counts_see_every_req
     // A request made through `Replica::store` is counted too: it is the wrapper.
     let before = replica.store_requests();
     let _ = replica.store().head(&"nothing".into()).await;
-    assert_eq!(minus(replica.store_requests(), before).total(), 1);
+    assert_eq!(replica.store_requests().since(&before).total(), 1);
     Ok(())
 }
 
@@ -223,7 +211,7 @@ async fn a_small_delta_costs_exactly_one_put_and_no_list() -> R {
     let shipped = replica
         .ship_delta(&mut claim, diff(&images[0], &images[1], 2)?)
         .await?;
-    let cost = minus(replica.store_requests(), before);
+    let cost = replica.store_requests().since(&before);
     assert_eq!(
         cost,
         StoreRequests {
@@ -284,7 +272,7 @@ async fn a_large_delta_or_inline_off_costs_two_puts_and_no_list() -> R {
         replica
             .ship_delta(&mut claim, diff(&prev, &next, 2)?)
             .await?;
-        assert_eq!(minus(replica.store_requests(), before), two_puts);
+        assert_eq!(replica.store_requests().since(&before), two_puts);
         let log = replica.history(&org).await?;
         assert!(
             log.last()
@@ -362,16 +350,16 @@ async fn retention_reads_only_entries_its_handle_has_not_seen() -> R {
     };
     let before = replica.store_requests();
     replica.retain(&org, &policy).await?;
-    assert_eq!(minus(replica.store_requests(), before), two_lists);
+    assert_eq!(replica.store_requests().since(&before), two_lists);
     // Another handle reads each entry once, then knows them.
     let other = Replica::open(store, "", Settings::default()).await?;
     let before = other.store_requests();
     other.retain(&org, &policy).await?;
-    let first = minus(other.store_requests(), before);
+    let first = other.store_requests().since(&before);
     assert_eq!((first.get, first.list), (6, 2), "{first:?}");
     let before = other.store_requests();
     other.retain(&org, &policy).await?;
-    assert_eq!(minus(other.store_requests(), before), two_lists);
+    assert_eq!(other.store_requests().since(&before), two_lists);
     // Entries retention deletes are forgotten: the next run neither reads nor deletes them.
     let keep_one = idem_replica::Retention {
         keep_snapshots: 1,
@@ -385,6 +373,6 @@ async fn retention_reads_only_entries_its_handle_has_not_seen() -> R {
     let before = replica.store_requests();
     let again = replica.retain(&org, &keep_one).await?;
     assert!(again.deleted_entries.is_empty(), "{again:?}");
-    assert_eq!(minus(replica.store_requests(), before), two_lists);
+    assert_eq!(replica.store_requests().since(&before), two_lists);
     Ok(())
 }

@@ -223,7 +223,7 @@ async fn load(
         all.extend(t.await??);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let requests = replica.store_requests().total() - before.total();
+    let requests = replica.store_requests().since(&before).total();
     all.sort_unstable();
     let acks = all.len().max(1) as f64;
     Ok((
@@ -367,14 +367,14 @@ async fn idle(dir: &Path, window: Duration) -> BenchResult<()> {
     each_once(&reg, 0..n, "touch", 16).await?;
     let before: StoreRequests = replica.store_requests();
     tokio::time::sleep(window).await;
-    let after = replica.store_requests();
-    let per_hour = (after.total() - before.total()) as f64 * 3600.0 / window.as_secs_f64();
+    let idle = replica.store_requests().since(&before);
+    let per_hour = idle.total() as f64 * 3600.0 / window.as_secs_f64();
     println!(
         "| store requests an hour, {n} touched orgs idle ({api}, lease 30 s, {:.0} s window) | {per_hour:.0} ({} PUT, {} GET, {} LIST in the window) |",
         window.as_secs_f64(),
-        after.put - before.put,
-        after.get - before.get,
-        after.list - before.list
+        idle.put,
+        idle.get,
+        idle.list
     );
     reg.shutdown().await;
     Ok(())
