@@ -79,6 +79,9 @@ pub struct Claim {
     pub(crate) next_seq: u64,
     /// Why the claim can no longer publish, once it cannot.
     pub(crate) unusable: Option<&'static str>,
+    /// True after a publish the store refused: a put of it may still land, so the next
+    /// landed create is checked for a successor above it.
+    pub(crate) in_doubt: bool,
     /// The newest snapshot or delta published under this claim.
     pub(crate) tip: Option<Tip>,
     /// The snapshot the chain started from (compacted deltas apply to it); `None` for a
@@ -95,7 +98,8 @@ impl Claim {
         &self.org
     }
 
-    /// The round claimed: strictly greater than every round claimed before it (I7).
+    /// The round claimed: greater than the round of every claim that can still publish (I7).
+    /// A claim abandoned in a slot retention freed (it never publishes) may share it.
     pub fn round(&self) -> u64 {
         self.round
     }
@@ -296,7 +300,13 @@ impl Replica {
                 addr: self.inner.settings.advertise.clone(),
                 process: true,
             };
-            self.put_lease(org, &lease).await;
+            // Written once per claim, so a transient failure is retried here: a claim without
+            // its lease could be claimed away without force while its writer lives.
+            for _ in 0..3 {
+                if self.put_lease(org, &lease).await {
+                    break;
+                }
+            }
             info!(%org, round, seq, writer, "claimed");
             return Ok(Claim {
                 org: org.clone(),
@@ -306,6 +316,7 @@ impl Replica {
                 seq,
                 next_seq: seq + 1,
                 unusable: None,
+                in_doubt: false,
                 tip: None,
                 snapshot_tip: None,
                 inherited: None,
@@ -353,6 +364,14 @@ impl Replica {
         match self.publish(&claim.org, entry).await {
             Ok(Published::Landed) => {
                 claim.next_seq = entry.seq() + 1;
+                // After a refused publish, a put of ours may have landed late in that slot,
+                // and retention may since have freed it under a successor's claim: this
+                // create landing no longer proves we are the newest writer, so look above it
+                // once (the one LIST a landed create otherwise never needs, I7, I11).
+                if claim.in_doubt {
+                    self.check_no_successor(claim, entry.seq()).await?;
+                    claim.in_doubt = false;
+                }
                 Ok(())
             }
             Ok(Published::Taken(theirs)) => {
@@ -365,8 +384,12 @@ impl Replica {
                 })
             }
             Err(e) => {
-                if matches!(e, Error::PublishUnknown { .. }) {
-                    claim.unusable = Some("outcome of a publish is unknown");
+                match e {
+                    Error::PublishUnknown { .. } => {
+                        claim.unusable = Some("outcome of a publish is unknown");
+                    }
+                    Error::StoreRefused { .. } => claim.in_doubt = true,
+                    _ => {}
                 }
                 Err(e)
             }

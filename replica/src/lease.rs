@@ -167,18 +167,15 @@ impl Replica {
         })
     }
 
-    /// Makes sure this process's lease exists before a claim points to it: written once, then
-    /// renewed by a task every `lease_ms / 3` while this handle (any clone) lives. A failed
-    /// first write is logged and tried again at the next claim; the org lease's own term
-    /// still covers the claim meanwhile.
+    /// Makes sure this process's lease exists before a claim points to it: written at the
+    /// first claim, then renewed by a task every `lease_ms / 3` while this handle (any clone)
+    /// lives. The task starts even when that first write fails, and its next tick retries;
+    /// meanwhile the org lease's own term covers the claim.
     pub(crate) async fn ensure_process_lease(&self) {
-        let started = self
-            .inner
+        self.inner
             .process_lease
-            .get_or_try_init(|| async {
-                if !self.put_process_lease().await {
-                    return Err(());
-                }
+            .get_or_init(|| async {
+                self.put_process_lease().await;
                 let weak = Arc::downgrade(&self.inner);
                 let every = Duration::from_millis((self.inner.settings.lease_ms / 3).max(1));
                 tokio::spawn(async move {
@@ -195,12 +192,8 @@ impl Replica {
                         Replica { inner }.put_process_lease().await;
                     }
                 });
-                Ok(())
             })
             .await;
-        if started.is_err() {
-            warn!(instance = %self.inner.instance, "process lease not written yet");
-        }
     }
 
     /// Writes this process's lease for another `lease_ms`; false (logged) when the write
