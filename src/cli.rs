@@ -32,6 +32,9 @@ enum Command {
     /// Check every published snapshot (checksums, SQLite integrity) and every delta chain
     /// (replayed against its checksums); non-zero on a fault.
     Verify(crate::ops::VerifyArgs),
+    /// Import an existing SQLite database as a new org's first snapshot (refused when the
+    /// org already has a log); the image is held in memory.
+    Import(crate::ops::ImportArgs),
     /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
     CheckStore(crate::ops::CheckStoreArgs),
     /// List an org's external effects (from its newest snapshot), e.g. `--state ambiguous`.
@@ -64,6 +67,7 @@ impl Cli {
             Command::Snapshots(a) => crate::ops::snapshots(a).await,
             Command::Restore(a) => crate::ops::restore(a).await,
             Command::Verify(a) => crate::ops::verify(a).await,
+            Command::Import(a) => crate::ops::import(a).await,
             Command::CheckStore(a) => crate::ops::check_store(a).await,
             Command::Effects(a) => crate::ops::effects(a).await,
             Command::Resolve(a) => crate::ops::resolve(a).await,

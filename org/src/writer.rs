@@ -130,8 +130,7 @@ fn prepare(
     cache_kib: u64,
     init: Option<&InitFn>,
 ) -> Result<Owned, OpenError> {
-    conn.execute_batch(commit::SCHEMA)?;
-    idem::ensure_schema(&conn)?;
+    crate::prepare::create(&conn).map_err(OpenError::Idem)?;
     if let Some(init) = init {
         init(&conn)?;
     }

@@ -1,7 +1,8 @@
-//! Operator commands: prune (cron), inspect, snapshots, restore, verify, check-store.
+//! Operator commands: prune (cron), inspect, snapshots, restore, verify, check-store, import.
 
 mod check_store;
 mod effects;
+mod import;
 mod prune;
 mod read;
 
@@ -14,6 +15,7 @@ use idem_org::replica::{OrgId, Replica};
 
 pub use check_store::check_store;
 pub use effects::{EffectsArgs, ResolveArgs, effects, resolve};
+pub use import::import;
 pub use prune::prune;
 pub use read::{inspect, restore, snapshots, verify};
 
@@ -71,6 +73,23 @@ pub struct RestoreArgs {
     /// lists them); default: the newest.
     #[arg(long)]
     at: Option<u64>,
+}
+
+/// `idem import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The new org's id.
+    org: String,
+    /// The SQLite database to import (only read; any page size, any journal mode). The whole
+    /// image is held in memory while it is shipped.
+    #[arg(long)]
+    from: PathBuf,
+    /// Store URL.
+    #[arg(long)]
+    store: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `idem verify`.

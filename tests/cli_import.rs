@@ -1,0 +1,252 @@
+//! `idem import` from the outside (spawned binary): a user's SQLite database becomes an org's
+//! first snapshot with its rows intact, the user's file is never written, and an existing
+//! org, a corrupt file or a bad org id is refused with one clear line and nothing changed.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::{TestResult, assert_clean_failure, run};
+use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::rusqlite;
+use sha2::{Digest, Sha256};
+
+/// Rows the tests compare: a rowid table (with gaps from deletes), a table whose rowids are
+/// implicit, and blobs.
+type Rows = (Vec<(i64, String, i64, Vec<u8>)>, Vec<(i64, String)>);
+
+/// A user's database in WAL mode with 8 KiB pages and real rows, some deleted. While the
+/// returned connection is open the rows stay in the WAL file (no checkpoint).
+fn user_db(path: &Path) -> TestResult<rusqlite::Connection> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.execute_batch(
+        "PRAGMA page_size = 8192;
+         PRAGMA journal_mode = WAL;
+         PRAGMA wal_autocheckpoint = 0;
+         CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT NOT NULL, cents INT, doc BLOB);
+         CREATE TABLE notes (body TEXT);
+         CREATE INDEX accounts_name ON accounts (name);",
+    )?;
+    let tx = conn.unchecked_transaction()?;
+    for i in 0..2000i64 {
+        tx.execute(
+            "INSERT INTO accounts (name, cents, doc) VALUES (?1, ?2, ?3)",
+            rusqlite::params![format!("user-{i}"), i * 37 - 500, vec![(i % 251) as u8; 40]],
+        )?;
+        tx.execute(
+            "INSERT INTO notes (body) VALUES (?1)",
+            [format!("note {i}")],
+        )?;
+    }
+    tx.execute("DELETE FROM accounts WHERE id % 7 = 0", [])?;
+    tx.execute("DELETE FROM notes WHERE rowid % 5 = 0", [])?;
+    tx.commit()?;
+    Ok(conn)
+}
+
+fn rows(path: &Path) -> TestResult<Rows> {
+    let conn = rusqlite::Connection::open(path)?;
+    let accounts = conn
+        .prepare("SELECT id, name, cents, doc FROM accounts ORDER BY id")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect::<Result<_, _>>()?;
+    let notes = conn
+        .prepare("SELECT rowid, body FROM notes ORDER BY rowid")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    Ok((accounts, notes))
+}
+
+/// The user's database file and its WAL, hashed: the import must leave both as they were.
+fn fingerprint(path: &Path) -> TestResult<Vec<String>> {
+    let mut out = Vec::new();
+    for suffix in ["", "-wal"] {
+        let p = format!("{}{suffix}", path.display());
+        let bytes = std::fs::read(&p).unwrap_or_default();
+        out.push(hex::encode(Sha256::digest(&bytes)));
+    }
+    Ok(out)
+}
+
+fn json(out: &std::process::Output) -> TestResult<serde_json::Value> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn import(org: &str, from: &Path, store: &str) -> std::process::Output {
+    let from = from.display().to_string();
+    run(&["import", org, "--from", &from, "--store", store, "--json"])
+}
+
+#[test]
+fn an_imported_database_restores_with_the_users_rows_and_its_file_unchanged() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("tenant.db");
+    // The connection stays open: the rows are in the WAL, which the import must read.
+    let keep = user_db(&db)?;
+    assert!(std::fs::metadata(format!("{}-wal", db.display()))?.len() > 0);
+    let want = rows(&db)?;
+    let before = fingerprint(&db)?;
+    let store = dir.path().join("store").display().to_string();
+
+    let out = json(&import("acme", &db, &store))?;
+    assert_eq!(out["org"], "acme");
+    assert_eq!(out["page_size"], 8192);
+    assert_eq!(out["commit"], 0);
+    assert_eq!(out["round"], 1);
+    let bytes = out["bytes"].as_u64().unwrap();
+    assert_eq!(bytes, out["pages"].as_u64().unwrap() * 8192);
+    assert_eq!(fingerprint(&db)?, before, "the user's file was modified");
+
+    let inspect = json(&run(&["inspect", "acme", "--store", &store, "--json"]))?;
+    assert_eq!(inspect["applied_keys"], 0);
+    assert_eq!(inspect["head"], "release");
+    assert_eq!(inspect["newest_snapshot"]["seq"], out["snapshot_seq"]);
+    assert_eq!(inspect["newest_snapshot"]["commit"], 0);
+
+    let restored = dir.path().join("restored.db");
+    let r = run(&[
+        "restore",
+        "acme",
+        "--store",
+        &store,
+        "--to",
+        &restored.display().to_string(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        rows(&restored)?,
+        want,
+        "the user's rows differ after import"
+    );
+    let conn = rusqlite::Connection::open(&restored)?;
+    let n: i64 = conn.query_row("SELECT n FROM idem_org_commit", [], |r| r.get(0))?;
+    assert_eq!(n, 0);
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    assert_eq!(mode, "delete");
+    drop(keep);
+    Ok(())
+}
+
+#[test]
+fn the_org_layer_acquires_an_imported_org_and_runs_once() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("tenant.db");
+    user_db(&db)?;
+    let store = dir.path().join("store");
+    json(&import("acme", &db, &store.display().to_string()))?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
+        let registry =
+            idem_org::Registry::builder(dir.path().join("data"), replica, "server").build()?;
+        // An org whose snapshot commit differed from its file's would fail here (CommitMismatch).
+        let org = registry.acquire(&OrgId::new("acme")?).await?;
+        let out = org
+            .once("pay-1", |tx| {
+                tx.execute("UPDATE accounts SET cents = cents + 1 WHERE id = 1", [])?;
+                tx.query_row("SELECT cents FROM accounts WHERE id = 1", [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .map(|c| c.to_string().into_bytes())
+            })
+            .await?;
+        assert_eq!(out.result, b"-499");
+        registry.shutdown().await;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    let inspect = json(&run(&[
+        "inspect",
+        "acme",
+        "--store",
+        &store.display().to_string(),
+        "--json",
+    ]))?;
+    assert_eq!(inspect["applied_keys"], 1);
+    Ok(())
+}
+
+#[test]
+fn importing_into_an_org_with_a_log_is_refused_and_changes_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("tenant.db");
+    user_db(&db)?;
+    let store = dir.path().join("store").display().to_string();
+    json(&import("acme", &db, &store))?;
+    let before = json(&run(&["inspect", "acme", "--store", &store, "--json"]))?;
+
+    let other = dir.path().join("other.db");
+    rusqlite::Connection::open(&other)?
+        .execute_batch("CREATE TABLE x (y); INSERT INTO x VALUES (1);")?;
+    let out = import("acme", &other, &store);
+    assert_clean_failure(&out, "org acme already exists in the store");
+    assert_clean_failure(&out, "nothing was changed");
+    let after = json(&run(&["inspect", "acme", "--store", &store, "--json"]))?;
+    assert_eq!(after["history"], before["history"]);
+    Ok(())
+}
+
+#[test]
+fn corrupt_empty_or_missing_files_are_refused_and_create_no_org() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = dir.path().join("store").display().to_string();
+
+    let random = dir.path().join("random.db");
+    let noise: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(&random, &noise)?;
+    assert_clean_failure(
+        &import("acme", &random, &store),
+        "not a readable sqlite database",
+    );
+
+    // A real database cut short: its header promises pages the file no longer has.
+    let good = dir.path().join("good.db");
+    user_db(&good)?;
+    rusqlite::Connection::open(&good)?.execute_batch("PRAGMA journal_mode = DELETE")?;
+    let full = std::fs::read(&good)?;
+    let truncated = dir.path().join("truncated.db");
+    std::fs::write(&truncated, &full[..full.len() / 2])?;
+    let before = fingerprint(&truncated)?;
+    let out = import("acme", &truncated, &store);
+    assert_clean_failure(&out, "truncated.db");
+    let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(
+        err.contains("integrity check") || err.contains("malformed"),
+        "{err}"
+    );
+    assert_eq!(fingerprint(&truncated)?, before);
+
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"")?;
+    assert_clean_failure(&import("acme", &empty, &store), "the file is empty");
+    assert_clean_failure(
+        &import("acme", &dir.path().join("missing.db"), &store),
+        "missing.db",
+    );
+
+    // The file is checked before the store is opened: nothing was created.
+    assert!(!dir.path().join("store").exists());
+    Ok(())
+}
+
+#[test]
+fn a_bad_org_id_is_refused_before_anything_is_read_or_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("tenant.db");
+    user_db(&db)?;
+    let store = dir.path().join("store");
+    for bad in ["../escape", "a/b", ""] {
+        let out = import(bad, &db, &store.display().to_string());
+        assert_clean_failure(&out, "org id");
+    }
+    assert!(!store.exists(), "a refused import created the store");
+    assert!(!dir.path().join("escape").exists());
+    Ok(())
+}
