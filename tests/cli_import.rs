@@ -138,6 +138,17 @@ fn the_org_layer_acquires_an_imported_org_and_runs_once() -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("tenant.db");
     user_db(&db)?;
+    // The file was an idem database of an earlier history, written up to round 5: the new
+    // org's writers start again at round 2 (after the import's round 1), which its stale-round
+    // check would refuse if the import kept the old highest round.
+    {
+        let conn = idem_org::rusqlite::Connection::open(&db)?;
+        idem_org::idem::ensure_schema(&conn)?;
+        conn.execute(
+            "UPDATE idem_meta SET value = 5 WHERE name = 'max_round'",
+            [],
+        )?;
+    }
     let store = dir.path().join("store");
     json(&import("acme", &db, &store.display().to_string()))?;
     let rt = tokio::runtime::Runtime::new()?;

@@ -74,5 +74,5 @@ pub use once::{once, once_with};
 pub use options::{DEFAULT_MAX_RESULT_BYTES, Options, Outcome};
 pub use prune::{PRUNE_BATCH, clear_failures, prune};
 pub use record::{Record, applied};
-pub use schema::{SCHEMA_VERSION, ensure_schema};
+pub use schema::{SCHEMA_VERSION, ensure_schema, restart_rounds};
 pub use stats::{Stats, stats};

@@ -160,6 +160,22 @@ pub(crate) fn raise_max_round(conn: &Connection, round: i64) -> Result<(), Error
     Ok(())
 }
 
+/// Forgets the highest round that wrote `conn`'s database, for a database that starts a new
+/// history under new rounds (an existing idem database imported as a new org, whose first
+/// writers claim rounds from 1 again). Applied keys and their results are kept. Never call it
+/// on a database a writer of the current history may still write: the stale-round check (I7)
+/// relies on the highest round only growing.
+///
+/// # Errors
+/// [`Error::Sqlite`]; the schema must exist ([`ensure_schema`]).
+pub fn restart_rounds(conn: &Connection) -> Result<(), Error> {
+    conn.execute(
+        "UPDATE idem_meta SET value = 0 WHERE name = 'max_round'",
+        [],
+    )?;
+    Ok(())
+}
+
 /// True for "no such table": the schema has not been created in this database yet.
 pub(crate) fn is_missing_table(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(_, Some(msg)) if msg.starts_with("no such table"))

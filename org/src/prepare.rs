@@ -13,8 +13,10 @@ pub(crate) fn create(conn: &Connection) -> Result<(), idem::Error> {
 }
 
 /// Prepares `conn`'s database to become an org's first snapshot: creates the tables an org's
-/// writer creates on open (existing tables and rows are kept) and returns the commit sequence
-/// the file now holds. The snapshot must be published with exactly this commit, or the org
+/// writer creates on open (existing tables and rows are kept), forgets the highest round of
+/// an earlier history if the file was an idem database already (the new org's rounds start
+/// at 1: [`idem::restart_rounds`]), and returns the commit sequence the file now holds. The
+/// snapshot must be published with exactly this commit, or the org
 /// refuses it on acquire ([`crate::Error::CommitMismatch`]).
 ///
 /// # Errors
@@ -34,5 +36,6 @@ pub(crate) fn create(conn: &Connection) -> Result<(), idem::Error> {
 /// ```
 pub fn prepare_database(conn: &Connection) -> Result<u64, idem::Error> {
     create(conn)?;
+    idem::restart_rounds(conn)?;
     Ok(commit::read(conn)?)
 }
