@@ -1,0 +1,220 @@
+//! Running a writer's jobs on its connection: one job at a time, each settling the commit
+//! sequence before it replies (I6); parking closes the connection and unparking reopens it
+//! the way it was opened.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use idem::BoxError;
+use idem_replica::sqlite::{self, CaptureError, Owned, OwnedFiles, ReopenError};
+use rusqlite::Connection;
+
+use crate::commit::{self, Answer, CommitSeq};
+
+use super::{Job, ParkRefused, Reopen, Runner, WriterCtx, prepare};
+
+impl Reopen {
+    /// Reopens the closed database ([`sqlite::reopen_exclusive`]: never creates it, refuses
+    /// a WAL someone else left) and configures the connection as [`super::open`] does.
+    fn open(&self) -> Result<Owned, String> {
+        let conn = sqlite::reopen_exclusive(&self.path, self.busy).map_err(|e| match e {
+            ReopenError::Foreign(f) => f.to_string(),
+            e => format!("{e}: {}", error_chain(&e)),
+        })?;
+        prepare(
+            conn,
+            &self.path,
+            self.busy,
+            self.cache_kib,
+            self.init.as_ref(),
+        )
+        .map_err(|e| format!("reopening the writer: {e:?}"))
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(&s.to_string());
+        source = s.source();
+        if source.is_some() {
+            out.push_str(": ");
+        }
+    }
+    out
+}
+
+/// After a job: when it committed something without raising the sequence (a failed attempt
+/// counted, a prune), commits one bump, so that state ships before any answer that read it;
+/// then raises `seq` to the database's, before the job's reply. `total_changes` also counts
+/// rolled-back writes, so this may bump once too often — a page more in a ship, never a
+/// commit missed. Returns the sequence the reply carries: every commit so far.
+fn settle(conn: &mut Connection, seq: &CommitSeq, changes_before: u64, seq_before: u64) -> u64 {
+    let now = commit::read(conn).unwrap_or(0);
+    if conn.total_changes() != changes_before && now <= seq_before {
+        let bumped = conn.transaction().and_then(|tx| {
+            let n = commit::bump(&tx)?;
+            tx.commit()?;
+            Ok(n)
+        });
+        match bumped {
+            Ok(n) => {
+                seq.raise(n);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not raise the commit sequence after a write")
+            }
+        }
+    }
+    seq.raise(now)
+}
+
+fn answer<T>(out: Result<T, idem::Error>, commit_seq: u64) -> Result<Answer<T>, idem::Error> {
+    out.map(|value| Answer { value, commit_seq })
+}
+
+impl Runner {
+    /// Runs one job and sends its reply: parking and unparking change the connection; every
+    /// other job runs on it (a request never reaches a parked writer: `Writer::request`
+    /// hands it back; a capture there fails as I/O).
+    pub(super) fn run(&mut self, job: Job) {
+        match job {
+            Job::Park { shipped, reply } => {
+                let _ = reply.send(self.park(shipped));
+            }
+            Job::Unpark { reply } => {
+                let _ = reply.send(self.unpark());
+            }
+            Job::Drain { reply } => {
+                let _ = reply.send(());
+            }
+            Job::Capture { reply, .. } if self.owned.is_none() => {
+                let _ = reply.send(Err(CaptureError::Io(std::io::Error::other(
+                    "the writer is parked",
+                ))));
+            }
+            job => match self.owned.as_mut() {
+                Some(owned) => run_on(owned, &self.ctx, job),
+                // Dropped: its reply sender tells the caller the writer is gone.
+                None => drop(job),
+            },
+        }
+    }
+
+    /// Checkpoints and closes the connection when the database still holds `shipped`.
+    fn park(&mut self, shipped: u64) -> Result<(), ParkRefused> {
+        let Some(owned) = self.owned.as_mut() else {
+            return Ok(());
+        };
+        let now = commit::read(&owned.conn).map_err(|e| ParkRefused::Busy(e.to_string()))?;
+        if now != shipped || self.ctx.commit_seq.get() != shipped {
+            return Err(ParkRefused::Busy(format!(
+                "commit {now} is not the shipped {shipped}"
+            )));
+        }
+        owned.checkpoint_to_file().map_err(|e| match e {
+            CaptureError::Foreign(f) => ParkRefused::Foreign(f.to_string()),
+            CaptureError::Io(e) => ParkRefused::Busy(e.to_string()),
+        })?;
+        // The connection closes before the descriptors it owns (I13).
+        self.owned = None;
+        Ok(())
+    }
+
+    /// Reopens the connection of a parked writer.
+    fn unpark(&mut self) -> Result<Arc<OwnedFiles>, String> {
+        if let Some(owned) = &self.owned {
+            return Ok(owned.files().clone());
+        }
+        let owned = self.ctx.reopen.open()?;
+        let files = owned.files().clone();
+        self.owned = Some(owned);
+        Ok(files)
+    }
+}
+
+/// Runs one job on the open connection and sends its reply.
+fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
+    let (round, seq, clock) = (ctx.round, &*ctx.commit_seq, &ctx.clock);
+    // Where the job starts: SQLite's count of changed rows and the sequence (equal to the
+    // database's between jobs: every job that moves it raises `seq` before it replies).
+    let (changes, before) = (owned.conn.total_changes(), seq.get());
+    let conn = &mut owned.conn;
+    match job {
+        Job::Once {
+            key,
+            opts,
+            apply,
+            reply,
+        } => {
+            let opts = opts.clock(clock.clone());
+            // A panic in apply rolls its transaction back (the Transaction is dropped while
+            // unwinding); catching it keeps the org's writer alive for other requests.
+            let out = catch_unwind(AssertUnwindSafe(|| {
+                idem::once_with(conn, &key, round, &opts, |tx| {
+                    let result = apply(tx)?;
+                    commit::bump(tx)?;
+                    Ok::<_, BoxError>(result)
+                })
+            }))
+            .unwrap_or_else(|_| {
+                Err(idem::Error::Apply {
+                    key: key.clone(),
+                    source: "apply panicked".into(),
+                })
+            });
+            // Every answer waits for every commit so far: a replay's or a refusal's key
+            // row is among them.
+            let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
+        }
+        Job::Applied { key, reply } => {
+            let _ = reply.send(answer(idem::applied(conn, &key), seq.get()));
+        }
+        Job::Prune { cutoff, reply } => {
+            let out = idem::prune(conn, cutoff);
+            let _ = reply.send(answer(out, settle(conn, seq, changes, before)));
+        }
+        Job::Vacuum { reply } => {
+            let out = conn
+                .execute_batch("VACUUM")
+                .and_then(|()| {
+                    let tx = conn.transaction()?;
+                    let n = commit::bump(&tx)?;
+                    tx.commit()?;
+                    Ok(seq.raise(n))
+                })
+                .map(|n| Answer {
+                    value: (),
+                    commit_seq: n,
+                })
+                .map_err(idem::Error::from);
+            let _ = reply.send(out);
+        }
+        Job::Effect(job) => crate::effect::run_job(conn, seq, clock, job),
+        Job::Capture { request, reply } => {
+            // The database's own sequence, not the in-memory one: a capture labels what
+            // the pages hold, and the shipper checks the pages agree.
+            let labels = commit::read(conn).and_then(|n| Ok((n, commit::root_page(conn)?)));
+            let out = match labels {
+                Ok((n, page)) => {
+                    seq.raise(n);
+                    owned.capture(n, page, request)
+                }
+                Err(e) => Err(CaptureError::Io(std::io::Error::other(e))),
+            };
+            let _ = reply.send(out);
+        }
+        Job::Read { read, reply } => {
+            let seen = seq.get();
+            // A panic in the read drops its result sender: the caller sees it.
+            let _ = catch_unwind(AssertUnwindSafe(|| read(conn)));
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            let _ = reply.send(answer(Ok(()), seen));
+        }
+        // Handled by `Runner::run`.
+        Job::Drain { .. } | Job::Park { .. } | Job::Unpark { .. } => {}
+    }
+}
