@@ -232,6 +232,31 @@ async fn a_reacquire_after_a_clean_release_downloads_nothing() -> R {
     Ok(())
 }
 
+/// Re-acquires `org` on host A (data `data`) after its kept file went `bad`: with blob
+/// downloads failing the acquire must fail (the file is not trusted, so it downloads), and
+/// once the store serves again the org holds `want`, the published state.
+async fn downloaded_over(
+    data: &Path,
+    store: &Arc<FaultStore>,
+    org: &OrgId,
+    want: &[u8],
+    bad: &str,
+) -> Result<(Registry, Org), BoxErr> {
+    no_blob_downloads(store).await;
+    let a2 = reg(data, replica(store.clone(), None).await?, "A")?;
+    assert!(
+        a2.acquire(org).await.is_err(),
+        "a {bad} file must not be served: the acquire has to download"
+    );
+    store.clear();
+    let handle = a2.acquire(org).await?;
+    assert!(
+        same_state(&image(&handle).await?, want),
+        "the published state, not the {bad} file"
+    );
+    Ok((a2, handle))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_kept_file_is_downloaded_over_and_serves_the_newest_state() -> R {
     let dir = tempfile::tempdir()?;
@@ -252,18 +277,7 @@ async fn a_stale_kept_file_is_downloaded_over_and_serves_the_newest_state() -> R
     let want = image(&org_b).await?;
     b.shutdown().await;
 
-    no_blob_downloads(&store).await;
-    let a2 = reg(&data, replica(store.clone(), None).await?, "A")?;
-    assert!(
-        a2.acquire(&acme).await.is_err(),
-        "a stale file must not be served: the acquire has to download"
-    );
-    store.clear();
-    let org = a2.acquire(&acme).await?;
-    assert!(
-        same_state(&image(&org).await?, &want),
-        "the newest state, not A's"
-    );
+    let (a2, org) = downloaded_over(&data, &store, &acme, &want, "stale").await?;
     let out = org.once("b-4", effect("acme", "again")).await?;
     assert!(!out.applied);
     a2.shutdown().await;
@@ -291,18 +305,7 @@ async fn a_kept_file_with_one_byte_changed_is_downloaded_over() -> R {
     bytes[at] ^= 0x01;
     std::fs::write(&kept, &bytes)?;
 
-    no_blob_downloads(&store).await;
-    let a2 = reg(&data, replica(store.clone(), None).await?, "A")?;
-    assert!(
-        a2.acquire(&acme).await.is_err(),
-        "a tampered file must not be served: the acquire has to download"
-    );
-    store.clear();
-    let org = a2.acquire(&acme).await?;
-    assert!(
-        same_state(&image(&org).await?, &want),
-        "the published state, not the tampered file"
-    );
+    let (a2, _org) = downloaded_over(&data, &store, &acme, &want, "tampered").await?;
     a2.shutdown().await;
     Ok(())
 }

@@ -12,7 +12,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{BoxErr, R, effect, registry, replica};
+use common::{BoxErr, R, effect, proc_entries, registry, replica, status_kib};
 use futures::StreamExt;
 use idem_org::{FDS_PER_ORG, FDS_PER_PARKED_ORG, Settings};
 use idem_replica::OrgId;
@@ -20,16 +20,6 @@ use object_store::memory::InMemory;
 
 /// The two tests count the same process's descriptors: one at a time.
 static TURN: Mutex<()> = Mutex::new(());
-
-fn count(dir: &str) -> std::io::Result<usize> {
-    Ok(std::fs::read_dir(dir)?.count())
-}
-
-fn status_kib(field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with(field))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
@@ -56,7 +46,7 @@ fn parked_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
         };
         let reg = registry(dir.path(), replica.clone(), "A", settings)?;
         assert_eq!(reg.max_active_orgs(), ACTIVE);
-        let fds_before = count("/proc/self/fd")?;
+        let fds_before = proc_entries("fd")?;
         let name = |i: usize| format!("org-{i:03}");
         for i in 0..ORGS {
             let out = reg
@@ -68,7 +58,7 @@ fn parked_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
         assert_eq!(reg.active_orgs(), ACTIVE);
         let parked = reg.open_orgs().iter().filter(|o| o.is_parked()).count();
         assert_eq!(parked, ORGS - ACTIVE);
-        let fds = count("/proc/self/fd")? - fds_before;
+        let fds = proc_entries("fd")? - fds_before;
         let expected =
             ACTIVE * FDS_PER_ORG as usize + (ORGS - ACTIVE) * FDS_PER_PARKED_ORG as usize;
         eprintln!("{ORGS} open, {ACTIVE} active: {fds} descriptors ({expected} expected)");
@@ -121,13 +111,13 @@ fn parked_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
             assert!(out.applied);
         }
         assert_eq!(reg.active_orgs(), ACTIVE);
-        let fds = count("/proc/self/fd")? - fds_before;
+        let fds = proc_entries("fd")? - fds_before;
         assert!(
             fds <= expected + 8,
             "{fds} descriptors, {expected} expected"
         );
         reg.shutdown().await;
-        common::until(|| count("/proc/self/fd").is_ok_and(|n| n <= fds_before + 2)).await?;
+        common::until(|| proc_entries("fd").is_ok_and(|n| n <= fds_before + 2)).await?;
         Ok::<_, BoxErr>(())
     })
 }
@@ -161,7 +151,7 @@ fn thousands_of_open_orgs_fit_in_the_descriptor_limit_by_parking_idle_ones() -> 
             "open limit {}",
             reg.max_open_orgs()
         );
-        let (threads_before, fds_before) = (count("/proc/self/task")?, count("/proc/self/fd")?);
+        let (threads_before, fds_before) = (proc_entries("task")?, proc_entries("fd")?);
         let rss_before = status_kib("VmRSS:").unwrap_or(0);
         let began = std::time::Instant::now();
         let opened: Vec<Result<(), BoxErr>> = futures::stream::iter(0..orgs)
@@ -185,8 +175,8 @@ fn thousands_of_open_orgs_fit_in_the_descriptor_limit_by_parking_idle_ones() -> 
         let elapsed = began.elapsed();
         assert_eq!(reg.open_orgs().len(), orgs);
         let active = reg.active_orgs();
-        let threads = count("/proc/self/task")?;
-        let fds = count("/proc/self/fd")? - fds_before;
+        let threads = proc_entries("task")?;
+        let fds = proc_entries("fd")? - fds_before;
         let rss = status_kib("VmRSS:").unwrap_or(0);
         let hwm = status_kib("VmHWM:").unwrap_or(0);
         eprintln!(
@@ -213,7 +203,7 @@ fn thousands_of_open_orgs_fit_in_the_descriptor_limit_by_parking_idle_ones() -> 
             assert!(!out.applied);
         }
         reg.shutdown().await;
-        common::until(|| count("/proc/self/fd").is_ok_and(|n| n <= fds_before + 2)).await?;
+        common::until(|| proc_entries("fd").is_ok_and(|n| n <= fds_before + 2)).await?;
         Ok::<_, BoxErr>(())
     })
 }

@@ -9,21 +9,11 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{BoxErr, R, effect, registry, replica};
+use common::{BoxErr, R, effect, proc_entries, registry, replica, status_kib};
 use futures::StreamExt;
 use idem_org::Settings;
 use idem_replica::OrgId;
 use object_store::memory::InMemory;
-
-fn count(dir: &str) -> std::io::Result<usize> {
-    Ok(std::fs::read_dir(dir)?.count())
-}
-
-fn rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
 
 /// Regression for issue 16: 100 open orgs were 103 threads (one writer thread each).
 #[test]
@@ -53,8 +43,8 @@ fn five_hundred_open_orgs_run_on_the_pools_threads_with_five_descriptors_each() 
             settings,
         )?;
         assert!(reg.max_open_orgs() >= orgs, "limit {}", reg.max_open_orgs());
-        let (threads_before, fds_before) = (count("/proc/self/task")?, count("/proc/self/fd")?);
-        let rss_before = rss_kib().unwrap_or(0);
+        let (threads_before, fds_before) = (proc_entries("task")?, proc_entries("fd")?);
+        let rss_before = status_kib("VmRSS:").unwrap_or(0);
         let opened: Vec<Result<(), BoxErr>> = futures::stream::iter(0..orgs)
             .map(|i| {
                 let reg = reg.clone();
@@ -72,15 +62,15 @@ fn five_hundred_open_orgs_run_on_the_pools_threads_with_five_descriptors_each() 
             o?;
         }
         assert_eq!(reg.open_orgs().len(), orgs);
-        let threads = count("/proc/self/task")?;
-        let fds = count("/proc/self/fd")?;
+        let threads = proc_entries("task")?;
+        let fds = proc_entries("fd")?;
         let per_org = (fds - fds_before) as f64 / orgs as f64;
         eprintln!(
             "{orgs} open orgs: {threads} threads ({threads_before} before), {} descriptors \
              ({per_org:.2} per org), RSS {} KiB ({rss_before} KiB before), {} writer threads \
              started",
             fds - fds_before,
-            rss_kib().unwrap_or(0),
+            status_kib("VmRSS:").unwrap_or(0),
             reg.writer_threads(),
         );
         // The test harness's threads, the runtime's 2 + 2, and the pool's 4.
@@ -101,7 +91,7 @@ fn five_hundred_open_orgs_run_on_the_pools_threads_with_five_descriptors_each() 
         reg.shutdown().await;
         // Closing every org closes its descriptors once its shipper task has ended (the
         // capture's descriptors go with the last handle on the org).
-        common::until(|| count("/proc/self/fd").is_ok_and(|n| n <= fds_before + 2)).await?;
+        common::until(|| proc_entries("fd").is_ok_and(|n| n <= fds_before + 2)).await?;
         Ok::<_, BoxErr>(())
     })
 }

@@ -127,3 +127,15 @@ pub async fn until(mut cond: impl FnMut() -> bool) -> R {
     }
     Ok(())
 }
+
+/// Entries of `/proc/self/<dir>`: this process's threads (`task`) or descriptors (`fd`).
+pub fn proc_entries(dir: &str) -> std::io::Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/self/{dir}"))?.count())
+}
+
+/// A `kB` field of `/proc/self/status` (`VmRSS:`, `VmHWM:`), in KiB.
+pub fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
