@@ -256,7 +256,7 @@ pub(crate) fn apply(
     entry: &LogEntry,
     object: &str,
     body: &[u8],
-    image: &mut Vec<u8>,
+    image: &mut dyn crate::image::PageImage,
     hashes: &mut PageHashes,
 ) -> Result<(), Error> {
     let Some(link) = entry.delta() else {

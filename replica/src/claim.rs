@@ -90,6 +90,11 @@ pub struct Claim {
     /// The chain continued from before the claim, set with `tip` by a hydrate or a reused
     /// local file, until the claim publishes.
     pub(crate) inherited: Option<Inherited>,
+    /// The manifest of the newest snapshot in the log as this claim knows it (its own last
+    /// snapshot, or the one its hydrate installed): the only segments a snapshot of this
+    /// claim may name without uploading them (`docs/design.md`, "Segments and retention").
+    /// Cleared whenever a snapshot's publish fails.
+    pub(crate) reuse: Option<Arc<crate::segment::Manifest>>,
 }
 
 impl Claim {
@@ -137,10 +142,16 @@ impl Claim {
     /// Leaves the claim holding `tip`, the verified position it installed before publishing
     /// anything, and what the chain up to it weighs. A claim that already published, or holds
     /// a tip, keeps its own.
-    pub(crate) fn inherit(&mut self, tip: Tip, inherited: Inherited) {
+    pub(crate) fn inherit(
+        &mut self,
+        tip: Tip,
+        inherited: Inherited,
+        reuse: Option<Arc<crate::segment::Manifest>>,
+    ) {
         if self.tip.is_none() && self.next_seq == self.seq + 1 && tip.seq < self.seq {
             self.tip = Some(tip);
             self.inherited = Some(inherited);
+            self.reuse = reuse;
         }
     }
 
@@ -320,6 +331,7 @@ impl Replica {
                 tip: None,
                 snapshot_tip: None,
                 inherited: None,
+                reuse: None,
             });
         }
         Err(Error::Contended {

@@ -13,10 +13,11 @@ use crate::blob::{inline_body, unpack};
 use crate::chain::{self, Chain, Start, broken};
 use crate::checksum::PageHashes;
 use crate::claim::{Inherited, Tip};
+use crate::image::{FileImage, PageImage};
 use crate::layout::new_nonce;
 use crate::replica::blocking;
 use crate::ship::Shipped;
-use crate::sqlite::install::{install, remove_db};
+use crate::sqlite::install::{discard, install_file, remove_db, temp_beside};
 use crate::{BlobRef, Claim, Error, FailPoint, LogEntry, OrgId, Replica};
 
 /// Result of a hydrate or restore.
@@ -30,6 +31,19 @@ pub struct Hydrated {
     pub position: Option<u64>,
     /// Deltas applied on top of the snapshot.
     pub deltas: usize,
+}
+
+/// What an install leaves a claim that hydrated: the chain's tip, what the chain weighs, and
+/// its snapshot's manifest.
+type Installed = (Tip, Inherited, Option<crate::segment::Manifest>);
+
+/// A chain rebuilt into an image: the image, what to call it in errors, its page hashes and
+/// its snapshot's manifest (for a segmented snapshot).
+pub(crate) struct Rebuilt<I> {
+    pub(crate) image: I,
+    pub(crate) object: String,
+    pub(crate) hashes: PageHashes,
+    pub(crate) manifest: Option<crate::segment::Manifest>,
 }
 
 /// Progress of a [`Replica::restore_with_progress`], updated as it runs.
@@ -68,8 +82,8 @@ impl Replica {
         let log = self.tail(claim.org(), claim.seq()).await?;
         let chain = chain::newest(claim.org(), &log, claim.seq())?;
         let (hydrated, tip) = self.install_chain(claim.org(), chain, dest).await?;
-        if let Some((tip, inherited)) = tip {
-            claim.inherit(tip, inherited);
+        if let Some((tip, inherited, manifest)) = tip {
+            claim.inherit(tip, inherited, manifest.map(Arc::new));
         }
         Ok(hydrated)
     }
@@ -222,7 +236,7 @@ impl Replica {
         Ok(Some(down))
     }
 
-    fn shipped(&self, org: &OrgId, entry: &LogEntry) -> Option<Shipped> {
+    pub(crate) fn shipped(&self, org: &OrgId, entry: &LogEntry) -> Option<Shipped> {
         Shipped::from_entry(entry, |b| match b {
             Some(b) => self.inner.layout.blob(org, b).to_string(),
             None => self.inner.layout.log(org, entry.seq()).to_string(),
@@ -253,6 +267,8 @@ impl Replica {
             BlobRef::Object(name) => {
                 let path = self.inner.layout.blob(org, name);
                 let object = path.to_string();
+                // A delta's body, or a whole snapshot of an earlier build: both are held in
+                // memory, the delta bounded by the ship policy.
                 let data = self
                     .get_bytes(&path)
                     .await?
@@ -262,13 +278,19 @@ impl Replica {
                 metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
                 (object, data.to_vec())
             }
+            BlobRef::Manifest(_) => {
+                return Err(Error::corrupt(
+                    self.inner.layout.log(org, entry.seq()).as_ref(),
+                    "a segmented snapshot is read through its manifest",
+                ));
+            }
             BlobRef::Inline(text) => {
                 let object = self.inner.layout.log(org, entry.seq()).to_string();
                 let data = inline_body(&object, text, stored.compressed_bytes)?;
                 (object, data)
             }
         };
-        let _ = PROGRESS.try_with(|p| p.downloaded.fetch_add(data.len() as u64, Ordering::Relaxed));
+        downloaded(data.len() as u64);
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
         let obj = object.clone();
         let out = blocking("decompressing a blob", move || {
@@ -294,24 +316,23 @@ impl Replica {
             .await
     }
 
-    /// Rebuilds the image of a chain: the snapshot, then each delta after checking the
-    /// database checksum before it and after it. Blobs are fetched concurrently.
-    async fn rebuild(
+    /// Rebuilds the image of a chain into `image`: the snapshot streamed in, then each delta
+    /// after checking the database checksum before it and after it. Delta bodies are
+    /// fetched concurrently.
+    pub(crate) async fn rebuild<I: PageImage + Send + 'static>(
         &self,
         org: &OrgId,
         chain: &Chain,
-    ) -> Result<(Vec<u8>, String, PageHashes), Error> {
-        let (object, image) = self.fetch(org, &chain.snapshot).await?;
+        image: I,
+    ) -> Result<Rebuilt<I>, Error> {
+        let (image, _, hashes, manifest) =
+            self.download_snapshot(org, &chain.snapshot, image).await?;
         let n = self.inner.settings.read_concurrency.max(1);
-        let mut state = blocking("hashing a snapshot", move || {
-            let hashes = PageHashes::of_image(&object, &image)?;
-            Ok((image, hashes))
-        })
-        .await?;
+        let mut state = (image, hashes);
         // Deltas are fetched `n` at a time (download, decompress, sha256), and each batch is
-        // applied in order while exactly the next one is fetched: memory holds the image and
-        // at most two batches of bodies. An apply error returns at once (the fetch is
-        // dropped); when both fail, the apply's error, earlier in the chain, wins.
+        // applied in order while exactly the next one is fetched: memory holds at most two
+        // batches of bodies. An apply error returns at once (the fetch is dropped); when both
+        // fail, the apply's error, earlier in the chain, wins.
         let start = Start {
             seq: chain.snapshot.seq(),
             checksum: state.1.sum(),
@@ -349,7 +370,12 @@ impl Replica {
                 }
             };
         }
-        Ok((state.0, format!("{org}@{}", chain.position()), state.1))
+        Ok(Rebuilt {
+            image: state.0,
+            object: format!("{org}@{}", chain.position()),
+            hashes: state.1,
+            manifest,
+        })
     }
 
     /// Rebuilds `chain` and installs it at `dest`, or, with no chain (nothing published),
@@ -360,7 +386,7 @@ impl Replica {
         org: &OrgId,
         chain: Option<Chain>,
         dest: &Path,
-    ) -> Result<(Hydrated, Option<(Tip, Inherited)>), Error> {
+    ) -> Result<(Hydrated, Option<Installed>), Error> {
         let dest_buf = dest.to_path_buf();
         let Some(chain) = chain else {
             blocking("clearing the destination", move || remove_db(&dest_buf)).await?;
@@ -381,12 +407,35 @@ impl Replica {
             p.total.store(total, Ordering::Relaxed);
             p.downloaded.store(0, Ordering::Relaxed);
         });
-        let (image, object, hashes) = self.rebuild(org, &chain).await?;
+        // The image is rebuilt in a temp file beside `dest` and renamed over it only once
+        // every check passed: a failure or a crash leaves nothing at `dest` (I10).
         let nonce = new_nonce()?;
-        blocking("installing a snapshot", move || {
-            install(&object, &image, &dest_buf, &nonce)
-        })
-        .await?;
+        let tmp = temp_beside(dest, &nonce)?;
+        let file = FileImage::create(&tmp)?;
+        let rebuilt = self.rebuild(org, &chain, file).await;
+        let t = tmp.clone();
+        let installed = match rebuilt {
+            Ok(r) => {
+                blocking("installing a snapshot", move || {
+                    r.image.sync()?;
+                    install_file(&r.object, &t, &dest_buf)?;
+                    Ok((r.hashes, r.manifest))
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let (hashes, manifest) = match installed {
+            Ok(h) => h,
+            Err(e) => {
+                blocking("removing a temp file", move || {
+                    discard(&tmp);
+                    Ok(())
+                })
+                .await?;
+                return Err(e);
+            }
+        };
         let last = chain.deltas.last().unwrap_or(&chain.snapshot);
         let commit = last.commit().unwrap_or(0);
         let position = Some(last.seq());
@@ -403,6 +452,11 @@ impl Replica {
             seq: last.seq(),
             hashes: Arc::new(hashes),
         };
-        Ok((hydrated, Some((tip, inherited))))
+        Ok((hydrated, Some((tip, inherited, manifest))))
     }
+}
+
+/// Counts `bytes` downloaded into the progress of the restore running in this task, if any.
+pub(crate) fn downloaded(bytes: u64) {
+    let _ = PROGRESS.try_with(|p| p.downloaded.fetch_add(bytes, Ordering::Relaxed));
 }

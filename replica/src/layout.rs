@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! <prefix>/orgs/<org>/log/<seq:020>.json                    create-only history
-//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  immutable snapshot blobs
+//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<sha256>.seg.zst  snapshot segments (by content)
+//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<sha256>.manifest.json  snapshot manifests
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.delta.zst  immutable delta blobs
+//! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  whole snapshots (earlier builds)
 //! <prefix>/orgs/<org>/lease.json                            advisory lease of the org's claim
 //! <prefix>/processes/<instance>.json                        a writer process's lease
 //! ```
@@ -76,10 +78,6 @@ pub(crate) fn parse_blob_seq(name: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
-}
-
-pub(crate) fn blob_name(seq: u64, round: u64, nonce: &str) -> String {
-    format!("{seq:020}-{round}-{nonce}.db.zst")
 }
 
 pub(crate) fn delta_blob_name(seq: u64, round: u64, nonce: &str) -> String {

@@ -76,6 +76,7 @@ mod failpoint;
 #[cfg(feature = "test-util")]
 pub mod fault;
 mod hydrate;
+mod image;
 mod layout;
 mod lease;
 mod log;
@@ -84,6 +85,7 @@ mod org_id;
 mod replica;
 mod resume;
 mod retention;
+pub mod segment;
 mod settings;
 mod ship;
 mod shipper;
@@ -101,7 +103,7 @@ pub use hydrate::{Hydrated, RestoreProgress};
 pub use lease::{Lease, ProcessLease};
 pub use log::entry::{
     BlobRef, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION, LogEntry,
-    Stored,
+    MANIFEST_ENTRY_VERSION, Stored,
 };
 pub use org_id::OrgId;
 pub use replica::Replica;

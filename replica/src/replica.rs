@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     pub(crate) process_lease: tokio::sync::OnceCell<()>,
     /// Entries published or read by retention, so retention reads only new ones.
     pub(crate) known: crate::log::known::Known,
+    /// Segment names of manifests retention read, so it reads each one once.
+    pub(crate) segment_refs: crate::segment::refs::SegmentRefs,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -133,6 +135,7 @@ impl Replica {
         Ok(Replica {
             inner: Arc::new(Inner {
                 known: crate::log::known::Known::new(settings.known_entries),
+                segment_refs: Default::default(),
                 store,
                 requests,
                 layout,
@@ -162,6 +165,7 @@ impl Replica {
         Ok(Replica {
             inner: Arc::new(Inner {
                 known: crate::log::known::Known::new(settings.known_entries),
+                segment_refs: Default::default(),
                 requests: counted.counts(),
                 store: Arc::new(counted),
                 layout: Layout::new(prefix),

@@ -130,7 +130,7 @@ impl Replica {
             seq: entry.seq(),
             hashes: Arc::new(hashes),
         };
-        claim.inherit(tip, inherited);
+        claim.inherit(tip, inherited, None);
         info!(%org, seq = entry.seq(), commit, "resumed from the local file");
         Ok(Some(Resumed {
             position: entry.seq(),

@@ -7,6 +7,7 @@ use tracing::info;
 
 use crate::chain;
 use crate::layout::parse_blob_seq;
+use crate::segment::manifest::segment_sha;
 use crate::{Error, LogEntry, OrgId, Replica, Retention};
 
 /// Result of [`crate::Replica::retain`].
@@ -23,14 +24,15 @@ pub struct RetentionReport {
 impl Replica {
     /// Applies `policy` to `org`.
     ///
-    /// Never deletes the newest snapshot entry, its blob, or any entry after it (its delta
-    /// chain), nor any claim or release entry (so no slot a zombie writer would publish into
-    /// is ever freed). Deletes older snapshot entries (and then their blobs) that are beyond
-    /// `keep_snapshots` AND older than `keep_ms`, with the deltas chained to them; deltas
-    /// below the newest snapshot that no kept snapshot's chain reaches; and orphan
-    /// blobs (named by no log entry) whose seq is at most the head seq — a blob above the
-    /// head may belong to a ship in flight (a zombie's uploaded blob is an orphan: its entry
-    /// can never land).
+    /// Never deletes the newest snapshot entry, its manifest or segments, or any entry after
+    /// it (its delta chain), nor any claim or release entry (so no slot a zombie writer would
+    /// publish into is ever freed). Deletes older snapshot entries (and then their objects)
+    /// that are beyond `keep_snapshots` AND older than `keep_ms`, with the deltas chained to
+    /// them; deltas below the newest snapshot that no kept snapshot's chain reaches; and
+    /// orphan objects whose seq is at most the head seq — a blob, manifest or segment that no
+    /// kept entry names, directly or through a kept snapshot's manifest. An object above the
+    /// head may belong to a ship in flight (a zombie's uploads are orphans: its entry can
+    /// never land). A segment shared by a deleted snapshot and a kept one stays.
     ///
     /// Reads only the log entries this handle has not published or read before (checked
     /// against the listing's size and ETag; see [`crate::Settings::known_entries`]).
@@ -90,10 +92,19 @@ impl Replica {
         self.inner
             .known
             .forget(org, &report.deleted_entries, &listed);
-        let referenced: std::collections::HashSet<&str> = log
+        // Objects named by a kept entry, and (read below, only if a segment could go) the
+        // segments every kept snapshot's manifest names. A snapshot landing after this run read
+        // the log names only segments of the newest snapshot read here (kept) or segments it
+        // uploaded under its own position, above `head`: `docs/design.md`, "Segments and
+        // retention".
+        let kept: Vec<&LogEntry> = log
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
-            .filter_map(LogEntry::blob)
+            .collect();
+        let mut referenced: std::collections::HashSet<String> = kept
+            .iter()
+            .filter_map(|e| e.blob())
+            .map(str::to_owned)
             .collect();
         let dir = self.inner.layout.snap_dir(org);
         let blobs: Vec<_> = self
@@ -103,22 +114,73 @@ impl Replica {
             .try_collect()
             .await
             .map_err(|e| Error::store("list", &dir, e))?;
-        for meta in blobs {
+        // Only objects uploaded for a position the log has reached can be orphans: one above
+        // the head may belong to a ship in flight.
+        let candidates: Vec<_> = blobs
+            .into_iter()
+            .filter(|m| {
+                m.location.filename().is_some_and(|name| {
+                    !referenced.contains(name)
+                        && parse_blob_seq(name).is_some_and(|seq| seq <= head)
+                })
+            })
+            .collect();
+        let segments_at_stake = candidates
+            .iter()
+            .any(|m| m.location.filename().and_then(segment_sha).is_some());
+        if segments_at_stake {
+            for e in kept.iter().filter(|e| e.is_snapshot()) {
+                let (Some(name), Some(stored)) = (e.manifest(), e.stored()) else {
+                    continue;
+                };
+                // A kept manifest that cannot be read leaves its segments unknown: no segment
+                // is deleted this run (verify reports the damage).
+                match self.segment_names(org, name, stored.bytes).await {
+                    Ok(names) => referenced.extend(names.iter().cloned()),
+                    Err(Error::MissingObject { .. } | Error::Corrupt { .. }) => {
+                        referenced.extend(
+                            candidates
+                                .iter()
+                                .filter_map(|m| m.location.filename())
+                                .filter(|n| segment_sha(n).is_some())
+                                .map(str::to_owned),
+                        );
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for meta in candidates {
             let Some(name) = meta.location.filename() else {
                 continue;
             };
             if referenced.contains(name) {
                 continue;
             }
-            match parse_blob_seq(name) {
-                Some(seq) if seq <= head => {}
-                _ => continue,
-            }
             self.delete(&meta.location).await?;
             report.deleted_blobs.push(meta.location.to_string());
         }
         info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(), "retention ran");
         Ok(report)
+    }
+
+    /// The segment names of the manifest `name` of `org` (for an image of `image_bytes`),
+    /// read once per handle.
+    async fn segment_names(
+        &self,
+        org: &OrgId,
+        name: &str,
+        image_bytes: u64,
+    ) -> Result<std::sync::Arc<Vec<String>>, Error> {
+        let path = self.inner.layout.blob(org, name).to_string();
+        if let Some(names) = self.inner.segment_refs.get(&path) {
+            return Ok(names);
+        }
+        let manifest = self.read_manifest(org, name, image_bytes).await?;
+        let names: std::sync::Arc<Vec<String>> =
+            std::sync::Arc::new(manifest.segments.into_iter().map(|s| s.0).collect());
+        self.inner.segment_refs.insert(&path, names.clone());
+        Ok(names)
     }
 
     /// Deletes the object at `path`; an object already gone is fine (a repeated run).

@@ -35,6 +35,15 @@ pub struct Settings {
     /// are never read back. When full, it forgets everything and starts over. 0 = keep none
     /// (every retention run reads the whole log). Default 65536.
     pub known_entries: usize,
+    /// Uncompressed bytes of pages per segment of a full snapshot (rounded down to whole
+    /// pages; at least one page, at most [`crate::segment::MAX_SEGMENT_BYTES`]): a snapshot
+    /// uploads only the segments whose pages changed since the previous one. Smaller segments
+    /// upload fewer unchanged pages around each change but cost more PUTs and a longer
+    /// manifest; `docs/design.md` gives the measurements behind the default, 1 MiB.
+    pub segment_bytes: usize,
+    /// Segment uploads in flight during a full snapshot (memory: about twice
+    /// `segment_bytes` per upload). Default 8.
+    pub upload_concurrency: usize,
 }
 
 impl Default for Settings {
@@ -47,6 +56,8 @@ impl Default for Settings {
             advertise: None,
             inline_delta_bytes: 16 * 1024,
             known_entries: 65_536,
+            segment_bytes: 1 << 20,
+            upload_concurrency: 8,
         }
     }
 }
@@ -59,6 +70,17 @@ impl Settings {
         }
         if self.read_concurrency == 0 {
             return bad("read_concurrency must be at least 1".into());
+        }
+        if self.segment_bytes == 0 || self.segment_bytes as u64 > crate::segment::MAX_SEGMENT_BYTES
+        {
+            return bad(format!(
+                "segment_bytes {} is outside 1..={}",
+                self.segment_bytes,
+                crate::segment::MAX_SEGMENT_BYTES
+            ));
+        }
+        if self.upload_concurrency == 0 {
+            return bad("upload_concurrency must be at least 1".into());
         }
         if self.inline_delta_bytes > MAX_INLINE_DELTA_BYTES {
             return bad(format!(

@@ -1,9 +1,10 @@
 //! Shipping: publishing a full snapshot or a delta under a claim's round (I6, I7, I9, I11).
 //!
 //! ```text
-//! pack (sha256 + zstd, blocking pool)
-//!   -> put blob (unique name), unless a delta small enough to go inside its entry
-//!   -> create log/<next> (create-only; settled by re-reading, see `log`)
+//! snapshot: stream segments (read, hash, zstd; new ones PUT, unchanged ones named)
+//!   -> put manifest -> create log/<next> (create-only; settled by re-reading, see `log`)
+//! delta:    pack (sha256 + zstd) -> put blob, unless small enough to go inside its entry
+//!   -> create log/<next>
 //! ```
 //!
 //! No LIST after the create: a create that lands in the slot after this writer's own last
@@ -20,11 +21,12 @@ use object_store::{ObjectStoreExt, PutPayload};
 use tracing::info;
 
 use crate::blob::{Packed, pack};
-use crate::checksum::{PageHashes, checksum_hex};
+use crate::checksum::checksum_hex;
 use crate::claim::Tip;
-use crate::layout::{blob_name, delta_blob_name, new_nonce};
+use crate::layout::{delta_blob_name, new_nonce};
 use crate::log::entry::{BlobRef, DeltaLink, EntryBody, Stored};
 use crate::replica::blocking;
+use crate::segment::source::{FileSource, MemSource, PageSource};
 use crate::{Claim, Delta, Error, FailPoint, LogEntry, Replica, Snapshot};
 
 /// A published snapshot or delta: where it is and what it holds.
@@ -40,8 +42,13 @@ pub struct Shipped {
     pub commit: u64,
     /// Uncompressed size in bytes (database image, or delta body).
     pub bytes: u64,
-    /// Stored blob size in bytes (what one ship uploads, besides the small log entry).
+    /// Packed size in bytes: of the delta's blob or body; of every segment of a snapshot
+    /// together (what a hydrate of it downloads).
     pub compressed_bytes: u64,
+    /// Packed bytes this ship uploaded: a delta's body (in a blob or inside its entry); a
+    /// snapshot's new segments and its manifest, not the segments it reused. For a listed
+    /// entry (not just shipped), its `compressed_bytes`.
+    pub uploaded_bytes: u64,
     /// sha256 of the uncompressed image or delta body, hex.
     pub sha256: String,
     /// Full object path of the blob; for a delta carried inline, of its log entry.
@@ -64,6 +71,7 @@ impl Shipped {
             commit: stored.commit,
             bytes: stored.bytes,
             compressed_bytes: stored.compressed_bytes,
+            uploaded_bytes: stored.compressed_bytes,
             sha256: stored.sha256.clone(),
             blob: blob_path(stored.blob.name()),
         })
@@ -71,11 +79,13 @@ impl Shipped {
 }
 
 impl Replica {
-    /// Compresses and uploads `snapshot` under a unique blob name, then publishes a
-    /// create-only Snapshot entry at the claim's next seq: two PUTs. Only an `Ok` means the
-    /// snapshot is durably published under this round (I6), and a create that lands in the
-    /// slot after the claim's own last entry proves no successor claimed (I7, I11). The
-    /// snapshot becomes the claim's chain tip: later deltas apply to it.
+    /// Publishes `snapshot` as a full snapshot at the claim's next seq: its pages stream out
+    /// as segments ([`crate::segment`]), naming instead of uploading every segment the
+    /// previous snapshot of the chain already holds, then its manifest, then a create-only
+    /// Snapshot entry naming the manifest. Only an `Ok` means the snapshot is durably
+    /// published under this round (I6), and a create that lands in the slot after the
+    /// claim's own last entry proves no successor claimed (I7, I11). The snapshot becomes the
+    /// claim's chain tip: later deltas apply to it.
     ///
     /// # Errors
     /// [`Error::Fenced`] when a newer entry holds our slot (I7, I11);
@@ -87,29 +97,116 @@ impl Replica {
         claim.usable()?;
         let org = claim.org().to_string();
         snapshot.check(&org)?;
-        let level = self.inner.settings.zstd_level;
         let commit = snapshot.commit();
-        let (packed, hashes) = blocking("compressing a snapshot", move || {
-            let hashes = PageHashes::of_image("snapshot", snapshot.bytes()).map_err(|e| {
-                Error::InvalidSnapshot {
-                    org: org.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
-            Ok((pack(&org, "snapshot", snapshot.bytes(), level)?, hashes))
+        let source = MemSource::new(&org, Arc::new(snapshot.into_bytes()))?;
+        self.ship_source(claim, Box::new(source), commit).await
+    }
+
+    /// [`Replica::ship`] of the SQLite database file at `path`, streamed from the file in
+    /// bounded memory (nobody may write the file meanwhile): what an import publishes.
+    /// `commit` is the caller's commit counter the file holds.
+    ///
+    /// # Errors
+    /// As [`Replica::ship`]; [`Error::Io`] reading the file.
+    pub async fn ship_file(
+        &self,
+        claim: &mut Claim,
+        path: &std::path::Path,
+        commit: u64,
+    ) -> Result<Shipped, Error> {
+        claim.usable()?;
+        let org = claim.org().to_string();
+        let p = path.to_path_buf();
+        let source = blocking("opening a database file", move || {
+            FileSource::open(&org, &p)
         })
         .await?;
-        let name = blob_name(claim.next_seq, claim.round(), &new_nonce()?);
-        let shipped = self
-            .upload_and_publish(claim, packed, Some(name), commit, EntryBody::Snapshot)
+        self.ship_source(claim, Box::new(source), commit).await
+    }
+
+    /// Ships the pages of `source` as a full snapshot holding `commit` (see
+    /// [`Replica::ship`]). A failure forgets the previous snapshot's segments, so the next
+    /// snapshot names none it did not upload itself (`docs/design.md`, "Segments and
+    /// retention").
+    pub(crate) async fn ship_source(
+        &self,
+        claim: &mut Claim,
+        source: Box<dyn PageSource>,
+        commit: u64,
+    ) -> Result<Shipped, Error> {
+        claim.usable()?;
+        let shipped = self.ship_segments(claim, source, commit).await;
+        if shipped.is_err() {
+            claim.reuse = None;
+        }
+        shipped
+    }
+
+    async fn ship_segments(
+        &self,
+        claim: &mut Claim,
+        source: Box<dyn PageSource>,
+        commit: u64,
+    ) -> Result<Shipped, Error> {
+        let org = claim.org().clone();
+        let started = std::time::Instant::now();
+        let (seq, round) = (claim.next_seq, claim.round());
+        self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
+        let reuse = claim.reuse.clone();
+        let streamed = self
+            .upload_segments(&org, (seq, round), source, reuse.as_deref())
             .await?;
+        let manifest = streamed.manifest;
+        let (name, body) = manifest.encode(seq, round)?;
+        let manifest_path = self.inner.layout.blob(&org, &name);
+        let manifest_len = body.len() as u64;
+        self.inner
+            .store
+            .put(&manifest_path, PutPayload::from(body))
+            .await
+            .map_err(|e| Error::store("put", &manifest_path, e))?;
+        self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
+        let stored = Stored {
+            blob: BlobRef::Manifest(name),
+            sha256: streamed.sha256.clone(),
+            bytes: manifest.bytes(),
+            compressed_bytes: manifest.compressed_bytes(),
+            commit,
+        };
+        let entry = LogEntry {
+            header: claim.next_header(self.inner.clock.now_ms())?,
+            body: EntryBody::Snapshot(stored),
+        };
+        self.publish_for_claim(claim, &entry).await?;
+        self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
+        let uploaded_bytes = streamed.uploaded_bytes + manifest_len;
+        info!(%org, round, seq, bytes = manifest.bytes(), uploaded_bytes,
+              segments = manifest.segments.len(), reused = streamed.reused,
+              elapsed_ms = started.elapsed().as_millis() as u64, "shipped snapshot");
         let tip = Tip {
-            seq: shipped.seq,
-            hashes: Arc::new(hashes),
+            seq,
+            hashes: Arc::new(streamed.hashes),
         };
         claim.snapshot_tip = Some(tip.clone());
         claim.tip = Some(tip);
         claim.inherited = None;
+        let shipped = Shipped {
+            seq,
+            delta: false,
+            round,
+            commit,
+            bytes: manifest.bytes(),
+            compressed_bytes: manifest.compressed_bytes(),
+            uploaded_bytes,
+            sha256: streamed.sha256,
+            blob: manifest_path.to_string(),
+        };
+        // Retention on this handle then knows the snapshot's segments without reading them.
+        let names = manifest.segments.iter().map(|s| s.0.clone()).collect();
+        self.inner
+            .segment_refs
+            .insert(manifest_path.as_ref(), Arc::new(names));
+        claim.reuse = Some(Arc::new(manifest));
         Ok(shipped)
     }
 
@@ -290,6 +387,7 @@ impl Replica {
             commit,
             bytes: packed.bytes,
             compressed_bytes,
+            uploaded_bytes: compressed_bytes,
             sha256: packed.sha256,
             blob: blob_path.to_string(),
         })

@@ -106,6 +106,11 @@ impl Snapshot {
         &self.bytes
     }
 
+    /// The uncompressed image, taken.
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
+
     /// Checks the image looks like an SQLite database of `org`: a header, and at least one
     /// page of the smallest size.
     pub(crate) fn check(&self, org: &str) -> Result<(), Error> {

@@ -5,8 +5,10 @@ use tracing::debug;
 
 use crate::chain::{self, Chain, Start, broken};
 use crate::checksum::PageHashes;
+use crate::image::FileImage;
+use crate::layout::new_nonce;
 use crate::replica::blocking;
-use crate::sqlite::check::integrity_check_image;
+use crate::sqlite::check::integrity_check_file;
 use crate::{Error, LogEntry, OrgId, Replica};
 
 /// Result of [`crate::Replica::verify`].
@@ -77,37 +79,25 @@ impl Replica {
     }
 
     /// Checks a snapshot, then each delta of its chain in order, reporting the first entry
-    /// that fails and every delta after it (they cannot be rebuilt).
+    /// that fails and every delta after it (they cannot be rebuilt). The image is rebuilt
+    /// in a temp file, so memory does not grow with the database.
     async fn verify_chain(&self, org: &OrgId, chain: &Chain, report: &mut VerifyReport) {
         let snap = chain.snapshot.seq();
-        let fetched = match self.fetch(org, &chain.snapshot).await {
-            Ok((object, image)) => {
-                blocking("checking a snapshot", move || {
-                    integrity_check_image(&object, &image)?;
-                    let hashes = PageHashes::of_image(&object, &image)?;
-                    Ok((image, hashes))
-                })
-                .await
+        let dir = match scratch() {
+            Ok(d) => d,
+            Err(e) => {
+                report.failed.push((snap, e));
+                return;
             }
-            Err(e) => Err(e),
         };
-        // Ok(rebuilt state) or Err(seq of the entry that failed).
-        let mut snap_sum = 0;
-        // A compacted delta applies to the snapshot, as hydrate applies it: keep a copy of
-        // the snapshot's state when the chain has one.
-        let compacts = chain
-            .deltas
-            .iter()
-            .skip(1)
-            .any(|e| chain::compacts(&chain.snapshot, e));
-        let mut snapshot_state = None;
+        let fetched = self
+            .snapshot_into(org, &chain.snapshot, &dir, "snapshot")
+            .await;
+        // A compacted delta applies to the snapshot, as hydrate applies it: it gets a copy
+        // of the snapshot's state, downloaded again when it comes.
         let mut state = match fetched {
             Ok(v) => {
                 report.ok.push(snap);
-                snap_sum = v.1.sum();
-                if compacts {
-                    snapshot_state = Some(v.clone());
-                }
                 Ok(v)
             }
             Err(e) => {
@@ -115,6 +105,7 @@ impl Replica {
                 Err(snap)
             }
         };
+        let snap_sum = state.as_ref().map_or(0, |(_, h)| h.sum());
         for entry in &chain.deltas {
             state = match state {
                 Err(bad) => {
@@ -123,34 +114,21 @@ impl Replica {
                     Err(bad)
                 }
                 Ok(current) => {
-                    let (image, hashes) = match &snapshot_state {
-                        Some(at_snapshot) if chain::compacts(&chain.snapshot, entry) => {
-                            at_snapshot.clone()
-                        }
-                        _ => current,
-                    };
-                    let applied = match self.fetch(org, entry).await {
-                        Ok((obj, body)) => {
-                            let (org, entry) = (org.clone(), entry.clone());
-                            blocking("applying a delta", move || {
-                                let (mut image, mut hashes) = (image, hashes);
-                                let start = Start {
-                                    seq: snap,
-                                    checksum: snap_sum,
-                                };
-                                chain::apply(
-                                    &org,
-                                    start,
-                                    &entry,
-                                    &obj,
-                                    &body,
-                                    &mut image,
-                                    &mut hashes,
-                                )?;
-                                Ok((image, hashes))
-                            })
+                    let base = if chain::compacts(&chain.snapshot, entry)
+                        && chain.deltas.first().map(LogEntry::seq) != Some(entry.seq())
+                    {
+                        current.0.remove();
+                        self.snapshot_into(org, &chain.snapshot, &dir, "compaction")
                             .await
-                        }
+                    } else {
+                        Ok(current)
+                    };
+                    let start = Start {
+                        seq: snap,
+                        checksum: snap_sum,
+                    };
+                    let applied = match base {
+                        Ok(base) => self.verify_delta(org, start, entry, base).await,
                         Err(e) => Err(e),
                     };
                     match applied {
@@ -169,7 +147,8 @@ impl Replica {
         if let (Ok((image, _)), Some(last)) = (state, chain.deltas.last()) {
             let object = format!("{org}@{}", last.seq());
             let checked = blocking("checking a rebuilt database", move || {
-                integrity_check_image(&object, &image)
+                image.sync()?;
+                integrity_check_file(&object, image.path())
             })
             .await;
             if let Err(e) = checked {
@@ -178,4 +157,50 @@ impl Replica {
             }
         }
     }
+
+    /// Downloads the snapshot `entry` into a new file `name` in `dir` and runs
+    /// `integrity_check` on it.
+    async fn snapshot_into(
+        &self,
+        org: &OrgId,
+        entry: &LogEntry,
+        dir: &tempfile::TempDir,
+        name: &str,
+    ) -> Result<(FileImage, PageHashes), Error> {
+        let path = dir.path().join(format!("{name}-{}", new_nonce()?));
+        let file = blocking("creating a scratch file", move || FileImage::create(&path)).await?;
+        let (file, object, hashes, _) = self.download_snapshot(org, entry, file).await?;
+        blocking("checking a snapshot", move || {
+            file.sync()?;
+            integrity_check_file(&object, file.path())?;
+            Ok((file, hashes))
+        })
+        .await
+    }
+
+    /// Fetches the delta `entry` and applies it to `base`, checking its checksums.
+    async fn verify_delta(
+        &self,
+        org: &OrgId,
+        start: Start,
+        entry: &LogEntry,
+        base: (FileImage, PageHashes),
+    ) -> Result<(FileImage, PageHashes), Error> {
+        let (obj, body) = self.fetch(org, entry).await?;
+        let (org, entry) = (org.clone(), entry.clone());
+        blocking("applying a delta", move || {
+            let (mut image, mut hashes) = base;
+            chain::apply(&org, start, &entry, &obj, &body, &mut image, &mut hashes)?;
+            Ok((image, hashes))
+        })
+        .await
+    }
+}
+
+/// A scratch directory for rebuilt images, removed when dropped.
+fn scratch() -> Result<tempfile::TempDir, Error> {
+    tempfile::Builder::new()
+        .prefix("idem-verify-")
+        .tempdir()
+        .map_err(|e| Error::io(&std::env::temp_dir(), e))
 }

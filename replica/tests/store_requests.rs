@@ -1,5 +1,6 @@
 //! Every request a `Replica` makes goes through its `CountedStore`: the counts are what the
-//! protocol costs (I14). A full snapshot ship is one blob PUT and one log-entry PUT; a small
+//! protocol costs (I14). A full snapshot ship of a small database is one segment PUT, one
+//! manifest PUT and one log-entry PUT; a small
 //! delta is one log-entry PUT carrying its body; neither lists the log (the create-only slot
 //! after the writer's own last entry is the fence, I7, I11). A confirmation is one LIST.
 
@@ -13,7 +14,7 @@ use object_store::ObjectStoreExt;
 use object_store::memory::InMemory;
 
 #[tokio::test]
-async fn a_full_snapshot_costs_two_puts_and_no_list_and_the_counts_see_every_request()
+async fn a_full_snapshot_costs_three_puts_and_no_list_and_the_counts_see_every_request()
 -> Result<(), Box<dyn std::error::Error>> {
     let replica = Replica::open(Arc::new(InMemory::new()), "", Settings::default()).await?;
     // Opening probes that the store honours create-only puts: two PUTs and a DELETE.
@@ -27,10 +28,14 @@ async fn a_full_snapshot_costs_two_puts_and_no_list_and_the_counts_see_every_req
     assert_eq!(
         ship,
         StoreRequests {
-            put: 2,
+            put: 3,
             ..StoreRequests::default()
         }
     );
+    // A second snapshot of the same pages names the segment it already uploaded.
+    let before = replica.store_requests();
+    replica.ship(&mut claim, test_snapshot(3)?).await?;
+    assert_eq!(replica.store_requests().since(&before).put, 2);
     // A request made through `Replica::store` is counted too: it is the wrapper.
     let before = replica.store_requests();
     let _ = replica.store().head(&"nothing".into()).await;
@@ -351,12 +356,12 @@ async fn retention_reads_only_entries_its_handle_has_not_seen() -> R {
     let before = replica.store_requests();
     replica.retain(&org, &policy).await?;
     assert_eq!(replica.store_requests().since(&before), two_lists);
-    // Another handle reads each entry once, then knows them.
+    // Another handle reads each entry once and the snapshot's manifest once, then knows them.
     let other = Replica::open(store, "", Settings::default()).await?;
     let before = other.store_requests();
     other.retain(&org, &policy).await?;
     let first = other.store_requests().since(&before);
-    assert_eq!((first.get, first.list), (6, 2), "{first:?}");
+    assert_eq!((first.get, first.list), (7, 2), "{first:?}");
     let before = other.store_requests();
     other.retain(&org, &policy).await?;
     assert_eq!(other.store_requests().since(&before), two_lists);

@@ -4,6 +4,7 @@
 use super::body::{DeltaBody, PATCH, RUNS, WHOLE, XOR};
 use crate::Error;
 use crate::checksum::{PageHashes, page_hash};
+use crate::image::PageImage;
 use crate::sqlite::pages::canonical_page1;
 
 /// Little-endian first bytes of a standard zstd frame: a patch is exactly one such frame (no
@@ -38,9 +39,10 @@ impl DeltaBody<'_> {
         Ok(())
     }
 
-    /// Applies the pages to `image` (the database at the delta's base, resized to
-    /// `db_pages`) and updates `hashes` to match: XOR and patch pages decode against the
-    /// base content, page 1 in canonical form. O(changed pages + pages removed). The
+    /// Applies the pages to `image` (the database at the delta's base, in memory or in a
+    /// file, resized to `db_pages`) and updates `hashes` to match: XOR and patch pages decode
+    /// against the base content, page 1 in canonical form. O(changed pages + pages removed),
+    /// one page in memory at a time. The
     /// growth check ([`DeltaBody::check_growth`]) and the page size come first and change
     /// nothing when they fail; a later error leaves the image part-applied, to be dropped.
     ///
@@ -48,7 +50,11 @@ impl DeltaBody<'_> {
     /// [`Error::Corrupt`] when the delta grows the database by pages it does not carry
     /// whole, its page size differs from the image's, or a run or patch does not decode
     /// against its base.
-    pub(crate) fn apply(&self, image: &mut Vec<u8>, hashes: &mut PageHashes) -> Result<(), Error> {
+    pub(crate) fn apply(
+        &self,
+        image: &mut dyn PageImage,
+        hashes: &mut PageHashes,
+    ) -> Result<(), Error> {
         self.check_growth(hashes.pages())?;
         if self.page_size != hashes.page_size() {
             return Err(Error::corrupt(
@@ -59,12 +65,16 @@ impl DeltaBody<'_> {
         let ps = self.page_size as usize;
         let new = self.db_pages as usize;
         hashes.resize(new);
-        image.resize(new * ps, 0);
+        image.set_len(new as u64 * ps as u64)?;
         let mut dctx = zstd::zstd_safe::DCtx::create();
         let mut scratch = Vec::with_capacity(ps);
+        let mut buf = vec![0u8; ps];
         for (pgno, encoding, bytes) in self.records() {
-            let at = (pgno as usize - 1) * ps;
-            let page = &mut image[at..at + ps];
+            let at = (u64::from(pgno) - 1) * ps as u64;
+            let page = buf.as_mut_slice();
+            if encoding != WHOLE {
+                image.read_at(self.object, at, page)?;
+            }
             if pgno == 1 && encoding != WHOLE {
                 canonical_page1(page);
             }
@@ -96,6 +106,7 @@ impl DeltaBody<'_> {
                 }
                 _ => page.copy_from_slice(bytes),
             }
+            image.write_at(self.object, at, page)?;
             hashes.set(pgno, page_hash(pgno, page));
         }
         Ok(())

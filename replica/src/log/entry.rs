@@ -9,7 +9,9 @@
 //! Version 2 is exactly the entries that carry their packed body inline (`"inline"`, base64
 //! of the same bytes a blob would hold): a reader of version 1 only refuses them instead of
 //! looking for a blob that does not exist, and every version 1 entry stays byte for byte
-//! what it always was.
+//! what it always was. Version 3 is exactly the snapshot entries that name a manifest of
+//! segments (`"manifest"`, [`crate::segment`]) instead of one blob, refused the same way by
+//! earlier readers.
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +21,9 @@ use crate::Error;
 pub const ENTRY_VERSION: u64 = 1;
 /// Log entry format version of an entry carrying its packed body inline ([`BlobRef::Inline`]).
 pub const INLINE_ENTRY_VERSION: u64 = 2;
+/// Log entry format version of a snapshot entry naming a segment manifest
+/// ([`BlobRef::Manifest`]).
+pub const MANIFEST_ENTRY_VERSION: u64 = 3;
 const KINDS: [&str; 4] = ["claim", "snapshot", "delta", "release"];
 
 /// One entry of an org's create-only log (`orgs/<org>/log/<seq:020>.json`): an [`EntryHeader`]
@@ -98,13 +103,19 @@ pub enum BlobRef {
     /// (size, sha256, I10).
     #[serde(rename = "inline")]
     Inline(String),
+    /// The file name (in the org's `snap/` directory) of a segmented snapshot's manifest,
+    /// which names its segments; `"manifest"` on the wire, only in snapshot entries of
+    /// version [`MANIFEST_ENTRY_VERSION`]. The entry's `sha256` and `bytes` are the whole
+    /// image's, its `compressed_bytes` every segment's together.
+    #[serde(rename = "manifest")]
+    Manifest(String),
 }
 
 impl BlobRef {
-    /// The blob file name, `None` for an inline body.
+    /// The object file name (a blob, or a manifest), `None` for an inline body.
     pub fn name(&self) -> Option<&str> {
         match self {
-            BlobRef::Object(name) => Some(name),
+            BlobRef::Object(name) | BlobRef::Manifest(name) => Some(name),
             BlobRef::Inline(_) => None,
         }
     }
@@ -201,10 +212,18 @@ impl LogEntry {
     /// Format version this entry is written with: [`INLINE_ENTRY_VERSION`] when it carries
     /// an inline body, else [`ENTRY_VERSION`].
     pub fn version(&self) -> u64 {
-        if self.is_inline() {
-            INLINE_ENTRY_VERSION
-        } else {
-            ENTRY_VERSION
+        match self.stored().map(|s| &s.blob) {
+            Some(BlobRef::Inline(_)) => INLINE_ENTRY_VERSION,
+            Some(BlobRef::Manifest(_)) => MANIFEST_ENTRY_VERSION,
+            _ => ENTRY_VERSION,
+        }
+    }
+
+    /// The manifest a segmented snapshot entry names.
+    pub fn manifest(&self) -> Option<&str> {
+        match self.stored().map(|s| &s.blob) {
+            Some(BlobRef::Manifest(name)) => Some(name),
+            _ => None,
         }
     }
 
@@ -277,20 +296,25 @@ impl LogEntry {
             .as_object_mut()
             .ok_or_else(|| Error::corrupt(object, "not a json object"))?;
         let version = match map.remove("v").and_then(|v| v.as_u64()) {
-            Some(v @ (ENTRY_VERSION | INLINE_ENTRY_VERSION)) => v,
+            Some(v @ (ENTRY_VERSION | INLINE_ENTRY_VERSION | MANIFEST_ENTRY_VERSION)) => v,
             other => {
                 return Err(Error::UnknownFormat {
                     object: object.into(),
                     detail: format!(
-                        "entry version {other:?}, this build reads {ENTRY_VERSION} and {INLINE_ENTRY_VERSION}"
+                        "entry version {other:?}, this build reads {ENTRY_VERSION} to {MANIFEST_ENTRY_VERSION}"
                     ),
                 });
             }
         };
-        if map.contains_key("blob") && map.contains_key("inline") {
+        if ["blob", "inline", "manifest"]
+            .iter()
+            .filter(|k| map.contains_key(**k))
+            .count()
+            > 1
+        {
             return Err(Error::corrupt(
                 object,
-                "entry names a blob and carries a body",
+                "entry names more than one of a blob, a body and a manifest",
             ));
         }
         let kind = map.get("kind").and_then(|k| k.as_str()).unwrap_or("");
@@ -310,10 +334,18 @@ impl LogEntry {
                 format!("entry says seq {} but is stored at {seq}", entry.seq()),
             ));
         }
-        if let Some(blob) = entry.blob()
-            && !valid_blob_name(blob)
-        {
-            return Err(Error::corrupt(object, format!("bad blob name {blob:?}")));
+        let valid = match entry.stored().map(|s| &s.blob) {
+            Some(BlobRef::Object(name)) => valid_blob_name(name),
+            Some(BlobRef::Manifest(name)) => {
+                entry.is_snapshot() && crate::segment::manifest::manifest_sha(name).is_some()
+            }
+            _ => true,
+        };
+        if !valid {
+            return Err(Error::corrupt(
+                object,
+                format!("bad blob or manifest name {:?}", entry.blob()),
+            ));
         }
         if entry.version() != version {
             return Err(Error::corrupt(

@@ -1,7 +1,7 @@
 //! Unit tests of the log entry format.
 
 use super::entry::valid_blob_name;
-use crate::log::entry::{EntryBody, EntryHeader, Stored};
+use crate::log::entry::{BlobRef, EntryBody, EntryHeader, Stored};
 use crate::{Error, LogEntry};
 
 /// Entries as the format's first writer stored them (a local store written by the code
@@ -78,9 +78,9 @@ fn entry_round_trips_with_version() -> Result<(), Error> {
 
 #[test]
 fn unknown_version_or_kind_is_refused() {
-    let v3 = br#"{"v":3,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
+    let v4 = br#"{"v":4,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
     assert!(matches!(
-        LogEntry::decode("x", v3, None),
+        LogEntry::decode("x", v4, None),
         Err(Error::UnknownFormat { .. })
     ));
     let future = br#"{"v":1,"kind":"compacted","seq":1}"#;
@@ -159,4 +159,36 @@ fn an_inline_body_in_a_version_1_entry_or_a_version_2_entry_without_one_is_corru
         r#""blob":"00000000000000000003-1-00.delta.zst","inline":"AAEC","#,
     );
     assert!(LogEntry::decode("x", both.as_bytes(), None).is_err());
+}
+
+#[test]
+fn a_segmented_snapshot_entry_is_version_3_and_names_only_a_manifest() -> Result<(), Error> {
+    let name = format!("00000000000000000007-2-{}.manifest.json", "ab".repeat(32));
+    let mut e = snap();
+    if let EntryBody::Snapshot(s) = &mut e.body {
+        s.blob = BlobRef::Manifest(name.clone());
+    }
+    let bytes = e.encode()?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    assert!(
+        text.contains("\"v\":3") && text.contains("\"manifest\":"),
+        "{text}"
+    );
+    let back = LogEntry::decode("x", &bytes, Some(7))?;
+    assert_eq!(back.manifest(), Some(name.as_str()));
+    for bad in [
+        text.replace("\"v\":3", "\"v\":1"),
+        text.replace(".manifest.json", ".db.zst"),
+        text.replace("\"manifest\":", "\"blob\":\"x.db.zst\",\"manifest\":"),
+        text.replace("\"kind\":\"snapshot\"", "\"kind\":\"delta\""),
+    ] {
+        assert!(
+            matches!(
+                LogEntry::decode("x", bad.as_bytes(), Some(7)),
+                Err(Error::Corrupt { .. })
+            ),
+            "{bad}"
+        );
+    }
+    Ok(())
 }

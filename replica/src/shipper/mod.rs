@@ -31,10 +31,11 @@ pub use policy::ShipPolicy;
 use crate::resume::ResumePoint;
 use state::{Chain, WalState};
 
+use crate::segment::source::{OwnedSource, PageSource};
 use crate::sqlite::{
     self, CaptureError, CaptureRequest, Captured, Checkpoint, Foreign, OwnedFiles,
 };
-use crate::{Claim, Delta, Error, OrgId, Replica, Snapshot};
+use crate::{Claim, Delta, Error, OrgId, Replica};
 
 /// Where a [`Shipper`] gets its captures: the thread that owns the writer connection, which
 /// runs [`sqlite::Owned::capture`] between two transactions.
@@ -66,7 +67,8 @@ pub struct ShipReport {
     pub commit_seq: u64,
     /// Full, delta or compacted.
     pub kind: ShipKind,
-    /// Compressed bytes uploaded (the blob; the small log entry is not counted).
+    /// Packed bytes uploaded: a delta's body (in a blob or inside its entry), a snapshot's
+    /// new segments and its manifest (the entry's own JSON is not counted).
     pub bytes: u64,
     /// Log position of the entry.
     pub seq: u64,
@@ -330,22 +332,41 @@ impl Shipper {
             .await
             .map_err(|e| self.capture_error(e))?;
         let files = self.files()?.clone();
+        let who = (self.org().clone(), self.claim.round());
+        // The pages stream from the file the capture left (with any WAL frames over it) into
+        // the segments: the counter page is proved before anything is uploaded.
         let built = off_thread(move || {
             let frames = sqlite::wal::read(&cap.head, &cap.tail, None)
                 .map_err(|e| Foreign(format!("the WAL cannot be read: {}", e.0)))?;
-            let image = sqlite::image(&files, cap.db, cap.page_size, &frames)?;
-            let ps = cap.page_size as usize;
-            let at = (cap.counter_page as usize).saturating_sub(1) * ps;
-            prove(image.get(at..at + ps), cap.counter_page, cap.commit, None)?;
-            Ok::<_, CaptureError>((image, cap.page_size, frames.end, cap.commit))
+            let ps = u64::from(cap.page_size);
+            let db_pages = match frames.db_pages {
+                Some(n) => n,
+                None => u32::try_from(cap.db.len() / ps).map_err(std::io::Error::other)?,
+            };
+            let mut source = OwnedSource::new(
+                (files, cap.db),
+                (cap.page_size, db_pages),
+                frames.pages,
+                who,
+            );
+            let mut counter = vec![0u8; ps as usize];
+            if cap.counter_page >= 1 && cap.counter_page <= db_pages {
+                source
+                    .read(cap.counter_page, &mut counter)
+                    .map_err(|e| Foreign(e.to_string()))?;
+                prove(Some(&counter), cap.counter_page, cap.commit, None)?;
+            } else {
+                prove(None, cap.counter_page, cap.commit, None)?;
+            }
+            Ok::<_, CaptureError>((source, cap.page_size, db_pages, frames.end, cap.commit))
         })
         .await?;
-        let (image, page_size, end, commit) = built.map_err(|e| self.capture_error(e))?;
+        let (source, page_size, db_pages, end, commit) =
+            built.map_err(|e| self.capture_error(e))?;
         self.chain.proven = Some(commit);
-        let db_pages = (image.len() / page_size as usize) as u32;
         let shipped = self
             .replica
-            .ship(&mut self.claim, Snapshot::from_bytes(image, commit))
+            .ship_source(&mut self.claim, Box::new(source), commit)
             .await?;
         self.chain.full_shipped(
             end.map_or(WalState::Fresh, WalState::At),
@@ -357,7 +378,7 @@ impl Shipper {
         Ok(ShipReport {
             commit_seq: commit,
             kind: ShipKind::Full,
-            bytes: shipped.compressed_bytes,
+            bytes: shipped.uploaded_bytes,
             seq: shipped.seq,
         })
     }
@@ -446,7 +467,7 @@ impl Shipper {
                     } else {
                         ShipKind::Delta
                     },
-                    bytes: shipped.compressed_bytes,
+                    bytes: shipped.uploaded_bytes,
                     seq: shipped.seq,
                 })
             }

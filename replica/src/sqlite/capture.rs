@@ -27,7 +27,7 @@ use rusqlite::Connection;
 use std::sync::Arc;
 
 use super::owned::{DbState, Foreign, OwnedFiles};
-use super::wal::{self, Frames, Generation};
+use super::wal::{self, Generation};
 
 /// When a capture checkpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -260,34 +260,6 @@ impl Capturer {
             db: watch.db,
         })
     }
-}
-
-/// Builds the full database image (canonical page 1 is the replica's job) from the database
-/// file, which must still be as the capture left it (`db`), and the committed WAL frames
-/// over it.
-///
-/// # Errors
-/// [`CaptureError::Foreign`] when the file changed before or during the read.
-pub(crate) fn image(
-    files: &OwnedFiles,
-    db: DbState,
-    page_size: u32,
-    frames: &Frames,
-) -> Result<Vec<u8>, CaptureError> {
-    files.check_db(db)?;
-    let mut image = files.read_db(0, db.len())?;
-    files.check_db(db)?;
-    let ps = page_size as usize;
-    let db_pages = match frames.db_pages {
-        Some(n) => n as usize,
-        None => image.len() / ps,
-    };
-    image.resize(db_pages * ps, 0);
-    for (&pgno, page) in &frames.pages {
-        let at = (pgno as usize - 1) * ps;
-        image[at..at + ps].copy_from_slice(page);
-    }
-    Ok(image)
 }
 
 /// Reads `pages` (page numbers up to `db_pages`) from the database file, which must still be

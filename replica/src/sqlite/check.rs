@@ -1,7 +1,7 @@
 //! SQLite's own checks of a database (I10): `quick_check` before an install, a full
 //! `integrity_check` of every snapshot and rebuilt chain by verify.
 
-use rusqlite::{Connection, MAIN_DB};
+use rusqlite::Connection;
 
 use crate::Error;
 
@@ -28,16 +28,12 @@ pub(crate) fn sqlite_check(conn: &Connection, check: &str, what: &str) -> Result
     }
 }
 
-/// Full `integrity_check` of an image in memory (no files).
+/// Full `integrity_check` of the database file at `path`, opened read-only.
 ///
 /// # Errors
-/// [`Error::Corrupt`] naming `what`; [`Error::Sqlite`] when no in-memory database opens.
-pub(crate) fn integrity_check_image(what: &str, image: &[u8]) -> Result<(), Error> {
-    let mut conn = Connection::open_in_memory().map_err(|source| Error::Sqlite {
-        op: "opening a check buffer",
-        source,
-    })?;
-    conn.deserialize_read_exact(MAIN_DB, image, image.len(), true)
-        .map_err(|e| Error::corrupt(what, format!("deserialize: {e}")))?;
+/// [`Error::Corrupt`] naming `what`.
+pub(crate) fn integrity_check_file(what: &str, path: &std::path::Path) -> Result<(), Error> {
+    let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .map_err(|e| Error::corrupt(what, format!("open: {e}")))?;
     sqlite_check(&conn, "integrity_check", what)
 }

@@ -1,7 +1,6 @@
 //! Installing a verified image as a local database file, atomically (I8, I10).
 //! Synchronous: call on a blocking thread.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rusqlite::Connection;
@@ -46,48 +45,62 @@ fn sync_dir(dir: &Path) -> Result<(), Error> {
         .map_err(|e| Error::io(dir, e))
 }
 
-/// Atomically installs a verified image at `dest`: temp file in dest's directory, fsync,
-/// `quick_check` on the temp file, remove stale sidecars, rename, fsync the directory.
-/// `object` names the image in errors; `nonce` makes the temp file's name unique.
-/// On any failure nothing is installed and the temp file is removed (I10).
+/// The temp file an install of `dest` builds its image in: in dest's directory (created if
+/// missing), so the rename is atomic, and named `.<dest>.hydrate-<nonce>`, so nothing opens
+/// it as a database and a crash leaves nothing at `dest`.
 ///
 /// # Errors
-/// [`Error::Corrupt`] when the file fails `quick_check`; [`Error::Io`].
-pub(crate) fn install(object: &str, image: &[u8], dest: &Path, nonce: &str) -> Result<(), Error> {
-    let dir = match dest.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+/// [`Error::Io`] when the directory cannot be created or `dest` has no file name.
+pub(crate) fn temp_beside(dest: &Path, nonce: &str) -> Result<PathBuf, Error> {
+    let dir = parent(dest);
     let name = dest
         .file_name()
         .ok_or_else(|| Error::io(dest, std::io::Error::other("destination has no file name")))?;
     std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-    let tmp = dir.join(format!(".{}.hydrate-{nonce}", name.to_string_lossy()));
+    Ok(dir.join(format!(".{}.hydrate-{nonce}", name.to_string_lossy())))
+}
+
+fn parent(dest: &Path) -> PathBuf {
+    match dest.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Removes a temp file and any sidecars SQLite left beside it (best effort: a failed
+/// install's error is the one reported).
+pub(crate) fn discard(tmp: &Path) {
+    let _ = remove_if_exists(tmp);
+    for s in sidecars(tmp) {
+        let _ = remove_if_exists(&s);
+    }
+}
+
+/// Atomically installs the verified image written and synced at `tmp` (from
+/// [`temp_beside`]) at `dest`: `quick_check` on the temp file, remove stale sidecars,
+/// rename, fsync the directory. `object` names the image in errors. On any failure nothing
+/// is installed and the temp file is removed (I10).
+///
+/// # Errors
+/// [`Error::Corrupt`] when the file fails `quick_check`; [`Error::Io`].
+pub(crate) fn install_file(object: &str, tmp: &Path, dest: &Path) -> Result<(), Error> {
     let result = (|| {
-        let mut f = std::fs::File::create_new(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        f.write_all(image).map_err(|e| Error::io(&tmp, e))?;
-        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-        drop(f);
         {
-            let conn =
-                Connection::open_with_flags(&tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                    .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
+            let conn = Connection::open_with_flags(tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
             sqlite_check(&conn, "quick_check", object)?;
         }
-        for s in sidecars(&tmp) {
+        for s in sidecars(tmp) {
             remove_if_exists(&s)?;
         }
         for s in sidecars(dest) {
             remove_if_exists(&s)?;
         }
-        std::fs::rename(&tmp, dest).map_err(|e| Error::io(dest, e))?;
-        sync_dir(&dir)
+        std::fs::rename(tmp, dest).map_err(|e| Error::io(dest, e))?;
+        sync_dir(&parent(dest))
     })();
     if result.is_err() {
-        let _ = remove_if_exists(&tmp);
-        for s in sidecars(&tmp) {
-            let _ = remove_if_exists(&s);
-        }
+        discard(tmp);
     }
     result
 }

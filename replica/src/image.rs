@@ -1,0 +1,168 @@
+//! A database image being rebuilt: in memory (a `Vec<u8>`, for small images and tests) or in
+//! a file (hydrate, restore, verify), so that memory is bounded by settings, not by the
+//! database. Deltas apply through [`PageImage`] page by page whichever it is.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::Error;
+
+/// Bytes of an image addressed by offset: what a delta reads and writes when it applies.
+pub(crate) trait PageImage {
+    /// Sets the image's length in bytes (a grown tail reads as zeros).
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a file.
+    fn set_len(&mut self, bytes: u64) -> Result<(), Error>;
+    /// Reads `buf.len()` bytes at `at`, which must lie within the image.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for a file; [`Error::Corrupt`] naming `object` outside the image.
+    fn read_at(&mut self, object: &str, at: u64, buf: &mut [u8]) -> Result<(), Error>;
+    /// Writes `buf` at `at`, which must lie within the image.
+    ///
+    /// # Errors
+    /// As [`PageImage::read_at`].
+    fn write_at(&mut self, object: &str, at: u64, buf: &[u8]) -> Result<(), Error>;
+}
+
+fn outside(object: &str, at: u64, len: usize) -> Error {
+    Error::corrupt(object, format!("{len} bytes at {at} lie outside the image"))
+}
+
+impl PageImage for Vec<u8> {
+    fn set_len(&mut self, bytes: u64) -> Result<(), Error> {
+        let n = usize::try_from(bytes).map_err(|_| outside("image", bytes, 0))?;
+        self.resize(n, 0);
+        Ok(())
+    }
+
+    fn read_at(&mut self, object: &str, at: u64, buf: &mut [u8]) -> Result<(), Error> {
+        let range = range(object, at, buf.len(), self.len())?;
+        buf.copy_from_slice(&self[range]);
+        Ok(())
+    }
+
+    fn write_at(&mut self, object: &str, at: u64, buf: &[u8]) -> Result<(), Error> {
+        let range = range(object, at, buf.len(), self.len())?;
+        self[range].copy_from_slice(buf);
+        Ok(())
+    }
+}
+
+fn range(object: &str, at: u64, len: usize, size: usize) -> Result<std::ops::Range<usize>, Error> {
+    let start = usize::try_from(at).map_err(|_| outside(object, at, len))?;
+    match start.checked_add(len) {
+        Some(end) if end <= size => Ok(start..end),
+        _ => Err(outside(object, at, len)),
+    }
+}
+
+/// An image in a file of its own (a temp file beside an install's destination, or in a
+/// scratch directory): written through positioned I/O, so the OS page cache, not this
+/// process, holds what is not being changed.
+#[derive(Debug)]
+pub(crate) struct FileImage {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+impl FileImage {
+    /// Creates the file at `path`, which must not exist.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub(crate) fn create(path: &Path) -> Result<FileImage, Error> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        Ok(FileImage {
+            file,
+            path: path.to_path_buf(),
+            len: 0,
+        })
+    }
+
+    /// The file's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Flushes the file to stable storage.
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub(crate) fn sync(&self) -> Result<(), Error> {
+        self.file.sync_all().map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Closes and deletes the file (a scratch image no longer needed).
+    pub(crate) fn remove(self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    fn check(&self, object: &str, at: u64, len: usize) -> Result<(), Error> {
+        match at.checked_add(len as u64) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(outside(object, at, len)),
+        }
+    }
+}
+
+impl PageImage for FileImage {
+    fn set_len(&mut self, bytes: u64) -> Result<(), Error> {
+        self.file
+            .set_len(bytes)
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.len = bytes;
+        Ok(())
+    }
+
+    fn read_at(&mut self, object: &str, at: u64, buf: &mut [u8]) -> Result<(), Error> {
+        self.check(object, at, buf.len())?;
+        self.file
+            .read_exact_at(buf, at)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+
+    fn write_at(&mut self, object: &str, at: u64, buf: &[u8]) -> Result<(), Error> {
+        self.check(object, at, buf.len())?;
+        self.file
+            .write_all_at(buf, at)
+            .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_and_a_vec_read_and_write_alike_and_refuse_outside_ranges() -> Result<(), Error> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io(Path::new("tmp"), e))?;
+        let mut file = FileImage::create(&dir.path().join("img"))?;
+        let mut mem: Vec<u8> = Vec::new();
+        let images: [&mut dyn PageImage; 2] = [&mut file, &mut mem];
+        for img in images {
+            img.set_len(8)?;
+            img.write_at("x", 2, b"abc")?;
+            let mut buf = [0u8; 6];
+            img.read_at("x", 1, &mut buf)?;
+            assert_eq!(&buf, b"\0abc\0\0");
+            assert!(matches!(
+                img.write_at("x", 6, b"abc"),
+                Err(Error::Corrupt { .. })
+            ));
+            assert!(matches!(
+                img.read_at("x", u64::MAX, &mut buf),
+                Err(Error::Corrupt { .. })
+            ));
+        }
+        Ok(())
+    }
+}

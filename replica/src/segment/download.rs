@@ -1,0 +1,214 @@
+//! Streaming a full snapshot in: its manifest, then its segments, up to
+//! [`Settings::read_concurrency`](crate::Settings::read_concurrency) at a time, each checked
+//! against the sha256 its name carries and written at its offset by one blocking thread as
+//! it arrives, which also hashes the pages and the whole image in order (I10). Memory is
+//! bounded by the segment size times the downloads in flight, not by the database.
+
+use bytes::Bytes;
+use futures::{StreamExt, TryFutureExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::manifest::{MAX_MANIFEST_BYTES, Manifest, SegmentRef};
+use crate::blob::unpack;
+use crate::checksum::{PageHashes, page_hash};
+use crate::image::PageImage;
+use crate::replica::blocking;
+use crate::{BlobRef, Error, FailPoint, LogEntry, OrgId, Replica};
+
+/// zstd's worst case for `raw` bytes, plus the blob header: no honest segment is larger.
+fn packed_bound(raw: u64) -> u64 {
+    raw + raw / 128 + (64 << 10)
+}
+
+impl Replica {
+    /// Reads the manifest a snapshot entry names and checks it against the entry.
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`]; [`Error::Corrupt`] for a manifest that is not the one named
+    /// or does not describe the entry's image; [`Error::Store`].
+    pub(crate) async fn read_manifest(
+        &self,
+        org: &OrgId,
+        name: &str,
+        image_bytes: u64,
+    ) -> Result<Manifest, Error> {
+        let path = self.inner.layout.blob(org, name);
+        let object = path.to_string();
+        let bytes = self.get_capped(&path, MAX_MANIFEST_BYTES).await?;
+        Manifest::decode(&object, name, &bytes, image_bytes)
+    }
+
+    /// Downloads the snapshot `entry` describes into `image` (emptied first): a segmented
+    /// snapshot streams in segment by segment; a snapshot stored as one blob (written by
+    /// earlier builds) is downloaded whole. Returns the image, the object it came from (for
+    /// errors), its page hashes and, for a segmented snapshot, its manifest.
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`] for a missing manifest or segment; [`Error::Corrupt`] for one
+    /// that does not match its name or the entry (size, sha256 of the image);
+    /// [`Error::Store`]; [`Error::Io`] writing the image.
+    pub(crate) async fn download_snapshot<I: PageImage + Send + 'static>(
+        &self,
+        org: &OrgId,
+        entry: &LogEntry,
+        mut image: I,
+    ) -> Result<(I, String, PageHashes, Option<Manifest>), Error> {
+        let Some(stored) = entry.stored().filter(|_| entry.is_snapshot()) else {
+            return Err(Error::NoSuchSnapshot {
+                org: org.to_string(),
+                seq: entry.seq(),
+            });
+        };
+        let BlobRef::Manifest(name) = &stored.blob else {
+            let (object, bytes) = self.fetch(org, entry).await?;
+            return blocking("writing a snapshot", move || {
+                let hashes = PageHashes::of_image(&object, &bytes)?;
+                image.set_len(0)?;
+                image.set_len(bytes.len() as u64)?;
+                image.write_at(&object, 0, &bytes)?;
+                Ok((image, object, hashes, None))
+            })
+            .await;
+        };
+        let manifest = self.read_manifest(org, name, stored.bytes).await?;
+        let object = self.inner.layout.blob(org, name).to_string();
+        let n = self.inner.settings.read_concurrency.max(1);
+        let (tx, rx) = mpsc::channel::<(usize, Vec<u8>)>(n);
+        let m = manifest.clone();
+        let (obj, want) = (object.clone(), stored.sha256.clone());
+        let writing =
+            tokio::task::spawn_blocking(move || write_segments(&obj, &m, image, rx, &want));
+        // Collected first: a stream over a closure taking references makes the future's
+        // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove. The
+        // futures are lazy: only `n` run at a time.
+        let fetches: Vec<_> = manifest
+            .segments
+            .iter()
+            .enumerate()
+            .map(|(i, seg)| {
+                let raw = u64::from(manifest.pages_in(i)) * u64::from(manifest.page_size);
+                self.fetch_segment(org, seg, raw).map_ok(move |b| (i, b))
+            })
+            .collect();
+        let fetched = futures::stream::iter(fetches)
+            .buffered(n)
+            .try_for_each(|item| {
+                let tx = tx.clone();
+                async move {
+                    // A closed channel means the writer failed: its error is returned below.
+                    let _ = tx.send(item).await;
+                    Ok(())
+                }
+            })
+            .await;
+        drop(tx);
+        let written = writing.await.map_err(|source| Error::Task {
+            op: "writing a snapshot's segments",
+            source,
+        })?;
+        fetched?;
+        let (image, hashes) = written?;
+        Ok((image, object, hashes, Some(manifest)))
+    }
+
+    /// Downloads one segment of `raw` uncompressed bytes and checks it against its name.
+    async fn fetch_segment(
+        &self,
+        org: &OrgId,
+        seg: &SegmentRef,
+        raw: u64,
+    ) -> Result<Vec<u8>, Error> {
+        let path = self.inner.layout.blob(org, seg.name());
+        let data = self.get_capped(&path, packed_bound(raw)).await?;
+        crate::hydrate::downloaded(data.len() as u64);
+        self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
+        let (object, sha) = (path.to_string(), seg.sha256().to_owned());
+        blocking("decompressing a segment", move || {
+            unpack(&object, &data, raw, &sha)
+        })
+        .await
+    }
+
+    /// GETs `path` whole, refusing a body above `max` bytes as it streams in (a store that
+    /// lies about an object cannot make this process hold more).
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`]; [`Error::Corrupt`] above `max`; [`Error::Store`].
+    pub(crate) async fn get_capped(&self, path: &Path, max: u64) -> Result<Bytes, Error> {
+        let missing = || Error::MissingObject {
+            path: path.to_string(),
+        };
+        let got = match self.inner.store.get(path).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Err(missing()),
+            Err(e) => return Err(Error::store("get", path, e)),
+        };
+        if got.meta.size > max {
+            return Err(Error::corrupt(
+                path.as_ref(),
+                format!("{} bytes, at most {max} expected", got.meta.size),
+            ));
+        }
+        let mut stream = got.into_stream();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(object_store::Error::NotFound { .. }) => return Err(missing()),
+                Err(e) => return Err(Error::store("get", path, e)),
+            };
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(Error::corrupt(
+                    path.as_ref(),
+                    format!("more than the {max} bytes expected"),
+                ));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(out.len() as u64);
+        Ok(Bytes::from(out))
+    }
+}
+
+/// The writing thread: writes each segment at its offset in order, hashing pages and image.
+fn write_segments<I: PageImage>(
+    object: &str,
+    m: &Manifest,
+    mut image: I,
+    mut rx: mpsc::Receiver<(usize, Vec<u8>)>,
+    want_sha256: &str,
+) -> Result<(I, PageHashes), Error> {
+    image.set_len(0)?;
+    image.set_len(m.bytes())?;
+    let ps = m.page_size as usize;
+    let mut hashes = Vec::with_capacity(m.pages as usize);
+    let mut sha = Sha256::new();
+    let mut next = 0usize;
+    while let Some((i, bytes)) = rx.blocking_recv() {
+        if i != next {
+            return Err(Error::corrupt(object, "segments arrived out of order"));
+        }
+        image.write_at(object, m.offset_of(i), &bytes)?;
+        let first = (m.offset_of(i) / ps as u64) as u32 + 1;
+        for (k, page) in bytes.chunks(ps).enumerate() {
+            hashes.push(page_hash(first + k as u32, page));
+        }
+        sha.update(&bytes);
+        next += 1;
+    }
+    if next != m.segments.len() {
+        // The download stopped early; its error is the one reported.
+        return Err(Error::corrupt(object, "the download stopped"));
+    }
+    let got = hex::encode(sha.finalize());
+    if got != want_sha256 {
+        return Err(Error::corrupt(
+            object,
+            format!("image sha256 {got} does not match log {want_sha256}"),
+        ));
+    }
+    Ok((image, PageHashes::from_hashes(m.page_size, hashes)))
+}
