@@ -28,6 +28,7 @@ mod delta;
 mod faults;
 mod retention;
 mod s3;
+mod segments;
 mod snapshots;
 
 pub use s3::{S3_BUCKET_ENV, S3_ENDPOINT_ENV, s3_store, s3_store_from_env, unique_prefix};
@@ -77,6 +78,9 @@ macro_rules! __conformance_cases {
             snapshots::retention_keeps_newest,
             snapshots::restore_and_verify,
             snapshots::snapshot_under_concurrent_writes,
+            segments::a_segment_shared_by_two_snapshots_survives_retention_of_the_older,
+            segments::segments_and_manifests_are_checked,
+            segments::a_database_file_ships_as_a_streamed_snapshot,
             delta::delta_chain_hydrates_and_restores_every_position,
             delta::delta_needs_a_snapshot_and_is_fenced,
             delta::compacted_delta_supersedes_the_chain,
