@@ -309,3 +309,64 @@ async fn a_kept_file_with_one_byte_changed_is_downloaded_over() -> R {
     a2.shutdown().await;
     Ok(())
 }
+
+/// A claim that reused its kept file (no hydrate, so it never read the chain's manifest)
+/// still names the unchanged segments of the chain's snapshot in its first full snapshot,
+/// and that snapshot restores to the served state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_snapshot_after_a_reused_file_uploads_only_changed_segments() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let data = dir.path().join("data");
+    let acme = OrgId::new("acme")?;
+    let small_segments = || async {
+        Replica::open(
+            store.clone(),
+            "t",
+            idem_replica::Settings {
+                segment_bytes: 16 << 10,
+                ..idem_replica::Settings::default()
+            },
+        )
+        .await
+    };
+    let a = reg(&data, small_segments().await?, "A")?;
+    let org = a.acquire(&acme).await?;
+    bulk(&org, "bulk", 400).await?;
+    let first = org.stats().full_bytes;
+    for (_, r) in a.shutdown().await {
+        r?;
+    }
+    // Every ship of the second claim is a full snapshot.
+    let every_ship_full = Settings {
+        ship: idem_replica::ShipPolicy {
+            max_deltas: 0,
+            ..idem_replica::ShipPolicy::default()
+        },
+        ..Settings::default()
+    };
+    let a2 = registry(&data, small_segments().await?, "A", every_ship_full)?;
+    let org = a2.acquire(&acme).await?;
+    write(&org, "a2", 1).await?;
+    let s = org.stats();
+    assert_eq!(s.full_ships, 1, "{s:?}");
+    assert!(
+        s.full_bytes * 4 < first,
+        "the reused file's first snapshot uploaded {} bytes, the whole database is {first}",
+        s.full_bytes
+    );
+    let want = image(&org).await?;
+    for (_, r) in a2.shutdown().await {
+        r?;
+    }
+    let restored = dir.path().join("restored.db");
+    small_segments()
+        .await?
+        .restore(&acme, None, &restored)
+        .await?;
+    assert!(
+        same_state(&std::fs::read(&restored)?, &want),
+        "restore differs"
+    );
+    Ok(())
+}

@@ -95,6 +95,9 @@ pub struct Claim {
     /// claim may name without uploading them (`docs/design.md`, "Segments and retention").
     /// Cleared whenever a snapshot's publish fails.
     pub(crate) reuse: Option<Arc<crate::segment::Manifest>>,
+    /// True once a snapshot of this claim failed: its next snapshot names no segment it does
+    /// not upload (a refused publish may still land, section 2a of the design).
+    pub(crate) reuse_lost: bool,
 }
 
 impl Claim {
@@ -332,6 +335,7 @@ impl Replica {
                 snapshot_tip: None,
                 inherited: None,
                 reuse: None,
+                reuse_lost: false,
             });
         }
         Err(Error::Contended {

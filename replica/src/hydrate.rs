@@ -157,7 +157,7 @@ impl Replica {
     /// down: every entry after the newest snapshot, or after the newest compacted delta plus
     /// that delta's snapshot. One LIST, then one GET per entry of that tail — not per entry of
     /// the log, which keeps every delta a kept snapshot still has for point-in-time restore.
-    async fn tail(&self, org: &OrgId, limit: u64) -> Result<Vec<LogEntry>, Error> {
+    pub(crate) async fn tail(&self, org: &OrgId, limit: u64) -> Result<Vec<LogEntry>, Error> {
         const ATTEMPTS: u32 = 4;
         for attempt in 1..=ATTEMPTS {
             if let Some(tail) = self.try_tail(org, limit, attempt == ATTEMPTS).await? {

@@ -135,11 +135,38 @@ impl Replica {
         commit: u64,
     ) -> Result<Shipped, Error> {
         claim.usable()?;
+        if claim.reuse.is_none() && claim.snapshot_tip.is_none() && !claim.reuse_lost {
+            claim.reuse = self.inherited_manifest(claim).await;
+        }
         let shipped = self.ship_segments(claim, source, commit).await;
         if shipped.is_err() {
             claim.reuse = None;
+            claim.reuse_lost = true;
         }
         shipped
+    }
+
+    /// The manifest of the newest snapshot below `claim`, for a claim that continues a
+    /// chain without having hydrated it (it reused a local file, [`Replica::resume`]) and
+    /// has shipped no snapshot of its own: that
+    /// snapshot is the newest in the log while the claim can publish, so its segments may be
+    /// named (`docs/design.md`, "Segments and retention"). Read only when the chain's
+    /// database is several segments large (the log's tail costs a LIST and a GET per entry
+    /// after the snapshot); any failure just means uploading every segment.
+    async fn inherited_manifest(&self, claim: &Claim) -> Option<Arc<crate::segment::Manifest>> {
+        let tip = claim.tip.as_ref()?;
+        let segment = self.inner.settings.segment_bytes as u64;
+        if (tip.hashes.pages() as u64) * u64::from(tip.hashes.page_size()) < 4 * segment {
+            return None;
+        }
+        let tail = self.tail(claim.org(), claim.seq()).await.ok()?;
+        let snapshot = tail.iter().rev().find(|e| e.is_snapshot())?;
+        let (name, stored) = (snapshot.manifest()?, snapshot.stored()?);
+        let manifest = self
+            .read_manifest(claim.org(), name, stored.bytes)
+            .await
+            .ok()?;
+        Some(Arc::new(manifest))
     }
 
     async fn ship_segments(
