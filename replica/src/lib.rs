@@ -51,7 +51,9 @@
 //!   and pausing failpoints; `conformance`, the suite every store runs.
 //!
 //! # Object layout
-//! `<prefix>/orgs/<org>/log/<seq:020>.json` (create-only), `<prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst`,
+//! `<prefix>/orgs/<org>/log/<seq:020>.json` (create-only); under `<prefix>/orgs/<org>/snap/`,
+//! full snapshots as a manifest (`…-<sha256>.manifest.json`) of content-addressed segments
+//! (`…-<sha256>.seg.zst`, see [`segment`]) and delta blobs (`…-<nonce>.delta.zst`);
 //! `<prefix>/orgs/<org>/lease.json` (advisory).
 //!
 //! # Error semantics
