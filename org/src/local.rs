@@ -172,23 +172,37 @@ fn remove_db(db: &Path) {
     }
 }
 
-/// Removes the files of every other claim in `dir` whose lock can be taken (owner gone).
+/// Removes the files of every other claim in `dir` whose lock can be taken (owner gone),
+/// including the temp file of a hydrate it was killed in (`.<db>.hydrate-<nonce>`, as large
+/// as the database).
 fn remove_dead_claims(dir: &Path, ours: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
-    for entry in entries.flatten() {
-        let path = entry.path();
+    let paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    for path in &paths {
         if path == ours || path.extension().is_none_or(|e| e != "lock") {
             continue;
         }
-        let Ok(file) = File::open(&path) else {
+        let Ok(file) = File::open(path) else {
             continue;
         };
         if file.try_lock().is_ok() {
-            remove_db(&path.with_extension("db"));
+            let db = path.with_extension("db");
+            remove_db(&db);
+            if let Some(name) = db.file_name().and_then(|n| n.to_str()) {
+                let temp = format!(".{name}.hydrate-");
+                for p in &paths {
+                    if p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&temp))
+                    {
+                        remove_db(p);
+                    }
+                }
+            }
             let _ = std::fs::remove_file(path.with_extension("cache"));
-            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(path);
         }
     }
 }

@@ -35,10 +35,17 @@ async fn stale_or_ahead_local_files_are_replaced_by_hydrate() -> R {
         c.execute("INSERT INTO effects VALUES ('unshipped', 'acme')", [])?;
     }
     std::fs::write(org_dir.join("00000000000000000099-dead.lock"), b"")?;
+    // ... and the temp file of a hydrate it was killed in.
+    let temp = org_dir.join(".00000000000000000099-dead.db.hydrate-0123abcd");
+    std::fs::write(&temp, vec![0u8; 4096])?;
 
     let b = registry(&data, replica(store, None).await?, "B", Settings::default())?;
     let org = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     assert!(!dead.exists(), "a dead claim's database is removed");
+    assert!(
+        !temp.exists(),
+        "a dead claim's hydrate temp file is removed"
+    );
     let out = org.once("shipped", effect("acme", "again")).await?;
     assert!(!out.applied, "state comes from the store");
     let (effects, _) = published(b.replica(), "acme", dir.path()).await?;
