@@ -116,6 +116,11 @@ impl FileImage {
 
 impl PageImage for FileImage {
     fn set_len(&mut self, bytes: u64) -> Result<(), Error> {
+        // Every delta sets the size it leads to, usually the same: a truncate to the same
+        // size still costs the file system a journal transaction.
+        if bytes == self.len {
+            return Ok(());
+        }
         self.file
             .set_len(bytes)
             .map_err(|e| Error::io(&self.path, e))?;
