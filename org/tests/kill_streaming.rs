@@ -41,7 +41,7 @@ struct KillAt {
 }
 
 impl KillAt {
-    fn new(point: FailPoint, ship: u64, n: u64) -> Arc<dyn Failpoints> {
+    fn arc(point: FailPoint, ship: u64, n: u64) -> Arc<dyn Failpoints> {
         Arc::new(KillAt {
             point,
             ship,
@@ -105,8 +105,7 @@ fn settings() -> Settings {
 /// snapshot uploads dozens of them.
 fn bulk_effect(
     key: &str,
-) -> impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<u8>> + Clone + Send + 'static
-{
+) -> impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<Vec<u8>> + Clone + Send + 'static {
     let key = key.to_owned();
     move |tx| {
         tx.execute_batch(&format!(
@@ -140,11 +139,16 @@ async fn child(spec: String) -> R {
     let data = PathBuf::from(std::env::var("IDEM_KILL_DATA")?);
     let parts: Vec<&str> = spec.split(':').collect();
     let kill = match parts.as_slice() {
-        ["upload", ship, n] => KillAt::new(FailPoint::ShipDuringUpload, ship.parse()?, n.parse()?),
-        ["hydrate", n] => KillAt::new(FailPoint::HydrateAfterDownload, 0, n.parse()?),
+        ["upload", ship, n] => KillAt::arc(FailPoint::ShipDuringUpload, ship.parse()?, n.parse()?),
+        ["hydrate", n] => KillAt::arc(FailPoint::HydrateAfterDownload, 0, n.parse()?),
         _ => return Err(format!("bad child spec {spec}").into()),
     };
-    let reg = registry(&data, replica(&store, Some(kill)).await?, "child", settings())?;
+    let reg = registry(
+        &data,
+        replica(&store, Some(kill)).await?,
+        "child",
+        settings(),
+    )?;
     let org = reg.acquire(&OrgId::new(ORG)?).await?;
     println!("ready {}", org.round());
     if parts[0] == "hydrate" {
@@ -246,12 +250,7 @@ async fn kill_while_a_snapshots_segments_upload_acknowledges_nothing_of_it() -> 
     assert!(snap_objects(&store, killed, ".manifest.json")?.is_empty());
 
     // The next writer hydrates the acknowledged state and serves.
-    let next = registry(
-        &dir.path().join("next-data"),
-        r.clone(),
-        "next",
-        settings(),
-    )?;
+    let next = registry(&dir.path().join("next-data"), r.clone(), "next", settings())?;
     serve(&next, "after-kill").await?;
     next.shutdown().await;
 
@@ -307,7 +306,9 @@ async fn kill_during_a_streaming_hydrate_installs_nothing() -> R {
     };
     let left = files(&org_dir)?;
     assert!(
-        !left.iter().any(|n| n.ends_with(".db") || n.contains(".db-")),
+        !left
+            .iter()
+            .any(|n| n.ends_with(".db") || n.contains(".db-")),
         "a database file was installed by a killed hydrate: {left:?}"
     );
     let temps: Vec<&String> = left.iter().filter(|n| n.contains(".db.hydrate-")).collect();
@@ -316,7 +317,12 @@ async fn kill_during_a_streaming_hydrate_installs_nothing() -> R {
 
     // The next writer on the same data directory removes the dead claim's files, temp file
     // included, hydrates and serves.
-    let next = registry(&dir.path().join("child-data"), r.clone(), "next", settings())?;
+    let next = registry(
+        &dir.path().join("child-data"),
+        r.clone(),
+        "next",
+        settings(),
+    )?;
     serve(&next, "after-kill").await?;
     let left = files(&org_dir)?;
     assert!(

@@ -59,7 +59,10 @@ async fn a_segment_get_failing_mid_restore_leaves_the_destination_untouched() ->
     let out = dir.path().join("out");
     std::fs::create_dir(&out)?;
     let dest = out.join("org.db");
-    std::fs::write(&dest, b"the previous file, which a failed restore must keep")?;
+    std::fs::write(
+        &dest,
+        b"the previous file, which a failed restore must keep",
+    )?;
     let before = std::fs::read(&dest)?;
 
     store.inject(Op::Get, ".seg.zst", 5, Fault::FailBefore);
