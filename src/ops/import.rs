@@ -94,8 +94,9 @@ fn prepare(from: &Path) -> Result<Image, String> {
         |e: &dyn std::error::Error| format!("preparing the copy of {name}: {}", crate::chain(e));
     let mut conn = Connection::open(&path).map_err(|e| fail(&e))?;
     {
-        // One read transaction over the source for the whole copy: the pages are those of
-        // one committed state even if a writer commits meanwhile.
+        // Each step reads under its own shared lock; when another connection commits to
+        // the source between steps, SQLite restarts the copy, so the copy holds the pages of
+        // one committed state.
         let backup = rusqlite::backup::Backup::new(&src, &mut conn)
             .map_err(|e| format!("{name}: reading the database: {e}"))?;
         backup
