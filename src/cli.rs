@@ -33,7 +33,7 @@ enum Command {
     /// (replayed against its checksums); non-zero on a fault.
     Verify(crate::ops::VerifyArgs),
     /// Import an existing SQLite database as a new org's first snapshot (refused when the
-    /// org already has a log); the image is held in memory.
+    /// org already has a log); streamed through a copy in $TMPDIR, in bounded memory.
     Import(crate::ops::ImportArgs),
     /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
     CheckStore(crate::ops::CheckStoreArgs),

@@ -1,6 +1,7 @@
 //! `idem import` from the outside (spawned binary): a user's SQLite database becomes an org's
 //! first snapshot with its rows intact, the user's file is never written, and an existing
-//! org, a corrupt file or a bad org id is refused with one clear line and nothing changed.
+//! org, a corrupt file or a bad org id is refused with one clear line and nothing changed; a
+//! database of many segments imports with its rows intact and a peak RSS far below its size.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -259,5 +260,82 @@ fn a_bad_org_id_is_refused_before_anything_is_read_or_written() -> TestResult {
     }
     assert!(!store.exists(), "a refused import created the store");
     assert!(!dir.path().join("escape").exists());
+    Ok(())
+}
+
+/// sha256 over every row of `blobs` and `notes` (rowids included), in rowid order: equal
+/// digests mean equal table contents, without holding the rows.
+fn digest_rows(path: &Path) -> TestResult<(String, i64)> {
+    let conn = rusqlite::Connection::open(path)?;
+    let mut sha = Sha256::new();
+    let mut n = 0i64;
+    for sql in [
+        "SELECT id, b FROM blobs ORDER BY id",
+        "SELECT rowid, CAST(body AS BLOB) FROM notes ORDER BY rowid",
+    ] {
+        let mut stmt = conn.prepare(sql)?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            sha.update(row.get::<_, i64>(0)?.to_le_bytes());
+            let b: Vec<u8> = row.get(1)?;
+            sha.update((b.len() as u64).to_le_bytes());
+            sha.update(&b);
+            n += 1;
+        }
+    }
+    Ok((hex::encode(sha.finalize()), n))
+}
+
+#[test]
+fn a_database_of_many_segments_imports_streamed_in_bounded_memory() -> TestResult {
+    const MIB: u64 = 1 << 20;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("big.db");
+    // ~96 MiB of incompressible rows: about 96 segments of the default 1 MiB. `notes` has
+    // implicit rowids with gaps, which a page-by-page copy keeps.
+    rusqlite::Connection::open(&db)?.execute_batch(
+        "CREATE TABLE blobs (id INTEGER PRIMARY KEY, b BLOB);
+         CREATE TABLE notes (body TEXT);
+         WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 24000)
+         INSERT INTO blobs SELECT i, randomblob(4000) FROM n;
+         INSERT INTO notes SELECT 'note ' || id FROM blobs WHERE id % 3 = 0;
+         DELETE FROM notes WHERE rowid % 7 = 0;",
+    )?;
+    let size = std::fs::metadata(&db)?.len();
+    assert!(size > 90 * MIB, "{size}");
+    let want = digest_rows(&db)?;
+    let store = dir.path().join("store").display().to_string();
+
+    let out = json(&import("acme", &db, &store))?;
+    // The largest RSS of any child this test process waited for so far: this import, or a
+    // smaller one of a test running beside it (which only makes the bound stricter).
+    let peak = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?
+        .max_rss() as u64
+        * 1024;
+    assert!(
+        peak < size / 2,
+        "idem import of {} MiB peaked at {} MiB of RSS: memory must not grow with the database",
+        size / MIB,
+        peak / MIB
+    );
+    let bytes = out["bytes"].as_u64().unwrap();
+    assert!(bytes >= size, "{bytes} < {size}");
+    assert!(out["compressed_bytes"].as_u64().unwrap() > 64 * MIB);
+
+    let restored = dir.path().join("restored.db");
+    let r = run(&[
+        "restore",
+        "acme",
+        "--store",
+        &store,
+        "--to",
+        &restored.display().to_string(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    assert_eq!(
+        digest_rows(&restored)?,
+        want,
+        "the rows differ after import"
+    );
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! <data>/orgs/<org>/<round:020>-<nonce>.lock   flock held by the owning process
 //! <data>/orgs/<org>/<round:020>-<nonce>.db     (+ -wal, -shm)
+//! <data>/orgs/<org>/.<round:020>-<nonce>.db.hydrate-<n>  while a hydrate builds the .db
 //! <data>/orgs/<org>/<round:020>-<nonce>.cache  after a clean release only: the position the
 //!                                              closed .db holds (idem_replica::ResumePoint)
 //! ```
@@ -173,8 +174,7 @@ fn remove_db(db: &Path) {
 }
 
 /// Removes the files of every other claim in `dir` whose lock can be taken (owner gone),
-/// including the temp file of a hydrate it was killed in (`.<db>.hydrate-<nonce>`, as large
-/// as the database).
+/// including what a hydrate of its database killed mid-way left.
 fn remove_dead_claims(dir: &Path, ours: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
@@ -190,19 +190,27 @@ fn remove_dead_claims(dir: &Path, ours: &Path) {
         if file.try_lock().is_ok() {
             let db = path.with_extension("db");
             remove_db(&db);
-            if let Some(name) = db.file_name().and_then(|n| n.to_str()) {
-                let temp = format!(".{name}.hydrate-");
-                for p in &paths {
-                    if p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with(&temp))
-                    {
-                        remove_db(p);
-                    }
-                }
-            }
+            remove_hydrate_temps(&paths, &db);
             let _ = std::fs::remove_file(path.with_extension("cache"));
             let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Removes the temp files a hydrate into `db` builds its image in (`idem_replica` names them
+/// `.<db name>.hydrate-<nonce>`, beside `db`, and renames one over `db` only once it is
+/// verified): a writer killed mid-hydrate leaves one behind, as large as the database.
+/// Called only under the claim's free lock, so no hydrate is writing them.
+fn remove_hydrate_temps(paths: &[PathBuf], db: &Path) {
+    let Some(name) = db.file_name() else {
+        return;
+    };
+    let prefix = format!(".{}.hydrate-", name.to_string_lossy());
+    for p in paths {
+        if p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        {
+            let _ = std::fs::remove_file(p);
         }
     }
 }

@@ -11,15 +11,20 @@ pub enum FailPoint {
     ClaimBeforePublish,
     /// Claim: claim entry created, lease not yet written.
     ClaimAfterPublish,
-    /// Ship: snapshot compressed, blob not yet uploaded.
+    /// Ship: nothing uploaded yet (a delta: packed; a snapshot: before its first segment).
     ShipBeforeUpload,
+    /// Ship of a segmented snapshot: one more of its segments was PUT (fires once per
+    /// segment uploaded, not for segments reused from the previous snapshot); others may still
+    /// be in flight and the manifest is not yet written.
+    ShipDuringUpload,
     /// Ship: blob uploaded, log entry not yet published.
     ShipAfterUpload,
     /// Ship: log entry created, successor check not yet done.
     ShipAfterPublish,
     /// Release: release entry not yet published.
     ReleaseBeforePublish,
-    /// Hydrate/restore: blob downloaded, not yet verified or installed.
+    /// Hydrate/restore: a segment or a delta's body downloaded (fires once per object), not
+    /// yet verified or installed.
     HydrateAfterDownload,
 }
 

@@ -1,15 +1,18 @@
 //! `idem import ORG --from FILE`: an existing SQLite database becomes a new org's first
 //! snapshot, so a tenant migrates without writing code.
 //!
-//! The user's file is only read: its pages are copied (through SQLite, so a WAL file's
-//! committed frames are included) into a private temp directory, and the copy gets the tables
-//! an org's writer creates on open. The whole image is held in memory to ship it.
+//! The user's file is only read: its pages are copied with SQLite's backup API (so a WAL
+//! file's committed frames are included) into a private temp directory (`$TMPDIR`, which
+//! needs room for one copy), the copy gets the tables an org's writer creates on open, and
+//! the copy is shipped from the file (`Replica::ship_file`). Every step streams pages:
+//! memory is bounded by SQLite's page cache and the replica's segment settings, never by
+//! the database.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use idem_org::replica::{OrgId, Replica, Snapshot};
-use idem_org::rusqlite::{Connection, MAIN_DB, OpenFlags};
+use idem_org::replica::{OrgId, Replica};
+use idem_org::rusqlite::{Connection, OpenFlags};
 use serde_json::json;
 
 use super::{ImportArgs, about, org_id, print_json};
@@ -17,9 +20,14 @@ use super::{ImportArgs, about, org_id, print_json};
 /// The writer id recorded in the import's claim, snapshot and release.
 const WRITER: &str = "idem-import";
 
-/// The prepared image and what it holds.
+/// Pages the backup copies per step (between steps SQLite's cache is all it holds).
+const BACKUP_PAGES_PER_STEP: std::os::raw::c_int = 1024;
+
+/// The prepared copy and what it holds; the copy lives as long as `_dir`.
 struct Image {
-    bytes: Vec<u8>,
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    bytes: u64,
     page_size: u64,
     commit: u64,
 }
@@ -37,8 +45,8 @@ pub async fn import(a: ImportArgs) -> Result<ExitCode, String> {
         .map_err(|e| format!("preparing the image: {e}"))??;
     let replica = super::open(&a.store).await?;
     refuse_existing(&replica, &org).await?;
-    let shipped = publish(&replica, &org, image.bytes.clone(), image.commit).await?;
-    let bytes = image.bytes.len() as u64;
+    let shipped = publish(&replica, &org, &image.path, image.commit).await?;
+    let bytes = image.bytes;
     let pages = bytes / image.page_size.max(1);
     if a.json {
         print_json(&json!({
@@ -74,24 +82,29 @@ fn prepare(from: &Path) -> Result<Image, String> {
             "{name}: not an SQLite database (the file is empty)"
         ));
     }
-    let mut src = Connection::open_with_flags(
+    let src = Connection::open_with_flags(
         from,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| format!("{name}: cannot open as an SQLite database: {e}"))?;
     integrity(&src).map_err(|why| format!("{name}: {why}"))?;
-    let copy = src
-        .serialize(MAIN_DB)
-        .map_err(|e| format!("{name}: reading the database: {e}"))?
-        .to_vec();
-    drop(src);
     let dir = tempfile::tempdir().map_err(|e| format!("creating a temp directory: {e}"))?;
     let path = dir.path().join("import.db");
-    std::fs::write(&path, &copy).map_err(|e| format!("writing {}: {e}", path.display()))?;
     let fail =
         |e: &dyn std::error::Error| format!("preparing the copy of {name}: {}", crate::chain(e));
-    let conn = Connection::open(&path).map_err(|e| fail(&e))?;
-    // Rollback-journal mode, so the file alone is the whole image.
+    let mut conn = Connection::open(&path).map_err(|e| fail(&e))?;
+    {
+        // Each step reads under its own shared lock; when another connection commits to
+        // the source between steps, SQLite restarts the copy, so the copy holds the pages of
+        // one committed state.
+        let backup = rusqlite::backup::Backup::new(&src, &mut conn)
+            .map_err(|e| format!("{name}: reading the database: {e}"))?;
+        backup
+            .run_to_completion(BACKUP_PAGES_PER_STEP, std::time::Duration::ZERO, None)
+            .map_err(|e| format!("{name}: reading the database: {e}"))?;
+    }
+    drop(src);
+    // Rollback-journal mode, so the file alone is the whole image once the connection closes.
     conn.query_row("PRAGMA journal_mode = DELETE", [], |r| {
         r.get::<_, String>(0)
     })
@@ -102,8 +115,12 @@ fn prepare(from: &Path) -> Result<Image, String> {
         .map_err(|e| fail(&e))?;
     integrity(&conn).map_err(|why| format!("the prepared copy of {name}: {why}"))?;
     conn.close().map_err(|(_, e)| fail(&e))?;
-    let bytes = std::fs::read(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let bytes = std::fs::metadata(&path)
+        .map_err(|e| format!("reading {}: {e}", path.display()))?
+        .len();
     Ok(Image {
+        _dir: dir,
+        path,
         bytes,
         page_size: u64::try_from(page_size).unwrap_or(4096),
         commit,
@@ -145,12 +162,12 @@ async fn refuse_existing(replica: &Replica, org: &OrgId) -> Result<(), String> {
     ))
 }
 
-/// Claims the org, ships the image as its first snapshot and releases it, so a server claims
-/// at once.
+/// Claims the org, ships the prepared file as its first snapshot (streamed from the file)
+/// and releases it, so a server claims at once.
 async fn publish(
     replica: &Replica,
     org: &OrgId,
-    bytes: Vec<u8>,
+    image: &Path,
     commit: u64,
 ) -> Result<idem_org::replica::Shipped, String> {
     let step = |what: &'static str| {
@@ -168,10 +185,7 @@ async fn publish(
             claim.round()
         ));
     }
-    let shipped = match replica
-        .ship(&mut claim, Snapshot::from_bytes(bytes, commit))
-        .await
-    {
+    let shipped = match replica.ship_file(&mut claim, image, commit).await {
         Ok(s) => s,
         Err(e) => {
             let _ = replica.release(&mut claim).await;

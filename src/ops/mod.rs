@@ -80,8 +80,9 @@ pub struct RestoreArgs {
 pub struct ImportArgs {
     /// The new org's id.
     org: String,
-    /// The SQLite database to import (only read; any page size, any journal mode). The whole
-    /// image is held in memory while it is shipped.
+    /// The SQLite database to import (only read; any page size, any journal mode). It is
+    /// copied page by page into $TMPDIR (room for one copy needed) and shipped from there in
+    /// bounded memory.
     #[arg(long)]
     from: PathBuf,
     /// Store URL.

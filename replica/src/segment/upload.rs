@@ -15,7 +15,7 @@ use super::source::PageSource;
 use crate::blob::pack;
 use crate::checksum::{PageHashes, page_hash};
 use crate::sqlite::pages::canonical_page1;
-use crate::{Error, OrgId, Replica};
+use crate::{Error, FailPoint, OrgId, Replica};
 
 /// A streamed snapshot's segments are uploaded; what its entry and the claim's tip need.
 pub(crate) struct Streamed {
@@ -120,7 +120,7 @@ impl Replica {
             .put(&path, PutPayload::from(put.blob))
             .await
             .map_err(|e| Error::store("put", &path, e))?;
-        Ok(())
+        self.failpoint(FailPoint::ShipDuringUpload, org).await
     }
 }
 
