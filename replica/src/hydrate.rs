@@ -325,8 +325,9 @@ impl Replica {
         chain: &Chain,
         image: I,
     ) -> Result<Rebuilt<I>, Error> {
-        let (image, _, hashes, manifest) =
-            self.download_snapshot(org, &chain.snapshot, image).await?;
+        let (image, _, hashes, manifest) = self
+            .download_snapshot(org, &chain.snapshot, image, false)
+            .await?;
         let n = self.inner.settings.read_concurrency.max(1);
         let mut state = (image, hashes);
         // Deltas are fetched `n` at a time (download, decompress, sha256), and each batch is

@@ -169,7 +169,7 @@ impl Replica {
     ) -> Result<(FileImage, PageHashes), Error> {
         let path = dir.path().join(format!("{name}-{}", new_nonce()?));
         let file = blocking("creating a scratch file", move || FileImage::create(&path)).await?;
-        let (file, object, hashes, _) = self.download_snapshot(org, entry, file).await?;
+        let (file, object, hashes, _) = self.download_snapshot(org, entry, file, true).await?;
         blocking("checking a snapshot", move || {
             file.sync()?;
             integrity_check_file(&object, file.path())?;

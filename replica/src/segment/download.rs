@@ -44,7 +44,11 @@ impl Replica {
     /// Downloads the snapshot `entry` describes into `image` (emptied first): a segmented
     /// snapshot streams in segment by segment; a snapshot stored as one blob (written by
     /// earlier builds) is downloaded whole. Returns the image, the object it came from (for
-    /// errors), its page hashes and, for a segmented snapshot, its manifest.
+    /// errors), its page hashes and, for a segmented snapshot, its manifest. Each segment is
+    /// checked against the sha256 its name carries, and the manifest against its own name,
+    /// which the entry holds: together they authenticate the image. `whole_image` also
+    /// checks the image's sha256 against the entry's (a second pass over every byte, in
+    /// order: verify does it, a hydrate does not need to).
     ///
     /// # Errors
     /// [`Error::MissingObject`] for a missing manifest or segment; [`Error::Corrupt`] for one
@@ -55,6 +59,7 @@ impl Replica {
         org: &OrgId,
         entry: &LogEntry,
         mut image: I,
+        whole_image: bool,
     ) -> Result<(I, String, PageHashes, Option<Manifest>), Error> {
         let Some(stored) = entry.stored().filter(|_| entry.is_snapshot()) else {
             return Err(Error::NoSuchSnapshot {
@@ -76,11 +81,13 @@ impl Replica {
         let manifest = self.read_manifest(org, name, stored.bytes).await?;
         let object = self.inner.layout.blob(org, name).to_string();
         let n = self.inner.settings.read_concurrency.max(1);
-        let (tx, rx) = mpsc::channel::<(usize, Vec<u8>)>(n);
+        let (tx, rx) = mpsc::channel::<(usize, Fetched)>(n);
         let m = manifest.clone();
-        let (obj, want) = (object.clone(), stored.sha256.clone());
-        let writing =
-            tokio::task::spawn_blocking(move || write_segments(&obj, &m, image, rx, &want));
+        let want = whole_image.then(|| stored.sha256.clone());
+        let obj = object.clone();
+        let writing = tokio::task::spawn_blocking(move || {
+            write_segments(&obj, &m, image, rx, want.as_deref())
+        });
         // Collected first: a stream over a closure taking references makes the future's
         // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove. The
         // futures are lazy: only `n` run at a time.
@@ -89,8 +96,9 @@ impl Replica {
             .iter()
             .enumerate()
             .map(|(i, seg)| {
-                let raw = u64::from(manifest.pages_in(i)) * u64::from(manifest.page_size);
-                self.fetch_segment(org, seg, raw).map_ok(move |b| (i, b))
+                let first = (manifest.offset_of(i) / u64::from(manifest.page_size)) as u32 + 1;
+                let shape = (first, manifest.pages_in(i), manifest.page_size);
+                self.fetch_segment(org, seg, shape).map_ok(move |b| (i, b))
             })
             .collect();
         let fetched = futures::stream::iter(fetches)
@@ -114,20 +122,29 @@ impl Replica {
         Ok((image, object, hashes, Some(manifest)))
     }
 
-    /// Downloads one segment of `raw` uncompressed bytes and checks it against its name.
+    /// Downloads one segment (`pages` pages of `page_size` bytes from page `first`), checks
+    /// it against its name and hashes its pages, on the blocking pool: the segments in
+    /// flight decompress and hash in parallel.
     async fn fetch_segment(
         &self,
         org: &OrgId,
         seg: &SegmentRef,
-        raw: u64,
-    ) -> Result<Vec<u8>, Error> {
+        (first, pages, page_size): (u32, u32, u32),
+    ) -> Result<Fetched, Error> {
+        let raw = u64::from(pages) * u64::from(page_size);
         let path = self.inner.layout.blob(org, seg.name());
         let data = self.get_capped(&path, packed_bound(raw)).await?;
         crate::hydrate::downloaded(data.len() as u64);
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
         let (object, sha) = (path.to_string(), seg.sha256().to_owned());
         blocking("decompressing a segment", move || {
-            unpack(&object, &data, raw, &sha)
+            let bytes = unpack(&object, &data, raw, &sha)?;
+            let hashes = bytes
+                .chunks(page_size as usize)
+                .enumerate()
+                .map(|(k, page)| page_hash(first + k as u32, page))
+                .collect();
+            Ok(Fetched { bytes, hashes })
         })
         .await
     }
@@ -173,42 +190,49 @@ impl Replica {
     }
 }
 
-/// The writing thread: writes each segment at its offset in order, hashing pages and image.
+/// A downloaded segment, checked: its pages and their hashes.
+struct Fetched {
+    bytes: Vec<u8>,
+    hashes: Vec<u64>,
+}
+
+/// The writing thread: writes each segment at its offset in order, collecting page hashes,
+/// and with `want_sha256` checks the whole image's sha256.
 fn write_segments<I: PageImage>(
     object: &str,
     m: &Manifest,
     mut image: I,
-    mut rx: mpsc::Receiver<(usize, Vec<u8>)>,
-    want_sha256: &str,
+    mut rx: mpsc::Receiver<(usize, Fetched)>,
+    want_sha256: Option<&str>,
 ) -> Result<(I, PageHashes), Error> {
     image.set_len(0)?;
     image.set_len(m.bytes())?;
-    let ps = m.page_size as usize;
     let mut hashes = Vec::with_capacity(m.pages as usize);
-    let mut sha = Sha256::new();
+    let mut sha = want_sha256.map(|_| Sha256::new());
     let mut next = 0usize;
-    while let Some((i, bytes)) = rx.blocking_recv() {
+    while let Some((i, seg)) = rx.blocking_recv() {
         if i != next {
             return Err(Error::corrupt(object, "segments arrived out of order"));
         }
-        image.write_at(object, m.offset_of(i), &bytes)?;
-        let first = (m.offset_of(i) / ps as u64) as u32 + 1;
-        for (k, page) in bytes.chunks(ps).enumerate() {
-            hashes.push(page_hash(first + k as u32, page));
+        image.write_at(object, m.offset_of(i), &seg.bytes)?;
+        hashes.extend_from_slice(&seg.hashes);
+        if let Some(sha) = sha.as_mut() {
+            sha.update(&seg.bytes);
         }
-        sha.update(&bytes);
         next += 1;
     }
     if next != m.segments.len() {
         // The download stopped early; its error is the one reported.
         return Err(Error::corrupt(object, "the download stopped"));
     }
-    let got = hex::encode(sha.finalize());
-    if got != want_sha256 {
-        return Err(Error::corrupt(
-            object,
-            format!("image sha256 {got} does not match log {want_sha256}"),
-        ));
+    if let (Some(sha), Some(want)) = (sha, want_sha256) {
+        let got = hex::encode(sha.finalize());
+        if got != want {
+            return Err(Error::corrupt(
+                object,
+                format!("image sha256 {got} does not match log {want}"),
+            ));
+        }
     }
     Ok((image, PageHashes::from_hashes(m.page_size, hashes)))
 }
