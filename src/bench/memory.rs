@@ -8,6 +8,8 @@
 //!
 //! - ship: `idem import ORG --from FILE --store URL` (the file becomes the org's first full
 //!   snapshot);
+//!   When import cannot ship the size at all, `idem bench --child ship` ships it instead: a
+//!   registry's org filled by one request ships it as its first full snapshot;
 //! - hydrate: `idem bench --child hydrate`: a registry acquires the org (claim + hydrate +
 //!   open) and shuts down;
 //! - restore: `idem restore ORG --store URL --to OUT`;
@@ -70,21 +72,24 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         } else {
             format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
         };
-        let row = |op: &str, args: Vec<std::ffi::OsString>| {
-            let line = match child(&exe, &args) {
-                Ok((kib, took)) => format!(
+        let row = |op: &str, args: Vec<std::ffi::OsString>| match child(&exe, &args) {
+            Ok((kib, took)) => {
+                println!(
                     "| {op} | {label} | {:.0} | {} | {:.0} |",
                     kib as f64 / 1024.0,
                     super::ms(took),
                     bytes as f64 / 1e6 / took.as_secs_f64().max(f64::MIN_POSITIVE)
-                ),
-                Err(e) => format!("| {op} | {label} | failed: {} | | |", crate::chain(&*e)),
-            };
-            println!("{line}");
+                );
+                true
+            }
+            Err(e) => {
+                println!("| {op} | {label} | failed: {} | | |", crate::chain(&*e));
+                false
+            }
         };
         let os = |s: &str| std::ffi::OsString::from(s);
         let path = |p: &Path| p.as_os_str().to_owned();
-        row(
+        let imported = row(
             "ship (`idem import`)",
             vec![
                 os("import"),
@@ -96,6 +101,31 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
             ],
         );
         let data = work.join("data");
+        // The rows after need a published snapshot: when import cannot ship this size, the
+        // org ships it from a registry (its first full snapshot), measured the same way.
+        if !imported
+            && !row(
+                "ship (org's first full snapshot, `bench --child ship`)",
+                vec![
+                    os("bench"),
+                    os("--child"),
+                    os("ship"),
+                    os("--store"),
+                    path(&store),
+                    os("--org"),
+                    os(ORG),
+                    os("--dir"),
+                    path(&work.join("ship-data")),
+                    os("--rss-mb"),
+                    os(&mb.to_string()),
+                ],
+            )
+        {
+            println!("| hydrate, restore, verify | {label} | skipped: nothing was shipped | | |");
+            let _ = std::fs::remove_dir_all(&work);
+            continue;
+        }
+        let _ = std::fs::remove_dir_all(work.join("ship-data"));
         row(
             "hydrate (registry acquire)",
             vec![
@@ -133,21 +163,26 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
     Ok(())
 }
 
-/// A database of about `mb` MiB of 1 KB rows (three fill a 4 KiB page), written fast: no
-/// journal, no fsync (a crash only loses a bench input).
+/// A database of about `mb` MiB of 1 KB rows, written fast: no journal, no fsync (a crash
+/// only loses a bench input).
 fn create(path: &Path, mb: u64) -> BenchResult<()> {
     let conn = rusqlite::Connection::open(path)?;
     conn.execute_batch(
         "PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; CREATE TABLE t (k TEXT, v BLOB);",
     )?;
+    fill(&conn, mb)?;
+    Ok(())
+}
+
+/// Inserts about `mb` MiB of 1 KB rows into `t` (three fill a 4 KiB page).
+fn fill(conn: &rusqlite::Connection, mb: u64) -> rusqlite::Result<usize> {
     conn.execute(
         &format!(
             "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < ?1)
              INSERT INTO t SELECT 'pre' || i, {ROW} FROM c"
         ),
-        [i64::try_from(mb * 768)?],
-    )?;
-    Ok(())
+        [i64::try_from(mb * 768).unwrap_or(i64::MAX)],
+    )
 }
 
 /// Runs `idem ARGS` with the peak-RSS report on; its peak in KiB and its wall time.
@@ -193,7 +228,7 @@ fn free_bytes(dir: &Path) -> Option<u64> {
 /// store `store` with its data in `data` (claim, hydrate, open), then shuts down.
 ///
 /// # Errors
-/// Store, claim or hydrate failures.
+/// The org has no snapshot; store, claim or hydrate failures.
 pub async fn hydrate_child(store: &Path, org: &str, data: &Path) -> BenchResult<()> {
     let replica = Replica::open(
         Replica::local_store(store)?,
@@ -201,13 +236,50 @@ pub async fn hydrate_child(store: &Path, org: &str, data: &Path) -> BenchResult<
         replica::Settings::default(),
     )
     .await?;
+    let id = OrgId::new(org)?;
+    if !replica.history(&id).await?.iter().any(|e| e.is_snapshot()) {
+        return Err(format!("org {id} has no snapshot to hydrate").into());
+    }
     let registry = Registry::builder(data, replica, "bench-hydrate").build()?;
-    let org = registry.acquire(&OrgId::new(org)?).await?;
+    let org = registry.acquire(&id).await?;
     let round = org.round();
     drop(org);
     for (id, result) in registry.shutdown().await {
         result.map_err(|e| format!("org {id}: shutdown: {}", crate::chain(&e)))?;
     }
     println!("hydrated org round {round}");
+    Ok(())
+}
+
+/// `idem bench --child ship`: a registry acquires the new org `org`, one request fills it
+/// with about `mb` MiB of 1 KB rows, and its ship (the claim's first, a full snapshot)
+/// publishes them; then it shuts down.
+///
+/// # Errors
+/// Store, claim, request or ship failures.
+pub async fn ship_child(store: &Path, org: &str, data: &Path, mb: u64) -> BenchResult<()> {
+    let replica = Replica::open(
+        Replica::local_store(store)?,
+        "",
+        replica::Settings::default(),
+    )
+    .await?;
+    let registry = Registry::builder(data, replica, "bench-ship").build()?;
+    let org = registry.acquire(&OrgId::new(org)?).await?;
+    org.once("fill", move |tx| {
+        tx.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT, v BLOB)")?;
+        fill(tx, mb)?;
+        Ok::<_, rusqlite::Error>(Vec::new())
+    })
+    .await?;
+    let stats = org.stats();
+    drop(org);
+    for (id, result) in registry.shutdown().await {
+        result.map_err(|e| format!("org {id}: shutdown: {}", crate::chain(&e)))?;
+    }
+    println!(
+        "shipped {} full snapshots, {} bytes",
+        stats.full_ships, stats.full_bytes
+    );
     Ok(())
 }

@@ -53,7 +53,8 @@ pub struct BenchArgs {
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Internal: run one operation of P8 as its child process (`hydrate`).
+    /// Internal: run one operation of P8 as its child process (`hydrate`, or `ship` of
+    /// `--rss-mb` MiB).
     #[arg(long, hide = true, requires_all = ["store", "org", "dir"])]
     child: Option<String>,
     /// Internal: the child's local-directory store.
@@ -183,7 +184,13 @@ async fn run_child(child: &str, args: &BenchArgs) -> Result<ExitCode, String> {
         "hydrate" => memory::hydrate_child(store, org, dir)
             .await
             .map_err(|e| format!("hydrate: {}", crate::chain(&*e)))?,
-        other => return Err(format!("unknown --child {other} (known: hydrate)")),
+        "ship" => {
+            let mb = args.rss_mb.first().copied().unwrap_or(1);
+            memory::ship_child(store, org, dir, mb)
+                .await
+                .map_err(|e| format!("ship: {}", crate::chain(&*e)))?
+        }
+        other => return Err(format!("unknown --child {other} (known: hydrate, ship)")),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -11,10 +11,14 @@
 //!   store (blobs, log entries, lease renewals), retention off so nothing added is deleted.
 //! - **Litestream** (the real binary, defaults: sync every 1 s to L0, L1 every 30 s, L2
 //!   every 5 min, L3 every hour, a snapshot every 24 h, L0 kept 5 min): one connection
-//!   committing one row per transaction; bytes are every file written to the replica during
+//!   committing one row per transaction, paced at the rate idem acknowledged in the same
+//!   row (so both databases grow alike, and a sync carries as many commits); bytes are every file written to the replica during
 //!   the row at every level, polled every 50 ms so a compacted-away file still counts.
 //!
-//! Both sides exclude the snapshot of the preloaded database that starts the row.
+//! Both sides exclude the upload of the preloaded database that starts the row: idem's first
+//! full snapshot, and Litestream's first L0 file with the first L1 compaction that rewrites
+//! it (the row opens after that compaction, so its own L1 compactions hold only the row's
+//! pages).
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -73,12 +77,14 @@ pub async fn run(
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for mb in sizes {
         let idem = idem_row(&dir.join(format!("p3s-{mb}")), mb, time).await?;
+        let rate = idem.acks as f64 / time.as_secs_f64();
         let lite = match &bin {
             Some(bin) => {
                 let (bin, work) = (bin.clone(), dir.join(format!("p3s-litestream-{mb}")));
                 let w = work.clone();
-                let got = tokio::task::spawn_blocking(move || litestream_row(&bin, &w, mb, time))
-                    .await??;
+                let got =
+                    tokio::task::spawn_blocking(move || litestream_row(&bin, &w, mb, time, rate))
+                        .await??;
                 let _ = std::fs::remove_dir_all(&work);
                 Some(got)
             }
@@ -149,8 +155,9 @@ async fn idem_row(work: &Path, mb: u64, time: Duration) -> BenchResult<Idem> {
 }
 
 /// Litestream over a fresh database preloaded with `mb` MB of 1 KB rows, committing one 1 KB
-/// row per transaction for `time`.
-fn litestream_row(bin: &Path, dir: &Path, mb: u64, time: Duration) -> BenchResult<Lite> {
+/// row per transaction at `rate` a second for `time`: idem's acknowledged rate in the same
+/// row, so both databases grow alike and each sync carries as many commits.
+fn litestream_row(bin: &Path, dir: &Path, mb: u64, time: Duration, rate: f64) -> BenchResult<Lite> {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir)?;
     let (db, replica) = (dir.join("db.sqlite"), dir.join("replica"));
@@ -181,14 +188,31 @@ fn litestream_row(bin: &Path, dir: &Path, mb: u64, time: Duration) -> BenchResul
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(1500));
+        // Its first L1 compaction rewrites that upload (the whole database) into L1; the row
+        // starts after it, as idem's starts after its first full snapshot, so both count
+        // what the row's writes cost.
+        let l1 = replica.join("ltx").join("1");
+        let compacted = Instant::now() + Duration::from_secs(45 + mb / 10);
+        while std::fs::read_dir(&l1).map_or(0, |rd| rd.flatten().count()) == 0 {
+            if Instant::now() > compacted {
+                return Err("litestream compacted nothing into L1 in time".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
         let window = Uploaded::start(&replica, Duration::from_millis(50));
-        let end = Instant::now() + time;
+        let started = Instant::now();
+        let gap = Duration::from_secs_f64(1.0 / rate.max(1.0));
         let mut commits = 0usize;
         let mut insert = conn.prepare(&format!("INSERT INTO t VALUES (?1, {ROW})"))?;
-        while Instant::now() < end {
+        while started.elapsed() < time {
             commits += 1;
             insert.execute([format!("k{commits}")])?;
+            if let Some(wait) =
+                (started + gap * u32::try_from(commits)?).checked_duration_since(Instant::now())
+            {
+                std::thread::sleep(wait);
+            }
         }
         // Litestream syncs every second: two syncs later the last commit is in L0.
         std::thread::sleep(Duration::from_millis(2500));
