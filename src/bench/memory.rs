@@ -196,11 +196,16 @@ fn child(exe: &Path, args: &[std::ffi::OsString]) -> BenchResult<(u64, Duration)
     let took = began.elapsed();
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
-        let last = stderr
+        let said: Vec<&str> = stderr
             .lines()
-            .rfind(|l| !l.starts_with(crate::PEAK_RSS_LINE))
-            .unwrap_or("");
-        return Err(format!("{} ({last})", out.status).into());
+            .filter(|l| !l.starts_with(crate::PEAK_RSS_LINE))
+            .collect();
+        let said = said.join("; ");
+        let cut = said
+            .char_indices()
+            .nth(600)
+            .map_or(said.as_str(), |(i, _)| &said[..i]);
+        return Err(format!("{} ({cut})", out.status).into());
     }
     let kib = stderr
         .lines()
