@@ -41,7 +41,7 @@ enum Command {
     Effects(crate::ops::EffectsArgs),
     /// Resolve an AMBIGUOUS external effect as executed (with its result) or not executed.
     Resolve(crate::ops::ResolveArgs),
-    /// Benchmarks side by side in one run (P1-P6 of BENCHMARKS.md); `--quick` for a smoke run.
+    /// Benchmarks side by side in one run (P1-P9 of BENCHMARKS.md); `--quick` for a smoke run.
     Bench(crate::bench::BenchArgs),
 }
 

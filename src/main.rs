@@ -73,11 +73,38 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli.run()) {
+    let code = match runtime.block_on(cli.run()) {
         Ok(code) => code,
         Err(msg) => {
             eprintln!("idem: {msg}");
             ExitCode::FAILURE
         }
+    };
+    report_peak_rss();
+    code
+}
+
+/// The environment variable that makes every subcommand print its peak resident memory.
+pub(crate) const PEAK_RSS_ENV: &str = "IDEM_REPORT_PEAK_RSS";
+
+/// The stderr line prefix of that report, followed by the kibibytes: `idem bench` runs
+/// subcommands as child processes and parses it.
+pub(crate) const PEAK_RSS_LINE: &str = "idem: peak RSS KiB ";
+
+/// With `IDEM_REPORT_PEAK_RSS=1`, prints the process's peak resident set size (`VmHWM` of
+/// `/proc/self/status`, which the kernel keeps) on stderr: measured, never estimated, and
+/// read by the process itself so nothing races its exit.
+fn report_peak_rss() {
+    if std::env::var_os(PEAK_RSS_ENV).is_none_or(|v| v != "1") {
+        return;
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    match status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    {
+        Some(kib) => eprintln!("{PEAK_RSS_LINE}{kib}"),
+        None => eprintln!("idem: peak RSS unknown (no VmHWM in /proc/self/status)"),
     }
 }

@@ -346,6 +346,13 @@ impl Org {
         self.inner.acks.wait_shipped(done.commit_seq).await
     }
 
+    /// Makes the org's next ship a full snapshot whatever its `ShipPolicy` says; it ships
+    /// with the next request that commits. For a fresh base after a bulk load, and for
+    /// benchmarks that measure what a full snapshot uploads.
+    pub async fn full_snapshot_next(&self) {
+        self.inner.shipper.lock().await.full_next();
+    }
+
     /// Waits until a ship covering commit `commit_seq` is published (I6).
     pub(crate) async fn wait_shipped(&self, commit_seq: u64) -> Result<(), Error> {
         self.inner.acks.wait_shipped(commit_seq).await

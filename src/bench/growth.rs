@@ -2,7 +2,9 @@
 //! 1 GB when asked), with 1 KB writes from 8 clients, beside Litestream's bytes per
 //! transaction on the same 1 KB writes. Ships are deltas of the committed WAL frames, so this
 //! row should stay flat as the database grows; a full snapshot that the policy ships during a
-//! row is counted in it.
+//! row is counted in it. Each row ends with one forced full snapshot
+//! ([`idem_org::Org::full_snapshot_next`] and one more request), reported beside the row as
+//! what bytes per acknowledgement become once a full snapshot is included.
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,7 +19,7 @@ use idem_org::rusqlite;
 pub(crate) const ROW: &str = "randomblob(512) || zeroblob(512)";
 
 /// One 1 KB row per request.
-fn write_1k(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Vec<u8>> {
+pub(crate) fn write_1k(tx: &rusqlite::Transaction<'_>, key: &str) -> rusqlite::Result<Vec<u8>> {
     tx.prepare_cached(&format!("INSERT INTO t VALUES (?1, {ROW})"))?
         .execute([key])?;
     Ok(Vec::new())
@@ -41,6 +43,27 @@ pub(crate) async fn preload(org: &idem_org::Org, mb: u64) -> BenchResult<()> {
     Ok(())
 }
 
+/// Asks `org` for a full snapshot and sends one 1 KB request (key `key`) that ships it;
+/// returns the bytes that full snapshot uploaded.
+///
+/// # Errors
+/// The request's error, or when the ship was not a full snapshot.
+pub(crate) async fn end_of_row_full(org: &idem_org::Org, key: &str) -> BenchResult<u64> {
+    let before = org.stats();
+    org.full_snapshot_next().await;
+    let k = key.to_owned();
+    org.once(key, move |tx| write_1k(tx, &k)).await?;
+    let after = org.stats();
+    if after.full_ships != before.full_ships + 1 {
+        return Err(format!(
+            "the end-of-row ship was not one full snapshot ({} full ships)",
+            after.full_ships - before.full_ships
+        )
+        .into());
+    }
+    Ok(after.full_bytes - before.full_bytes)
+}
+
 /// Prints the P3 table.
 pub async fn run(
     dir: &Path,
@@ -59,9 +82,9 @@ pub async fn run(
         time.as_secs_f64()
     );
     println!(
-        "| database | acked req/s | ack p50 | ack p99 | ships (full) | bytes shipped/ack | of which deltas | bytes/ship |"
+        "| database | acked req/s | ack p50 | ack p99 | ships (full) | bytes shipped/ack | of which deltas | bytes/ship | end-of-row full snapshot | bytes/ack with it |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut per_ack = Vec::new();
     for mb in sizes {
         let work = dir.join(format!("p3-{mb}"));
@@ -73,19 +96,22 @@ pub async fn run(
         let after = org.stats();
         let fulls = after.full_ships - before.full_ships;
         let full_bytes = after.full_bytes - before.full_bytes;
+        let forced = end_of_row_full(&org, &format!("end-{mb}")).await?;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
         let acks = row.acks.max(1) as f64;
         let b = row.bytes_shipped as f64 / acks;
         let d = row.bytes_shipped.saturating_sub(full_bytes) as f64 / acks;
+        let with = (row.bytes_shipped + forced) as f64 / (acks + 1.0);
         per_ack.push((b, d));
         println!(
-            "| {mb} MB | {:.0} | {} | {} | {} ({fulls}) | {b:.0} | {d:.0} | {:.0} |",
+            "| {mb} MB | {:.0} | {} | {} | {} ({fulls}) | {b:.0} | {d:.0} | {:.0} | {:.2} MB | {with:.0} |",
             row.rps,
             ms(row.p50),
             ms(row.p99),
             row.ships,
-            row.bytes_shipped as f64 / row.ships.max(1) as f64
+            row.bytes_shipped as f64 / row.ships.max(1) as f64,
+            forced as f64 / 1e6
         );
     }
     let spread = |f: fn(&(f64, f64)) -> f64| {

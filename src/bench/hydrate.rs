@@ -121,7 +121,7 @@ async fn raw_copy(
 /// 32 random 1 KB row updates per request over the preloaded rows: the worst case for a
 /// delta chain (scattered pages, little overlap between ships), and large enough that the
 /// chain reaches the policy's budget within the bench's time.
-fn update_1k(tx: &rusqlite::Transaction<'_>, _key: &str) -> rusqlite::Result<Vec<u8>> {
+pub(crate) fn update_1k(tx: &rusqlite::Transaction<'_>, _key: &str) -> rusqlite::Result<Vec<u8>> {
     tx.prepare_cached(&format!(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 32)
          UPDATE t SET v = {} WHERE rowid IN (SELECT 1 + abs(random()) % (SELECT max(rowid) FROM t) FROM n)",

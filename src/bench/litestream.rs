@@ -5,12 +5,17 @@
 //! and whenever a new one appears it restores the replica and reads a commit marker, so every
 //! commit up to the marker is durable at the moment the file was first seen. idem's figure is
 //! the time to acknowledgement, which includes the ship. Rows: paced at 100 tx/s, and full rate.
+//!
+//! Litestream's bytes are every file it wrote to the replica during the row, at every level
+//! (L0 per sync, compacted L1/L2/L3 and snapshots when their interval falls inside the row),
+//! counted by [`super::uploaded`].
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::group::{VALUE, acked_row, registry, write};
+use super::uploaded::Uploaded;
 use super::{BenchResult, ms, quantile};
 use idem_org::replica::OrgId;
 use idem_org::rusqlite;
@@ -36,14 +41,9 @@ pub(crate) fn find(bin: Option<&Path>) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// L0 files of the replica, with their total size.
-fn l0(replica: &Path) -> (usize, u64) {
-    let Ok(rd) = std::fs::read_dir(replica.join("ltx").join("0")) else {
-        return (0, 0);
-    };
-    rd.flatten().fold((0, 0), |(n, b), e| {
-        (n + 1, b + e.metadata().map_or(0, |m| m.len()))
-    })
+/// How many L0 files the replica holds (Litestream writes one per sync).
+pub(crate) fn l0(replica: &Path) -> usize {
+    std::fs::read_dir(replica.join("ltx").join("0")).map_or(0, |rd| rd.flatten().count())
 }
 
 /// The commit marker in a fresh restore of the replica.
@@ -65,7 +65,8 @@ fn restored_marker(bin: &Path, replica: &Path, scratch: &Path) -> BenchResult<i6
 }
 
 /// Runs Litestream over a fresh database for `time`, committing every `gap` (zero = full
-/// rate). Returns (lag per commit sorted, bytes written to L0 per commit, commits).
+/// rate). Returns (lag per commit sorted, bytes written to the replica per commit at every
+/// level, commits).
 pub(crate) fn litestream_row(
     bin: &Path,
     dir: &Path,
@@ -96,21 +97,21 @@ pub(crate) fn litestream_row(
             .spawn()?,
     };
     let ready = Instant::now() + Duration::from_secs(30);
-    while l0(&replica).0 == 0 {
+    while l0(&replica) == 0 {
         if Instant::now() > ready {
             return Err("litestream wrote no replica file within 30 s".into());
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let (_, base_bytes) = l0(&replica);
+    let window = Uploaded::start(&replica, Duration::from_millis(50));
     // Poller: on each new L0 file, restore and read the marker.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (bin2, replica2, stop2) = (bin.to_owned(), replica.clone(), stop.clone());
     let poller = std::thread::spawn(move || -> BenchResult<Vec<(Instant, i64)>> {
-        let mut seen = l0(&replica2).0;
+        let mut seen = l0(&replica2);
         let mut marks = Vec::new();
         while !stop2.load(std::sync::atomic::Ordering::SeqCst) {
-            let (n, _) = l0(&replica2);
+            let n = l0(&replica2);
             if n != seen {
                 let at = Instant::now();
                 seen = n;
@@ -160,7 +161,7 @@ pub(crate) fn litestream_row(
         covered = covered.max(n);
     }
     lag.sort();
-    let bytes = l0(&replica).1.saturating_sub(base_bytes) as f64 / committed.len().max(1) as f64;
+    let bytes = window.finish().bytes() as f64 / committed.len().max(1) as f64;
     Ok((lag, bytes, committed.len()))
 }
 

@@ -1,14 +1,19 @@
-//! `idem bench`: the side-by-side benchmark table (P1–P7 of BENCHMARKS.md), in one run.
+//! `idem bench`: the side-by-side benchmark table (P1–P9 of BENCHMARKS.md), in one run.
 //!
 //! Every row is measured in this process run, so ratios compare like with like on a noisy
-//! shared machine. `--quick` shrinks every size for a CI smoke run.
+//! shared machine. `--quick` shrinks every size for a CI smoke run. P8 runs each operation
+//! as a child process of this binary; `--child` is that child's entry point.
 
 mod dedup;
 mod group;
 mod growth;
 mod hydrate;
 mod litestream;
+mod memory;
 mod orgs;
+mod resnapshot;
+mod uploaded;
+mod versus;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,9 +30,17 @@ pub struct BenchArgs {
     /// Seconds per throughput row.
     #[arg(long, default_value_t = 3.0)]
     secs: f64,
-    /// Also run the 1 GB row of P3.
+    /// Also run the 1 GB rows of P3 and P3s, and P8 at 4 GB besides 1 GB.
     #[arg(long)]
     gigabyte: bool,
+    /// Seconds per row of P3s (idem beside Litestream with full snapshots included): longer
+    /// than Litestream's 30 s L1 compaction interval, so one falls inside each row.
+    #[arg(long, default_value_t = 35.0)]
+    compare_secs: f64,
+    /// Database sizes of P8 in MB (default 1024, plus 4096 with `--gigabyte`; 8 and 32 with
+    /// `--quick`).
+    #[arg(long, value_delimiter = ',')]
+    rss_mb: Vec<u64>,
     /// The Litestream binary for P4 (default: `litestream` on PATH; the row says when absent).
     #[arg(long)]
     litestream: Option<PathBuf>,
@@ -40,6 +53,16 @@ pub struct BenchArgs {
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Internal: run one operation of P8 as its child process (`hydrate`, or `ship` of
+    /// `--rss-mb` MiB).
+    #[arg(long, hide = true, requires_all = ["store", "org", "dir"])]
+    child: Option<String>,
+    /// Internal: the child's local-directory store.
+    #[arg(long, hide = true)]
+    store: Option<PathBuf>,
+    /// Internal: the child's org.
+    #[arg(long, hide = true)]
+    org: Option<String>,
 }
 
 impl BenchArgs {
@@ -60,6 +83,9 @@ pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sy
 /// # Errors
 /// One line describing the failure.
 pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
+    if let Some(child) = &args.child {
+        return run_child(child, &args).await;
+    }
     let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_owned());
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -90,6 +116,22 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         .await
         .map_err(fail("p3"))?;
     }
+    if args.wants("p3s") {
+        let secs = if args.quick {
+            1.0
+        } else {
+            args.compare_secs.max(0.1)
+        };
+        versus::run(
+            &dir,
+            args.quick,
+            args.gigabyte,
+            Duration::from_secs_f64(secs),
+            args.litestream.as_deref(),
+        )
+        .await
+        .map_err(fail("p3s"))?;
+    }
     if args.wants("p4") {
         litestream::run(
             &dir,
@@ -115,6 +157,40 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         )
         .await
         .map_err(fail("p7"))?;
+    }
+    if args.wants("p8") {
+        let sizes = match (args.rss_mb.is_empty(), args.quick, args.gigabyte) {
+            (false, ..) => args.rss_mb.clone(),
+            (true, true, _) => vec![8, 32],
+            (true, false, false) => vec![1024],
+            (true, false, true) => vec![1024, 4096],
+        };
+        memory::run(&dir, &sizes).await.map_err(fail("p8"))?;
+    }
+    if args.wants("p9") {
+        resnapshot::run(&dir, args.quick)
+            .await
+            .map_err(fail("p9"))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `idem bench --child OP`: one operation of P8, in its own process.
+async fn run_child(child: &str, args: &BenchArgs) -> Result<ExitCode, String> {
+    let (Some(store), Some(org), Some(dir)) = (&args.store, &args.org, &args.dir) else {
+        return Err("--child needs --store, --org and --dir".into());
+    };
+    match child {
+        "hydrate" => memory::hydrate_child(store, org, dir)
+            .await
+            .map_err(|e| format!("hydrate: {}", crate::chain(&*e)))?,
+        "ship" => {
+            let mb = args.rss_mb.first().copied().unwrap_or(1);
+            memory::ship_child(store, org, dir, mb)
+                .await
+                .map_err(|e| format!("ship: {}", crate::chain(&*e)))?
+        }
+        other => return Err(format!("unknown --child {other} (known: hydrate, ship)")),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -85,6 +85,8 @@ pub struct Shipper {
     db_path: std::path::PathBuf,
     policy: ShipPolicy,
     chain: Chain,
+    /// The next ship is a full snapshot whatever the policy says ([`Shipper::full_next`]).
+    full_requested: bool,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -127,7 +129,14 @@ impl Shipper {
             files: Some(files),
             policy,
             chain,
+            full_requested: false,
         }
+    }
+
+    /// Makes the next [`Shipper::ship`] a full snapshot whatever the policy says, until one
+    /// is published: what an embedder asks for a fresh base, or to measure one.
+    pub fn full_next(&mut self) {
+        self.full_requested = true;
     }
 
     /// The writer's descriptors, or an error while parked: nothing reads the files then.
@@ -272,8 +281,10 @@ impl Shipper {
     /// claim is lost: [`Error::is_claim_lost`]); a store or local error (nothing acknowledged; the next ship retries, with
     /// the pages captured so far still pending).
     pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
-        if self.chain.wants_full(&self.claim, &self.policy) {
-            return self.ship_full(source).await;
+        if self.full_requested || self.chain.wants_full(&self.claim, &self.policy) {
+            let shipped = self.ship_full(source).await;
+            self.full_requested &= shipped.is_err();
+            return shipped;
         }
         match self.ship_delta(source).await {
             Ok(report) => Ok(report),
