@@ -416,7 +416,7 @@ impl Replica {
         let rebuilt = self.rebuild(org, &chain, file).await;
         let t = tmp.clone();
         let installed = match rebuilt {
-            Ok(r) => {
+            Ok(mut r) => {
                 blocking("installing a snapshot", move || {
                     r.image.sync()?;
                     install_file(&r.object, &t, &dest_buf)?;

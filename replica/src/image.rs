@@ -2,6 +2,7 @@
 //! a file (hydrate, restore, verify), so that memory is bounded by settings, not by the
 //! database. Deltas apply through [`PageImage`] page by page whichever it is.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -59,14 +60,24 @@ fn range(object: &str, at: u64, len: usize, size: usize) -> Result<std::ops::Ran
     }
 }
 
+/// Bytes of small writes (pages) a [`FileImage`] holds before writing them to its file.
+const DIRTY_LIMIT: usize = 16 << 20;
+
+/// Writes at most this long are held as pages; longer ones (segments) go to the file.
+const PAGE_WRITE_MAX: usize = 64 << 10;
+
 /// An image in a file of its own (a temp file beside an install's destination, or in a
 /// scratch directory): written through positioned I/O, so the OS page cache, not this
-/// process, holds what is not being changed.
+/// process, holds what is not being changed. Page writes (a delta chain's) are held in a
+/// bounded map until [`FileImage::sync`] or [`DIRTY_LIMIT`], so a page rewritten by many
+/// deltas reaches the file once. Read it through another handle only after `sync`.
 #[derive(Debug)]
 pub(crate) struct FileImage {
     file: File,
     path: PathBuf,
     len: u64,
+    dirty: BTreeMap<u64, Vec<u8>>,
+    dirty_bytes: usize,
 }
 
 impl FileImage {
@@ -85,6 +96,8 @@ impl FileImage {
             file,
             path: path.to_path_buf(),
             len: 0,
+            dirty: BTreeMap::new(),
+            dirty_bytes: 0,
         })
     }
 
@@ -93,12 +106,37 @@ impl FileImage {
         &self.path
     }
 
-    /// Flushes the file to stable storage.
+    /// Writes the held pages and flushes the file to stable storage.
     ///
     /// # Errors
     /// [`Error::Io`].
-    pub(crate) fn sync(&self) -> Result<(), Error> {
+    pub(crate) fn sync(&mut self) -> Result<(), Error> {
+        self.flush()?;
         self.file.sync_all().map_err(|e| Error::io(&self.path, e))
+    }
+
+    /// Writes the held pages to the file, in offset order.
+    fn flush(&mut self) -> Result<(), Error> {
+        for (at, page) in std::mem::take(&mut self.dirty) {
+            self.file
+                .write_all_at(&page, at)
+                .map_err(|e| Error::io(&self.path, e))?;
+        }
+        self.dirty_bytes = 0;
+        Ok(())
+    }
+
+    /// True when a held write overlaps `at..at + len` other than exactly at `at` with `len`.
+    fn overlaps_unaligned(&self, at: u64, len: usize) -> bool {
+        let end = at + len as u64;
+        self.dirty
+            .range(..end)
+            .next_back()
+            .is_some_and(|(k, p)| (*k != at || p.len() != len) && k + p.len() as u64 > at)
+            || self
+                .dirty
+                .range(at.saturating_sub(PAGE_WRITE_MAX as u64)..at)
+                .any(|(k, p)| k + p.len() as u64 > at)
     }
 
     /// Closes and deletes the file (a scratch image no longer needed).
@@ -121,6 +159,7 @@ impl PageImage for FileImage {
         if bytes == self.len {
             return Ok(());
         }
+        self.flush()?;
         self.file
             .set_len(bytes)
             .map_err(|e| Error::io(&self.path, e))?;
@@ -130,6 +169,13 @@ impl PageImage for FileImage {
 
     fn read_at(&mut self, object: &str, at: u64, buf: &mut [u8]) -> Result<(), Error> {
         self.check(object, at, buf.len())?;
+        if let Some(page) = self.dirty.get(&at).filter(|p| p.len() == buf.len()) {
+            buf.copy_from_slice(page);
+            return Ok(());
+        }
+        if self.overlaps_unaligned(at, buf.len()) {
+            self.flush()?;
+        }
         self.file
             .read_exact_at(buf, at)
             .map_err(|e| Error::io(&self.path, e))
@@ -137,9 +183,26 @@ impl PageImage for FileImage {
 
     fn write_at(&mut self, object: &str, at: u64, buf: &[u8]) -> Result<(), Error> {
         self.check(object, at, buf.len())?;
-        self.file
-            .write_all_at(buf, at)
-            .map_err(|e| Error::io(&self.path, e))
+        if self.overlaps_unaligned(at, buf.len()) {
+            self.flush()?;
+        }
+        if buf.len() > PAGE_WRITE_MAX {
+            return self
+                .file
+                .write_all_at(buf, at)
+                .map_err(|e| Error::io(&self.path, e));
+        }
+        match self.dirty.get_mut(&at) {
+            Some(page) => page.copy_from_slice(buf),
+            None => {
+                self.dirty.insert(at, buf.to_vec());
+                self.dirty_bytes += buf.len();
+            }
+        }
+        if self.dirty_bytes > DIRTY_LIMIT {
+            self.flush()?;
+        }
+        Ok(())
     }
 }
 
@@ -168,6 +231,31 @@ mod tests {
                 Err(Error::Corrupt { .. })
             ));
         }
+        Ok(())
+    }
+
+    #[test]
+    fn held_page_writes_reach_the_file_at_sync_and_overlapping_reads_see_them() -> Result<(), Error>
+    {
+        let dir = tempfile::tempdir().map_err(|e| Error::io(Path::new("tmp"), e))?;
+        let path = dir.path().join("img");
+        let mut file = FileImage::create(&path)?;
+        file.set_len(4 * 512)?;
+        file.write_at("x", 512, &[1u8; 512])?;
+        file.write_at("x", 512, &[2u8; 512])?;
+        file.write_at("x", 1024, &[3u8; 512])?;
+        // A read straddling two held pages sees both.
+        let mut buf = vec![0u8; 1024];
+        file.read_at("x", 512, &mut buf)?;
+        assert!(buf[..512].iter().all(|b| *b == 2) && buf[512..].iter().all(|b| *b == 3));
+        // A long write over a held page replaces it.
+        file.write_at("x", 0, &vec![9u8; 2048])?;
+        file.read_at("x", 512, &mut buf[..512])?;
+        assert!(buf[..512].iter().all(|b| *b == 9));
+        file.write_at("x", 1536, &[4u8; 512])?;
+        file.sync()?;
+        let on_disk = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        assert!(on_disk[..1536].iter().all(|b| *b == 9) && on_disk[1536..].iter().all(|b| *b == 4));
         Ok(())
     }
 }

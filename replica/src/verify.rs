@@ -144,7 +144,7 @@ impl Replica {
                 }
             };
         }
-        if let (Ok((image, _)), Some(last)) = (state, chain.deltas.last()) {
+        if let (Ok((mut image, _)), Some(last)) = (state, chain.deltas.last()) {
             let object = format!("{org}@{}", last.seq());
             let checked = blocking("checking a rebuilt database", move || {
                 image.sync()?;
@@ -170,6 +170,7 @@ impl Replica {
         let path = dir.path().join(format!("{name}-{}", new_nonce()?));
         let file = blocking("creating a scratch file", move || FileImage::create(&path)).await?;
         let (file, object, hashes, _) = self.download_snapshot(org, entry, file, true).await?;
+        let mut file = file;
         blocking("checking a snapshot", move || {
             file.sync()?;
             integrity_check_file(&object, file.path())?;

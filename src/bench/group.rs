@@ -41,8 +41,17 @@ pub(crate) async fn registry(dir: &Path) -> BenchResult<Registry> {
 
 /// [`registry`] with other settings.
 pub(crate) async fn registry_with(dir: &Path, settings: Settings) -> BenchResult<Registry> {
+    registry_with_replica(dir, settings, replica::Settings::default()).await
+}
+
+/// [`registry_with`] over a replica with `replica_settings`.
+pub(crate) async fn registry_with_replica(
+    dir: &Path,
+    settings: Settings,
+    replica_settings: replica::Settings,
+) -> BenchResult<Registry> {
     let store = Replica::local_store(&dir.join("store"))?;
-    let replica = Replica::open(store, "", replica::Settings::default()).await?;
+    let replica = Replica::open(store, "", replica_settings).await?;
     Ok(Registry::builder(dir.join("data"), replica, "bench")
         .settings(settings)
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT, v BLOB)"))

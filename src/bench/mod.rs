@@ -41,6 +41,12 @@ pub struct BenchArgs {
     /// `--quick`).
     #[arg(long, value_delimiter = ',')]
     rss_mb: Vec<u64>,
+    /// Database size of P9 in MB (default 1024; 4 with `--quick`).
+    #[arg(long)]
+    p9_mb: Option<u64>,
+    /// Segment sizes P9 compares, in KiB (default: the replica's default, 1024).
+    #[arg(long, value_delimiter = ',')]
+    segment_kib: Vec<usize>,
     /// The Litestream binary for P4 (default: `litestream` on PATH; the row says when absent).
     #[arg(long)]
     litestream: Option<PathBuf>,
@@ -168,7 +174,8 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         memory::run(&dir, &sizes).await.map_err(fail("p8"))?;
     }
     if args.wants("p9") {
-        resnapshot::run(&dir, args.quick)
+        let mb = args.p9_mb.unwrap_or(if args.quick { 4 } else { 1024 });
+        resnapshot::run(&dir, mb, &args.segment_kib)
             .await
             .map_err(fail("p9"))?;
     }

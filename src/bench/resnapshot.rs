@@ -26,24 +26,42 @@ use idem_org::Settings;
 use idem_org::replica::OrgId;
 
 use super::BenchResult;
-use super::group::{Write, registry_with};
+use super::group::{Write, registry_with_replica};
 use super::growth::{end_of_row_full, preload, write_1k};
 use super::hydrate::update_1k;
 use super::uploaded::Uploaded;
 
-/// Prints the P9 table.
+/// Prints the P9 table: for each of `segment_kib` (KiB; empty = the replica's default), an
+/// org of `mb` MB, its first full snapshot, and the full snapshots after each change.
 ///
 /// # Errors
 /// The first request, store or file failure.
-pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
-    let mb: u64 = if quick { 4 } else { 1024 };
+pub async fn run(dir: &Path, mb: u64, segment_kib: &[usize]) -> BenchResult<()> {
+    let default = idem_org::replica::Settings::default().segment_bytes >> 10;
+    let sizes = if segment_kib.is_empty() {
+        vec![default]
+    } else {
+        segment_kib.to_vec()
+    };
+    for (i, kib) in sizes.into_iter().enumerate() {
+        one(dir, mb, kib, i == 0).await?;
+    }
+    Ok(())
+}
+
+/// One org of P9 with segments of `kib` KiB; `header` prints the table's head first.
+async fn one(dir: &Path, mb: u64, kib: usize, header: bool) -> BenchResult<()> {
     let work = dir.join("p9");
     let _ = std::fs::remove_dir_all(&work);
     let settings = Settings {
         retain_every_ships: 0,
         ..Settings::default()
     };
-    let reg = registry_with(&work, settings).await?;
+    let replica_settings = idem_org::replica::Settings {
+        segment_bytes: kib << 10,
+        ..idem_org::replica::Settings::default()
+    };
+    let reg = registry_with_replica(&work, settings, replica_settings).await?;
     let id = OrgId::new("acme")?;
     let org = reg.acquire(&id).await?;
     let store = work.join("store");
@@ -56,7 +74,8 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     if org.stats().full_ships == fulls {
         end_of_row_full(&org, "p9-base").await?;
     }
-    let first = window.finish().bytes();
+    let first_window = window.finish();
+    let (first, first_objects) = (first_window.bytes(), first_window.files());
     let db = db_file(&work.join("data").join("orgs").join(id.as_str()))?;
     let page_size = u64::try_from(
         org.read(|tx| tx.query_row("PRAGMA page_size", [], |r| r.get::<_, i64>(0)))
@@ -64,15 +83,17 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     )?;
     let mut pages = page_hashes(&db, page_size)?;
 
-    println!(
-        "\nP9 full snapshot after ~1% of the pages changed: {:.0} MB database ({} pages of {page_size} bytes), local-directory store",
-        pages.len() as u64 as f64 * page_size as f64 / 1e6,
-        pages.len()
-    );
-    println!(
-        "| change | pages changed | of all pages | first full snapshot uploaded | full snapshot after the change uploaded | of the database | of the first |"
-    );
-    println!("|---|---|---|---|---|---|---|");
+    if header {
+        println!(
+            "\nP9 full snapshot after ~1% of the pages changed: {:.0} MB database ({} pages of {page_size} bytes), local-directory store; objects = files the snapshot added",
+            pages.len() as u64 as f64 * page_size as f64 / 1e6,
+            pages.len()
+        );
+        println!(
+            "| segment | change | pages changed | of all pages | first full snapshot uploaded (objects) | full snapshot after the change uploaded (objects) | of the database | of the first |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+    }
     for scattered in [false, true] {
         let base = pages.len() as u64;
         if scattered {
@@ -102,7 +123,8 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
             },
         )
         .await?;
-        let uploaded = window.finish().bytes();
+        let done = window.finish();
+        let (uploaded, objects) = (done.bytes(), done.files());
         let after = page_hashes(&db, page_size)?;
         let changed = after
             .iter()
@@ -111,7 +133,7 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
             .count();
         let db_bytes = after.len() as u64 * page_size;
         println!(
-            "| {} | {changed} | {:.2}% | {:.1} MB | {:.1} MB | {:.1}% | {:.1}% |",
+            "| {kib} KiB | {} | {changed} | {:.2}% | {:.1} MB ({first_objects}) | {:.1} MB ({objects}) | {:.1}% | {:.1}% |",
             if scattered {
                 "scattered 1 KB updates"
             } else {

@@ -50,6 +50,11 @@ impl Tally {
         self.files.values().sum()
     }
 
+    /// How many files.
+    pub(crate) fn files(&self) -> usize {
+        self.files.len()
+    }
+
     /// Files and bytes grouped by `key` of each relative path (e.g. Litestream's level).
     pub(crate) fn by(&self, key: impl Fn(&Path) -> String) -> BTreeMap<String, (usize, u64)> {
         let mut out: BTreeMap<String, (usize, u64)> = BTreeMap::new();
