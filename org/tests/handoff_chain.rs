@@ -370,3 +370,38 @@ async fn a_full_snapshot_after_a_reused_file_uploads_only_changed_segments() -> 
     );
     Ok(())
 }
+
+/// `Org::full_snapshot_next` makes the next ship a full snapshot (once), which names the
+/// previous snapshot's unchanged segments; the ship after it is a delta again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_full_snapshot_ships_once_and_reuses_segments() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let replica = Replica::open(
+        store,
+        "t",
+        idem_replica::Settings {
+            segment_bytes: 16 << 10,
+            ..idem_replica::Settings::default()
+        },
+    )
+    .await?;
+    let a = reg(&dir.path().join("a"), replica, "A")?;
+    let org = a.acquire(&OrgId::new("acme")?).await?;
+    bulk(&org, "bulk", 300).await?;
+    let before = org.stats();
+    org.full_snapshot_next().await;
+    write(&org, "forced", 1).await?;
+    let forced = org.stats();
+    assert_eq!(forced.full_ships, before.full_ships + 1, "{forced:?}");
+    let uploaded = forced.full_bytes - before.full_bytes;
+    assert!(
+        uploaded * 4 < before.full_bytes,
+        "the requested snapshot uploaded {uploaded} bytes, the first {}",
+        before.full_bytes
+    );
+    write(&org, "after", 1).await?;
+    assert_eq!(org.stats().full_ships, forced.full_ships, "one full snapshot only");
+    a.shutdown().await;
+    Ok(())
+}

@@ -39,7 +39,7 @@ pub struct Settings {
     /// pages; at least one page, at most [`crate::segment::MAX_SEGMENT_BYTES`]): a snapshot
     /// uploads only the segments whose pages changed since the previous one. Smaller segments
     /// upload fewer unchanged pages around each change but cost more PUTs and a longer
-    /// manifest; `docs/design.md` gives the measurements behind the default, 1 MiB.
+    /// manifest; `docs/design.md` gives the measurements behind the default, 256 KiB.
     pub segment_bytes: usize,
     /// Segment uploads in flight during a full snapshot (memory: about twice
     /// `segment_bytes` per upload). Default 8.
@@ -56,7 +56,7 @@ impl Default for Settings {
             advertise: None,
             inline_delta_bytes: 16 * 1024,
             known_entries: 65_536,
-            segment_bytes: 1 << 20,
+            segment_bytes: 256 << 10,
             upload_concurrency: 8,
         }
     }
