@@ -207,7 +207,9 @@ fn write_segments<I: PageImage>(
 ) -> Result<(I, PageHashes), Error> {
     image.set_len(0)?;
     image.set_len(m.bytes())?;
-    let mut hashes = Vec::with_capacity(m.pages as usize);
+    // Not `m.pages`: a crafted manifest may claim 2^32 pages within every other bound (32 GiB
+    // of hashes, an abort); the table grows with the verified segments that arrive.
+    let mut hashes = Vec::with_capacity((m.pages as usize).min(1 << 20));
     let mut sha = want_sha256.map(|_| Sha256::new());
     let mut next = 0usize;
     while let Some((i, seg)) = rx.blocking_recv() {
