@@ -85,13 +85,15 @@ impl Replica {
                 &tx,
             )
         });
-        // The first failed upload ends the stream and drops the receiver with it, so the
-        // reading thread's next send fails and it stops.
+        // The first failed upload ends the stream; the receiver is then dropped, so the
+        // reading thread's next send fails and it stops. (The stream only borrows `rx`:
+        // without the drop, a reader blocked on the full channel would wait forever.)
         let uploaded = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
             .map(|put| self.put_segment(org, put))
             .buffer_unordered(n)
             .try_for_each(|()| async { Ok(()) })
             .await;
+        drop(rx);
         let read = reading.await.map_err(|source| Error::Task {
             op: "reading a snapshot's segments",
             source,
