@@ -101,15 +101,14 @@ impl Replica {
                 self.fetch_segment(org, seg, shape).map_ok(move |b| (i, b))
             })
             .collect();
+        // `Err(None)`: the writer stopped (its error is the one reported), so the downloads
+        // stop too instead of fetching every remaining segment for nothing.
         let fetched = futures::stream::iter(fetches)
             .buffered(n)
+            .map_err(Some)
             .try_for_each(|item| {
                 let tx = tx.clone();
-                async move {
-                    // A closed channel means the writer failed: its error is returned below.
-                    let _ = tx.send(item).await;
-                    Ok(())
-                }
+                async move { tx.send(item).await.map_err(|_| None) }
             })
             .await;
         drop(tx);
@@ -117,7 +116,9 @@ impl Replica {
             op: "writing a snapshot's segments",
             source,
         })?;
-        fetched?;
+        if let Err(Some(e)) = fetched {
+            return Err(e);
+        }
         let (image, hashes) = written?;
         Ok((image, object, hashes, Some(manifest)))
     }
