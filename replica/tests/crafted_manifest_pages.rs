@@ -42,7 +42,10 @@ async fn a_manifest_claiming_billions_of_pages_is_a_typed_error_not_an_abort() -
         hex::encode(Sha256::digest(&bytes))
     );
     store
-        .put(&Path::from(format!("t/orgs/acme/snap/{name}")), PutPayload::from(bytes))
+        .put(
+            &Path::from(format!("t/orgs/acme/snap/{name}")),
+            PutPayload::from(bytes),
+        )
         .await?;
     let entry_path = Path::from(format!("t/orgs/acme/log/{:020}.json", s.seq));
     let mut e: serde_json::Value =
@@ -57,11 +60,17 @@ async fn a_manifest_claiming_billions_of_pages_is_a_typed_error_not_an_abort() -
     let mut next = r.claim(&org, "next", false).await?;
     let got = r.hydrate(&mut next, &dir.path().join("db")).await;
     assert!(
-        matches!(got, Err(Error::MissingObject { .. } | Error::Corrupt { .. })),
+        matches!(
+            got,
+            Err(Error::MissingObject { .. } | Error::Corrupt { .. })
+        ),
         "{got:?}"
     );
     assert_eq!(std::fs::read_dir(dir.path())?.count(), 0, "a file was left");
     let report = r.verify(&org).await?;
-    assert!(report.failed.iter().any(|(seq, _)| *seq == s.seq), "{report:?}");
+    assert!(
+        report.failed.iter().any(|(seq, _)| *seq == s.seq),
+        "{report:?}"
+    );
     Ok(())
 }

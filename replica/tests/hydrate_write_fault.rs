@@ -60,6 +60,10 @@ async fn a_failing_local_write_stops_the_segment_downloads() -> R {
         "{gets} GETs for a restore whose image could not be written past 256 KiB \
          ({segments} segments)"
     );
-    assert_eq!(std::fs::read_dir(small.0.path())?.count(), 0, "a temp file was left");
+    assert_eq!(
+        std::fs::read_dir(small.0.path())?.count(),
+        0,
+        "a temp file was left"
+    );
     Ok(())
 }

@@ -70,7 +70,10 @@ async fn a_zombie_snapshot_landing_in_a_freed_slot_never_names_deleted_objects()
     assert_eq!(s1.seq, 2);
     fs.inject_times(Op::Put, "/log/", 1, 2, Fault::FailBefore);
     let refused = z.ship(&mut za, test_snapshot(2)?).await;
-    assert!(matches!(refused, Err(Error::StoreRefused { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(Error::StoreRefused { .. })),
+        "{refused:?}"
+    );
     // One of the refused puts lands late in slot 3 (as in refused_publish.rs).
     let e2 = LogEntry::decode("x", &raw.get(&log_path(2)).await?.bytes().await?, Some(2))?;
     let mut late = e2.clone();

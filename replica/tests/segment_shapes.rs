@@ -8,9 +8,10 @@ use std::sync::Arc;
 use idem_replica::{OrgId, Replica, Settings, Snapshot};
 use object_store::memory::InMemory;
 
-type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type E = Box<dyn std::error::Error + Send + Sync>;
+type R = Result<(), E>;
 
-fn dump(path: &Path) -> Result<Vec<(i64, Vec<u8>)>, Box<dyn std::error::Error + Send + Sync>> {
+fn dump(path: &Path) -> Result<Vec<(i64, Vec<u8>)>, E> {
     let conn = rusqlite::Connection::open(path)?;
     let ok: String = conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
     assert_eq!(ok, "ok");
@@ -41,7 +42,8 @@ async fn round_trip(
     let shipped = if from_file {
         r.ship_file(claim, src, 1).await?
     } else {
-        r.ship(claim, Snapshot::from_bytes(std::fs::read(src)?, 1)).await?
+        r.ship(claim, Snapshot::from_bytes(std::fs::read(src)?, 1))
+            .await?
     };
     let _ = std::fs::remove_file(out);
     r.restore(org, Some(shipped.seq), out).await?;
@@ -65,7 +67,9 @@ async fn every_page_size_and_odd_segment_sizes_restore_exactly() -> R {
             };
             let r = Replica::open(store, "t", settings).await?;
             let mut claim = r.claim(&org, "w", false).await?;
-            let src = dir.path().join(format!("src-{page_size}-{segment_bytes}.db"));
+            let src = dir
+                .path()
+                .join(format!("src-{page_size}-{segment_bytes}.db"));
             let out = dir.path().join("out.db");
             let conn = rusqlite::Connection::open(&src)?;
             // A one-page database first.
