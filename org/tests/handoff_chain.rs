@@ -401,7 +401,11 @@ async fn a_requested_full_snapshot_ships_once_and_reuses_segments() -> R {
         before.full_bytes
     );
     write(&org, "after", 1).await?;
-    assert_eq!(org.stats().full_ships, forced.full_ships, "one full snapshot only");
+    assert_eq!(
+        org.stats().full_ships,
+        forced.full_ships,
+        "one full snapshot only"
+    );
     a.shutdown().await;
     Ok(())
 }

@@ -377,6 +377,16 @@ impl Replica {
         claim: &mut Claim,
         entry: &LogEntry,
     ) -> Result<(), Error> {
+        // After a refused publish, a put of ours may land late, and retention may free its
+        // slot under a successor's claim. Look above our last entry before creating: a
+        // create that landed in such a slot would stay in the log below the successor,
+        // naming objects retention may already have deleted as orphans (their seq is below
+        // the head). The LIST after the create (below) still catches a successor that
+        // claimed in between.
+        if claim.in_doubt {
+            self.check_no_successor(claim, entry.seq().saturating_sub(1))
+                .await?;
+        }
         match self.publish(&claim.org, entry).await {
             Ok(Published::Landed) => {
                 claim.next_seq = entry.seq() + 1;

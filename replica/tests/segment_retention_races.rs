@@ -43,10 +43,10 @@ impl Failpoints for RetainAfterUpload {
 /// again. Its segments and manifest are named with seq 3, below the head, so a retention run
 /// between Z's uploads and Z's create deletes them as orphans; then Z's create lands in the
 /// freed slot (Z is fenced, nothing is acknowledged) and stays in the log: a kept snapshot
-/// entry naming a deleted manifest. Verify reports it as damage, and every later retention
-/// run that reaches it deletes no segment at all until the entry expires.
+/// entry naming a deleted manifest. Verify reported it as damage, and every later retention
+/// run that reached it deleted no segment at all until the entry expired. A claim in doubt
+/// now looks above its last entry before it creates, and Z is fenced without landing.
 #[tokio::test(flavor = "current_thread")]
-#[ignore = "review17: open bug, fails on the current code (run with --ignored)"]
 async fn a_zombie_snapshot_landing_in_a_freed_slot_never_names_deleted_objects() -> R {
     let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let fs = Arc::new(FaultStore::new(raw.clone()));
