@@ -18,10 +18,15 @@
 //!   2 244` active orgs, 18 976 descriptors in all.
 //! - **Memory.** [`crate::Settings::memory_budget_bytes`] is split evenly across the
 //!   active-org limit (a parked org has no caches): half of an org's share is its SQLite
-//!   page cache (`PRAGMA cache_size`), half its shipper's cache of shipped pages
-//!   (`ShipPolicy::delta_cache_pages`, never above the configured value). A share below
-//!   [`MIN_ORG_BYTES`] lowers the active-org limit instead, so the caches of all active orgs
-//!   together never exceed the budget.
+//!   page cache (`PRAGMA cache_size`). The other half of the budget is the shippers' caches
+//!   of shipped pages, shared by the orgs active *now* (`crate::park::Active`): each gets
+//!   `ship_pages_total / active` pages, at least its share at the active limit and at most
+//!   `ShipPolicy::delta_cache_pages`, read at every ship; so a lone busy org keeps the
+//!   configured cache (pages patched against their last content, about half the bytes of
+//!   whole pages: BENCHMARKS.md, P3) and a thousand active orgs split it. A cache shrinks to
+//!   a new bound at its next ship or park: until then the total can pass the budget by what
+//!   the orgs active before held. A share below [`MIN_ORG_BYTES`] lowers the active-org
+//!   limit instead, so the caches of all active orgs together stay within the budget.
 
 use crate::Settings;
 
@@ -63,6 +68,10 @@ pub(crate) struct Budget {
     pub sqlite_cache_kib: u64,
     /// Shipped pages each shipper keeps.
     pub ship_cache_pages: usize,
+    /// Pages all shipped-page caches may hold together (the budget's other half): the orgs
+    /// active at a time share it, each getting at least `ship_cache_pages` and at most
+    /// `ShipPolicy::delta_cache_pages`.
+    pub ship_pages_total: usize,
 }
 
 fn to_usize(n: u64) -> usize {
@@ -101,6 +110,7 @@ impl Budget {
             active_orgs,
             sqlite_cache_kib,
             ship_cache_pages,
+            ship_pages_total: to_usize(settings.memory_budget_bytes / 2 / SHIP_PAGE_BYTES),
         }
     }
 }

@@ -120,7 +120,8 @@ impl Org {
             .record(crate::metrics::seconds(began.elapsed()));
         metrics::gauge!(crate::metrics::OPEN_ORGS).increment(1.0);
         tracing::info!(org = %org, round = claim.round(), seq = claim.seq(), commit_seq, "acquired");
-        let shipper = Shipper::new(replica.clone(), claim, owned_files, settings.ship.clone());
+        let mut shipper = Shipper::new(replica.clone(), claim, owned_files, settings.ship.clone());
+        shipper.share_cache_limit(active.cache_limit());
         let inner = Arc::new(Inner {
             acks,
             replica,

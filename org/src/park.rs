@@ -24,7 +24,7 @@
 //! parks.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use idem_replica::Shipper;
@@ -41,14 +41,25 @@ pub(crate) static SERIAL: AtomicU64 = AtomicU64::new(0);
 pub(crate) struct Active {
     limit: usize,
     orgs: Mutex<HashMap<u64, Weak<Inner>>>,
+    /// The shipped-page caches' half of the memory budget, in pages, shared by the orgs
+    /// active now, never below `cache_floor` (an org's share at the active limit).
+    cache_pages: usize,
+    cache_floor: usize,
+    /// `cache_pages / active orgs`: each active org's shipper bounds its cache by it at every
+    /// ship (`Shipper::share_cache_limit`).
+    cache_limit: Arc<AtomicUsize>,
 }
 
 impl Active {
-    /// A set that keeps at most `limit` orgs active (at least one).
-    pub(crate) fn new(limit: usize) -> Arc<Active> {
+    /// A set that keeps at most `limit` orgs active (at least one), whose shipped-page
+    /// caches share `cache_pages` pages, at least `cache_floor` each.
+    pub(crate) fn new(limit: usize, cache_pages: usize, cache_floor: usize) -> Arc<Active> {
         Arc::new(Active {
             limit: limit.max(1),
             orgs: Mutex::new(HashMap::new()),
+            cache_pages,
+            cache_floor,
+            cache_limit: Arc::new(AtomicUsize::new(cache_pages.max(cache_floor))),
         })
     }
 
@@ -57,12 +68,26 @@ impl Active {
         lock(&self.orgs).len()
     }
 
+    /// The per-org bound on shipped-page caches, updated as orgs activate and park.
+    pub(crate) fn cache_limit(&self) -> Arc<AtomicUsize> {
+        self.cache_limit.clone()
+    }
+
+    fn share(&self, active: usize) {
+        let each = (self.cache_pages / active.max(1)).max(self.cache_floor);
+        self.cache_limit.store(each, Ordering::Relaxed);
+    }
+
     pub(crate) fn insert(&self, inner: &Arc<Inner>) {
-        lock(&self.orgs).insert(inner.serial, Arc::downgrade(inner));
+        let mut orgs = lock(&self.orgs);
+        orgs.insert(inner.serial, Arc::downgrade(inner));
+        self.share(orgs.len());
     }
 
     pub(crate) fn remove(&self, serial: u64) {
-        lock(&self.orgs).remove(&serial);
+        let mut orgs = lock(&self.orgs);
+        orgs.remove(&serial);
+        self.share(orgs.len());
     }
 
     /// Parks the least recently used idle active orgs beyond the limit, never `keep` (the

@@ -106,7 +106,14 @@ impl RegistryBuilder {
         let mut settings = self.settings;
         settings.max_open_orgs = budget.open_orgs;
         settings.max_active_orgs = budget.active_orgs;
-        settings.ship.delta_cache_pages = budget.ship_cache_pages;
+        // The shipped-page caches share their half of the budget among the orgs active now
+        // (`ship.delta_cache_pages` stays each one's ceiling; `budget.ship_cache_pages`,
+        // the share at the active limit, is the floor).
+        let active = crate::park::Active::new(
+            budget.active_orgs,
+            budget.ship_pages_total,
+            budget.ship_cache_pages,
+        );
         let pool = Pool::new(settings.writer_threads);
         Ok(Registry {
             inner: Arc::new(RegistryInner {
@@ -115,7 +122,7 @@ impl RegistryBuilder {
                 writer_id: self.writer_id,
                 settings,
                 budget,
-                active: crate::park::Active::new(budget.active_orgs),
+                active,
                 pool,
                 clock: self.clock,
                 init: self.init,
@@ -210,6 +217,18 @@ impl Registry {
     /// connection's half of one active org's share of [`Settings::memory_budget_bytes`].
     pub fn sqlite_cache_kib(&self) -> u64 {
         self.inner.budget.sqlite_cache_kib
+    }
+
+    /// Pages each active org's shipper may keep of what it shipped, now: the shippers' half
+    /// of [`Settings::memory_budget_bytes`] shared by the orgs active at this moment, at
+    /// least their share at [`Registry::max_active_orgs`], and at most
+    /// `ship.delta_cache_pages` (which bounds it again at every ship).
+    pub fn ship_cache_pages(&self) -> usize {
+        self.inner
+            .active
+            .cache_limit()
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .min(self.inner.settings.ship.delta_cache_pages)
     }
 
     /// Writer threads started so far (at most [`Settings::writer_threads`]).

@@ -219,3 +219,38 @@ async fn each_connection_caches_its_share_of_the_memory_budget() -> R {
     reg.shutdown().await;
     Ok(())
 }
+
+/// The shippers' half of the memory budget is shared by the orgs active now: one busy org
+/// keeps the configured cache of shipped pages (so its deltas patch pages against their last
+/// content), each of many active orgs gets an even share, and an org that parks gives its
+/// share back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_page_caches_share_the_budget_among_the_orgs_active_now() -> R {
+    let dir = tempfile::tempdir()?;
+    let settings = Settings {
+        max_open_orgs: 256,
+        max_active_orgs: 64,
+        memory_budget_bytes: 64 << 20,
+        ..Settings::default()
+    };
+    let configured = settings.ship.delta_cache_pages;
+    let reg = pool_registry(dir.path(), settings).await?;
+    // 32 MiB of shipped pages = 8192 pages of 4 KiB; 64 active orgs at most: 128 each.
+    let first = reg.acquire(&OrgId::new("solo")?).await?;
+    assert_eq!(reg.active_orgs(), 1);
+    assert_eq!(reg.ship_cache_pages(), configured.min(8192));
+    let mut orgs = vec![first];
+    for i in 0..31 {
+        orgs.push(reg.acquire(&OrgId::new(&format!("o{i}"))?).await?);
+    }
+    assert_eq!(reg.active_orgs(), 32);
+    assert_eq!(reg.ship_cache_pages(), configured.min(8192 / 32));
+    for i in 0..64 {
+        orgs.push(reg.acquire(&OrgId::new(&format!("p{i}"))?).await?);
+    }
+    // Beyond the active limit idle orgs park: the share never falls below 8192 / 64.
+    assert!(reg.active_orgs() <= 64, "{}", reg.active_orgs());
+    assert_eq!(reg.ship_cache_pages(), 8192 / 64);
+    reg.shutdown().await;
+    Ok(())
+}

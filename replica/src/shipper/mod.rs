@@ -87,6 +87,8 @@ pub struct Shipper {
     chain: Chain,
     /// The next ship is a full snapshot whatever the policy says ([`Shipper::full_next`]).
     full_requested: bool,
+    /// A bound on the page cache shared with other shippers ([`Shipper::share_cache_limit`]).
+    cache_limit: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -130,7 +132,16 @@ impl Shipper {
             policy,
             chain,
             full_requested: false,
+            cache_limit: None,
         }
+    }
+
+    /// Bounds the cache of shipped pages (see [`ShipPolicy::delta_cache_pages`]) by `limit`
+    /// as well, read at every ship: an embedder running many shippers shares one memory
+    /// budget among the ones active now, so a lone busy database gets the configured cache
+    /// and a thousand share it.
+    pub fn share_cache_limit(&mut self, limit: Arc<std::sync::atomic::AtomicUsize>) {
+        self.cache_limit = Some(limit);
     }
 
     /// Makes the next [`Shipper::ship`] a full snapshot whatever the policy says, until one
@@ -469,8 +480,13 @@ impl Shipper {
         let compacted = delta.is_compacted();
         match self.replica.ship_delta(&mut self.claim, delta).await {
             Ok(shipped) => {
+                let shared = self
+                    .cache_limit
+                    .as_ref()
+                    .map_or(usize::MAX, |l| l.load(std::sync::atomic::Ordering::Relaxed));
+                let cap = self.policy.delta_cache_pages.min(shared);
                 self.chain
-                    .delta_shipped(compacted, shipped.compressed_bytes, &self.policy);
+                    .delta_shipped(compacted, shipped.compressed_bytes, cap);
                 Ok(ShipReport {
                     commit_seq: commit,
                     kind: if compacted {

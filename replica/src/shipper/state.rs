@@ -218,8 +218,9 @@ impl Chain {
         wanted
     }
 
-    /// Records a published delta: its pages are the tip's now, and enter the page cache.
-    pub(super) fn delta_shipped(&mut self, compacted: bool, bytes: u64, p: &ShipPolicy) {
+    /// Records a published delta: its pages are the tip's now, and enter the page cache of
+    /// at most `cap` pages.
+    pub(super) fn delta_shipped(&mut self, compacted: bool, bytes: u64, cap: usize) {
         if compacted {
             (self.window_deltas, self.window_bytes) = (0, 0);
         } else {
@@ -233,7 +234,6 @@ impl Chain {
         self.published.retain(|p, _| *p <= db_pages);
         // Beyond the bound the cache restarts with the newest pages: the pages changed most
         // recently are the ones most likely to change again.
-        let cap = p.delta_cache_pages;
         if self.published.len() + done.len() > cap {
             self.published.clear();
         }
