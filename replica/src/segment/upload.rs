@@ -141,6 +141,7 @@ fn read_segments(
     let mut hashes = Vec::with_capacity(pages as usize);
     let mut segments = Vec::with_capacity(pages.div_ceil(segment_pages) as usize);
     let (mut uploaded_bytes, mut uploaded) = (0u64, 0usize);
+    let mut fresh: HashMap<String, SegmentRef> = HashMap::new();
     let mut buf = Vec::new();
     let mut first = 1u32;
     while first <= pages {
@@ -155,12 +156,16 @@ fn read_segments(
         }
         image.update(&buf);
         let sha = hex::encode(Sha256::digest(&buf));
-        match known.get(&sha) {
+        // A segment of the previous snapshot, or one this snapshot already uploaded (pages
+        // repeated, such as runs of empty pages), is named again rather than uploaded.
+        match known.get(&sha).or_else(|| fresh.get(&sha)) {
             Some(seg) => segments.push(seg.clone()),
             None => {
                 let packed = pack(org, "segment", &buf, level)?;
                 let name = segment_name(seq, round, &sha);
-                segments.push(SegmentRef(name.clone(), packed.blob.len() as u64));
+                let seg = SegmentRef(name.clone(), packed.blob.len() as u64);
+                segments.push(seg.clone());
+                fresh.insert(sha, seg);
                 uploaded_bytes += packed.blob.len() as u64;
                 uploaded += 1;
                 let put = Put {
