@@ -9,14 +9,17 @@ use std::sync::{Arc, Mutex};
 /// Segment names held at most (about 100 bytes each: 25 MiB).
 pub(crate) const MAX_NAMES: usize = 256 * 1024;
 
+/// Segment names by manifest object path, and how many names they hold together.
+type State = (HashMap<String, Arc<Vec<String>>>, usize);
+
 /// Segment names by manifest object path.
 #[derive(Debug, Default)]
 pub(crate) struct SegmentRefs {
-    inner: Mutex<(HashMap<String, Arc<Vec<String>>>, usize)>,
+    inner: Mutex<State>,
 }
 
 impl SegmentRefs {
-    fn state(&self) -> std::sync::MutexGuard<'_, (HashMap<String, Arc<Vec<String>>>, usize)> {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock leaves at worst a stale count: the data is plain.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
