@@ -508,8 +508,9 @@ impl World {
             && self.faulty
         {
             // A hydrate that met a fault is repeated; without faults it must succeed.
+            // `faulty` stays set: what ran earlier in this step met the faults.
             self.note(format!("  w{w} hydrate failed: {e}; again without faults"));
-            self.clear_faults();
+            self.fs.clear();
             hydrated = self.handles[w].hydrate(&mut claim, &dest).await;
         }
         let hydrated = match hydrated {
@@ -817,14 +818,72 @@ impl World {
     /// A retention run held at its first GET of a log entry or a manifest, while 1-3 other
     /// actions run (ships, claims, other retention runs).
     async fn held_retention(&mut self) -> R {
-        let (who, handle) = self.retention_handle();
-        let policy = keep(1 + self.rng.below(2) as usize);
-        let path = if self.rng.chance(60) {
-            "/log/"
-        } else {
-            ".manifest.json"
+        self.held_retention_by(None, false).await
+    }
+
+    /// The race of "Segments and retention" set up on purpose, its actors and faults still
+    /// from the seed. Run A — the cron job's, or a writer's that is not the holder (a
+    /// writer's handle knows the manifests of the snapshots it shipped, as an org's process
+    /// does) — retires all but the newest snapshot S_old (reading S_old's manifest when it
+    /// has segments to judge); the holder ships a snapshot S, maybe an entry after it; A's next
+    /// run is held at its read of S's entry while a snapshot naming S's segments lands and
+    /// another run retires S.
+    async fn retention_race(&mut self) -> R {
+        let holder = self.holder();
+        let a = match self.rng.below(WRITERS as u64 + 1) as usize {
+            w if w < WRITERS && Some(w) != holder => (format!("w{w}"), self.handles[w].clone()),
+            _ => ("cron".to_owned(), self.cron.clone()),
         };
-        let Paused { reached, resume } = self.fs.pause_next(Op::Get, path);
+        self.note(format!("  race: retention by {}", a.0));
+        let r = a.1.retain(&self.org, &keep(1)).await;
+        self.settle_retention(&a.0, r);
+        if let Some(w) = holder {
+            self.ship(w, false, None).await?;
+            // An entry above S (a delta, or the next writer's claim) puts S below the head A
+            // reads, so the segments S uploaded are A's to judge.
+            match self.rng.below(3) {
+                0 => self.ship(w, true, None).await?,
+                1 => {
+                    let next = self.pick_writer(Some(w));
+                    self.claim(next).await?;
+                }
+                _ => {}
+            }
+        }
+        self.held_retention_by(Some(a), true).await
+    }
+
+    /// A retention run by `by` (or a random handle) held at a GET while other actions run;
+    /// `race`: held at the newest snapshot's entry, and the actions start with the race.
+    async fn held_retention_by(&mut self, by: Option<(String, Replica)>, race: bool) -> R {
+        let (who, handle) = match by {
+            Some(h) => h,
+            None => self.retention_handle(),
+        };
+        let policy = keep(1 + self.rng.below(2) as usize);
+        // Held at its first read of an entry or manifest it does not know, or at its read
+        // of one snapshot entry of the log (the one a later snapshot may reuse segments of).
+        let snapshots: Vec<u64> = self
+            .oracle
+            .history(&self.org)
+            .await?
+            .iter()
+            .filter(|e| e.is_snapshot())
+            .map(LogEntry::seq)
+            .collect();
+        let path = match if race { 4 } else { self.rng.below(10) } {
+            0..=3 => "/log/".to_owned(),
+            // Mostly the newest snapshot: the one the next snapshot reuses segments of.
+            4..=7 if !snapshots.is_empty() => {
+                let i = match race || self.rng.chance(70) {
+                    true => snapshots.len() - 1,
+                    false => self.rng.below(snapshots.len() as u64) as usize,
+                };
+                format!("/log/{:020}.json", snapshots[i])
+            }
+            _ => ".manifest.json".to_owned(),
+        };
+        let Paused { reached, resume } = self.fs.pause_next(Op::Get, &path);
         let org = self.org.clone();
         let mut task = tokio::spawn(async move { handle.retain(&org, &policy).await });
         let mut done = None;
@@ -838,7 +897,25 @@ impl World {
         if done.is_none() {
             self.note(format!("  retain ({who}) held at a GET of {path}"));
             let (acks, retentions) = (self.acks(), self.stats.retention_runs);
-            for _ in 0..1 + self.rng.below(3) {
+            if race || self.rng.chance(50) {
+                // The race of "Segments and retention": a snapshot lands that names the
+                // segments of the one this run is reading, and another run retires the
+                // older snapshots under it.
+                match self.holder() {
+                    Some(w) if self.rng.chance(50) => Box::pin(self.ship(w, false, None)).await?,
+                    _ => {
+                        let w = self.pick_writer(None);
+                        self.claim(w).await?;
+                        Box::pin(self.ship(w, false, None)).await?;
+                    }
+                }
+                // Keeping one: the snapshot this run is reading is retired.
+                let (b, handle) = self.retention_handle();
+                let r = handle.retain(&self.org, &keep(1)).await;
+                self.settle_retention(&b, r);
+                self.check_objects("inside a pause").await?;
+            }
+            for _ in 0..1 + self.rng.below(2) {
                 self.inner_action(None).await?;
             }
             if self.acks() > acks {
@@ -958,7 +1035,8 @@ impl World {
                 let want_delta = matches!(at, ShipPause::Entry) && self.rng.chance(30);
                 self.ship(w, want_delta, Some(at)).await?;
             }
-            (Some(_), 55..=69) => self.held_retention().await?,
+            (Some(_), 55..=62) => self.held_retention().await?,
+            (Some(_), 63..=69) => self.retention_race().await?,
             (Some(_), 70..=81) => self.retain().await?,
             (Some(_), 82..=91) => self.zombie_ship().await?,
             (Some(w), _) => self.release(w).await?,
@@ -986,8 +1064,12 @@ async fn run_seed(seed: u64) -> R<Stats> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn retention_never_deletes_a_segment_a_kept_or_later_snapshot_names() -> R {
+    // One seed (`SEGMENT_SCHEDULE_SEED=17`) or a range (`=100..400`) instead of the default.
     let seeds: Vec<u64> = match std::env::var("SEGMENT_SCHEDULE_SEED") {
-        Ok(s) => vec![s.parse()?],
+        Ok(s) => match s.split_once("..") {
+            Some((a, b)) => (a.parse()?..b.parse()?).collect(),
+            None => vec![s.parse()?],
+        },
         Err(_) => (0..SEEDS).collect(),
     };
     let mut total = Stats::default();
@@ -1086,5 +1168,83 @@ async fn a_failed_segment_put_ends_the_ship_instead_of_hanging_it() -> R {
         .await?;
     assert_eq!(restored.commit, 1);
     assert_eq!(std::fs::read(dest.path().join("r.db"))?, image.bytes());
+    Ok(())
+}
+
+/// A retention run whose log read meets an entry another run deleted meanwhile must not
+/// judge segments from the rest of its read. Schedule: run A knows the log up to S_old (and
+/// S_old's manifest) from an earlier run; C ships S (reusing S_old's segments, uploading one
+/// changed segment named with S's seq); D claims, hydrates S. A lists the log and is held at
+/// its read of S's entry. D ships S' (naming every segment of S) and run B deletes S_old's
+/// and S's entries. A resumes: S's entry is gone, so A's view is S_old, then D's claim above
+/// it — and the segment S uploaded is named by S' (the newest snapshot) but by nothing in
+/// A's view.
+#[tokio::test(flavor = "current_thread")]
+async fn a_retention_run_that_misses_an_entry_deleted_under_it_deletes_no_segment_a_newer_snapshot_names()
+-> R {
+    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let fs = Arc::new(FaultStore::new(raw.clone()));
+    let settings = Settings {
+        segment_bytes: SEGMENT_PAGES * PAGE,
+        ..Settings::default()
+    };
+    let open = |store: Arc<dyn ObjectStore>| {
+        Replica::open_with(store, PREFIX, settings.clone(), Arc::new(SystemClock), None)
+    };
+    let (c, d, a, oracle) = (
+        open(fs.clone()).await?,
+        open(fs.clone()).await?,
+        open(fs.clone()).await?,
+        open(raw.clone()).await?,
+    );
+    let org = OrgId::new("acme")?;
+    let mut rng = Rng(7);
+    let conn = fresh_db(&mut rng)?;
+    let take = |conn: &Connection, commit: u64| -> R<Snapshot> {
+        Ok(Snapshot::take(conn, |_| Ok(commit))?)
+    };
+    let mut cc = c.claim(&org, "c", false).await?; // 1
+    c.ship(&mut cc, take(&conn, 1)?).await?; // 2: S0
+    mutate(&conn, &mut rng)?;
+    c.ship(&mut cc, take(&conn, 2)?).await?; // 3: S_old
+    // A's earlier run: deletes S0 and reads (caches) S_old's manifest.
+    let first = a.retain(&org, &keep(1)).await?;
+    assert_eq!(first.deleted_entries, vec![2]);
+    mutate(&conn, &mut rng)?;
+    let s = c.ship(&mut cc, take(&conn, 3)?).await?; // 4: S
+    assert_eq!(s.seq, 4);
+    assert!(
+        s.uploaded_bytes < s.compressed_bytes,
+        "S reuses S_old's segments"
+    );
+    let mut dc = d.claim(&org, "d", true).await?; // 5
+    let dir = tempfile::tempdir()?;
+    let hydrated = d.hydrate(&mut dc, &dir.path().join("d.db")).await?;
+    assert_eq!(hydrated.position, Some(4));
+    let image = std::fs::read(dir.path().join("d.db"))?;
+    // A lists the log [1, 3, 4, 5] and is held reading entry 4 (it knows 1 and 3).
+    let Paused { reached, resume } = fs.pause_next(Op::Get, "/log/00000000000000000004.json");
+    let run_a = {
+        let (a, org) = (a.clone(), org.clone());
+        tokio::spawn(async move { a.retain(&org, &keep(1)).await })
+    };
+    reached.await?;
+    // D ships S' (the same pages: every segment of S named, none uploaded), and B (D's
+    // handle) retires S_old and S.
+    let s2 = d.ship(&mut dc, Snapshot::from_bytes(image, 4)).await?; // 6: S'
+    assert_eq!(s2.seq, 6);
+    let b = d.retain(&org, &keep(1)).await?;
+    assert_eq!(b.deleted_entries, vec![3, 4]);
+    drop(resume);
+    let report = run_a.await??;
+    // S' is the newest snapshot: every segment it names must still be there.
+    let restored = oracle.restore(&org, None, &dir.path().join("r.db")).await;
+    assert!(
+        restored.is_ok(),
+        "A deleted {:?}; the newest snapshot no longer restores: {restored:?}",
+        report.deleted_blobs
+    );
+    let verify = oracle.verify(&org).await?;
+    assert!(verify.failed.is_empty(), "{:?}", verify.failed);
     Ok(())
 }
