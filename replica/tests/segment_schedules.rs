@@ -104,6 +104,8 @@ struct Stats {
     retentions_failed_by_faults: u64,
     /// Retention runs that returned Ok.
     retention_runs: u64,
+    /// Snapshots of a claim in doubt that landed but failed (their LIST above failed).
+    landed_but_failed: u64,
 }
 
 /// A claim and the database its writer serves from it.
@@ -160,6 +162,9 @@ struct World {
     faulty: bool,
     /// What a ship is held in, if one is (for the statistics).
     held_ship: Option<ShipPause>,
+    /// Writers whose claim had a publish refused (`StoreRefused`) since its last Ok ship: its
+    /// next landed create makes one LIST, which a fault can fail after the entry landed.
+    in_doubt: Vec<bool>,
     dir: tempfile::TempDir,
     trace: Vec<String>,
     stats: Stats,
@@ -265,6 +270,7 @@ impl World {
             unsettled: Vec::new(),
             faulty: false,
             held_ship: None,
+            in_doubt: vec![false; WRITERS],
             dir: tempfile::tempdir()?,
             trace: Vec::new(),
             stats: Stats::default(),
@@ -305,7 +311,7 @@ impl World {
             } else {
                 Fault::FailBefore
             };
-            let (op, path, fault, times) = match self.rng.below(9) {
+            let (op, path, fault, times) = match self.rng.below(10) {
                 0 => (Op::Put, ".seg.zst", after, 1),
                 1 => (Op::Put, ".manifest.json", after, 1),
                 2 => (Op::Put, "/log/", after, 1),
@@ -315,6 +321,9 @@ impl World {
                 5 => (Op::Get, ".manifest.json", Fault::FailBefore, 1),
                 6 => (Op::Get, ".seg.zst", Fault::FailBefore, 1),
                 7 => (Op::Delete, "/snap/", Fault::FailBefore, 1),
+                // The log listing: a claim's, retention's, or the one LIST after a landed
+                // create of a claim in doubt.
+                8 => (Op::List, "acme/log", Fault::FailBefore, 1),
                 _ => (Op::Delete, "/log/", Fault::FailBefore, 1),
             };
             self.note(format!("  fault {op:?} {path} #{nth} x{times} {fault:?}"));
@@ -494,6 +503,7 @@ impl World {
             claim.seq()
         ));
         // Every earlier claim is now fenced: its holder becomes a zombie.
+        self.in_doubt = vec![false; WRITERS];
         for slot in 0..WRITERS {
             if let Some(h) = self.held[slot].take() {
                 self.zombies.push(h);
@@ -684,12 +694,25 @@ impl World {
                 }
                 self.acked = Some(p.commit);
                 self.unsettled.clear();
+                self.in_doubt[w] = false;
                 h.tip = Some(p.image);
                 self.held[w] = Some(h);
             }
             Err(e) => {
                 self.note(format!("  w{w} commit {} failed: {e}", p.commit));
                 self.unsettled.push(p.commit);
+                if matches!(e, Error::StoreRefused { .. }) {
+                    self.in_doubt[w] = true;
+                }
+                // Half the time the writer drops the changes it could not ship: its next
+                // snapshot then holds pages of the last acknowledged state again, which the
+                // failed ship (maybe landed) had changed.
+                if let Some(tip) = &h.tip
+                    && self.rng.chance(50)
+                {
+                    h.conn = db_from(tip)?;
+                    self.note(format!("  w{w} dropped its unshipped changes"));
+                }
                 let superseded = self.superseded(&h.claim).await?;
                 if fenced_while_held {
                     if !is_fenced(&e) && !self.faulty {
@@ -1005,6 +1028,37 @@ impl World {
         Ok(())
     }
 
+    /// A claim in doubt ships a snapshot whose entry lands but whose LIST above it fails
+    /// (the ship is an error, the claim still usable); a retention run keeping one snapshot
+    /// sees it as the newest; the claim's next snapshot must name no segment of the
+    /// snapshot before the failed one (rule 1: a failed attempt clears the claim's reuse).
+    async fn doubt_race(&mut self, w: usize) -> R {
+        self.note("  doubt race".into());
+        self.faulty = true;
+        self.fs.inject(Op::List, "acme/log", 1, Fault::FailBefore);
+        let (acked, head) = (self.acks(), self.oracle.history(&self.org).await?.len());
+        self.ship(w, false, None).await?;
+        self.fs.clear();
+        if self.acks() == acked && self.oracle.history(&self.org).await?.len() > head {
+            self.stats.landed_but_failed += 1;
+            self.note("  the failed snapshot landed".into());
+        }
+        // The writer drops what it could not ship, so its next snapshot holds pages of the
+        // snapshot before the failed one again (named by the stale reuse, were it kept).
+        if self.acks() == acked
+            && let Some(h) = self.held[w].as_mut()
+            && let Some(tip) = &h.tip
+        {
+            h.conn = db_from(tip)?;
+        }
+        let r = self.cron.retain(&self.org, &keep(1)).await;
+        self.settle_retention("cron", r);
+        if self.held[w].is_some() {
+            self.ship(w, false, None).await?;
+        }
+        Ok(())
+    }
+
     async fn step(&mut self, i: usize) -> R {
         self.note(format!("step {i}"));
         self.inject_faults();
@@ -1015,6 +1069,7 @@ impl World {
                 let w = self.pick_writer(None);
                 self.claim(w).await?;
             }
+            (Some(w), _) if self.in_doubt[w] && roll < 80 => self.doubt_race(w).await?,
             (Some(w), 10..=29) => {
                 let want_delta = self.rng.chance(50);
                 self.ship(w, want_delta, None).await?;
@@ -1090,6 +1145,7 @@ async fn retention_never_deletes_a_segment_a_kept_or_later_snapshot_names() -> R
         total.ships_failed_by_faults += s.ships_failed_by_faults;
         total.retentions_failed_by_faults += s.retentions_failed_by_faults;
         total.retention_runs += s.retention_runs;
+        total.landed_but_failed += s.landed_but_failed;
     }
     eprintln!("{} seeds: {total:#?}", seeds.len());
     if seeds.len() > 1 {
@@ -1120,6 +1176,7 @@ async fn retention_never_deletes_a_segment_a_kept_or_later_snapshot_names() -> R
                 "retention runs failed by faults",
                 t.retentions_failed_by_faults,
             ),
+            ("snapshots landed but failed", t.landed_but_failed),
         ] {
             assert!(n > 0, "no {what} in {} seeds: {total:#?}", seeds.len());
         }
