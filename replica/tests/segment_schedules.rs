@@ -9,7 +9,10 @@
 //! in the middle of a snapshot's upload (a segment PUT, the manifest PUT or the entry's
 //! create held by [`FaultStore::pause_next`]) and with its own log read held while ships,
 //! claims and other retention runs go on. Random store faults fail segment, manifest and
-//! entry PUTs, GETs and DELETEs.
+//! entry PUTs, GETs, LISTs and DELETEs. Two steps build a known race with the rest of the
+//! step still drawn from the seed: a run held at its read of the snapshot a newer one reuses
+//! while another run retires it (`retention_race`), and a claim in doubt whose snapshot lands
+//! but fails before a keep-one run (`doubt_race`).
 //!
 //! Checked after every step (and inside every pause), through a handle on the raw store that
 //! no fault or pause reaches:
