@@ -40,7 +40,8 @@ pub enum Op {
     Put,
     /// `get_opts`.
     Get,
-    /// `delete_stream` (counted per call; deletes are never failed).
+    /// `delete_stream` (counted per call; a rule fails one path's delete before it reaches
+    /// the store).
     Delete,
     /// `list` and `list_with_delimiter`.
     List,
@@ -73,7 +74,8 @@ struct Rule {
 #[derive(Debug)]
 pub struct FaultStore {
     inner: Arc<dyn ObjectStore>,
-    rules: Mutex<Vec<Rule>>,
+    // Shared with the streams `delete_stream` returns, which outlive the call.
+    rules: Arc<Mutex<Vec<Rule>>>,
     counts: [AtomicU64; 4],
     ignore_create: AtomicBool,
     latency_ms: AtomicU64,
@@ -116,7 +118,7 @@ impl FaultStore {
     pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
         FaultStore {
             inner,
-            rules: Mutex::new(Vec::new()),
+            rules: Arc::new(Mutex::new(Vec::new())),
             counts: Default::default(),
             ignore_create: AtomicBool::new(false),
             latency_ms: AtomicU64::new(0),
@@ -181,7 +183,7 @@ impl FaultStore {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Rule>> {
-        self.rules.lock().unwrap_or_else(|p| p.into_inner())
+        lock_rules(&self.rules)
     }
 
     async fn enter(&self, op: Op, path: &Path) -> Option<Fault> {
@@ -201,19 +203,28 @@ impl FaultStore {
         if ms > 0 {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        let mut rules = self.lock();
-        let mut fired = None;
-        for r in rules
-            .iter_mut()
-            .filter(|r| r.op == op && path.as_ref().contains(&r.path_contains))
-        {
-            r.seen += 1;
-            if fired.is_none() && r.seen >= r.nth && r.seen - r.nth < r.times {
-                fired = Some(r.fault);
-            }
-        }
-        fired
+        fire(&self.rules, op, path)
     }
+}
+
+fn lock_rules(rules: &Mutex<Vec<Rule>>) -> std::sync::MutexGuard<'_, Vec<Rule>> {
+    rules.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counts a call of `op` on `path` against every matching rule; the first rule due fires.
+fn fire(rules: &Mutex<Vec<Rule>>, op: Op, path: &Path) -> Option<Fault> {
+    let mut rules = lock_rules(rules);
+    let mut fired = None;
+    for r in rules
+        .iter_mut()
+        .filter(|r| r.op == op && path.as_ref().contains(&r.path_contains))
+    {
+        r.seen += 1;
+        if fired.is_none() && r.seen >= r.nth && r.seen - r.nth < r.times {
+            fired = Some(r.fault);
+        }
+    }
+    fired
 }
 
 #[async_trait]
@@ -276,7 +287,25 @@ impl ObjectStore for FaultStore {
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
         self.counts[Op::Delete as usize].fetch_add(1, Ordering::SeqCst);
-        self.inner.delete_stream(locations)
+        // Each path is matched on its own: a firing rule fails that path's delete without
+        // reaching the store (the object stays), every other path is deleted as asked.
+        let (rules, inner) = (self.rules.clone(), self.inner.clone());
+        locations
+            .then(move |location| {
+                let (rules, inner) = (rules.clone(), inner.clone());
+                async move {
+                    let path = location?;
+                    if fire(&rules, Op::Delete, &path).is_some() {
+                        return Err(injected("delete failure", &path));
+                    }
+                    let one = futures::stream::once(std::future::ready(Ok(path.clone())));
+                    match inner.delete_stream(one.boxed()).next().await {
+                        Some(result) => result,
+                        None => Ok(path),
+                    }
+                }
+            })
+            .boxed()
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {

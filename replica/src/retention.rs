@@ -35,7 +35,9 @@ impl Replica {
     /// never land). A segment shared by a deleted snapshot and a kept one stays.
     ///
     /// Reads only the log entries this handle has not published or read before (checked
-    /// against the listing's size and ETag; see [`crate::Settings::known_entries`]).
+    /// against the listing's size and ETag; see [`crate::Settings::known_entries`]). A run
+    /// that finds a listed entry gone when it reads it (another run deleted it) deletes no
+    /// object: its view of the log is not one state of it.
     ///
     /// # Errors
     /// [`Error::Store`]; an unreadable log. A partial run is safe to repeat.
@@ -92,6 +94,18 @@ impl Replica {
         self.inner
             .known
             .forget(org, &report.deleted_entries, &listed);
+        // A listed entry that was gone when read was deleted by another run meanwhile, so
+        // this view is not one state of the log: it can lack the snapshot S that a newer
+        // snapshot reuses segments of while holding an entry above S, which makes the
+        // segments S uploaded (named with S's seq, at most the head read here) look like
+        // orphans. Such a run judges no object; the next run does (`docs/design.md`,
+        // "Segments and retention", rule 2). Its entry deletions stand: they are a subset of
+        // what the newer run that deleted the missing entry retires.
+        if log.len() < listed.len() {
+            info!(%org, entries = report.deleted_entries.len(), vanished = listed.len() - log.len(),
+                  "retention ran; the log changed under its read, so no object was judged");
+            return Ok(report);
+        }
         // Objects named by a kept entry, and (read below, only if a segment could go) the
         // segments every kept snapshot's manifest names. A snapshot landing after this run read
         // the log names only segments of the newest snapshot read here (kept) or segments it

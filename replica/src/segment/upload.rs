@@ -85,15 +85,17 @@ impl Replica {
                 &tx,
             )
         });
-        // The first failed upload ends the stream; the receiver is then dropped, so the
-        // reading thread's next send fails and it stops. (The stream only borrows `rx`:
-        // without the drop, a reader blocked on the full channel would wait forever.)
-        let uploaded = futures::stream::poll_fn(|cx| rx.poll_recv(cx))
+        // The first failed upload ends the stream and drops the receiver with it, so the
+        // reading thread's next send fails and it stops. The stream must own the receiver
+        // (`move`): if it only borrowed it, the receiver would outlive the stream, a reading
+        // thread blocked on a full channel would never wake, and `reading.await` below would
+        // wait forever (a ship hung on one failed segment PUT, found by
+        // `tests/segment_schedules.rs`).
+        let uploaded = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
             .map(|put| self.put_segment(org, put))
             .buffer_unordered(n)
             .try_for_each(|()| async { Ok(()) })
             .await;
-        drop(rx);
         let read = reading.await.map_err(|source| Error::Task {
             op: "reading a snapshot's segments",
             source,
