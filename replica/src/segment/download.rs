@@ -88,22 +88,20 @@ impl Replica {
         let writing = tokio::task::spawn_blocking(move || {
             write_segments(&obj, &m, image, rx, want.as_deref())
         });
-        // Collected first: a stream over a closure taking references makes the future's
-        // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove. The
-        // futures are lazy: only `n` run at a time.
-        let fetches: Vec<_> = manifest
-            .segments
-            .iter()
-            .enumerate()
-            .map(|(i, seg)| {
-                let first = (manifest.offset_of(i) / u64::from(manifest.page_size)) as u32 + 1;
-                let shape = (first, manifest.pages_in(i), manifest.page_size);
-                self.fetch_segment(org, seg, shape).map_ok(move |b| (i, b))
-            })
-            .collect();
+        // Futures are made as the stream pulls them (only `n` exist at a time, whatever the
+        // segment count a manifest claims), from indices: a closure over `&SegmentRef` items
+        // would make the future's `Send` bound higher-ranked, which callers' `tokio::spawn`
+        // cannot prove.
+        let m = &manifest;
+        let fetches = futures::stream::iter(0..m.segments.len()).map(move |i| {
+            let first = (m.offset_of(i) / u64::from(m.page_size)) as u32 + 1;
+            let shape = (first, m.pages_in(i), m.page_size);
+            self.fetch_segment(org, m.segments[i].clone(), shape)
+                .map_ok(move |b| (i, b))
+        });
         // `Err(None)`: the writer stopped (its error is the one reported), so the downloads
         // stop too instead of fetching every remaining segment for nothing.
-        let fetched = futures::stream::iter(fetches)
+        let fetched = fetches
             .buffered(n)
             .map_err(Some)
             .try_for_each(|item| {
@@ -129,7 +127,7 @@ impl Replica {
     async fn fetch_segment(
         &self,
         org: &OrgId,
-        seg: &SegmentRef,
+        seg: SegmentRef,
         (first, pages, page_size): (u32, u32, u32),
     ) -> Result<Fetched, Error> {
         let raw = u64::from(pages) * u64::from(page_size);
