@@ -285,8 +285,8 @@ async fn a_conflict_on_the_conditional_write_is_fenced_not_retried() -> R {
         other => return Err(format!("A not fenced: {other:?}").into()),
     }
     assert_eq!(a.unusable(), Some("fenced"));
-    // One blob and one log create: a lost race is never retried.
-    assert_eq!(fa.calls(Op::Put) - puts, 2);
+    // One segment, its manifest and one log create: a lost race is never retried.
+    assert_eq!(fa.calls(Op::Put) - puts, 3);
     let h = rb.history(&o).await?;
     assert_eq!(
         h.last().map(|e| (e.seq(), e.round())),
