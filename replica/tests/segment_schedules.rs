@@ -1035,10 +1035,12 @@ impl World {
     /// (the ship is an error, the claim still usable); a retention run keeping one snapshot
     /// sees it as the newest; the claim's next snapshot must name no segment of the
     /// snapshot before the failed one (rule 1: a failed attempt clears the claim's reuse).
+    /// A claim in doubt LISTs twice around its create (above its last entry before, above
+    /// the new entry after): the second LIST is the one that fails.
     async fn doubt_race(&mut self, w: usize) -> R {
         self.note("  doubt race".into());
         self.faulty = true;
-        self.fs.inject(Op::List, "acme/log", 1, Fault::FailBefore);
+        self.fs.inject(Op::List, "acme/log", 2, Fault::FailBefore);
         let (acked, head) = (self.acks(), self.oracle.history(&self.org).await?.len());
         self.ship(w, false, None).await?;
         self.fs.clear();
