@@ -1,15 +1,15 @@
 //! Streaming a full snapshot in: its manifest, then its segments, up to
 //! [`Settings::read_concurrency`](crate::Settings::read_concurrency) at a time, each checked
-//! against the sha256 its name carries and written at its offset by one blocking thread as
-//! it arrives, which also hashes the pages and the whole image in order (I10). Memory is
-//! bounded by the segment size times the downloads in flight, not by the database.
+//! against the sha256 its name carries and its pages hashed on the blocking pool, then
+//! written at its offset, in order, by a short blocking task per segment. Memory is bounded by
+//! the segment size times the downloads in flight, not by the database; no blocking task
+//! waits for a download (see [`super::upload`] for why).
 
 use bytes::Bytes;
 use futures::{StreamExt, TryFutureExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use sha2::{Digest, Sha256};
-use tokio::sync::mpsc;
 
 use super::manifest::{MAX_MANIFEST_BYTES, Manifest, SegmentRef};
 use crate::blob::unpack;
@@ -81,44 +81,60 @@ impl Replica {
         let manifest = self.read_manifest(org, name, stored.bytes).await?;
         let object = self.inner.layout.blob(org, name).to_string();
         let n = self.inner.settings.read_concurrency.max(1);
-        let (tx, rx) = mpsc::channel::<(usize, Fetched)>(n);
-        let m = manifest.clone();
-        let want = whole_image.then(|| stored.sha256.clone());
-        let obj = object.clone();
-        let writing = tokio::task::spawn_blocking(move || {
-            write_segments(&obj, &m, image, rx, want.as_deref())
-        });
+        // The image is set to its size once, then each segment is written, in order, by a
+        // short task on the blocking pool; no blocking task waits for a download (a thread
+        // of that pool parked on a channel while the decompression it waits for needs a
+        // thread deadlocks once enough hydrates run at once).
+        let (obj, bytes) = (object.clone(), manifest.bytes());
+        let image = blocking("sizing a snapshot's file", move || {
+            image.set_len(0)?;
+            image.set_len(bytes)?;
+            Ok(image)
+        })
+        .await?;
+        // Not `m.pages`: a crafted manifest may claim 2^32 pages within every other bound (32
+        // GiB of hashes, an abort); the table grows with the verified segments that arrive.
+        let written = Written {
+            image,
+            hashes: Vec::with_capacity((manifest.pages as usize).min(1 << 20)),
+            sha: whole_image.then(Sha256::new),
+        };
         // Futures are made as the stream pulls them (only `n` exist at a time, whatever the
         // segment count a manifest claims), from indices: a closure over `&SegmentRef` items
         // would make the future's `Send` bound higher-ranked, which callers' `tokio::spawn`
-        // cannot prove.
+        // cannot prove. The first failure, a download's or a write's, ends the stream.
         let m = &manifest;
-        let fetches = futures::stream::iter(0..m.segments.len()).map(move |i| {
-            let first = (m.offset_of(i) / u64::from(m.page_size)) as u32 + 1;
-            let shape = (first, m.pages_in(i), m.page_size);
-            self.fetch_segment(org, m.segments[i].clone(), shape)
-                .map_ok(move |b| (i, b))
-        });
-        // `Err(None)`: the writer stopped (its error is the one reported), so the downloads
-        // stop too instead of fetching every remaining segment for nothing.
-        let fetched = fetches
-            .buffered(n)
-            .map_err(Some)
-            .try_for_each(|item| {
-                let tx = tx.clone();
-                async move { tx.send(item).await.map_err(|_| None) }
+        let written = futures::stream::iter(0..m.segments.len())
+            .map(move |i| {
+                let first = (m.offset_of(i) / u64::from(m.page_size)) as u32 + 1;
+                let shape = (first, m.pages_in(i), m.page_size);
+                self.fetch_segment(org, m.segments[i].clone(), shape)
+                    .map_ok(move |b| (m.offset_of(i), b))
             })
-            .await;
-        drop(tx);
-        let written = writing.await.map_err(|source| Error::Task {
-            op: "writing a snapshot's segments",
-            source,
-        })?;
-        if let Err(Some(e)) = fetched {
-            return Err(e);
+            .buffered(n)
+            .try_fold(written, |mut w, (at, seg)| {
+                let obj = obj.clone();
+                blocking("writing a segment", move || {
+                    w.image.write_at(&obj, at, &seg.bytes)?;
+                    w.hashes.extend_from_slice(&seg.hashes);
+                    if let Some(sha) = w.sha.as_mut() {
+                        sha.update(&seg.bytes);
+                    }
+                    Ok(w)
+                })
+            })
+            .await?;
+        if let Some(sha) = written.sha {
+            let (got, want) = (hex::encode(sha.finalize()), &stored.sha256);
+            if got != *want {
+                return Err(Error::corrupt(
+                    &object,
+                    format!("image sha256 {got} does not match log {want}"),
+                ));
+            }
         }
-        let (image, hashes) = written?;
-        Ok((image, object, hashes, Some(manifest)))
+        let hashes = PageHashes::from_hashes(manifest.page_size, written.hashes);
+        Ok((written.image, object, hashes, Some(manifest)))
     }
 
     /// Downloads one segment (`pages` pages of `page_size` bytes from page `first`), checks
@@ -195,45 +211,10 @@ struct Fetched {
     hashes: Vec<u64>,
 }
 
-/// The writing thread: writes each segment at its offset in order, collecting page hashes,
-/// and with `want_sha256` checks the whole image's sha256.
-fn write_segments<I: PageImage>(
-    object: &str,
-    m: &Manifest,
-    mut image: I,
-    mut rx: mpsc::Receiver<(usize, Fetched)>,
-    want_sha256: Option<&str>,
-) -> Result<(I, PageHashes), Error> {
-    image.set_len(0)?;
-    image.set_len(m.bytes())?;
-    // Not `m.pages`: a crafted manifest may claim 2^32 pages within every other bound (32 GiB
-    // of hashes, an abort); the table grows with the verified segments that arrive.
-    let mut hashes = Vec::with_capacity((m.pages as usize).min(1 << 20));
-    let mut sha = want_sha256.map(|_| Sha256::new());
-    let mut next = 0usize;
-    while let Some((i, seg)) = rx.blocking_recv() {
-        if i != next {
-            return Err(Error::corrupt(object, "segments arrived out of order"));
-        }
-        image.write_at(object, m.offset_of(i), &seg.bytes)?;
-        hashes.extend_from_slice(&seg.hashes);
-        if let Some(sha) = sha.as_mut() {
-            sha.update(&seg.bytes);
-        }
-        next += 1;
-    }
-    if next != m.segments.len() {
-        // The download stopped early; its error is the one reported.
-        return Err(Error::corrupt(object, "the download stopped"));
-    }
-    if let (Some(sha), Some(want)) = (sha, want_sha256) {
-        let got = hex::encode(sha.finalize());
-        if got != want {
-            return Err(Error::corrupt(
-                object,
-                format!("image sha256 {got} does not match log {want}"),
-            ));
-        }
-    }
-    Ok((image, PageHashes::from_hashes(m.page_size, hashes)))
+/// What a download has written so far: the image, the page hashes of the segments written,
+/// and, when the whole image is checked, its running sha256.
+struct Written<I> {
+    image: I,
+    hashes: Vec<u64>,
+    sha: Option<Sha256>,
 }

@@ -1,19 +1,24 @@
-//! Streaming a full snapshot out as segments: one blocking thread reads a segment's pages,
-//! hashes them (page hashes, the segment's sha256, the image's sha256) and compresses the
-//! segments the previous snapshot does not already hold, while up to
+//! Streaming a full snapshot out as segments: a segment at a time, a short task on the
+//! blocking pool reads its pages, hashes them (page hashes, the segment's sha256, the image's
+//! sha256) and packs it unless the previous snapshot already holds it, while up to
 //! [`Settings::upload_concurrency`](crate::Settings::upload_concurrency) PUTs run. Memory is
 //! bounded by the segment size times the uploads in flight, not by the database.
+//!
+//! No blocking task ever waits for an upload: a thread of the blocking pool parked on a
+//! full channel, while the store's own I/O (object_store's local directory runs on that
+//! pool) waits for a thread, deadlocks once enough snapshots stream at once.
 
-use futures::{StreamExt, TryStreamExt};
+use std::collections::HashMap;
+
+use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use tokio::sync::mpsc;
 
 use super::manifest::{MANIFEST_VERSION, Manifest, SegmentRef, segment_name};
 use super::source::PageSource;
 use crate::blob::pack;
 use crate::checksum::{PageHashes, page_hash};
+use crate::replica::blocking;
 use crate::sqlite::pages::canonical_page1;
 use crate::{Error, FailPoint, OrgId, Replica};
 
@@ -29,19 +34,89 @@ pub(crate) struct Streamed {
     pub(crate) reused: usize,
 }
 
-/// What the reading thread hands the uploader: a packed segment and where it goes.
+/// A packed segment and where it goes.
 struct Put {
     name: String,
     blob: Vec<u8>,
 }
 
-/// What the reading thread worked out, besides the uploads.
-struct Read {
+/// What one step of the reader yields, in order.
+enum Step {
+    /// A segment to upload.
+    Put(Put),
+    /// A segment named, not uploaded (the previous snapshot, or this one, holds it).
+    Named,
+    /// Every page was read: the reader, to finish.
+    Done(Box<Reader>),
+}
+
+/// The state of reading a source segment by segment; moved onto the blocking pool for each
+/// step and back.
+struct Reader {
+    org: String,
+    source: Box<dyn PageSource>,
+    seq: u64,
+    round: u64,
+    segment_pages: u32,
+    level: i32,
+    /// Segments of the previous snapshot, by sha256.
+    known: HashMap<String, SegmentRef>,
+    /// Segments this snapshot uploaded, by sha256 (pages repeated, such as runs of empty
+    /// pages, upload once).
+    fresh: HashMap<String, SegmentRef>,
+    image: Sha256,
+    hashes: Vec<u64>,
     segments: Vec<SegmentRef>,
-    hashes: PageHashes,
-    sha256: String,
     uploaded_bytes: u64,
     uploaded: usize,
+    /// The first page of the next segment.
+    next: u32,
+    buf: Vec<u8>,
+}
+
+impl Reader {
+    /// Reads, hashes and (unless it is named) packs the next segment; `Done` after the last.
+    fn step(mut self: Box<Self>) -> Result<(Option<Box<Self>>, Step), Error> {
+        let (ps, pages) = (self.source.page_size() as usize, self.source.pages());
+        if self.next > pages {
+            return Ok((None, Step::Done(self)));
+        }
+        let first = self.next;
+        let n = self.segment_pages.min(pages - first + 1);
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(n as usize * ps, 0);
+        self.source.read(first, &mut buf)?;
+        if first == 1 {
+            canonical_page1(&mut buf);
+        }
+        for (i, page) in buf.chunks(ps).enumerate() {
+            self.hashes.push(page_hash(first + i as u32, page));
+        }
+        self.image.update(&buf);
+        self.next = first + n;
+        let sha = hex::encode(Sha256::digest(&buf));
+        let step = match self.known.get(&sha).or_else(|| self.fresh.get(&sha)) {
+            Some(seg) => {
+                self.segments.push(seg.clone());
+                Step::Named
+            }
+            None => {
+                let packed = pack(&self.org, "segment", &buf, self.level)?;
+                let name = segment_name(self.seq, self.round, &sha);
+                let seg = SegmentRef(name.clone(), packed.blob.len() as u64);
+                self.segments.push(seg.clone());
+                self.fresh.insert(sha, seg);
+                self.uploaded_bytes += packed.blob.len() as u64;
+                self.uploaded += 1;
+                Step::Put(Put {
+                    name,
+                    blob: packed.blob,
+                })
+            }
+        };
+        self.buf = buf;
+        Ok((Some(self), step))
+    }
 }
 
 impl Replica {
@@ -72,48 +147,69 @@ impl Replica {
                     .collect()
             })
             .unwrap_or_default();
-        let n = settings.upload_concurrency.max(1);
-        let (tx, mut rx) = mpsc::channel::<Put>(n);
-        let (org_name, level) = (org.to_string(), settings.zstd_level);
-        let reading = tokio::task::spawn_blocking(move || {
-            read_segments(
-                &org_name,
-                source,
-                (seq, round, segment_pages),
-                &known,
-                level,
-                &tx,
-            )
-        });
-        // The first failed upload ends the stream and drops the receiver with it, so the
-        // reading thread's next send fails and it stops. The stream must own the receiver
-        // (`move`): if it only borrowed it, the receiver would outlive the stream, a reading
-        // thread blocked on a full channel would never wake, and `reading.await` below would
-        // wait forever (a ship hung on one failed segment PUT, found by
-        // `tests/segment_schedules.rs`).
-        let uploaded = futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
-            .map(|put| self.put_segment(org, put))
-            .buffer_unordered(n)
-            .try_for_each(|()| async { Ok(()) })
-            .await;
-        let read = reading.await.map_err(|source| Error::Task {
-            op: "reading a snapshot's segments",
+        let reader = Box::new(Reader {
+            org: org.to_string(),
             source,
+            seq,
+            round,
+            segment_pages,
+            level: settings.zstd_level,
+            known,
+            fresh: HashMap::new(),
+            image: Sha256::new(),
+            hashes: Vec::with_capacity(pages as usize),
+            segments: Vec::with_capacity(pages.div_ceil(segment_pages) as usize),
+            uploaded_bytes: 0,
+            uploaded: 0,
+            next: 1,
+            buf: Vec::new(),
         });
-        uploaded?;
-        let read = read??;
+        let n = settings.upload_concurrency.max(1);
+        // Segments are read in order, one step at a time; their uploads run up to `n` at
+        // once, and the stream reads ahead only as far as that allows. The first error ends
+        // it (the reader is dropped with it).
+        let steps = futures::stream::try_unfold(Some(reader), |reader| async move {
+            let Some(reader) = reader else {
+                return Ok(None);
+            };
+            let (next, step) = blocking("reading a segment", move || reader.step()).await?;
+            Ok(Some((step, next)))
+        });
+        let done = steps
+            .map_ok(|step| async move {
+                match step {
+                    Step::Put(put) => self.put_segment(org, put).await.map(|()| None),
+                    Step::Named => Ok(None),
+                    Step::Done(reader) => Ok(Some(reader)),
+                }
+            })
+            .try_buffer_unordered(n)
+            .try_fold(None, |done, step| async move { Ok(step.or(done)) })
+            .await?;
+        let Some(mut reader) = done else {
+            return Err(Error::io(
+                std::path::Path::new(org.as_str()),
+                std::io::Error::other("the snapshot's segments ended early"),
+            ));
+        };
+        let mut reader = blocking("finishing a snapshot's read", move || {
+            reader.source.finish()?;
+            Ok(reader)
+        })
+        .await?;
+        let reused = reader.segments.len() - reader.uploaded;
         Ok(Streamed {
-            reused: read.segments.len() - read.uploaded,
+            reused,
             manifest: Manifest {
                 v: MANIFEST_VERSION,
                 page_size,
                 pages,
                 segment_pages,
-                segments: read.segments,
+                segments: std::mem::take(&mut reader.segments),
             },
-            hashes: read.hashes,
-            sha256: read.sha256,
-            uploaded_bytes: read.uploaded_bytes,
+            hashes: PageHashes::from_hashes(page_size, std::mem::take(&mut reader.hashes)),
+            sha256: hex::encode(std::mem::take(&mut reader.image).finalize()),
+            uploaded_bytes: reader.uploaded_bytes,
         })
     }
 
@@ -126,70 +222,4 @@ impl Replica {
             .map_err(|e| Error::store("put", &path, e))?;
         self.failpoint(FailPoint::ShipDuringUpload, org).await
     }
-}
-
-/// The reading thread: reads, hashes and packs each segment in order, sending the ones to
-/// upload. Returns early (with the error) when the uploader stopped listening.
-fn read_segments(
-    org: &str,
-    mut source: Box<dyn PageSource>,
-    (seq, round, segment_pages): (u64, u64, u32),
-    known: &HashMap<String, SegmentRef>,
-    level: i32,
-    tx: &mpsc::Sender<Put>,
-) -> Result<Read, Error> {
-    let (ps, pages) = (source.page_size() as usize, source.pages());
-    let mut image = Sha256::new();
-    let mut hashes = Vec::with_capacity(pages as usize);
-    let mut segments = Vec::with_capacity(pages.div_ceil(segment_pages) as usize);
-    let (mut uploaded_bytes, mut uploaded) = (0u64, 0usize);
-    let mut fresh: HashMap<String, SegmentRef> = HashMap::new();
-    let mut buf = Vec::new();
-    let mut first = 1u32;
-    while first <= pages {
-        let n = segment_pages.min(pages - first + 1);
-        buf.resize(n as usize * ps, 0);
-        source.read(first, &mut buf)?;
-        if first == 1 {
-            canonical_page1(&mut buf);
-        }
-        for (i, page) in buf.chunks(ps).enumerate() {
-            hashes.push(page_hash(first + i as u32, page));
-        }
-        image.update(&buf);
-        let sha = hex::encode(Sha256::digest(&buf));
-        // A segment of the previous snapshot, or one this snapshot already uploaded (pages
-        // repeated, such as runs of empty pages), is named again rather than uploaded.
-        match known.get(&sha).or_else(|| fresh.get(&sha)) {
-            Some(seg) => segments.push(seg.clone()),
-            None => {
-                let packed = pack(org, "segment", &buf, level)?;
-                let name = segment_name(seq, round, &sha);
-                let seg = SegmentRef(name.clone(), packed.blob.len() as u64);
-                segments.push(seg.clone());
-                fresh.insert(sha, seg);
-                uploaded_bytes += packed.blob.len() as u64;
-                uploaded += 1;
-                let put = Put {
-                    name,
-                    blob: packed.blob,
-                };
-                if tx.blocking_send(put).is_err() {
-                    return Err(Error::io(
-                        std::path::Path::new(org),
-                        std::io::Error::other("the segment uploader stopped"),
-                    ));
-                }
-            }
-        }
-        first += n;
-    }
-    source.finish()?;
-    Ok(Read {
-        segments,
-        hashes: PageHashes::from_hashes(ps as u32, hashes),
-        sha256: hex::encode(image.finalize()),
-        uploaded_bytes,
-        uploaded,
-    })
 }
