@@ -92,6 +92,7 @@ mod settings;
 mod ship;
 mod shipper;
 mod snapshot;
+mod store_clock;
 pub mod sqlite;
 mod verify;
 
@@ -115,4 +116,5 @@ pub use settings::{Clock, MAX_INLINE_DELTA_BYTES, ManualClock, Retention, Settin
 pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;
+pub use store_clock::{REMEASURE_AFTER, StoreTime};
 pub use verify::VerifyReport;
