@@ -15,7 +15,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{BoxErr, R, effect, registry};
 use idem_org::{ErrorKind, Registry, Settings};
-use idem_replica::{Clock, OrgId, Replica, SystemClock};
+use idem::{Clock, SystemClock};
+use idem_replica::{OrgId, Replica};
 
 const DAY_MS: u64 = 86_400_000;
 const MINUTE_MS: u64 = 60_000;
