@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{BoxErr, R, effect, registry};
-use idem_org::{ErrorKind, Registry, Settings};
 use idem::{Clock, SystemClock};
+use idem_org::{ErrorKind, Registry, Settings};
 use idem_replica::{OrgId, Replica};
 
 const DAY_MS: u64 = 86_400_000;
@@ -91,7 +91,9 @@ async fn a_host_days_ahead_of_the_store_refuses_to_prune_and_every_key_replays()
     let cutoff = at(clock.now_ms() - 7 * DAY_MS);
     let handle = registry.acquire(&acme).await?;
     let refused = handle.prune(cutoff).await;
-    let err = refused.err().ok_or("a host 8 days ahead of the store pruned")?;
+    let err = refused
+        .err()
+        .ok_or("a host 8 days ahead of the store pruned")?;
     assert_eq!(err.kind(), ErrorKind::Fatal, "{err}");
     let said = err.to_string();
     assert!(
@@ -149,7 +151,10 @@ async fn a_host_within_the_bound_prunes_by_the_window_as_before() -> R {
     assert_replays(&registry, &acme, &["new"]).await?;
     let handle = registry.acquire(&acme).await?;
     let again = handle.once("old-1", effect("acme", "old-1")).await?;
-    assert!(again.applied, "a pruned key runs again: that is what prune means");
+    assert!(
+        again.applied,
+        "a pruned key runs again: that is what prune means"
+    );
     registry.shutdown().await;
     Ok(())
 }
@@ -157,8 +162,8 @@ async fn a_host_within_the_bound_prunes_by_the_window_as_before() -> R {
 /// Within the bound, the host may still read ahead of the store: a key is then judged by the
 /// store's time, never pruned younger than the window by the store's clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_younger_than_the_window_by_the_stores_clock_stays_though_the_host_reads_ahead()
--> R {
+async fn a_key_younger_than_the_window_by_the_stores_clock_stays_though_the_host_reads_ahead() -> R
+{
     let dir = tempfile::tempdir()?;
     let clock = Arc::new(idem::ManualClock::new(real_now_ms()));
     let registry = open(dir.path(), &clock).await?;
@@ -169,7 +174,10 @@ async fn a_key_younger_than_the_window_by_the_stores_clock_stays_though_the_host
     clock.advance(4 * MINUTE_MS);
     let cutoff = at(clock.now_ms() - 3 * MINUTE_MS);
     let pruned = registry.acquire(&acme).await?.prune(cutoff).await?;
-    assert_eq!(pruned, 0, "k1 was pruned younger than the window by the store's clock");
+    assert_eq!(
+        pruned, 0,
+        "k1 was pruned younger than the window by the store's clock"
+    );
     assert_replays(&registry, &acme, &["k1"]).await?;
     registry.shutdown().await;
     Ok(())
@@ -182,7 +190,12 @@ async fn pruning_every_open_org_reads_the_stores_clock_once() -> R {
     let dir = tempfile::tempdir()?;
     let store = Replica::local_store(&dir.path().join("store"))?;
     let replica = common::replica(store, None).await?;
-    let registry = registry(&dir.path().join("data"), replica.clone(), "w", Settings::default())?;
+    let registry = registry(
+        &dir.path().join("data"),
+        replica.clone(),
+        "w",
+        Settings::default(),
+    )?;
     for org in ["a", "b", "c", "d"] {
         apply(&registry, &OrgId::new(org)?, &["k"]).await?;
     }
@@ -190,7 +203,10 @@ async fn pruning_every_open_org_reads_the_stores_clock_once() -> R {
     let results = registry
         .prune_all(SystemTime::now() - Duration::from_secs(3600), |_| {})
         .await;
-    assert!(results.iter().all(|(_, r)| matches!(r, Ok(0))), "{results:?}");
+    assert!(
+        results.iter().all(|(_, r)| matches!(r, Ok(0))),
+        "{results:?}"
+    );
     let spent = replica.store_requests().since(&before);
     assert_eq!(spent.head, 1, "{spent:?}");
     registry.shutdown().await;

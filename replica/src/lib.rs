@@ -92,8 +92,8 @@ mod settings;
 mod ship;
 mod shipper;
 mod snapshot;
-mod store_clock;
 pub mod sqlite;
+mod store_clock;
 mod verify;
 
 pub use blob::{BLOB_MAGIC, BLOB_VERSION};

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info};
 
 use crate::layout::new_nonce;
 use crate::metrics::{CLOCK_REFUSALS, CLOCK_SKEW_SECONDS};
@@ -159,7 +159,8 @@ impl Replica {
         }
     }
 
-    /// Counts and logs a refusal (logged once per measurement, not per decision it refuses).
+    /// Counts a refusal, and logs it with its measurement (once per measurement, not per
+    /// decision it refuses).
     fn refuse(&self, op: &'static str, t: StoreTime, measured: bool) -> Error {
         metrics::counter!(CLOCK_REFUSALS, "op" => op).increment(1);
         let err = Error::ClockSkew {
@@ -168,8 +169,15 @@ impl Replica {
             store_ms: t.store_ms,
             max_skew_ms: self.inner.settings.max_clock_skew_ms,
         };
+        // Info, not warn: the caller reports the error it returns (one line per run).
         if measured {
-            warn!(op, skew_ms = t.skew_ms(), host_ms = t.host_ms, store_ms = t.store_ms, "{err}");
+            info!(
+                op,
+                skew_ms = t.skew_ms(),
+                host_ms = t.host_ms,
+                store_ms = t.store_ms,
+                "{err}"
+            );
         }
         err
     }

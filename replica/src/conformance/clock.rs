@@ -38,7 +38,13 @@ pub(super) async fn retention_on_a_skewed_host_deletes_nothing_by_age(
     clock.set(SystemClock.now_ms() + 8 * 1440 * MINUTE_MS);
     let refused = r.retain(&o, &policy(MINUTE_MS)).await;
     assert!(
-        matches!(refused, Err(Error::ClockSkew { op: "retention", .. })),
+        matches!(
+            refused,
+            Err(Error::ClockSkew {
+                op: "retention",
+                ..
+            })
+        ),
         "{refused:?}"
     );
     assert_eq!(seqs(r.history(&o).await?), before);

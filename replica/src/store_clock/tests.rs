@@ -13,14 +13,7 @@ type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 const DAY_MS: u64 = 86_400_000;
 
 async fn open(store: &Arc<dyn ObjectStore>, clock: &Arc<ManualClock>) -> Result<Replica, Error> {
-    Replica::open_with(
-        store.clone(),
-        "t",
-        Settings::default(),
-        clock.clone(),
-        None,
-    )
-    .await
+    Replica::open_with(store.clone(), "t", Settings::default(), clock.clone(), None).await
 }
 
 fn requests(put: u64, head: u64, delete: u64) -> StoreRequests {
@@ -104,7 +97,16 @@ async fn a_step_after_a_measurement_is_refused_after_a_probe_confirms_it() -> R 
     assert_eq!(r.store_requests().since(&before), requests(1, 1, 1));
     let before = r.store_requests();
     let again = r.store_time("retention").await;
-    assert!(matches!(again, Err(Error::ClockSkew { op: "retention", .. })), "{again:?}");
+    assert!(
+        matches!(
+            again,
+            Err(Error::ClockSkew {
+                op: "retention",
+                ..
+            })
+        ),
+        "{again:?}"
+    );
     assert_eq!(r.store_requests().since(&before), StoreRequests::default());
     Ok(())
 }
@@ -144,7 +146,11 @@ async fn a_reading_is_taken_again_once_it_is_older_than_remeasure_after() -> R {
 async fn a_read_only_handle_cannot_probe() -> R {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let r = Replica::open_read_only(store, "t", Settings::default())?;
-    let err = r.store_time("prune").await.err().ok_or("a read-only handle wrote")?;
+    let err = r
+        .store_time("prune")
+        .await
+        .err()
+        .ok_or("a read-only handle wrote")?;
     assert!(matches!(err, Error::ReadOnly { .. }), "{err:?}");
     Ok(())
 }
