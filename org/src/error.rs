@@ -258,6 +258,14 @@ impl Error {
         }
     }
 
+    /// True when a decision by wall-clock age (prune, retention) was refused because this
+    /// host's clock and the store's disagree beyond `idem_replica::Settings::max_clock_skew_ms`
+    /// (`idem_replica::Error::ClockSkew`, I15): a fault of the host, not of the org.
+    pub fn is_clock_skew(&self) -> bool {
+        matches!(self, Error::Replica { source, .. }
+            if matches!(**source, idem_replica::Error::ClockSkew { .. }))
+    }
+
     /// True when retrying the request as is (same key, same handle) may succeed.
     pub fn is_retryable(&self) -> bool {
         self.kind() == ErrorKind::Retry

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::{BoxError, Options, Outcome, Record};
 use idem_replica::{OrgId, Replica, Shipper};
@@ -327,9 +327,28 @@ impl Org {
     /// Deletes keys applied strictly before `cutoff` (see `idem::prune`), then ships, and
     /// returns how many were deleted.
     ///
+    /// Never on a clock the store contradicts (I15): first this host's clock (the replica's)
+    /// is checked against the store's ([`idem_replica::Replica::store_time`]: the
+    /// Last-Modified of an object this process wrote, usually one HEAD per minute for the
+    /// whole process, often none), and prune is refused past
+    /// `idem_replica::Settings::max_clock_skew_ms`. Within the bound, `cutoff` is moved back by
+    /// however far this host reads ahead of the store, so a cutoff of now − window never
+    /// deletes a key younger than the window by the store's clock.
+    ///
     /// # Errors
-    /// As [`Org::once_with`].
+    /// [`Error::Replica`] with `idem_replica::Error::ClockSkew` (kind `Fatal`; nothing deleted)
+    /// when the clocks disagree beyond the bound, or with the store's error when its clock
+    /// cannot be read; otherwise as [`Org::once_with`].
     pub async fn prune(&self, cutoff: SystemTime) -> Result<u64, Error> {
+        let store = self
+            .inner
+            .replica
+            .store_time("prune")
+            .await
+            .map_err(|e| Error::replica(&self.inner.acks.org, e))?;
+        let cutoff = cutoff
+            .checked_sub(Duration::from_millis(store.ahead_ms()))
+            .unwrap_or(UNIX_EPOCH);
         let pruned = self.call(|reply| Job::Prune { cutoff, reply }).await?;
         self.inner.acks.wait_shipped(pruned.commit_seq).await?;
         Ok(pruned.value)

@@ -410,7 +410,10 @@ impl Registry {
 
     /// Prunes keys applied strictly before `cutoff` in every open org (each then ships),
     /// calling `progress` after each org. Returns each org's result; one org's failure does
-    /// not stop the others.
+    /// not stop the others. Each org checks this host's clock against the store's first
+    /// ([`Org::prune`]); the measurement is the process's, so a run costs one HEAD at most,
+    /// and on a host whose clock the store contradicts every org is refused with
+    /// `idem_replica::Error::ClockSkew` and none is touched (I15).
     pub async fn prune_all(
         &self,
         cutoff: SystemTime,

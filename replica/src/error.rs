@@ -293,6 +293,26 @@ pub enum Error {
         #[source]
         source: getrandom::Error,
     },
+    /// This host's clock and the store's disagree by more than
+    /// [`crate::Settings::max_clock_skew_ms`], so a decision by wall-clock age (`op`: key
+    /// prune, snapshot retention) was refused and nothing was deleted (I15). The store's time
+    /// is read from the Last-Modified of an object this process wrote
+    /// ([`crate::Replica::store_time`]). Fix the host's clock (NTP); retrying as is will not help.
+    #[error(
+        "{op} refused: this host's clock is {} the store's ({}), more than max_clock_skew_ms ({max_skew_ms} ms) allows; fix the host's clock",
+        skew_words(*host_ms, *store_ms),
+        both_times(*host_ms, *store_ms)
+    )]
+    ClockSkew {
+        /// The decision refused (`prune`, `retention`).
+        op: &'static str,
+        /// This host's clock, ms since the Unix epoch.
+        host_ms: u64,
+        /// The store's time (a lower bound), ms since the Unix epoch.
+        store_ms: u64,
+        /// The bound in force, ms.
+        max_skew_ms: u64,
+    },
     /// A blocking task panicked or was cancelled.
     #[error("blocking task failed while {op}")]
     Task {
@@ -302,6 +322,23 @@ pub enum Error {
         #[source]
         source: tokio::task::JoinError,
     },
+}
+
+/// `8days ahead of` / `2m 5s behind`: how far `host_ms` reads from `store_ms`, in whole
+/// seconds.
+fn skew_words(host_ms: u64, store_ms: u64) -> String {
+    let (apart, side) = if host_ms >= store_ms {
+        (host_ms - store_ms, "ahead of")
+    } else {
+        (store_ms - host_ms, "behind")
+    };
+    let apart = std::time::Duration::from_secs(apart / 1000);
+    format!("{} {side}", humantime::format_duration(apart))
+}
+
+/// `host T1, store T2`, for messages.
+fn both_times(host_ms: u64, store_ms: u64) -> String {
+    format!("host {}, store {}", rfc3339(host_ms), rfc3339(store_ms))
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339 (UTC, milliseconds), for messages.
@@ -342,6 +379,7 @@ impl Error {
             | Error::Encode { .. }
             | Error::Compress { .. }
             | Error::Random { .. }
+            | Error::ClockSkew { .. }
             | Error::Task { .. } => ErrorKind::Fatal,
         }
     }
@@ -416,6 +454,34 @@ mod message_tests {
         assert_eq!(
             e.to_string(),
             "org acme is leased by writer w until 2025-12-01T00:00:00.123Z"
+        );
+    }
+
+    #[test]
+    fn a_clock_refusal_says_which_way_how_far_and_both_times() {
+        let e = Error::ClockSkew {
+            op: "prune",
+            host_ms: 1_764_547_200_123 + 8 * 86_400_000,
+            store_ms: 1_764_547_200_123,
+            max_skew_ms: 300_000,
+        };
+        assert_eq!(
+            e.to_string(),
+            "prune refused: this host's clock is 8days ahead of the store's (host \
+             2025-12-09T00:00:00.123Z, store 2025-12-01T00:00:00.123Z), more than \
+             max_clock_skew_ms (300000 ms) allows; fix the host's clock"
+        );
+        let behind = Error::ClockSkew {
+            op: "retention",
+            host_ms: 1_000_000,
+            store_ms: 1_000_000 + 125_400,
+            max_skew_ms: 60_000,
+        };
+        assert!(
+            behind
+                .to_string()
+                .starts_with("retention refused: this host's clock is 2m 5s behind the store's"),
+            "{behind}"
         );
     }
 }

@@ -47,6 +47,8 @@
 //!   connection's thread ([`sqlite::Owned::capture`]), proved from their own pages, published
 //!   as deltas of committed WAL frames or full snapshots per [`ShipPolicy`].
 //! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
+//! - [`StoreTime`]: this host's clock beside the store's ([`Replica::store_time`]), which
+//!   every decision by wall-clock age checks first (I15).
 //! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper
 //!   and pausing failpoints; `conformance`, the suite every store runs.
 //!
@@ -62,7 +64,7 @@
 //! is lost — [`Error::is_claim_lost`] — discard local state and claim again),
 //! [`ErrorKind::Input`] (including a delta the chain tip refuses: ship a full snapshot),
 //! [`ErrorKind::Corrupt`] (stop; never fall back), [`ErrorKind::Fatal`] (unsafe store,
-//! unknown format).
+//! unknown format, a host clock the store contradicts: [`Error::ClockSkew`]).
 #![forbid(unsafe_code)]
 
 mod blob;
@@ -93,6 +95,7 @@ mod ship;
 mod shipper;
 mod snapshot;
 pub mod sqlite;
+mod store_clock;
 mod verify;
 
 pub use blob::{BLOB_MAGIC, BLOB_VERSION};
@@ -115,4 +118,5 @@ pub use settings::{Clock, MAX_INLINE_DELTA_BYTES, ManualClock, Retention, Settin
 pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;
+pub use store_clock::{REMEASURE_AFTER, StoreTime};
 pub use verify::VerifyReport;

@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) known: crate::log::known::Known,
     /// Segment names of manifests retention read, so it reads each one once.
     pub(crate) segment_refs: crate::segment::refs::SegmentRefs,
+    /// The last measurement of the store's clock (`store_clock.rs`).
+    pub(crate) store_clock: crate::store_clock::StoreClock,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -136,6 +138,7 @@ impl Replica {
             inner: Arc::new(Inner {
                 known: crate::log::known::Known::new(settings.known_entries),
                 segment_refs: Default::default(),
+                store_clock: Default::default(),
                 store,
                 requests,
                 layout,
@@ -166,6 +169,7 @@ impl Replica {
             inner: Arc::new(Inner {
                 known: crate::log::known::Known::new(settings.known_entries),
                 segment_refs: Default::default(),
+                store_clock: Default::default(),
                 requests: counted.counts(),
                 store: Arc::new(counted),
                 layout: Layout::new(prefix),

@@ -27,8 +27,9 @@ impl Replica {
     /// Never deletes the newest snapshot entry, its manifest or segments, or any entry after
     /// it (its delta chain), nor any claim or release entry (so no slot a zombie writer would
     /// publish into is ever freed). Deletes older snapshot entries (and then their objects)
-    /// that are beyond `keep_snapshots` AND older than `keep_ms`, with the deltas chained to
-    /// them; deltas below the newest snapshot that no kept snapshot's chain reaches; and
+    /// that are beyond `keep_snapshots` AND older than `keep_ms` (by this host's clock and,
+    /// when that would delete one, by the store's too: [`Replica::store_time`], I15), with the
+    /// deltas chained to them; deltas below the newest snapshot that no kept snapshot's chain reaches; and
     /// orphan objects whose seq is at most the head seq — a blob, manifest or segment that no
     /// kept entry names, directly or through a kept snapshot's manifest. An object above the
     /// head may belong to a ship in flight (a zombie's uploads are orphans: its entry can
@@ -40,7 +41,9 @@ impl Replica {
     /// object: its view of the log is not one state of it.
     ///
     /// # Errors
-    /// [`Error::Store`]; an unreadable log. A partial run is safe to repeat.
+    /// [`Error::Store`]; an unreadable log; [`Error::ClockSkew`] (nothing deleted) when this
+    /// host's clock would delete a snapshot by age and disagrees with the store's beyond
+    /// [`crate::Settings::max_clock_skew_ms`]. A partial run is safe to repeat.
     pub async fn retain(&self, org: &OrgId, policy: &Retention) -> Result<RetentionReport, Error> {
         self.writable("retention")?;
         // Entries this handle published or read before are not read again: a run costs two
@@ -54,16 +57,18 @@ impl Replica {
         let Some(newest) = snaps.last().map(|e| e.seq()) else {
             return Ok(report);
         };
-        let now = self.inner.clock.now_ms();
         let keep = policy.keep_snapshots.max(1);
-        let mut doomed: Vec<&LogEntry> = Vec::new();
-        for (i, e) in snaps.iter().enumerate() {
-            let beyond_count = i + keep < snaps.len();
-            let old_enough = now.saturating_sub(e.at_ms()) >= policy.keep_ms;
-            if beyond_count && old_enough && e.seq() < newest {
-                doomed.push(e);
-            }
-        }
+        let beyond_count: Vec<&LogEntry> = snaps
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| i + keep < snaps.len() && e.seq() < newest)
+            .map(|(_, e)| *e)
+            .collect();
+        let now = self.age_now(policy, &beyond_count).await?;
+        let mut doomed: Vec<&LogEntry> = beyond_count
+            .into_iter()
+            .filter(|e| now.saturating_sub(e.at_ms()) >= policy.keep_ms)
+            .collect();
         // Deltas stay while the snapshot they chain from stays (point-in-time restore);
         // deltas no kept snapshot reaches (a fenced writer's orphans) go. Claims and releases
         // always stay: the entry after any writer's last entry is its own release or the next
@@ -176,6 +181,22 @@ impl Replica {
         }
         info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(), "retention ran");
         Ok(report)
+    }
+
+    /// The now snapshot ages are judged by (ms since the Unix epoch). Only when this host's
+    /// clock would delete one of `candidates` by age is the store's clock asked: then the
+    /// earlier of the two is used, so no snapshot goes younger than `keep_ms` by either, and a
+    /// host whose clock disagrees with the store's beyond the bound deletes nothing (I15).
+    ///
+    /// # Errors
+    /// [`Error::ClockSkew`] and the other errors of [`Replica::store_time`].
+    async fn age_now(&self, policy: &Retention, candidates: &[&LogEntry]) -> Result<u64, Error> {
+        let host = self.inner.clock.now_ms();
+        let by_host = |e: &&LogEntry| host.saturating_sub(e.at_ms()) >= policy.keep_ms;
+        if policy.keep_ms == 0 || !candidates.iter().any(by_host) {
+            return Ok(host);
+        }
+        Ok(self.store_time("retention").await?.now_ms())
     }
 
     /// The segment names of the manifest `name` of `org` (for an image of `image_bytes`),

@@ -44,6 +44,13 @@ pub struct Settings {
     /// Segment uploads in flight during a full snapshot (memory: about twice
     /// `segment_bytes` per upload). Default 8.
     pub upload_concurrency: usize,
+    /// Largest disagreement, in ms, between this host's clock and the store's (read from the
+    /// Last-Modified of an object this process wrote) at which a decision by wall-clock age
+    /// still runs: key prune and snapshot retention are refused beyond it (I15,
+    /// [`crate::Replica::store_time`]). Default 300 000 (5 minutes): NTP keeps hosts within
+    /// milliseconds, S3 refuses requests signed more than 15 minutes off, and retention
+    /// windows are hours or days. At least 1.
+    pub max_clock_skew_ms: u64,
 }
 
 impl Default for Settings {
@@ -58,6 +65,7 @@ impl Default for Settings {
             known_entries: 65_536,
             segment_bytes: 256 << 10,
             upload_concurrency: 8,
+            max_clock_skew_ms: 300_000,
         }
     }
 }
@@ -78,6 +86,9 @@ impl Settings {
                 self.segment_bytes,
                 crate::segment::MAX_SEGMENT_BYTES
             ));
+        }
+        if self.max_clock_skew_ms == 0 {
+            return bad("max_clock_skew_ms must be at least 1".into());
         }
         if self.upload_concurrency == 0 {
             return bad("upload_concurrency must be at least 1".into());

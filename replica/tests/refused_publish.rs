@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use idem_replica::conformance::test_snapshot;
 use idem_replica::fault::{Fault, FaultStore, Op};
-use idem_replica::{Error, LogEntry, ManualClock, OrgId, Replica, Retention, Settings};
+use idem_replica::{
+    Clock, Error, LogEntry, ManualClock, OrgId, Replica, Retention, Settings, SystemClock,
+};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
@@ -22,7 +24,11 @@ async fn a_refused_publish_that_lands_late_in_a_slot_retention_freed_is_fenced_n
 -> R {
     let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let fs = Arc::new(FaultStore::new(raw.clone()));
-    let clock = Arc::new(ManualClock::new(1_000_000));
+    // Behind the store's clock by more than the hours it moves on, ending a minute behind
+    // it: retention by age checks this host's clock against the store's (I15).
+    let clock = Arc::new(ManualClock::new(
+        SystemClock.now_ms() - 4 * 3_600_000 - 10_000 - 60_000,
+    ));
     let settings = Settings {
         lease_ms: 1_000,
         ..Settings::default()

@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 use idem_replica::conformance::test_snapshot;
 use idem_replica::fault::{Fault, FaultStore, Op};
 use idem_replica::{
-    Error, FailPoint, Failpoints, LogEntry, ManualClock, OrgId, Replica, Retention, Settings,
+    Clock, Error, FailPoint, Failpoints, LogEntry, ManualClock, OrgId, Replica, Retention,
+    Settings, SystemClock,
 };
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -50,7 +51,11 @@ impl Failpoints for RetainAfterUpload {
 async fn a_zombie_snapshot_landing_in_a_freed_slot_never_names_deleted_objects() -> R {
     let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let fs = Arc::new(FaultStore::new(raw.clone()));
-    let clock = Arc::new(ManualClock::new(1_000_000));
+    // Behind the store's clock by more than the hours it moves on, ending a minute behind
+    // it: retention by age checks this host's clock against the store's (I15).
+    let clock = Arc::new(ManualClock::new(
+        SystemClock.now_ms() - 4 * 3_600_000 - 10_000 - 60_000,
+    ));
     let settings = Settings {
         lease_ms: 1_000,
         ..Settings::default()

@@ -40,6 +40,10 @@ pub struct PruneArgs {
     /// Writer id recorded in claims (default: `idem-prune-<pid>`).
     #[arg(long)]
     writer: Option<String>,
+    /// Refuse to prune (exit 1, nothing deleted) when this host's clock and the store's
+    /// (the Last-Modified of an object this run writes) disagree by more than this.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    max_clock_skew: Duration,
     /// Print the results as JSON.
     #[arg(long)]
     json: bool,

@@ -7,17 +7,29 @@ use std::time::SystemTime;
 use idem_org::{Registry, replica};
 use serde_json::json;
 
-use super::{PruneArgs, open, org_id};
+use super::{PruneArgs, org_id};
 
 /// Prunes every (or each given) org: acquire (respecting live leases unless `--force`),
 /// delete keys applied before the cutoff, ship, release. One org's failure does not stop
 /// the others; the exit code is non-zero if any failed. An org a live writer holds is
 /// skipped and counted apart, not a failure: beside a running server, a cron job stays green.
 ///
+/// Before anything is claimed, this host's clock is checked against the store's (a probe
+/// object's Last-Modified: one PUT, HEAD and DELETE), and the run is refused past
+/// `--max-clock-skew` (I15); each org's prune checks again (`Org::prune`).
+///
 /// # Errors
-/// Bad store URL or org id, store unreachable.
+/// Bad store URL or org id, store unreachable, this host's clock contradicted by the store's.
 pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
-    let replica = open(&a.store).await?;
+    let settings = replica::Settings {
+        max_clock_skew_ms: u64::try_from(a.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
+        ..replica::Settings::default()
+    };
+    let replica = crate::store::parse(&a.store)?.open(settings).await?;
+    replica
+        .store_time("prune")
+        .await
+        .map_err(|e| format!("{}; nothing was pruned", crate::chain(&e)))?;
     let orgs = if a.orgs.is_empty() {
         replica.orgs().await.map_err(|e| crate::chain(&e))?
     } else {

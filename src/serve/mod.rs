@@ -61,6 +61,11 @@ pub struct ServeArgs {
     /// With --prune-every: delete keys applied longer ago than this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
     prune_older_than: Duration,
+    /// Refuse to prune keys or retire snapshots by age (logged, counted in
+    /// `idem_clock_refusals_total`) while this host's clock and the store's disagree by more
+    /// than this; the store's is read from the Last-Modified of this process's own writes.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    max_clock_skew: Duration,
     /// Advisory lease length in ms: how long another replica waits before it claims the
     /// orgs of a writer that died without releasing them (SIGTERM releases at once).
     #[arg(long, default_value_t = 30_000)]
@@ -105,6 +110,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     let settings = replica::Settings {
         lease_ms: a.lease_ms,
         advertise: a.advertise.clone(),
+        max_clock_skew_ms: u64::try_from(a.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
         ..replica::Settings::default()
     };
     let replica = store.open(settings).await?;
@@ -192,10 +198,20 @@ async fn prune_loop(registry: Registry, every: Duration, older_than: Duration) {
         let cutoff = SystemTime::now()
             .checked_sub(older_than)
             .unwrap_or(SystemTime::UNIX_EPOCH);
-        for (org, result) in registry.prune_all(cutoff, |_| {}).await {
+        let results = registry.prune_all(cutoff, |_| {}).await;
+        // A clock refusal is the host's, not each org's: one line per run names it.
+        let refused: Vec<_> = results
+            .iter()
+            .filter(|(_, r)| r.as_ref().is_err_and(idem_org::Error::is_clock_skew))
+            .collect();
+        if let Some((_, Err(e))) = refused.first() {
+            tracing::warn!(orgs = refused.len(), error = %crate::chain(e), "prune refused: nothing deleted");
+        }
+        for (org, result) in &results {
             match result {
                 Ok(n) => tracing::info!(org = %org, deleted = n, "pruned"),
-                Err(e) => tracing::warn!(org = %org, error = %crate::chain(&e), "prune failed"),
+                Err(e) if e.is_clock_skew() => {}
+                Err(e) => tracing::warn!(org = %org, error = %crate::chain(e), "prune failed"),
             }
         }
     }

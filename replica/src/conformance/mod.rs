@@ -22,6 +22,7 @@
 //! [`FaultStore`]: crate::fault::FaultStore
 
 mod claims;
+mod clock;
 mod damage;
 mod db;
 mod delta;
@@ -76,6 +77,7 @@ macro_rules! __conformance_cases {
             faults::corrupt_blob_is_refused_and_nothing_installed,
             faults::unknown_entry_format_is_refused,
             snapshots::retention_keeps_newest,
+            clock::retention_on_a_skewed_host_deletes_nothing_by_age,
             snapshots::restore_and_verify,
             snapshots::snapshot_under_concurrent_writes,
             segments::a_segment_shared_by_two_snapshots_survives_retention_of_the_older,

@@ -1,0 +1,239 @@
+//! The store's clock (I15): how far this host's clock reads from the store's, measured from
+//! the Last-Modified the store gives an object this process wrote — never from a time another
+//! host wrote. Decisions that delete by wall-clock age (key prune, snapshot retention) ask
+//! [`Replica::store_time`] first and are refused past [`crate::Settings::max_clock_skew_ms`].
+//!
+//! A reading is the object's Last-Modified (the store's time of the write, truncated to whole
+//! seconds by S3: never later than it) plus the time elapsed since the answer arrived on this
+//! process's monotonic clock: a lower bound of the store's time now, which a step of this
+//! host's wall clock cannot move. Which object (I16):
+//!
+//! ```text
+//! a reading younger than REMEASURE_AFTER   no request
+//! this process's lease (it renews it       HEAD processes/<instance>.json      1 request
+//!   every lease_ms / 3 anyway)
+//! none, or the lease disagrees             PUT + HEAD + DELETE probe/<nonce>    3 requests
+//! ```
+//!
+//! A refusal is decided only by a probe written for it (or one younger than
+//! `REMEASURE_AFTER`): a lease renewal that stalled reads old, and must not refuse by itself.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStoreExt, PutPayload};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use crate::layout::new_nonce;
+use crate::metrics::{CLOCK_REFUSALS, CLOCK_SKEW_SECONDS};
+use crate::{Error, Replica};
+
+/// How long one measurement answers for, on this process's monotonic clock. It bounds the
+/// store requests a busy process spends on the check (at most one measurement a minute)
+/// and how long a drift between the monotonic clock and the store's can accumulate.
+pub const REMEASURE_AFTER: Duration = Duration::from_secs(60);
+
+/// One reading of the store's clock beside this host's, both in ms since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreTime {
+    /// This host's clock (the replica's injected [`crate::Clock`]) when the reading was made.
+    pub host_ms: u64,
+    /// The store's time then, as a lower bound: the Last-Modified of an object this process
+    /// wrote plus the monotonic time elapsed since the store answered.
+    pub store_ms: u64,
+}
+
+impl StoreTime {
+    /// `host_ms - store_ms`: positive when this host's clock reads ahead of the store's.
+    pub fn skew_ms(&self) -> i64 {
+        signed(self.host_ms) - signed(self.store_ms)
+    }
+
+    /// The now that a deletion by age uses: the earlier of the two clocks, so nothing is
+    /// judged older than it is by either (ms since the Unix epoch).
+    pub fn now_ms(&self) -> u64 {
+        self.host_ms.min(self.store_ms)
+    }
+
+    /// How far the host reads ahead of the store, in ms (0 when it reads behind): what a
+    /// cutoff computed from the host's clock must move back by.
+    pub fn ahead_ms(&self) -> u64 {
+        self.host_ms.saturating_sub(self.store_ms)
+    }
+
+    fn within(&self, bound_ms: u64) -> bool {
+        self.skew_ms().unsigned_abs() <= bound_ms
+    }
+}
+
+fn signed(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// The last measurement of the store's clock (one per [`Replica`] handle and its clones).
+#[derive(Debug, Default)]
+pub(crate) struct StoreClock(Mutex<Option<Reading>>);
+
+#[derive(Debug, Clone, Copy)]
+struct Reading {
+    /// The object's Last-Modified, ms since the Unix epoch.
+    modified_ms: u64,
+    /// This process's monotonic time when the store's answer arrived.
+    at: Instant,
+    /// Read from a probe written for the measurement (not the lease, which may read old).
+    probed: bool,
+}
+
+impl Reading {
+    fn store_now_ms(&self) -> u64 {
+        let elapsed = u64::try_from(self.at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.modified_ms.saturating_add(elapsed)
+    }
+}
+
+impl StoreClock {
+    fn fresh(&self) -> Option<Reading> {
+        let last = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.filter(|r| r.at.elapsed() < REMEASURE_AFTER)
+    }
+
+    fn keep(&self, reading: Reading) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(reading);
+    }
+}
+
+impl Replica {
+    /// This host's clock beside the store's, checked: `Ok` only when they agree within
+    /// [`crate::Settings::max_clock_skew_ms`]. `op` names the decision that asks (`prune`,
+    /// `retention`) in the error, the log line and the metric. Use [`StoreTime::now_ms`] (or
+    /// move a cutoff back by [`StoreTime::ahead_ms`]) so that nothing is deleted younger than
+    /// its window by the store's clock either (I15).
+    ///
+    /// Costs no request while a measurement younger than [`REMEASURE_AFTER`] answers, else one
+    /// HEAD of this process's lease, or a probe object's PUT, HEAD and DELETE when this
+    /// handle holds no lease or the lease disagrees.
+    ///
+    /// # Errors
+    /// [`Error::ClockSkew`] when the clocks disagree by more than the bound (counted in
+    /// `idem_clock_refusals_total{op}`); [`Error::Store`] when the store cannot be read or
+    /// written; [`Error::ReadOnly`] when a read-only handle would have to write a probe.
+    pub async fn store_time(&self, op: &'static str) -> Result<StoreTime, Error> {
+        let bound = self.inner.settings.max_clock_skew_ms;
+        let cached = self.inner.store_clock.fresh();
+        if let Some(r) = cached {
+            let t = self.beside_host(&r);
+            if t.within(bound) {
+                return Ok(t);
+            }
+            if r.probed {
+                return Err(self.refuse(op, t, false));
+            }
+        }
+        // A lease reading that disagreed is not read again: its renewal may have stalled.
+        let try_lease = cached.is_none() && self.inner.process_lease.initialized();
+        if try_lease && let Some(r) = self.read_lease_time().await? {
+            let t = self.beside_host(&r);
+            if t.within(bound) {
+                self.inner.store_clock.keep(r);
+                return Ok(t);
+            }
+        }
+        let r = self.read_probe_time().await?;
+        self.inner.store_clock.keep(r);
+        let t = self.beside_host(&r);
+        if t.within(bound) {
+            Ok(t)
+        } else {
+            Err(self.refuse(op, t, true))
+        }
+    }
+
+    /// `reading` beside this host's clock now.
+    fn beside_host(&self, reading: &Reading) -> StoreTime {
+        StoreTime {
+            host_ms: self.inner.clock.now_ms(),
+            store_ms: reading.store_now_ms(),
+        }
+    }
+
+    /// Counts a refusal, and logs it with its measurement (once per measurement, not per
+    /// decision it refuses).
+    fn refuse(&self, op: &'static str, t: StoreTime, measured: bool) -> Error {
+        metrics::counter!(CLOCK_REFUSALS, "op" => op).increment(1);
+        let err = Error::ClockSkew {
+            op,
+            host_ms: t.host_ms,
+            store_ms: t.store_ms,
+            max_skew_ms: self.inner.settings.max_clock_skew_ms,
+        };
+        // Info, not warn: the caller reports the error it returns (one line per run).
+        if measured {
+            info!(
+                op,
+                skew_ms = t.skew_ms(),
+                host_ms = t.host_ms,
+                store_ms = t.store_ms,
+                "{err}"
+            );
+        }
+        err
+    }
+
+    /// The Last-Modified of this process's lease; `None` when it is not in the store (its
+    /// first write failed, and the renewal task retries).
+    async fn read_lease_time(&self) -> Result<Option<Reading>, Error> {
+        let path = self.inner.layout.process(&self.inner.instance);
+        match self.head_time(&path, false).await {
+            Ok(r) => Ok(Some(r)),
+            Err(Error::Store {
+                source: object_store::Error::NotFound { .. },
+                ..
+            }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes a probe object, reads its Last-Modified, deletes it.
+    async fn read_probe_time(&self) -> Result<Reading, Error> {
+        self.writable("clock check")?;
+        let path = self.inner.layout.probe(&new_nonce()?);
+        let body = PutPayload::from(Bytes::from_static(b"idem clock probe"));
+        self.inner
+            .store
+            .put(&path, body)
+            .await
+            .map_err(|e| Error::store("put", &path, e))?;
+        let read = self.head_time(&path, true).await;
+        // A probe left behind (the delete failed) is a few bytes no reader looks at.
+        if let Err(e) = self.inner.store.delete(&path).await {
+            debug!(%path, error = %e, "could not delete the clock probe");
+        }
+        read
+    }
+
+    async fn head_time(&self, path: &Path, probed: bool) -> Result<Reading, Error> {
+        let meta = self
+            .inner
+            .store
+            .head(path)
+            .await
+            .map_err(|e| Error::store("head", path, e))?;
+        let at = Instant::now();
+        let modified_ms = u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
+        let reading = Reading {
+            modified_ms,
+            at,
+            probed,
+        };
+        let skew = self.beside_host(&reading).skew_ms();
+        #[allow(clippy::cast_precision_loss)]
+        metrics::gauge!(CLOCK_SKEW_SECONDS).set(skew as f64 / 1000.0);
+        Ok(reading)
+    }
+}
+
+#[cfg(test)]
+mod tests;
