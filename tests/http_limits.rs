@@ -168,6 +168,7 @@ async fn unknown_routes_and_methods_answer_in_the_json_error_shape() -> TestResu
         (reqwest::Method::DELETE, "/orgs/acme/transfers", 405),
         (reqwest::Method::POST, "/orgs/acme/balances", 405),
         (reqwest::Method::PUT, "/healthz", 405),
+        (reqwest::Method::GET, "/orgs/%FF/balances", 400),
     ] {
         let resp = http.request(method.clone(), format!("{}{path}", srv.url)).send().await?;
         assert_eq!(resp.status().as_u16(), status, "{method} {path}");

@@ -120,20 +120,23 @@ async fn a_stalled_stderr_reader_never_blocks_acknowledgements() -> TestResult {
         &dir.path().join("a"),
         &["--writer", "a", "--lease-ms", "600000"],
     );
-    // Trace logs fill the pipe's 64 KiB within the first requests; the test holds the read
-    // end open and never reads it.
-    cmd.env("IDEM_LOG", "trace").stderr(Stdio::piped());
+    // Trace logs (about 350 bytes a request) fill the pipe's 64 KiB within a few hundred
+    // requests, then the 4 KiB queue (a test hook; 1 MiB by default); the test holds the
+    // read end open and never reads it.
+    cmd.env("IDEM_LOG", "trace")
+        .env("IDEM_TEST_LOG_QUEUE_BYTES", "4096")
+        .stderr(Stdio::piped());
     let mut a = Server::spawn(cmd)?;
     let http = client();
     let mut dropped = 0.0;
     let mut i = 0;
-    // Until the queue overflowed (bounded: the pipe holds 64 KiB, the queue 1 MiB).
+    // Until the queue overflowed: without the sink, the requests block once the pipe is full.
     while dropped == 0.0 {
         i += 1;
-        assert!(i <= 2000, "no line was ever dropped");
+        assert!(i <= 1500, "no line was ever dropped");
         let (s, _) = post(&http, &a.url, "acme", &format!("k{i}")).await?;
         assert_eq!(s, 201, "request {i} acknowledged");
-        if i % 50 == 0 {
+        if i % 25 == 0 {
             let text = http
                 .get(format!("{}/metrics", a.url))
                 .send()
