@@ -89,9 +89,23 @@ fn commands(dir: &Path, store: &str) -> Vec<Vec<String>> {
             all.push(a);
         }
     }
-    all.push(s(&["restore", "acme", "--store", store, "--to", &restored("r.db")]));
     all.push(s(&[
-        "resolve", "acme", "lost-1", "--not-executed", "--by", "ops", "--store", store,
+        "restore",
+        "acme",
+        "--store",
+        store,
+        "--to",
+        &restored("r.db"),
+    ]));
+    all.push(s(&[
+        "resolve",
+        "acme",
+        "lost-1",
+        "--not-executed",
+        "--by",
+        "ops",
+        "--store",
+        store,
     ]));
     all.push(s(&["--help"]));
     all.push(s(&["inspect", "--help"]));
@@ -103,7 +117,10 @@ fn assert_quiet_success(args: &[String], out: &Output) {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
-    assert!(!err.contains("Broken pipe"), "{args:?} reported the closed pipe: {err}");
+    assert!(
+        !err.contains("Broken pipe"),
+        "{args:?} reported the closed pipe: {err}"
+    );
 }
 
 /// Regression: `idem snapshots ORG --store S | head -c 20` panicked ("failed printing to
@@ -132,8 +149,15 @@ fn every_read_command_into_head_c_1_exits_quietly() -> TestResult {
     let store = seeded(dir.path())?;
     for args in commands(dir.path(), &store) {
         // Commands that write the store ran in the other test's store; here only readers.
-        if !["inspect", "snapshots", "verify", "effects", "--help", "--version"]
-            .contains(&args[0].as_str())
+        if ![
+            "inspect",
+            "snapshots",
+            "verify",
+            "effects",
+            "--help",
+            "--version",
+        ]
+        .contains(&args[0].as_str())
         {
             continue;
         }
@@ -190,7 +214,9 @@ fn a_bad_idem_log_is_refused_with_one_line_naming_it() -> TestResult {
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 1, "{bad:?}: one line, got {err:?}");
         assert!(lines[0].contains("IDEM_LOG"), "{bad:?}: {err}");
-        let named = bad.split(',').any(|d| !d.is_empty() && lines[0].contains(d));
+        let named = bad
+            .split(',')
+            .any(|d| !d.is_empty() && lines[0].contains(d));
         assert!(named, "{bad:?}: the line names the directive: {err}");
     }
     for good in [
@@ -222,7 +248,10 @@ fn a_bad_idem_log_is_refused_with_one_line_naming_it() -> TestResult {
         .arg(dir.path().join("never-data"))
         .output()?;
     assert_eq!(out.status.code(), Some(2));
-    assert!(!dir.path().join("never").exists(), "the store was not touched");
+    assert!(
+        !dir.path().join("never").exists(),
+        "the store was not touched"
+    );
     assert!(out.stdout.is_empty(), "never listened");
     Ok(())
 }

@@ -72,15 +72,21 @@ async fn slow_and_idle_clients_are_closed_after_the_header_read_timeout() -> Tes
     }
     let silent = TcpStream::connect(&addr).await?;
     let mut kept = TcpStream::connect(&addr).await?;
-    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+    kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await?;
     let mut first = [0u8; 12];
     kept.read_exact(&mut first).await?;
-    assert_eq!(&first, b"HTTP/1.1 200", "the keep-alive request was answered");
+    assert_eq!(
+        &first, b"HTTP/1.1 200",
+        "the keep-alive request was answered"
+    );
     // Every one of them is closed within a few timeouts (the bound is the test's, not a
     // speed target: without a header-read timeout they stay open indefinitely).
     let within = Duration::from_secs(10);
     for (i, s) in slow.iter_mut().enumerate() {
-        let got = read_until_closed(s, within).await.map_err(|e| format!("slow {i}: {e}"))?;
+        let got = read_until_closed(s, within)
+            .await
+            .map_err(|e| format!("slow {i}: {e}"))?;
         let text = String::from_utf8_lossy(&got);
         assert!(
             got.is_empty() || text.starts_with("HTTP/1.1 408"),
@@ -105,7 +111,14 @@ async fn the_connection_bound_holds_and_frees_as_connections_close() -> TestResu
     let srv = Server::start_with(
         &dir.path().join("store"),
         &dir.path().join("data"),
-        &["--writer", "a", "--max-connections", "2", "--header-read-timeout", "60s"],
+        &[
+            "--writer",
+            "a",
+            "--max-connections",
+            "2",
+            "--header-read-timeout",
+            "60s",
+        ],
         &[],
     )?;
     let addr = addr(&srv);
@@ -114,7 +127,8 @@ async fn the_connection_bound_holds_and_frees_as_connections_close() -> TestResu
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(&addr).await?;
-        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").await?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await?;
         let mut first = [0u8; 12];
         s.read_exact(&mut first).await?;
         assert_eq!(&first, b"HTTP/1.1 200");
@@ -128,7 +142,10 @@ async fn the_connection_bound_holds_and_frees_as_connections_close() -> TestResu
     // Not served while both slots are held: nothing arrives on it. (A bound that does not
     // hold answers it at once; this can only pass wrongly on a machine slower than 1 s.)
     let early = tokio::time::timeout(Duration::from_secs(1), third.read(&mut buf)).await;
-    assert!(early.is_err(), "the third connection was served past the bound: {early:?}");
+    assert!(
+        early.is_err(),
+        "the third connection was served past the bound: {early:?}"
+    );
     drop(held.pop());
     // Served once a slot frees.
     let got = read_until_closed(&mut third, Duration::from_secs(10)).await?;
@@ -142,14 +159,21 @@ async fn the_connection_bound_holds_and_frees_as_connections_close() -> TestResu
     for _ in 0..50 {
         let addr = addr.clone();
         flood.push(tokio::spawn(async move {
-            healthz(&addr, Duration::from_secs(30)).await.map_err(|e| e.to_string())
+            healthz(&addr, Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())
         }));
     }
     for f in flood {
         assert!(f.await??.starts_with("HTTP/1.1 200"));
     }
     drop(held);
-    let text = client().get(format!("{}/healthz", srv.url)).send().await?.text().await?;
+    let text = client()
+        .get(format!("{}/healthz", srv.url))
+        .send()
+        .await?
+        .text()
+        .await?;
     assert_eq!(text, "ok");
     Ok(())
 }
@@ -160,7 +184,12 @@ async fn the_connection_bound_holds_and_frees_as_connections_close() -> TestResu
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_in_the_json_error_shape() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let srv = Server::start(&dir.path().join("store"), &dir.path().join("data"), "a", &[])?;
+    let srv = Server::start(
+        &dir.path().join("store"),
+        &dir.path().join("data"),
+        "a",
+        &[],
+    )?;
     let http = client();
     for (method, path, status) in [
         (reqwest::Method::GET, "/nosuch", 404),
@@ -170,10 +199,16 @@ async fn unknown_routes_and_methods_answer_in_the_json_error_shape() -> TestResu
         (reqwest::Method::PUT, "/healthz", 405),
         (reqwest::Method::GET, "/orgs/%FF/balances", 400),
     ] {
-        let resp = http.request(method.clone(), format!("{}{path}", srv.url)).send().await?;
+        let resp = http
+            .request(method.clone(), format!("{}{path}", srv.url))
+            .send()
+            .await?;
         assert_eq!(resp.status().as_u16(), status, "{method} {path}");
         if status == 405 {
-            assert!(resp.headers().contains_key("allow"), "{method} {path}: Allow");
+            assert!(
+                resp.headers().contains_key("allow"),
+                "{method} {path}: Allow"
+            );
         }
         let ct = resp.headers().get("content-type").cloned();
         assert_eq!(
@@ -182,7 +217,10 @@ async fn unknown_routes_and_methods_answer_in_the_json_error_shape() -> TestResu
             "{method} {path}"
         );
         let v: Value = resp.json().await?;
-        assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{method} {path}: {v}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{method} {path}: {v}"
+        );
         assert_eq!(v["kind"], "input", "{method} {path}: {v}");
     }
     Ok(())

@@ -48,7 +48,11 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 async fn successor_replays_at_once(store: &std::path::Path, data: &std::path::Path) -> TestResult {
     let b = Server::start_with(store, data, &["--writer", "b"], &[])?;
     let (s, replayed) = post(&client(), &b.url, "acme", "k1").await?;
-    assert_eq!((s, replayed), (201, true), "released: the successor claims at once");
+    assert_eq!(
+        (s, replayed),
+        (201, true),
+        "released: the successor claims at once"
+    );
     Ok(())
 }
 
@@ -83,9 +87,12 @@ async fn a_dead_stderr_reader_never_stops_acknowledgements_or_the_release() -> T
         .await?;
     let failed = sample(&text, "idem_log_write_failures_total")
         .ok_or_else(|| format!("no idem_log_write_failures_total in\n{text}"))?;
-    assert!(failed >= 20.0, "every request's lines were dropped: {failed}");
-    let status = tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string()))
-        .await??;
+    assert!(
+        failed >= 20.0,
+        "every request's lines were dropped: {failed}"
+    );
+    let status =
+        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
     assert_eq!(status.code(), Some(0), "{status}");
     successor_replays_at_once(&store, &dir.path().join("b")).await
 }
@@ -100,10 +107,9 @@ async fn sighup_drains_and_releases_like_sigterm() -> TestResult {
     let args = ["--writer", "a", "--lease-ms", "600000"];
     let mut a = Server::start_with(&store, &dir.path().join("a"), &args, &[])?;
     assert_eq!(post(&client(), &a.url, "acme", "k1").await?.0, 201);
-    let status = tokio::task::spawn_blocking(move || {
-        a.signal(Signal::SIGHUP).map_err(|e| e.to_string())
-    })
-    .await??;
+    let status =
+        tokio::task::spawn_blocking(move || a.signal(Signal::SIGHUP).map_err(|e| e.to_string()))
+            .await??;
     assert_eq!(status.code(), Some(0), "{status}");
     successor_replays_at_once(&store, &dir.path().join("b")).await
 }
@@ -147,8 +153,8 @@ async fn a_stalled_stderr_reader_never_blocks_acknowledgements() -> TestResult {
         }
     }
     let stderr = a.child.stderr.take();
-    let status = tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string()))
-        .await??;
+    let status =
+        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
     assert_eq!(status.code(), Some(0), "{status}");
     drop(stderr);
     successor_replays_at_once(&store, &dir.path().join("b")).await
@@ -165,7 +171,10 @@ async fn metrics_show_the_log_counters_at_zero() -> TestResult {
         .await?
         .text()
         .await?;
-    for series in ["idem_log_write_failures_total", "idem_log_lines_dropped_total"] {
+    for series in [
+        "idem_log_write_failures_total",
+        "idem_log_lines_dropped_total",
+    ] {
         assert_eq!(sample(&text, series), Some(0.0), "{series} in\n{text}");
     }
     Ok(())

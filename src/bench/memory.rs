@@ -284,7 +284,8 @@ pub async fn ship_child(store: &Path, org: &str, data: &Path, mb: u64) -> BenchR
     }
     outln!(
         "shipped {} full snapshots, {} bytes",
-        stats.full_ships, stats.full_bytes
+        stats.full_ships,
+        stats.full_bytes
     );
     Ok(())
 }

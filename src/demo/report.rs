@@ -120,7 +120,9 @@ impl Summary {
         outln!();
         outln!(
             "requests       {} over {} orgs by {} clients",
-            self.requests, self.orgs, self.clients
+            self.requests,
+            self.orgs,
+            self.clients
         );
         outln!("acknowledged   {}", self.acknowledged);
         outln!(
@@ -148,7 +150,8 @@ impl Summary {
         );
         outln!(
             "ack latency    p50 {:.1} ms, p99 {:.1} ms (ship-before-ack included)",
-            self.ack_latency_p50_ms, self.ack_latency_p99_ms
+            self.ack_latency_p50_ms,
+            self.ack_latency_p99_ms
         );
         for h in &self.handoffs {
             outln!(
@@ -160,7 +163,8 @@ impl Summary {
         }
         outln!(
             "outside reader {} of {} served database files refused to another process (database is locked)",
-            self.outside_reads.refused, self.outside_reads.files
+            self.outside_reads.refused,
+            self.outside_reads.files
         );
         if self.ok() {
             outln!(

@@ -182,7 +182,9 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     } else {
         outln!(
             "resolved effect {} in org {org} as {} by {}",
-            row.key, row.state, a.by
+            row.key,
+            row.state,
+            a.by
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -96,7 +96,8 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     match &lease {
         Some(l) if released => outln!(
             "lease          writer {} round {}, released",
-            l.writer, l.round
+            l.writer,
+            l.round
         ),
         Some(l) => outln!(
             "lease          writer {} round {} until {}",
@@ -122,7 +123,8 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     if let Some(p) = &position {
         outln!(
             "newest state   seq {} (commit {}): the snapshot + {deltas_after} deltas",
-            p["seq"], p["commit"]
+            p["seq"],
+            p["commit"]
         );
     }
     outln!("keys           {applied} applied, {failed} with failed attempts only");

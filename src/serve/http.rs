@@ -76,7 +76,13 @@ pub(super) async fn serve(
         match accepted {
             Ok((stream, _peer)) => {
                 accepting.succeeded();
-                tokio::spawn(connection(stream, app.clone(), limits, permit, stopping.clone()));
+                tokio::spawn(connection(
+                    stream,
+                    app.clone(),
+                    limits,
+                    permit,
+                    stopping.clone(),
+                ));
             }
             Err(e) if per_connection(&e) => {}
             Err(e) => {

@@ -213,7 +213,10 @@ fn stop_signal() -> Result<impl std::future::Future<Output = ()>, String> {
             _ = hup.recv() => "SIGHUP",
             _ = int.recv() => "SIGINT",
         };
-        tracing::info!(signal = which, "stop signal: draining, then releasing every org");
+        tracing::info!(
+            signal = which,
+            "stop signal: draining, then releasing every org"
+        );
     })
 }
 
