@@ -225,3 +225,64 @@ async fn unknown_routes_and_methods_answer_in_the_json_error_shape() -> TestResu
     }
     Ok(())
 }
+
+/// Regression: under a connection flood the listener logged EMFILE on every try. With more
+/// connections allowed than descriptors (`prlimit --nofile=64`, `--max-connections 1000`),
+/// accept fails with EMFILE: the server backs off, logs the streak once (and its end once),
+/// counts every failure, and serves as soon as the flood ends.
+#[tokio::test]
+async fn emfile_backs_off_logs_once_and_recovers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("stderr.log");
+    let mut cmd = std::process::Command::new("prlimit");
+    cmd.arg("--nofile=64:64")
+        .arg(env!("CARGO_BIN_EXE_idem"))
+        .arg("serve")
+        .arg("--store")
+        .arg(dir.path().join("store"))
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .args(["--listen", "127.0.0.1:0", "--writer", "a"])
+        .args(["--max-connections", "1000", "--header-read-timeout", "60s"])
+        .stderr(std::fs::File::create(&log)?);
+    // prlimit is util-linux's (essential on Debian): missing, this fails, it never skips.
+    let srv = Server::spawn(cmd)?;
+    let addr = addr(&srv);
+    let mut flood = Vec::new();
+    for _ in 0..100 {
+        flood.push(TcpStream::connect(&addr).await?);
+    }
+    let logged = |needle: &'static str| {
+        let log = log.clone();
+        move || std::fs::read_to_string(&log).is_ok_and(|t| t.contains(needle))
+    };
+    let failed = logged("accept failed");
+    assert!(
+        tokio::task::spawn_blocking(move || common::wait_until(20, failed)).await?,
+        "the flood never met EMFILE"
+    );
+    // Time for the loop to retry many times over (a server that logged every try would
+    // write a line per retry meanwhile).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(flood);
+    assert!(healthz(&addr, Duration::from_secs(20)).await?.starts_with("HTTP/1.1 200"));
+    let again = logged("accepting again");
+    assert!(tokio::task::spawn_blocking(move || common::wait_until(20, again)).await?);
+    let text = std::fs::read_to_string(&log)?;
+    assert_eq!(text.matches("accept failed").count(), 1, "{text}");
+    assert_eq!(text.matches("accepting again").count(), 1, "{text}");
+    let metrics = client()
+        .get(format!("{}/metrics", srv.url))
+        .send()
+        .await?
+        .text()
+        .await?;
+    let errors: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("idem_http_accept_errors_total "))
+        .ok_or("no idem_http_accept_errors_total")?
+        .trim()
+        .parse()?;
+    assert!(errors >= 2.0, "every retry counted: {errors}");
+    Ok(())
+}
