@@ -21,11 +21,14 @@
 //!
 //! The request path goes through `idem-org` alone (its `Registry`, its `http` layer, and the
 //! idem and replica types it re-exports): `routes.rs` is a few routes over the layer,
-//! `ledger.rs` the application each request runs, `metrics.rs` the exporter.
+//! `ledger.rs` the application each request runs, `metrics.rs` the exporter, `http.rs` the
+//! HTTP/1.1 server under the routes (hyper, with the limits axum's `serve` lacks).
 //!
 //! Test hook: when `IDEM_TEST_HOLD_DIR` is set, a request whose key starts with `hold-` writes
 //! `<dir>/<key>.held` once it is registered in flight and inside its transaction, then waits
 //! until `<dir>/<key>.go` exists before applying. Tests use it to make the 409 case deterministic.
+//! `IDEM_TEST_LOG_QUEUE_BYTES` (every command, `crate::log`) bounds the log queue, so a test
+//! overflows it with a few hundred lines.
 
 mod http;
 pub(crate) mod ledger;
