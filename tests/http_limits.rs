@@ -265,7 +265,11 @@ async fn emfile_backs_off_logs_once_and_recovers() -> TestResult {
     // write a line per retry meanwhile).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     drop(flood);
-    assert!(healthz(&addr, Duration::from_secs(20)).await?.starts_with("HTTP/1.1 200"));
+    assert!(
+        healthz(&addr, Duration::from_secs(20))
+            .await?
+            .starts_with("HTTP/1.1 200")
+    );
     let again = logged("accepting again");
     assert!(tokio::task::spawn_blocking(move || common::wait_until(20, again)).await?);
     let text = std::fs::read_to_string(&log)?;

@@ -44,7 +44,7 @@ pub(crate) fn filter(default: &str) -> Result<EnvFilter, String> {
 /// Installs the process's subscriber: `filter`'s events to stderr through the sink.
 ///
 /// # Errors
-/// The sink's thread cannot be started.
+/// The sink's thread cannot be started, or a subscriber is already installed.
 pub(crate) fn init(filter: EnvFilter) -> Result<(), String> {
     // Test hook: a small queue, so a test overflows it with a few hundred lines.
     let capacity = std::env::var(TEST_QUEUE_BYTES_ENV)
@@ -62,8 +62,8 @@ pub(crate) fn init(filter: EnvFilter) -> Result<(), String> {
         // Its report of a failed write is an `eprintln!`: a panic on a closed stderr. The
         // sink never fails a write; it counts its own failures.
         .log_internal_errors(false)
-        .init();
-    Ok(())
+        .try_init()
+        .map_err(|e| format!("cannot install the log subscriber: {e}"))
 }
 
 /// Queues one line (with its newline) behind the log lines, if the sink runs; false when it
