@@ -10,10 +10,18 @@
 //! through its re-exports.
 //!
 //! Every failure ends as one line on stderr and a non-zero exit code; nothing panics on
-//! user or environment input.
+//! user or environment input. Output goes through `out` (a closed stdout ends a command
+//! quietly) and logs through `log` (a dead or stalled stderr reader blocks nothing): neither
+//! `println!` nor `eprintln!` is used, since both panic when their write fails.
 #![forbid(unsafe_code)]
+// Output goes through `out` and `log`: `println!` and `eprintln!` panic on a failed write.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+#[macro_use]
+mod out;
 
 mod cli;
+mod log;
 mod ops;
 mod serve;
 mod store;
@@ -49,16 +57,18 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        // Colour codes only for a person at a terminal, never in a log file or a pipe.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(cli.default_log())),
-        )
-        .init();
+    // A filter that does not parse is refused before the command does anything.
+    let filter = match log::filter(cli.default_log()) {
+        Ok(f) => f,
+        Err(msg) => {
+            errln!("idem: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(msg) = log::init(filter) {
+        errln!("idem: {msg}");
+        return ExitCode::FAILURE;
+    }
     // Blocking work (hydrate, compression, opening a connection, local store I/O) queues for
     // at most 32 threads instead of tokio's 512: with writers on the registry's pool
     // (`Settings::writer_threads`), thousands of open orgs stay within a few dozen threads.
@@ -69,18 +79,22 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("idem: cannot start the async runtime: {e}");
+            errln!("idem: cannot start the async runtime: {e}");
+            log::finish();
             return ExitCode::FAILURE;
         }
     };
     let code = match runtime.block_on(cli.run()) {
+        // Output lost to a write error (not a closed pipe: `out`) is a failure.
+        Ok(_) if out::stdout_failed() => ExitCode::FAILURE,
         Ok(code) => code,
         Err(msg) => {
-            eprintln!("idem: {msg}");
+            errln!("idem: {msg}");
             ExitCode::FAILURE
         }
     };
     report_peak_rss();
+    log::finish();
     code
 }
 
@@ -104,7 +118,7 @@ fn report_peak_rss() {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
     {
-        Some(kib) => eprintln!("{PEAK_RSS_LINE}{kib}"),
-        None => eprintln!("idem: peak RSS unknown (no VmHWM in /proc/self/status)"),
+        Some(kib) => errln!("{PEAK_RSS_LINE}{kib}"),
+        None => errln!("idem: peak RSS unknown (no VmHWM in /proc/self/status)"),
     }
 }

@@ -99,13 +99,13 @@ pub fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     } else {
         (100_000, 400, 5)
     };
-    println!(
+    outln!(
         "\nP1 dedup overhead: {preload} keys preloaded, {n} requests per run, median of {runs} interleaved runs"
     );
-    println!(
+    outln!(
         "| synchronous | effect only | once | ratio | target | WAL B/req effect | WAL B/req once |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|");
     for (sync, target) in [("FULL", 1.15), ("NORMAL", 1.5)] {
         let path = dir.join(format!("p1-{sync}.db"));
         let _ = std::fs::remove_file(&path);
@@ -122,7 +122,7 @@ pub fn run(dir: &Path, quick: bool) -> BenchResult<()> {
         }
         let (p, d) = (median(tp), median(td));
         let ratio = d.as_secs_f64() / p.as_secs_f64().max(f64::MIN_POSITIVE);
-        println!(
+        outln!(
             "| {sync} | {} | {} | {ratio:.2}x | <= {target}x {} | {wp:.0} | {wd:.0} |",
             super::ms(p),
             super::ms(d),

@@ -118,14 +118,14 @@ pub(crate) async fn acked_row_with(
 
 /// Prints the P2 table.
 pub async fn p2(dir: &Path, time: Duration) -> BenchResult<()> {
-    println!(
+    outln!(
         "\nP2 group commit: one org, local-directory store (fsync), {:.1} s per row",
         time.as_secs_f64()
     );
-    println!(
+    outln!(
         "| clients | acked req/s | ack p50 | ack p99 | ships/s | requests/ship | bytes shipped/ack | store requests/ack |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|---|");
     let mut rates = Vec::new();
     for clients in [1usize, 8, 64, 256] {
         let work = dir.join(format!("p2-{clients}"));
@@ -136,7 +136,7 @@ pub async fn p2(dir: &Path, time: Duration) -> BenchResult<()> {
         let store_requests = reg.replica().store_requests().total() - before;
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
-        println!(
+        outln!(
             "| {clients} | {:.0} | {} | {} | {:.0} | {:.1} | {:.0} | {:.2} |",
             r.rps,
             ms(r.p50),
@@ -157,7 +157,7 @@ pub async fn p2(dir: &Path, time: Duration) -> BenchResult<()> {
         } else {
             ""
         };
-        println!("{clients}:1 throughput ratio {:.1}x{note}", rps / one);
+        outln!("{clients}:1 throughput ratio {:.1}x{note}", rps / one);
     }
     Ok(())
 }
@@ -231,30 +231,30 @@ async fn local_only(
 /// Prints the P6 table.
 pub async fn p6(dir: &Path, time: Duration) -> BenchResult<()> {
     let clients = 256;
-    println!(
+    outln!(
         "\nP6 price of durability: {clients} clients, one org, {:.1} s per row",
         time.as_secs_f64()
     );
-    println!("| mode | acked req/s | ack p50 | ack p99 |");
-    println!("|---|---|---|---|");
+    outln!("| mode | acked req/s | ack p50 | ack p99 |");
+    outln!("|---|---|---|---|");
     let work = dir.join("p6");
     let reg = registry(&work).await?;
     let org = reg.acquire(&OrgId::new("acme")?).await?;
     let shipped = acked_row(&org, clients, time).await?;
     reg.shutdown().await;
     let (rps, p50, p99) = local_only(&work, clients, time).await?;
-    println!(
+    outln!(
         "| ship-before-ack (idem-org) | {:.0} | {} | {} |",
         shipped.rps,
         ms(shipped.p50),
         ms(shipped.p99)
     );
-    println!(
+    outln!(
         "| local commit only (no ship) | {rps:.0} | {} | {} |",
         ms(p50),
         ms(p99)
     );
-    println!(
+    outln!(
         "durable/local throughput ratio {:.2}",
         shipped.rps / rps.max(f64::MIN_POSITIVE)
     );

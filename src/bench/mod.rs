@@ -95,7 +95,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     let tmp = tempfile::tempdir().map_err(|e| format!("temporary directory: {e}"))?;
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_owned());
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    println!(
+    outln!(
         "idem bench: {} cores, quick={}, {:.1} s per throughput row; dir {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.quick,

@@ -57,10 +57,10 @@ impl Sizes {
 /// # Errors
 /// The first request or store error.
 pub(crate) async fn run(dir: &Path, sizes: Sizes, time: Duration) -> BenchResult<()> {
-    println!();
-    println!("P7: thousands of orgs in one process (local-directory store unless noted)");
-    println!("| measure | value |");
-    println!("|---|---|");
+    outln!();
+    outln!("P7: thousands of orgs in one process (local-directory store unless noted)");
+    outln!("| measure | value |");
+    outln!("|---|---|");
     many_open(&dir.join("p7-open"), sizes.open).await?;
     spread(&dir.join("p7-spread"), sizes.spread, time).await?;
     rolling_upgrade(&dir.join("p7-upgrade"), sizes.upgrade).await?;
@@ -163,17 +163,17 @@ async fn many_open(dir: &Path, n: usize) -> BenchResult<()> {
     let warm = each_once(&reg, 0..n, "warm", 16).await?;
     let (threads, rss) = process_status();
     let open = reg.open_orgs().len();
-    println!(
+    outln!(
         "| {n} orgs touched: open / threads / RSS | {open} / {threads} (before: {threads0}) / {:.0} MiB (before: {:.0} MiB) |",
         rss as f64 / (1 << 20) as f64,
         rss0 as f64 / (1 << 20) as f64
     );
-    println!(
+    outln!(
         "| cold first request (claim + hydrate + open + ship) p50 / p99 | {} / {} |",
         ms(quantile(&cold, 0.5)),
         ms(quantile(&cold, 0.99))
     );
-    println!(
+    outln!(
         "| warm request (open org) p50 / p99 | {} / {} |",
         ms(quantile(&warm, 0.5)),
         ms(quantile(&warm, 0.99))
@@ -239,13 +239,13 @@ async fn spread(dir: &Path, wide: usize, time: Duration) -> BenchResult<()> {
     let narrow = load(&replica, &reg, 50, time).await?;
     let spread = load(&replica, &reg, wide, time).await?;
     for (n, (rps, p50, p99, req)) in [(50, narrow), (wide, spread)] {
-        println!(
+        outln!(
             "| 32 clients over {n} orgs: acked/s, p50, p99, store requests/ack | {rps:.0}/s, {}, {}, {req:.2} |",
             ms(p50),
             ms(p99)
         );
     }
-    println!(
+    outln!(
         "| {wide} orgs / 50 orgs throughput | {:.2}x |",
         spread.0 / narrow.0.max(f64::MIN_POSITIVE)
     );
@@ -325,18 +325,18 @@ async fn rolling_upgrade(dir: &Path, n: usize) -> BenchResult<()> {
         full += s.full_ships;
         bytes += s.bytes_shipped;
     }
-    println!(
+    outln!(
         "| rolling upgrade of {n} orgs (A shuts down, B takes requests): gap to first ack on B p50 / p99 / max | {} / {} / {} (max {max_tries} tries) |",
         ms(quantile(&gaps, 0.5)),
         ms(quantile(&gaps, 0.99)),
         ms(quantile(&gaps, 1.0))
     );
-    println!(
+    outln!(
         "| A's shutdown (releases {} at a time) took | {} ({failed} releases failed) |",
         idem_org::SHUTDOWN_CONCURRENCY,
         ms(shutdown_took)
     );
-    println!(
+    outln!(
         "| B's first ships: full snapshots / bytes uploaded per org (A's full snapshot: {snapshot_bytes} B) | {full} of {n} / {:.0} B |",
         bytes as f64 / n.max(1) as f64
     );
@@ -369,7 +369,7 @@ async fn idle(dir: &Path, window: Duration) -> BenchResult<()> {
     tokio::time::sleep(window).await;
     let idle = replica.store_requests().since(&before);
     let per_hour = idle.total() as f64 * 3600.0 / window.as_secs_f64();
-    println!(
+    outln!(
         "| store requests an hour, {n} touched orgs idle ({api}, lease 30 s, {:.0} s window) | {per_hour:.0} ({} PUT, {} GET, {} LIST in the window) |",
         window.as_secs_f64(),
         idle.put,

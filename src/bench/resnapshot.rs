@@ -84,15 +84,15 @@ async fn one(dir: &Path, mb: u64, kib: usize, header: bool) -> BenchResult<()> {
     let mut pages = page_hashes(&db, page_size)?;
 
     if header {
-        println!(
+        outln!(
             "\nP9 full snapshot after ~1% of the pages changed: {:.0} MB database ({} pages of {page_size} bytes), local-directory store; objects = files the snapshot added",
             pages.len() as u64 as f64 * page_size as f64 / 1e6,
             pages.len()
         );
-        println!(
+        outln!(
             "| segment | change | pages changed | of all pages | first full snapshot uploaded (objects) | full snapshot after the change uploaded (objects) | of the database | of the first |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        outln!("|---|---|---|---|---|---|---|---|");
     }
     for scattered in [false, true] {
         let base = pages.len() as u64;
@@ -132,7 +132,7 @@ async fn one(dir: &Path, mb: u64, kib: usize, header: bool) -> BenchResult<()> {
             .filter(|(i, h)| pages.get(*i) != Some(h))
             .count();
         let db_bytes = after.len() as u64 * page_size;
-        println!(
+        outln!(
             "| {kib} KiB | {} | {changed} | {:.2}% | {:.1} MB ({first_objects}) | {:.1} MB ({objects}) | {:.1}% | {:.1}% |",
             if scattered {
                 "scattered 1 KB updates"

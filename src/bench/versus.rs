@@ -67,14 +67,14 @@ pub async fn run(
         sizes.push(1024);
     }
     let bin = find(litestream);
-    println!(
+    outln!(
         "\nP3s bytes to the store per acknowledged 1 KB write, full snapshots included, idem beside Litestream: {:.0} s per row",
         time.as_secs_f64()
     );
-    println!(
+    outln!(
         "| database | idem acks | idem bytes/ack: deltas | + policy's fulls | all objects incl. end-of-row full snapshot | end-of-row snapshot | Litestream commits | Litestream bytes/tx: L0 | all levels | levels written | idem (incl. snapshot) / Litestream (all levels) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    outln!("|---|---|---|---|---|---|---|---|---|---|---|");
     for mb in sizes {
         let idem = idem_row(&dir.join(format!("p3s-{mb}")), mb, time).await?;
         let rate = idem.acks as f64 / time.as_secs_f64();
@@ -113,7 +113,7 @@ pub async fn run(
                 String::new(),
             ),
         };
-        println!(
+        outln!(
             "| {mb} MB | {} | {:.0} | {:.0} | {:.0} | {:.2} MB | {lc} | {ll0} | {lall} | {levels} | {ratio} |",
             idem.acks,
             idem.deltas_per_ack,

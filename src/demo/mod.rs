@@ -99,7 +99,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let orgs: Vec<String> = (0..a.orgs).map(|i| format!("org-{i:03}")).collect();
     let requests = client::workload(a.orgs, a.requests, a.accounts, a.seed);
     if !a.json {
-        eprintln!(
+        errln!(
             "idem demo: {} orgs, {} requests, {} clients; store {}",
             a.orgs,
             a.requests,
@@ -109,7 +109,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     }
     let say = |msg: String| {
         if !a.json {
-            eprintln!("  {:>7.2}s  {msg}", started.elapsed().as_secs_f64());
+            errln!("  {:>7.2}s  {msg}", started.elapsed().as_secs_f64());
         }
     };
 
@@ -200,7 +200,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let summary = report::Summary::new(&a, &stats, &audit, &outside, handoffs, started.elapsed());
     summary.print(a.json);
     if a.dir.is_some() && !a.json {
-        eprintln!("replica logs and the store are in {}", dir.display());
+        errln!("replica logs and the store are in {}", dir.display());
     }
     Ok(if summary.ok() {
         ExitCode::SUCCESS

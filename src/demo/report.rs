@@ -98,8 +98,8 @@ impl Summary {
     pub fn print(&self, json: bool) {
         if json {
             match serde_json::to_string_pretty(self) {
-                Ok(s) => println!("{s}"),
-                Err(e) => eprintln!("idem: cannot render the summary: {e}"),
+                Ok(s) => outln!("{s}"),
+                Err(e) => errln!("idem: cannot render the summary: {e}"),
             }
             return;
         }
@@ -117,13 +117,15 @@ impl Summary {
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        println!();
-        println!(
+        outln!();
+        outln!(
             "requests       {} over {} orgs by {} clients",
-            self.requests, self.orgs, self.clients
+            self.requests,
+            self.orgs,
+            self.clients
         );
-        println!("acknowledged   {}", self.acknowledged);
-        println!(
+        outln!("acknowledged   {}", self.acknowledged);
+        outln!(
             "http sends     {} (duplicates on purpose {}, replayed {}, 409 in flight {}, 422 changed payload {})",
             self.http_sends,
             self.duplicates_sent,
@@ -131,7 +133,7 @@ impl Summary {
             self.conflicts_409,
             self.mismatches_422
         );
-        println!(
+        outln!(
             "retried        HTTP 503 answers by reason: {}; connection errors {}",
             if unavailable.is_empty() {
                 "none".to_owned()
@@ -140,42 +142,44 @@ impl Summary {
             },
             self.connection_errors
         );
-        println!(
+        outln!(
             "ships          {} published ({} full snapshots, the rest deltas); orgs by final round: {}",
             self.ships,
             self.full_snapshots,
             rounds.join(", ")
         );
-        println!(
+        outln!(
             "ack latency    p50 {:.1} ms, p99 {:.1} ms (ship-before-ack included)",
-            self.ack_latency_p50_ms, self.ack_latency_p99_ms
+            self.ack_latency_p50_ms,
+            self.ack_latency_p99_ms
         );
         for h in &self.handoffs {
-            println!(
+            outln!(
                 "handoff        {} at {:.2}s: longest per-org gap between acks {:.0} ms",
                 h.what,
                 h.at_ms / 1000.0,
                 h.max_org_gap_ms
             );
         }
-        println!(
+        outln!(
             "outside reader {} of {} served database files refused to another process (database is locked)",
-            self.outside_reads.refused, self.outside_reads.files
+            self.outside_reads.refused,
+            self.outside_reads.files
         );
         if self.ok() {
-            println!(
+            outln!(
                 "exactly-once   OK: every acknowledged request applied exactly once, balances match, no effect without its key, every snapshot and delta verified"
             );
         } else {
-            println!(
+            outln!(
                 "exactly-once   FAILED: {} violations",
                 self.violations.len()
             );
             for v in self.violations.iter().take(20) {
-                println!("  - {v}");
+                outln!("  - {v}");
             }
         }
-        println!("wall time      {:.1} s", self.wall_s);
+        outln!("wall time      {:.1} s", self.wall_s);
     }
 }
 

@@ -83,7 +83,7 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
             "ok": true, "probe_ms": probe_ms, "round_trip_ms": trip_ms, "shipped_bytes": bytes,
         }));
     } else {
-        println!(
+        outln!(
             "store ok: create-only probe {probe_ms:.0} ms; claim, ship ({bytes} bytes), release, claim, hydrate {trip_ms:.0} ms"
         );
     }

@@ -100,7 +100,7 @@ pub async fn effects(a: EffectsArgs) -> Result<ExitCode, String> {
         print_json(&json!({"org": org.as_str(), "effects": list}));
     } else {
         for e in &rows {
-            println!(
+            outln!(
                 "{}\t{}\tattempt {}\tupdated {}\t{}",
                 e.key,
                 e.state,
@@ -110,7 +110,7 @@ pub async fn effects(a: EffectsArgs) -> Result<ExitCode, String> {
             );
         }
         let which = a.state.map_or(String::new(), |s| format!("{s} "));
-        println!("{} {which}effects in org {org}", rows.len());
+        outln!("{} {which}effects in org {org}", rows.len());
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -180,9 +180,11 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     if a.json {
         print_json(&json!({"org": org.as_str(), "effect": effect_json(&row)}));
     } else {
-        println!(
+        outln!(
             "resolved effect {} in org {org} as {} by {}",
-            row.key, row.state, a.by
+            row.key,
+            row.state,
+            a.by
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -56,7 +56,7 @@ pub async fn import(a: ImportArgs) -> Result<ExitCode, String> {
             "compressed_bytes": shipped.compressed_bytes,
         }));
     } else {
-        println!(
+        outln!(
             "imported {} into org {org}: {bytes} bytes, {pages} pages of {} bytes, commit {}; snapshot seq {} (round {}, {} bytes stored), released",
             a.from.display(),
             image.page_size,

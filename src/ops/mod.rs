@@ -165,7 +165,7 @@ fn rfc3339(ms: u64) -> String {
 
 fn print_json(v: &serde_json::Value) {
     match serde_json::to_string_pretty(v) {
-        Ok(s) => println!("{s}"),
-        Err(e) => eprintln!("idem: cannot render JSON: {e}"),
+        Ok(s) => outln!("{s}"),
+        Err(e) => errln!("idem: cannot render JSON: {e}"),
     }
 }

@@ -101,16 +101,16 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
         }));
     } else {
         for (o, holder) in &skipped {
-            eprintln!(
+            errln!(
                 "idem: org {o}: skipped, held by live writer {holder} (retry later, or --force)"
             );
         }
         for (o, r) in &failed {
             if let Err(e) = r {
-                eprintln!("idem: {}", super::about(o, e));
+                errln!("idem: {}", super::about(o, e));
             }
         }
-        println!(
+        outln!(
             "pruned {deleted} keys older than {} in {} of {} orgs; {} skipped (held by a live writer); {} failed",
             humantime::format_duration(a.older_than),
             results.len() - failed.len() - skipped.len(),

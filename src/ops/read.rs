@@ -88,26 +88,27 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         }));
         return Ok(ExitCode::SUCCESS);
     }
-    println!("org            {org}");
-    println!(
+    outln!("org            {org}");
+    outln!(
         "rounds         {} claims, current round {current}, head entry {head}",
         claims.len()
     );
     match &lease {
-        Some(l) if released => println!(
+        Some(l) if released => outln!(
             "lease          writer {} round {}, released",
-            l.writer, l.round
+            l.writer,
+            l.round
         ),
-        Some(l) => println!(
+        Some(l) => outln!(
             "lease          writer {} round {} until {}",
             l.writer,
             l.round,
             rfc3339(expires_at_ms)
         ),
-        None => println!("lease          none"),
+        None => outln!("lease          none"),
     }
     match &newest {
-        Some(s) => println!(
+        Some(s) => outln!(
             "newest snap    seq {} round {} by {} at {}: {} bytes ({} stored), commit {}",
             s["seq"],
             s["round"],
@@ -117,18 +118,19 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
             s["compressed_bytes"],
             s["commit"]
         ),
-        None => println!("newest snap    none"),
+        None => outln!("newest snap    none"),
     }
     if let Some(p) = &position {
-        println!(
+        outln!(
             "newest state   seq {} (commit {}): the snapshot + {deltas_after} deltas",
-            p["seq"], p["commit"]
+            p["seq"],
+            p["commit"]
         );
     }
-    println!("keys           {applied} applied, {failed} with failed attempts only");
-    println!("history        {} entries (last 10):", log.len());
+    outln!("keys           {applied} applied, {failed} with failed attempts only");
+    outln!("history        {} entries (last 10):", log.len());
     for e in log.iter().rev().take(10).rev() {
-        println!(
+        outln!(
             "  {:>6}  {:<8} round {:<4} {:<20} {}",
             e.seq(),
             e.kind_name(),
@@ -198,7 +200,7 @@ pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
                 _ => format!("{c:>w$}", w = widths[i]),
             })
             .collect();
-        println!("{}", parts.join("  ").trim_end());
+        outln!("{}", parts.join("  ").trim_end());
     };
     line(&header.map(str::to_owned));
     for r in &rows {
@@ -239,7 +241,7 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
         .map_err(|e| crate::chain(&e))?;
     match got.snapshot {
         Some(s) => {
-            println!(
+            outln!(
                 "restored org {org} at seq {} (snapshot seq {} + {} deltas, round {}, commit {}) to {}",
                 got.position.unwrap_or(s.seq),
                 s.seq,
@@ -327,9 +329,9 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
         print_json(&json!({"orgs": rows, "ok": ok, "faults": faults.len()}));
     } else {
         for f in &faults {
-            eprintln!("idem: {f}");
+            errln!("idem: {f}");
         }
-        println!(
+        outln!(
             "verified {} orgs: {ok} snapshots and deltas ok, {} faulty",
             orgs.len(),
             faults.len()

@@ -11,17 +11,26 @@
 //! - Unauthenticated: an example bound to loopback by default, whose tenant is the path's
 //!   org. Put it behind your own authentication, or embed `idem_org::http` in your service
 //!   with the tenant taken from your authentication (`examples/axum_service.rs`).
-//! - SIGTERM / Ctrl-C: stop accepting, finish in-flight requests, release every org (final
-//!   ship + Release entry, so a successor claims at once), exit 0.
+//! - SIGTERM, SIGHUP (the terminal or SSH session that started it closed) or Ctrl-C: stop
+//!   accepting, finish in-flight requests, release every org (final ship + Release entry, so
+//!   a successor claims at once), exit 0. Only SIGKILL ends it without a release.
+//! - Every error body, a 404 or 405 included, is the JSON shape `{"error", "kind"}`.
+//! - Limits (`http.rs`): `--header-read-timeout` closes a connection that is slow to send a
+//!   request head or idles between requests; `--max-connections` bounds open connections.
+//! - Logs never block a request (`crate::log`): `/metrics` counts the lines stderr lost.
 //!
 //! The request path goes through `idem-org` alone (its `Registry`, its `http` layer, and the
 //! idem and replica types it re-exports): `routes.rs` is a few routes over the layer,
-//! `ledger.rs` the application each request runs, `metrics.rs` the exporter.
+//! `ledger.rs` the application each request runs, `metrics.rs` the exporter, `http.rs` the
+//! HTTP/1.1 server under the routes (hyper, with the limits axum's `serve` lacks).
 //!
 //! Test hook: when `IDEM_TEST_HOLD_DIR` is set, a request whose key starts with `hold-` writes
 //! `<dir>/<key>.held` once it is registered in flight and inside its transaction, then waits
 //! until `<dir>/<key>.go` exists before applying. Tests use it to make the 409 case deterministic.
+//! `IDEM_TEST_LOG_QUEUE_BYTES` (every command, `crate::log`) bounds the log queue, so a test
+//! overflows it with a few hundred lines.
 
+mod http;
 pub(crate) mod ledger;
 mod metrics;
 mod routes;
@@ -79,10 +88,19 @@ pub struct ServeArgs {
     /// override, e.g. when a host is known dead).
     #[arg(long)]
     force_claim: bool,
-    /// After SIGTERM: how long open connections may take to finish (a slow or half-sent
-    /// body, an idle keep-alive) before every org is released anyway and the process exits 0.
+    /// After SIGTERM or SIGHUP: how long open connections may take to finish (a slow or
+    /// half-sent body) before every org is released anyway and the process exits 0.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     drain_timeout: Duration,
+    /// Close a connection that has not sent a whole request head this long after it
+    /// connected or after its last response (half a header, no byte, an idle keep-alive).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    header_read_timeout: Duration,
+    /// Connections open at once, at most; more wait in the listen backlog until one closes.
+    /// The default leaves half of the descriptors the registry reserves for the rest of the
+    /// process (1024) to store connections, temporary files and logs.
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 }
 
 /// The writer id: `--writer`, else `idem-serve-<id of the data directory>`.
@@ -105,6 +123,10 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     if a.prune_every.is_some_and(|every| every.is_zero()) {
         return Err("--prune-every must be longer than 0s".into());
     }
+    if a.header_read_timeout.is_zero() {
+        return Err("--header-read-timeout must be longer than 0s".into());
+    }
+    let stop = stop_signal()?;
     let writer = writer_id(&a)?;
     let store = crate::store::parse(&a.store)?;
     let settings = replica::Settings {
@@ -137,26 +159,30 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
     // The first stdout line is the contract with `idem demo` and the tests.
-    println!("listening on http://{addr}");
+    outln!("listening on http://{addr}");
     tracing::info!(%addr, writer = %writer, "serving");
     let pruner = a
         .prune_every
         .map(|every| tokio::spawn(prune_loop(registry.clone(), every, a.prune_older_than)));
     let (stopped_tx, mut stopped) = tokio::sync::watch::channel(false);
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        stop_signal().await;
+    let limits = http::Limits {
+        header_read_timeout: a.header_read_timeout,
+        max_connections: a.max_connections,
+    };
+    let server = http::serve(listener, app, limits, async move {
+        stop.await;
         let _ = stopped_tx.send(true);
     });
-    // A client that sent half a body, or idles on a keep-alive connection, must not keep
-    // this process (and its leases) alive: after the drain timeout every org is released
-    // anyway and the process exits; the requests still open were never acknowledged.
+    // A client that sent half a body must not keep this process (and its leases) alive:
+    // after the drain timeout every org is released anyway and the process exits; the
+    // requests still open were never acknowledged.
     let drain = a.drain_timeout;
     let deadline = async move {
         let _ = stopped.wait_for(|s| *s).await;
         tokio::time::sleep(drain).await;
     };
     tokio::select! {
-        served = server.into_future() => served.map_err(|e| format!("server failed: {e}"))?,
+        () = server => {}
         () = deadline => tracing::warn!(
             drain_ms = drain.as_millis() as u64,
             "drain timeout: releasing every org with connections still open"
@@ -174,20 +200,33 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     Ok(())
 }
 
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+/// Installs the stop signals' handlers now and returns a future that completes at the first
+/// SIGTERM, SIGHUP or Ctrl-C. Installed before the address is printed, so a signal sent as
+/// soon as the server is reachable is never met by its default action (exit, no release).
+/// SIGHUP is a stop like SIGTERM: a server started from an SSH session gets it when the
+/// session closes.
+///
+/// # Errors
+/// A handler cannot be installed.
+fn stop_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let install = |kind: SignalKind, name: &str| {
+        signal(kind).map_err(|e| format!("cannot handle {name}: {e}"))
     };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("stop signal: draining, then releasing every org");
+    let mut term = install(SignalKind::terminate(), "SIGTERM")?;
+    let mut hup = install(SignalKind::hangup(), "SIGHUP")?;
+    let mut int = install(SignalKind::interrupt(), "SIGINT")?;
+    Ok(async move {
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = hup.recv() => "SIGHUP",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(
+            signal = which,
+            "stop signal: draining, then releasing every org"
+        );
+    })
 }
 
 async fn prune_loop(registry: Registry, every: Duration, older_than: Duration) {

@@ -10,12 +10,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use idem_org::Registry;
-use idem_org::http::{Idempotency, IdempotentRequest, Refusal, StoredResponse, json_error};
+use idem_org::http::{
+    Idempotency, IdempotentRequest, Refusal, StoredResponse, json_error, json_fallbacks,
+};
 use idem_org::replica::OrgId;
 
 use super::ledger::{self, ApplyError, Transfer};
@@ -40,7 +43,7 @@ pub(super) fn router(registry: Registry, metrics: Option<super::Metrics>) -> Rou
     if let Some(m) = metrics {
         router = router.route("/metrics", get(move || std::future::ready(m.render())));
     }
-    router.with_state(state)
+    json_fallbacks(router).with_state(state)
 }
 
 struct AppState {
@@ -48,18 +51,26 @@ struct AppState {
     hold: Option<PathBuf>,
 }
 
+/// The path's org id (as sent, and validated). A path that does not decode (bad
+/// percent-encoding) is bad input like an invalid id, answered in the JSON error shape.
+fn org_of(path: Result<Path<String>, PathRejection>) -> Result<(String, OrgId), String> {
+    let Path(org) = path.map_err(|e| e.body_text())?;
+    let id = OrgId::new(&org).map_err(|e| e.to_string())?;
+    Ok((org, id))
+}
+
 async fn transfer(
     State(st): State<Arc<AppState>>,
-    Path(org): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     req: IdempotentRequest,
 ) -> Response {
     let refuse = |why: String| {
         idem_org::metrics::record_request("input");
         json_error(StatusCode::BAD_REQUEST, "input", why)
     };
-    let org = match OrgId::new(&org) {
-        Ok(id) => id,
-        Err(e) => return refuse(e.to_string()),
+    let org = match org_of(path) {
+        Ok((_, id)) => id,
+        Err(e) => return refuse(e),
     };
     // Validated before the layer: a malformed transfer is bad input, not a failed attempt.
     let t: Transfer = match serde_json::from_slice(req.body()) {
@@ -106,10 +117,13 @@ fn hold_until_go(dir: &std::path::Path, key: &str) {
     }
 }
 
-async fn balances(State(st): State<Arc<AppState>>, Path(org): Path<String>) -> Response {
-    let id = match OrgId::new(&org) {
-        Ok(id) => id,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", e.to_string()),
+async fn balances(
+    State(st): State<Arc<AppState>>,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let (org, id) = match org_of(path) {
+        Ok(both) => both,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", e),
     };
     let registry = st.idem.registry();
     // This replica's own writer answers from its database, once confirmed (I6, I7): no

@@ -64,18 +64,18 @@ impl Server {
         args: &[&str],
         env: &[(&str, &Path)],
     ) -> TestResult<Server> {
-        let mut cmd = idem();
-        cmd.arg("serve")
-            .arg("--store")
-            .arg(store)
-            .args(["--listen", "127.0.0.1:0", "--data"])
-            .arg(data)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+        let mut cmd = serve_command(store, data, args);
+        cmd.stderr(Stdio::null());
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Self::spawn(cmd)
+    }
+
+    /// Spawns `cmd` (an `idem serve`, e.g. from [`serve_command`]) with stdout piped and
+    /// reads the address it prints first.
+    pub fn spawn(mut cmd: Command) -> TestResult<Server> {
+        cmd.stdout(Stdio::piped());
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let mut line = String::new();
@@ -90,19 +90,39 @@ impl Server {
 
     /// Sends SIGTERM and waits (bounded) for the exit status.
     pub fn terminate(&mut self) -> TestResult<std::process::ExitStatus> {
+        self.signal(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// Sends `sig` and waits (bounded) for the exit status.
+    pub fn signal(
+        &mut self,
+        sig: nix::sys::signal::Signal,
+    ) -> TestResult<std::process::ExitStatus> {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        nix::sys::signal::kill(pid, sig)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait()? {
                 return Ok(status);
             }
             if Instant::now() > deadline {
-                return Err("server did not exit within 30 s of SIGTERM".into());
+                return Err(format!("server did not exit within 30 s of {sig}").into());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// `idem serve --store STORE --listen 127.0.0.1:0 --data DATA ARGS...`, not yet spawned.
+pub fn serve_command(store: &Path, data: &Path, args: &[&str]) -> Command {
+    let mut cmd = idem();
+    cmd.arg("serve")
+        .arg("--store")
+        .arg(store)
+        .args(["--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .args(args);
+    cmd
 }
 
 /// Polls `cond` until it holds or `secs` pass.

@@ -40,6 +40,7 @@
 //! ```
 //! (`examples/axum_service.rs` in the repository is a complete service.)
 
+mod fallback;
 mod key;
 mod status;
 mod stored;
@@ -55,6 +56,7 @@ use idem_replica::OrgId;
 use rusqlite::Transaction;
 use sha2::{Digest, Sha256};
 
+pub use fallback::json_fallbacks;
 pub use key::{IDEMPOTENCY_KEY, idempotency_key};
 pub use status::{Refusal, error_response, json_error};
 pub use stored::StoredResponse;
