@@ -8,42 +8,16 @@ use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{TestResult, idem};
-use idem_org::idem::effect;
-use idem_org::replica::{OrgId, Replica, Settings};
+use common::{TestResult, idem, seeded_effects_store};
 use idem_org::rusqlite;
 
-/// A store holding org `acme` with a few keys, one committed and two ambiguous effects,
-/// released (no live lease); and a user database `user.db` to import.
+/// The store of [`seeded_effects_store`] (org `acme`, one committed and two ambiguous
+/// effects, released) and a user database `user.db` to import.
 fn seeded(dir: &Path) -> TestResult<String> {
-    let store = dir.join("store");
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
-        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
-        let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed").build()?;
-        let org = registry.acquire(&OrgId::new("acme")?).await?;
-        for key in ["k1", "k2", "k3"] {
-            org.once(key, |_tx| Ok::<_, std::io::Error>(b"ok".to_vec()))
-                .await?;
-        }
-        org.effect("sent", effect::Options::new(), || async {
-            Ok(b"ok".to_vec())
-        })
-        .await?;
-        for key in ["lost-1", "lost-2"] {
-            let out = org
-                .effect(key, effect::Options::new(), || async {
-                    Err(effect::Error::ambiguous("connection reset"))
-                })
-                .await;
-            assert!(out.is_err());
-        }
-        registry.shutdown().await;
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-    })?;
+    let store = seeded_effects_store(dir)?;
     let user = rusqlite::Connection::open(dir.join("user.db"))?;
     user.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1), (2);")?;
-    Ok(store.display().to_string())
+    Ok(store)
 }
 
 /// Runs `cmd` with its stdout the write end of a pipe whose read end is already closed
@@ -123,52 +97,46 @@ fn assert_quiet_success(args: &[String], out: &Output) {
     );
 }
 
+/// Runs each of [`commands`] (`readers_only`: those that write nothing to the store) through
+/// `via` against a fresh seeded store, and asserts each ends quietly with exit 0.
+fn each_command_exits_quietly(
+    readers_only: bool,
+    via: fn(Command) -> TestResult<Output>,
+) -> TestResult {
+    const READERS: [&str; 6] = [
+        "inspect",
+        "snapshots",
+        "verify",
+        "effects",
+        "--help",
+        "--version",
+    ];
+    let dir = tempfile::tempdir()?;
+    let store = seeded(dir.path())?;
+    for args in commands(dir.path(), &store) {
+        if readers_only && !READERS.contains(&args[0].as_str()) {
+            continue;
+        }
+        let mut cmd = idem();
+        cmd.args(&args);
+        assert_quiet_success(&args, &via(cmd)?);
+    }
+    Ok(())
+}
+
 /// Regression: `idem snapshots ORG --store S | head -c 20` panicked ("failed printing to
 /// stdout: Broken pipe", exit 101). A closed stdout ends every command quietly, with the
 /// exit code of its work.
 #[test]
 fn every_command_into_a_closed_stdout_exits_quietly() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let store = seeded(dir.path())?;
-    for args in commands(dir.path(), &store) {
-        let out = into_closed_stdout({
-            let mut c = idem();
-            c.args(&args);
-            c
-        })?;
-        assert_quiet_success(&args, &out);
-    }
-    Ok(())
+    each_command_exits_quietly(false, into_closed_stdout)
 }
 
 /// The same as `| head -c 1`: one byte read, then the pipe closed while the command may still
 /// be writing.
 #[test]
 fn every_read_command_into_head_c_1_exits_quietly() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let store = seeded(dir.path())?;
-    for args in commands(dir.path(), &store) {
-        // Commands that write the store ran in the other test's store; here only readers.
-        if ![
-            "inspect",
-            "snapshots",
-            "verify",
-            "effects",
-            "--help",
-            "--version",
-        ]
-        .contains(&args[0].as_str())
-        {
-            continue;
-        }
-        let out = into_head_c_1({
-            let mut c = idem();
-            c.args(&args);
-            c
-        })?;
-        assert_quiet_success(&args, &out);
-    }
-    Ok(())
+    each_command_exits_quietly(true, into_head_c_1)
 }
 
 /// A failing command whose stderr is closed (`2>&-` into a dead pipe) still exits 1, the

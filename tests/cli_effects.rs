@@ -5,36 +5,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{TestResult, assert_clean_failure, run};
-use idem_org::idem::effect;
-use idem_org::replica::{OrgId, Replica, Settings};
-
-/// A store holding org `acme` with effects `sent` (committed), `lost-1` and `lost-2`
-/// (ambiguous), released (no live lease).
-fn seeded_store(dir: &Path) -> TestResult<String> {
-    let store = dir.join("store");
-    let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
-        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
-        let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed").build()?;
-        let org = registry.acquire(&OrgId::new("acme")?).await?;
-        org.effect("sent", effect::Options::new(), || async {
-            Ok(b"ok".to_vec())
-        })
-        .await?;
-        for key in ["lost-1", "lost-2"] {
-            let out = org
-                .effect(key, effect::Options::new(), || async {
-                    Err(effect::Error::ambiguous("connection reset"))
-                })
-                .await;
-            assert!(out.is_err());
-        }
-        registry.shutdown().await;
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-    })?;
-    Ok(store.display().to_string())
-}
+use common::{TestResult, assert_clean_failure, run, seeded_effects_store};
 
 fn effects_json(store: &str, state: &str) -> TestResult<Vec<serde_json::Value>> {
     let out = run(&[
@@ -52,7 +23,7 @@ fn effects_json(store: &str, state: &str) -> TestResult<Vec<serde_json::Value>> 
 #[test]
 fn effects_lists_by_state_and_resolve_records_who() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = seeded_store(dir.path())?;
+    let store = seeded_effects_store(dir.path())?;
     let ambiguous = effects_json(&store, "ambiguous")?;
     let keys: Vec<_> = ambiguous.iter().map(|e| e["key"].clone()).collect();
     assert_eq!(keys, ["lost-1", "lost-2"]);
@@ -108,7 +79,7 @@ fn effects_lists_by_state_and_resolve_records_who() -> TestResult {
 #[test]
 fn resolve_refuses_what_is_not_ambiguous_and_bad_input() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = seeded_store(dir.path())?;
+    let store = seeded_effects_store(dir.path())?;
     let out = run(&[
         "resolve",
         "acme",

@@ -6,17 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, TestResult};
+use common::{Server, TestResult, client, metrics_text, sample};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
 
 fn addr(srv: &Server) -> String {
     srv.url.trim_start_matches("http://").to_owned()
@@ -275,18 +268,9 @@ async fn emfile_backs_off_logs_once_and_recovers() -> TestResult {
     let text = std::fs::read_to_string(&log)?;
     assert_eq!(text.matches("accept failed").count(), 1, "{text}");
     assert_eq!(text.matches("accepting again").count(), 1, "{text}");
-    let metrics = client()
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await?
-        .text()
-        .await?;
-    let errors: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("idem_http_accept_errors_total "))
-        .ok_or("no idem_http_accept_errors_total")?
-        .trim()
-        .parse()?;
+    let metrics = metrics_text(&srv.url).await?;
+    let errors = sample(&metrics, "idem_http_accept_errors_total")
+        .ok_or("no idem_http_accept_errors_total")?;
     assert!(errors >= 2.0, "every retry counted: {errors}");
     Ok(())
 }

@@ -9,15 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{Server, TestResult, wait_until};
+use common::{Server, TestResult, client, sample, wait_until};
 use serde_json::{Value, json};
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
 
 async fn post(
     http: &reqwest::Client,
@@ -336,17 +329,6 @@ async fn sigterm_with_a_half_sent_body_exits_after_the_drain_timeout() -> TestRe
     let (s, replayed, _) = post(&http, &b.url, "acme", Some("k1"), &body).await?;
     assert_eq!((s, replayed), (201, true));
     Ok(())
-}
-
-/// The value of one sample line of the Prometheus text format, `name{labels} value`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
 }
 
 #[tokio::test]

@@ -5,18 +5,10 @@
 mod common;
 
 use std::process::Stdio;
-use std::time::Duration;
 
-use common::{Server, TestResult, serve_command};
+use common::{Server, TestResult, client, metrics_text, sample, serve_command};
 use nix::sys::signal::Signal;
 use serde_json::json;
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(20))
-        .build()
-        .unwrap()
-}
 
 async fn post(http: &reqwest::Client, url: &str, org: &str, key: &str) -> TestResult<(u16, bool)> {
     let resp = http
@@ -32,20 +24,18 @@ async fn post(http: &reqwest::Client, url: &str, org: &str, key: &str) -> TestRe
     Ok((resp.status().as_u16(), replayed))
 }
 
-/// The value of one sample line of the Prometheus text format, `name{labels} value`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| {
-        l.strip_prefix(series)?
-            .strip_prefix(' ')?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
-/// A successor with another writer id and a 10-minute lease on its predecessor claims `org`
-/// at once only if the predecessor released it: `k1` replays from it.
-async fn successor_replays_at_once(store: &std::path::Path, data: &std::path::Path) -> TestResult {
+/// Sends `sig` to `a`, which must exit 0; then a successor with another writer id (data in
+/// `data`) claims `acme` at once despite `a`'s 10-minute lease, which proves `a` released it:
+/// `k1` replays from the successor.
+async fn stops_and_hands_off(
+    mut a: Server,
+    sig: Signal,
+    store: &std::path::Path,
+    data: &std::path::Path,
+) -> TestResult {
+    let status =
+        tokio::task::spawn_blocking(move || a.signal(sig).map_err(|e| e.to_string())).await??;
+    assert_eq!(status.code(), Some(0), "{sig}: {status}");
     let b = Server::start_with(store, data, &["--writer", "b"], &[])?;
     let (s, replayed) = post(&client(), &b.url, "acme", "k1").await?;
     assert_eq!(
@@ -56,6 +46,18 @@ async fn successor_replays_at_once(store: &std::path::Path, data: &std::path::Pa
     Ok(())
 }
 
+/// `idem serve` as writer `a` with a 10-minute lease, `env` set and its stderr a pipe whose
+/// read end the test holds (`child.stderr`).
+fn with_piped_stderr(
+    store: &std::path::Path,
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+) -> TestResult<Server> {
+    let mut cmd = serve_command(store, data, &["--writer", "a", "--lease-ms", "600000"]);
+    cmd.envs(env.iter().copied()).stderr(Stdio::piped());
+    Server::spawn(cmd)
+}
+
 /// Regression: with `idem serve 2>&1 | log-shipper` and the shipper dead, every log line
 /// hit EPIPE, tracing-subscriber reported it with `eprintln!` (a panic on a closed stderr),
 /// requests hung and SIGTERM exited 101 without releasing. A failed write is dropped and
@@ -64,14 +66,8 @@ async fn successor_replays_at_once(store: &std::path::Path, data: &std::path::Pa
 async fn a_dead_stderr_reader_never_stops_acknowledgements_or_the_release() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = dir.path().join("store");
-    let mut cmd = serve_command(
-        &store,
-        &dir.path().join("a"),
-        &["--writer", "a", "--lease-ms", "600000"],
-    );
     // Debug logs: every request writes lines, so every request meets the broken pipe.
-    cmd.env("IDEM_LOG", "debug").stderr(Stdio::piped());
-    let mut a = Server::spawn(cmd)?;
+    let mut a = with_piped_stderr(&store, &dir.path().join("a"), &[("IDEM_LOG", "debug")])?;
     // The log shipper dies: the read end of the server's stderr closes.
     drop(a.child.stderr.take());
     let http = client();
@@ -79,22 +75,14 @@ async fn a_dead_stderr_reader_never_stops_acknowledgements_or_the_release() -> T
         let (s, _) = post(&http, &a.url, "acme", &format!("k{}", i + 1)).await?;
         assert_eq!(s, 201, "request {i} acknowledged");
     }
-    let text = http
-        .get(format!("{}/metrics", a.url))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let text = metrics_text(&a.url).await?;
     let failed = sample(&text, "idem_log_write_failures_total")
         .ok_or_else(|| format!("no idem_log_write_failures_total in\n{text}"))?;
     assert!(
         failed >= 20.0,
         "every request's lines were dropped: {failed}"
     );
-    let status =
-        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
-    assert_eq!(status.code(), Some(0), "{status}");
-    successor_replays_at_once(&store, &dir.path().join("b")).await
+    stops_and_hands_off(a, Signal::SIGTERM, &store, &dir.path().join("b")).await
 }
 
 /// Regression: SIGHUP (the SSH session that started the server closes) killed it without a
@@ -105,13 +93,9 @@ async fn sighup_drains_and_releases_like_sigterm() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = dir.path().join("store");
     let args = ["--writer", "a", "--lease-ms", "600000"];
-    let mut a = Server::start_with(&store, &dir.path().join("a"), &args, &[])?;
+    let a = Server::start_with(&store, &dir.path().join("a"), &args, &[])?;
     assert_eq!(post(&client(), &a.url, "acme", "k1").await?.0, 201);
-    let status =
-        tokio::task::spawn_blocking(move || a.signal(Signal::SIGHUP).map_err(|e| e.to_string()))
-            .await??;
-    assert_eq!(status.code(), Some(0), "{status}");
-    successor_replays_at_once(&store, &dir.path().join("b")).await
+    stops_and_hands_off(a, Signal::SIGHUP, &store, &dir.path().join("b")).await
 }
 
 /// A stderr reader that is alive but never reads (a stalled shipper): the pipe fills, yet
@@ -121,18 +105,11 @@ async fn sighup_drains_and_releases_like_sigterm() -> TestResult {
 async fn a_stalled_stderr_reader_never_blocks_acknowledgements() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = dir.path().join("store");
-    let mut cmd = serve_command(
-        &store,
-        &dir.path().join("a"),
-        &["--writer", "a", "--lease-ms", "600000"],
-    );
     // Trace logs (about 350 bytes a request) fill the pipe's 64 KiB within a few hundred
     // requests, then the 4 KiB queue (a test hook; 1 MiB by default); the test holds the
     // read end open and never reads it.
-    cmd.env("IDEM_LOG", "trace")
-        .env("IDEM_TEST_LOG_QUEUE_BYTES", "4096")
-        .stderr(Stdio::piped());
-    let mut a = Server::spawn(cmd)?;
+    let env = [("IDEM_LOG", "trace"), ("IDEM_TEST_LOG_QUEUE_BYTES", "4096")];
+    let mut a = with_piped_stderr(&store, &dir.path().join("a"), &env)?;
     let http = client();
     let mut dropped = 0.0;
     let mut i = 0;
@@ -143,21 +120,13 @@ async fn a_stalled_stderr_reader_never_blocks_acknowledgements() -> TestResult {
         let (s, _) = post(&http, &a.url, "acme", &format!("k{i}")).await?;
         assert_eq!(s, 201, "request {i} acknowledged");
         if i % 25 == 0 {
-            let text = http
-                .get(format!("{}/metrics", a.url))
-                .send()
-                .await?
-                .text()
-                .await?;
+            let text = metrics_text(&a.url).await?;
             dropped = sample(&text, "idem_log_lines_dropped_total").unwrap_or(0.0);
         }
     }
-    let stderr = a.child.stderr.take();
-    let status =
-        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
-    assert_eq!(status.code(), Some(0), "{status}");
-    drop(stderr);
-    successor_replays_at_once(&store, &dir.path().join("b")).await
+    // The reader stays stalled through the shutdown: the pipe's end is kept open here.
+    let _stalled = a.child.stderr.take();
+    stops_and_hands_off(a, Signal::SIGTERM, &store, &dir.path().join("b")).await
 }
 
 /// `/metrics` describes the log counters even before anything was dropped.
@@ -165,12 +134,7 @@ async fn a_stalled_stderr_reader_never_blocks_acknowledgements() -> TestResult {
 async fn metrics_show_the_log_counters_at_zero() -> TestResult {
     let dir = tempfile::tempdir()?;
     let srv = Server::start(&dir.path().join("store"), &dir.path().join("a"), "a", &[])?;
-    let text: String = client()
-        .get(format!("{}/metrics", srv.url))
-        .send()
-        .await?
-        .text()
-        .await?;
+    let text = metrics_text(&srv.url).await?;
     for series in [
         "idem_log_write_failures_total",
         "idem_log_lines_dropped_total",

@@ -136,3 +136,61 @@ pub fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// An HTTP client with a 20 s timeout per request: a server that hangs fails the test.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// The value of one sample line of the Prometheus text format, `name{labels} value`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// `GET {url}/metrics` as text.
+pub async fn metrics_text(url: &str) -> TestResult<String> {
+    Ok(client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?)
+}
+
+/// A store under `dir` holding org `acme` with effects `sent` (committed), `lost-1` and
+/// `lost-2` (ambiguous), released (no live lease); its path.
+pub fn seeded_effects_store(dir: &Path) -> TestResult<String> {
+    use idem_org::idem::effect;
+    use idem_org::replica::{OrgId, Replica, Settings};
+    let store = dir.join("store");
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
+        let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed").build()?;
+        let org = registry.acquire(&OrgId::new("acme")?).await?;
+        org.effect("sent", effect::Options::new(), || async {
+            Ok(b"ok".to_vec())
+        })
+        .await?;
+        for key in ["lost-1", "lost-2"] {
+            let out = org
+                .effect(key, effect::Options::new(), || async {
+                    Err(effect::Error::ambiguous("connection reset"))
+                })
+                .await;
+            assert!(out.is_err());
+        }
+        registry.shutdown().await;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    Ok(store.display().to_string())
+}
