@@ -21,9 +21,10 @@ use bytes::Bytes;
 /// Most liveness objects one handle keeps observations of: about 200 bytes each.
 pub(crate) const MAX_WATCHED: usize = 1024;
 
-/// An observation not consulted for this many watches is forgotten (a client that retries
-/// within its `Retry-After` plus two watches keeps the one its first attempt started).
-pub(crate) const FORGET_AFTER_WATCHES: u64 = 3;
+/// An observation not consulted for this many watches is forgotten: a claimant that retries
+/// within its `Retry-After` plus nine watches keeps the watch its first attempt started; one
+/// that comes back later watches again.
+pub(crate) const FORGET_AFTER_WATCHES: u64 = 10;
 
 /// One liveness object as this process last read it.
 #[derive(Debug)]
@@ -125,10 +126,13 @@ mod tests {
     fn observations_are_forgotten_when_unused_and_bounded_in_number() {
         let w = Watch::default();
         w.saw("old", b("x"), 0, 0, 100);
-        // Consulted past three watches later: the old entry is gone, so it starts over.
-        w.saw("new", b("y"), 301, 301, 100);
-        assert_eq!(w.len(), 1);
-        assert_eq!(w.saw("old", b("x"), 302, 302, 100), 0);
+        w.saw("kept", b("x"), 900, 900, 100);
+        // Consulted within ten watches: kept.
+        assert_eq!(w.saw("kept", b("x"), 1_000, 1_000, 100), 100);
+        // Ten watches later, an insert forgets what nobody consulted for longer.
+        w.saw("new", b("y"), 1_001, 1_001, 100);
+        assert_eq!(w.len(), 2);
+        assert_eq!(w.saw("old", b("x"), 1_002, 1_002, 100), 0);
         for i in 0..(MAX_WATCHED + 10) {
             w.saw(
                 &format!("p{i}"),
