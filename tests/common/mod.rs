@@ -65,6 +65,20 @@ impl Server {
         env: &[(&str, &Path)],
     ) -> TestResult<Server> {
         let mut cmd = idem();
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Self::start_command(cmd, store, data, args)
+    }
+
+    /// [`Server::start_with`] from a prepared `idem` command (extra environment, such as a
+    /// preloaded library that fakes its wall clock).
+    pub fn start_command(
+        mut cmd: Command,
+        store: &Path,
+        data: &Path,
+        args: &[&str],
+    ) -> TestResult<Server> {
         cmd.arg("serve")
             .arg("--store")
             .arg(store)
@@ -73,9 +87,6 @@ impl Server {
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let mut line = String::new();
