@@ -198,6 +198,37 @@ async fn a_replica_an_hour_ahead_never_takes_a_live_holders_org_and_takes_a_dead
         written > real_now_ms() + HOUR_MS / 2,
         "libfaketime did not move B's wall clock: {written}"
     );
+    // `idem inspect` (a one-shot process that never watched the lease) says what a claim
+    // from it would wait, the holder's term and a tenth, and shows the holder's hour-ahead
+    // expiry as the holder's clock, deciding nothing from it.
+    let out = idem()
+        .args(["inspect", "beta", "--json", "--store"])
+        .arg(&store)
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    let lease = &v["lease"];
+    assert_eq!(
+        (
+            &lease["writer"],
+            &lease["released"],
+            &lease["claim_wait_ms"]
+        ),
+        (&json!("b"), &json!(false), &json!(WATCH.as_millis() as u64)),
+        "{v}"
+    );
+    let shown = lease["holder_expires_at"]
+        .as_str()
+        .ok_or("no holder expiry")?;
+    let shown = humantime::parse_rfc3339(shown)?;
+    assert!(
+        shown > SystemTime::now() + Duration::from_secs(1_800),
+        "{shown:?}"
+    );
     holder_keeps(&http, &a, &b, "acme", "live").await?;
     moves_within_a_watch(&http, a, &b, "acme").await?;
     // What A acknowledged replays from B.

@@ -319,6 +319,7 @@ impl Replica {
                 home,
                 addr: self.inner.settings.advertise.clone(),
                 process: true,
+                term_ms: self.inner.settings.lease_ms,
             };
             // Written once per claim, so a transient failure is retried here: a claim without
             // its lease could be claimed away without force while its writer lives.

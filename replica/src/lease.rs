@@ -7,7 +7,7 @@
 //!
 //! A lease is judged by observation, never by its timestamps (I15): a claimant takes an org
 //! from another live-looking writer only once it has itself seen the holder's process lease
-//! unchanged for a whole watch (`lease_ms` plus a tenth) on its own monotonic clock
+//! unchanged for a whole watch (the holder's `lease_ms` plus a tenth) on its own monotonic clock
 //! ([`watch`]). The expiries leases carry are the holder's wall clock, for people.
 
 mod watch;
@@ -53,6 +53,16 @@ pub struct Lease {
     /// then the org lease itself is the object watched.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub process: bool,
+    /// The holder's lease term in ms ([`crate::Settings::lease_ms`]): a claimant watches for
+    /// this term plus a tenth, whatever its own setting, since the holder renews every third
+    /// of it. A duration, not a clock reading. 0 in leases of older versions: the claimant's
+    /// own term then.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A writer process's lease, `processes/<instance>.json`: renewed every `lease_ms / 3` by a
@@ -70,13 +80,17 @@ pub struct ProcessLease {
     /// 0 in leases of older versions.
     #[serde(default)]
     pub renewals: u64,
+    /// The process's lease term in ms: it renews every third of it. 0 in leases of older
+    /// versions.
+    #[serde(default)]
+    pub term_ms: u64,
     /// Where the process's clients reach it, if it said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
 }
 
 /// `processes/<instance>.json` on the wire:
-/// `{"v":1,"instance":…,"expires_at_ms":…,"renewals":…}` (`addr` only when set).
+/// `{"v":1,"instance":…,"expires_at_ms":…,"renewals":…,"term_ms":…}` (`addr` only when set).
 #[derive(Serialize, Deserialize)]
 struct ProcessWire {
     v: u64,
@@ -94,7 +108,7 @@ pub(crate) fn valid_instance(instance: &str) -> bool {
 }
 
 /// `lease.json` on the wire: `{"v":1,"writer":…,"round":…,"expires_at_ms":…,"instance":…}`
-/// (`home` and `addr` only when set), in this order.
+/// (`home`, `addr`, `process` and `term_ms` only when set), in this order.
 #[derive(Serialize, Deserialize)]
 struct LeaseWire {
     v: u64,
@@ -196,7 +210,8 @@ impl Replica {
     /// reads the object that proves the holder alive — its process lease, or for a lease of
     /// an older version the org lease itself — and compares it with what this handle saw
     /// before. The holder is taken for dead once that object was seen unchanged (absent
-    /// counts as a state) for `lease_ms` plus a tenth of this handle's monotonic clock; a
+    /// counts as a state) for the holder's term (`lease.term_ms`, else this handle's
+    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a
     /// first sighting therefore waits a whole watch, and a process lease already watched for
     /// another org's sake answers at once. A lease naming an instance this crate could not
     /// have made names no object and proves nothing. Never reads a wall clock. One GET.
@@ -218,7 +233,11 @@ impl Replica {
         let asked_ms = clock.monotonic_ms();
         let bytes = self.get_bytes(&path).await?;
         let read_ms = clock.monotonic_ms();
-        let watch_ms = watch_ms(self.inner.settings.lease_ms);
+        let term_ms = match lease.term_ms {
+            0 => self.inner.settings.lease_ms,
+            holders => holders,
+        };
+        let watch_ms = watch_ms(term_ms);
         let process = match (&bytes, lease.process) {
             (Some(b), true) => parse_process_lease(path.as_ref(), &lease.instance, b),
             _ => None,
@@ -273,6 +292,7 @@ impl Replica {
                 .now_ms()
                 .saturating_add(self.inner.settings.lease_ms),
             renewals: self.inner.renewals.fetch_add(1, Ordering::Relaxed),
+            term_ms: self.inner.settings.lease_ms,
             addr: self.inner.settings.advertise.clone(),
         };
         let path = self.inner.layout.process(&lease.instance);

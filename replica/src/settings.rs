@@ -12,8 +12,9 @@ pub const MAX_INLINE_DELTA_BYTES: usize = 1024 * 1024;
 pub struct Settings {
     /// Advisory lease length in ms: this process's lease is renewed by a timer every
     /// `lease_ms / 3` (360 PUTs an hour at the default 30 000, whatever the number of orgs),
-    /// and a claimant takes another process's orgs only once it has seen that process's
-    /// lease unchanged for `lease_ms` plus a tenth on its own monotonic clock (I15).
+    /// and a claimant takes this process's orgs only once it has seen that lease unchanged
+    /// for this `lease_ms` (written into the lease) plus a tenth on its own monotonic clock
+    /// (I15).
     pub lease_ms: u64,
     /// How many times `claim` re-reads the log and retries after losing a race.
     pub claim_retries: u32,

@@ -189,3 +189,49 @@ async fn a_failed_first_process_lease_write_is_retried_by_the_timer() -> R {
     }
     Ok(())
 }
+
+/// Regression (review): a claimant watched for its own term; one configured with a shorter
+/// lease than the holder's saw the holder's lease unchanged between two renewals and took a
+/// live holder's org. It watches for the holder's term, written in the lease.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (a_clock, b_clock) = (
+        Arc::new(ManualClock::new(1_000_000)),
+        Arc::new(ManualClock::new(1_000_000)),
+    );
+    let a = open(&store, &a_clock, None).await?;
+    let short = Settings {
+        lease_ms: LEASE_MS / 10,
+        ..Settings::default()
+    };
+    let b = Replica::open_with(store.clone(), "t", short, b_clock.clone(), None).await?;
+    let acme = OrgId::new("acme")?;
+    let claim = a.claim(&acme, "a", false).await?;
+    for _ in 0..30 {
+        let got = b.claim(&acme, "b", false).await;
+        match got {
+            Err(Error::LeaseHeld { retry_after_ms, .. }) => {
+                assert!(retry_after_ms <= WATCH_MS, "{retry_after_ms}")
+            }
+            other => return Err(format!("a live holder's org was taken: {other:?}").into()),
+        }
+        for clock in [&a_clock, &b_clock] {
+            clock.advance(200);
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // Once the holder is gone, a watch of the holder's term after B's next look, B claims.
+    drop(claim);
+    drop(a);
+    assert!(matches!(
+        b.claim(&acme, "b", false).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    b_clock.advance(WATCH_MS);
+    assert_eq!(b.claim(&acme, "b", false).await?.round(), 2);
+    Ok(())
+}

@@ -61,8 +61,9 @@ pub struct ServeArgs {
     /// With --prune-every: delete keys applied longer ago than this.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "7d")]
     prune_older_than: Duration,
-    /// Advisory lease length in ms: how long another replica waits before it claims the
-    /// orgs of a writer that died without releasing them (SIGTERM releases at once).
+    /// Advisory lease length in ms: another replica claims the orgs of a writer that died
+    /// without releasing them once it has seen its lease unrenewed this long plus a tenth, on
+    /// its own monotonic clock (SIGTERM releases at once).
     #[arg(long, default_value_t = 30_000)]
     lease_ms: u64,
     /// Where clients reach this server (e.g. http://10.0.0.7:8080), written into the leases
