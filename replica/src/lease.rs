@@ -211,10 +211,10 @@ impl Replica {
     /// an older version the org lease itself — and compares it with what this handle saw
     /// before. The holder is taken for dead once that object was seen unchanged (absent
     /// counts as a state) for the holder's term (`lease.term_ms`, else this handle's
-    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a
-    /// first sighting therefore waits a whole watch, and a process lease already watched for
-    /// another org's sake answers at once. A lease naming an instance this crate could not
-    /// have made names no object and proves nothing. Never reads a wall clock. One GET.
+    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
+    /// waits a whole watch, and a process lease already watched for another org's sake
+    /// answers at once. A lease naming an instance this crate could not have made names no
+    /// object and proves nothing. Never reads a wall clock. One GET.
     ///
     /// # Errors
     /// [`Error::Store`].
@@ -255,7 +255,8 @@ impl Replica {
     /// Makes sure this process's lease exists before a claim points to it: written at the
     /// first claim, then renewed by a task every `lease_ms / 3` while this handle (any clone)
     /// lives. The task starts even when that first write fails, and its next tick retries;
-    /// meanwhile the org lease's own term covers the claim.
+    /// meanwhile a claimant sees the process lease absent, which must last a whole watch
+    /// before it counts as silence.
     pub(crate) async fn ensure_process_lease(&self) {
         self.inner
             .process_lease
