@@ -65,6 +65,43 @@ fn client() -> TestResult<reqwest::Client> {
         .build()?)
 }
 
+/// Servers `a` and `b` on one store; `faked` ("a" or "b") runs with its wall clock read from
+/// `spec` (libfaketime's format, for example `+1h`), which the test may rewrite.
+struct Pair {
+    dir: tempfile::TempDir,
+    store: PathBuf,
+    spec: PathBuf,
+    http: reqwest::Client,
+    a: Server,
+    b: Server,
+}
+
+impl Pair {
+    fn start(faked: &str, spec: &str) -> TestResult<Pair> {
+        let dir = tempfile::tempdir()?;
+        let store = dir.path().join("store");
+        let spec_file = dir.path().join("faketime.spec");
+        std::fs::write(&spec_file, spec)?;
+        let cmd = |name: &str| {
+            if name == faked {
+                faked_idem(&spec_file)
+            } else {
+                Ok(idem())
+            }
+        };
+        let a = start(cmd("a")?, &store, &dir.path().join("a"), "a")?;
+        let b = start(cmd("b")?, &store, &dir.path().join("b"), "b")?;
+        Ok(Pair {
+            http: client()?,
+            spec: spec_file,
+            store,
+            dir,
+            a,
+            b,
+        })
+    }
+}
+
 /// POSTs a transfer with key `key` to `org` on `url`: the status and `Retry-After`.
 async fn post(
     http: &reqwest::Client,
@@ -183,13 +220,15 @@ async fn moves_within_a_watch(
 #[tokio::test]
 async fn a_replica_an_hour_ahead_never_takes_a_live_holders_org_and_takes_a_dead_ones_within_a_watch()
 -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let store = dir.path().join("store");
-    let spec = dir.path().join("b.faketime");
-    std::fs::write(&spec, "+1h")?;
-    let http = client()?;
-    let a = start(idem(), &store, &dir.path().join("a"), "a")?;
-    let b = start(faked_idem(&spec)?, &store, &dir.path().join("b"), "b")?;
+    // `_dir` keeps the store and data directories until the end of the test.
+    let Pair {
+        dir: _dir,
+        store,
+        http,
+        a,
+        b,
+        ..
+    } = Pair::start("b", "+1h")?;
     assert_eq!(post(&http, &a.url, "acme", "k1").await?.0, 201);
     // B's clock really is an hour ahead: the lease it writes for an org of its own says so.
     assert_eq!(post(&http, &b.url, "beta", "k1").await?.0, 201);
@@ -243,13 +282,14 @@ async fn a_replica_an_hour_ahead_never_takes_a_live_holders_org_and_takes_a_dead
 #[tokio::test]
 async fn a_replica_whose_clock_steps_back_an_hour_keeps_its_org_and_takes_a_dead_ones_within_a_watch()
 -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let store = dir.path().join("store");
-    let spec = dir.path().join("a.faketime");
-    std::fs::write(&spec, "+0")?;
-    let http = client()?;
-    let a = start(faked_idem(&spec)?, &store, &dir.path().join("a"), "a")?;
-    let b = start(idem(), &store, &dir.path().join("b"), "b")?;
+    let Pair {
+        dir: _dir,
+        store,
+        spec,
+        http,
+        a,
+        b,
+    } = Pair::start("a", "+0")?;
     assert_eq!(post(&http, &a.url, "acme", "k1").await?.0, 201);
     assert_eq!(post(&http, &b.url, "beta", "k1").await?.0, 201);
     // A's wall clock steps back an hour (an NTP step): A serves on, and its next renewal

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use common::{R, effect, oracle, registry};
 use idem_org::{Registry, Settings};
-use idem_replica::fault::{Fault, FaultStore, Op};
+use idem_replica::fault::{Fault, FaultStore, Op, SeededRng as Rng};
 use idem_replica::{ManualClock, OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -50,18 +50,6 @@ struct Process {
 impl Process {
     fn wall(&self, now: u64) -> u64 {
         now.saturating_add_signed(self.wall_offset)
-    }
-}
-
-/// xorshift64*: a small, seedable generator, so a failing seed replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
     }
 }
 
@@ -105,7 +93,7 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
             resumed_at: None,
         });
     }
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(seed);
     let mut acked: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     let mut sent = 0usize;
     let mut log = Vec::new();

@@ -47,8 +47,9 @@
 //!   connection's thread ([`sqlite::Owned::capture`]), proved from their own pages, published
 //!   as deltas of committed WAL frames or full snapshots per [`ShipPolicy`].
 //! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
-//! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper
-//!   and pausing failpoints; `conformance`, the suite every store runs.
+//! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper,
+//!   pausing failpoints and a seeded generator for schedules; `conformance`, the suite every
+//!   store runs.
 //!
 //! # Object layout
 //! `<prefix>/orgs/<org>/log/<seq:020>.json` (create-only); under `<prefix>/orgs/<org>/snap/`,

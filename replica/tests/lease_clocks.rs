@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_replica::fault::SeededRng as Rng;
 use idem_replica::{Claim, Clock, Error, ManualClock, OrgId, Replica, Settings};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -34,18 +35,6 @@ const STEPS: usize = 120;
 const MAX_PROCESSES: usize = 7;
 const HOUR_MS: i64 = 3_600_000;
 const DAY_MS: i64 = 24 * HOUR_MS;
-
-/// xorshift64*: a small, seedable generator, so a failing seed replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
 
 /// One writer process: its handle (gone once killed), its clocks, its identity.
 struct Process {
@@ -118,7 +107,7 @@ async fn start(
 
 async fn schedule(seed: u64) -> R<Seen> {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(seed);
     let mut now = 1_700_000_000_000u64;
     let mut procs = Vec::new();
     for i in 0..3 {
