@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-/// The embedder's clock seen through `idem_replica::Clock`.
+/// The embedder's clock seen through `idem_replica::Clock`: its wall time, and the host's
+/// monotonic clock (`idem::Clock` has none) for judging leases by observation (I15).
 #[derive(Debug)]
 struct ReplicaClock(Arc<dyn idem::Clock>);
 
@@ -11,11 +12,16 @@ impl idem_replica::Clock for ReplicaClock {
     fn now_ms(&self) -> u64 {
         self.0.now_ms()
     }
+
+    fn monotonic_ms(&self) -> u64 {
+        idem_replica::SystemClock.monotonic_ms()
+    }
 }
 
-/// Adapts `clock` for [`idem_replica::Replica::open_with`], so the replica's leases and
+/// Adapts `clock` for [`idem_replica::Replica::open_with`], so the replica's log stamps and
 /// retention ages read the same time, in ms since the Unix epoch, as the
-/// [`crate::RegistryBuilder::clock`] that stamps keys and effects.
+/// [`crate::RegistryBuilder::clock`] that stamps keys and effects; how long a lease was seen
+/// unchanged is measured on the host's monotonic clock, which no wall clock moves (I15).
 ///
 /// # Examples
 /// ```
@@ -49,5 +55,9 @@ mod tests {
         let replica = replica_clock(clock.clone());
         clock.advance(10);
         assert_eq!(replica.now_ms(), 15);
+        // A step of the embedder's wall clock never moves the time leases are judged by.
+        let before = replica.monotonic_ms();
+        clock.set(u64::MAX / 2);
+        assert!(replica.monotonic_ms() - before < 60_000);
     }
 }

@@ -231,18 +231,18 @@ impl Error {
     }
 
     /// How long a client should wait before retrying, when this error knows: while another
-    /// writer's advisory lease holds the org, the time left on it (at least one second).
+    /// writer's advisory lease holds the org, how long this replica still has to see it
+    /// unchanged before it may claim (at least one second). Measured on this replica's own
+    /// monotonic clock; no wall clock, and nothing the holder wrote, enters it (I15).
     /// `None` for every other error (retry soon; HTTP answers `Retry-After: 1`).
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         let Error::Replica { source, .. } = self else {
             return None;
         };
-        let idem_replica::Error::LeaseHeld { expires_at_ms, .. } = **source else {
+        let idem_replica::Error::LeaseHeld { retry_after_ms, .. } = **source else {
             return None;
         };
-        let now = idem::system_time_ms(std::time::SystemTime::now());
-        let ms = expires_at_ms.saturating_sub(now).max(1_000);
-        Some(std::time::Duration::from_millis(ms))
+        Some(std::time::Duration::from_millis(retry_after_ms.max(1_000)))
     }
 
     /// Where the writer holding the org's lease says its clients reach it, when this error

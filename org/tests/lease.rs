@@ -3,9 +3,9 @@
 //! org issues no store request at all; a process paused past its lease loses its orgs to a
 //! successor and, resumed, acknowledges nothing more (I7).
 //!
-//! Paused runtime time and a manual replica clock advance together, so lease expiry and the
-//! renewal timer are deterministic; a "paused process" is the manual clock advancing while
-//! runtime time (the renewal timer) does not.
+//! Paused runtime time and a manual replica clock advance together, so the watch a successor
+//! keeps and the renewal timer are deterministic; a "paused process" is the manual clock
+//! advancing while runtime time (the renewal timer) does not.
 
 mod common;
 
@@ -57,14 +57,18 @@ async fn an_idle_writer_keeps_its_lease_and_is_not_claimed_away() -> R {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let (_, a) = open(&store, &clock, &dir.path().join("a"), "A").await?;
     let org = a.acquire(&OrgId::new("acme")?).await?;
-    live_for(&clock, 3 * LEASE_MS).await;
+    // B asks every half lease for three lease lengths: it sees the idle writer's process
+    // lease renewed each time, so it never claims.
     let (_, b) = open(&store, &clock, &dir.path().join("b"), "B").await?;
-    let err = b
-        .acquire(&OrgId::new("acme")?)
-        .await
-        .err()
-        .ok_or("B claimed the org of a live, idle writer after three lease lengths")?;
-    assert_eq!(err.kind(), ErrorKind::Retry, "{err:?}");
+    for _ in 0..6 {
+        let err = b
+            .acquire(&OrgId::new("acme")?)
+            .await
+            .err()
+            .ok_or("B claimed the org of a live, idle writer")?;
+        assert_eq!(err.kind(), ErrorKind::Retry, "{err:?}");
+        live_for(&clock, LEASE_MS / 2).await;
+    }
     assert!(org.is_serving());
     assert!(org.once("k", effect("acme", "k")).await?.applied);
     a.shutdown().await;
@@ -98,15 +102,21 @@ async fn idle_orgs_issue_no_store_requests_only_the_process_lease_is_renewed() -
         idle.put,
         "an idle org read or listed something: {idle:?}"
     );
-    // Every org is still held: its claim is alive through the process lease.
+    // Every org is still held: its claim is alive through the process lease, which B sees
+    // renewed when it asks again two lease lengths after its first sighting.
     let (_, b) = open(&store, &clock, &dir.path().join("b"), "B").await?;
-    for i in [0, 57, 99] {
-        let err = b
-            .acquire(&OrgId::new(&format!("org-{i}"))?)
-            .await
-            .err()
-            .ok_or("an idle org of a live process was claimed")?;
-        assert_eq!(err.kind(), ErrorKind::Retry, "{err:?}");
+    for round in 0..2 {
+        for i in [0, 57, 99] {
+            let err = b
+                .acquire(&OrgId::new(&format!("org-{i}"))?)
+                .await
+                .err()
+                .ok_or("an idle org of a live process was claimed")?;
+            assert_eq!(err.kind(), ErrorKind::Retry, "{err:?}");
+        }
+        if round == 0 {
+            live_for(&clock, 2 * LEASE_MS).await;
+        }
     }
     for org in &orgs {
         assert!(org.is_serving());
@@ -124,9 +134,16 @@ async fn a_process_paused_past_its_lease_loses_its_orgs_and_acknowledges_nothing
     let acme = OrgId::new("acme")?;
     let org = a.acquire(&acme).await?;
     assert!(org.once("k1", effect("acme", "k1")).await?.applied);
-    // A is paused: wall time passes, its renewal timer does not run.
-    clock.advance(2 * LEASE_MS);
+    // A is paused: its renewal timer does not run while B's clock passes. B's first sighting
+    // of A's process lease starts its watch; a whole watch later it claims.
     let (_, b) = open(&store, &clock, &dir.path().join("b"), "B").await?;
+    let first = b
+        .acquire(&acme)
+        .await
+        .err()
+        .ok_or("B claimed at its first sighting of a lease")?;
+    assert_eq!(first.kind(), ErrorKind::Retry, "{first:?}");
+    clock.advance(LEASE_MS + LEASE_MS / 10);
     let successor = b.acquire(&acme).await?;
     assert!(!successor.once("k1", effect("acme", "k1")).await?.applied);
     // A resumes: a new request's ship is fenced, a replay's confirmation too.

@@ -1,13 +1,16 @@
 //! Seeded schedules of two and three writer processes over one store, each with its own
-//! process lease and its own clock (I2, I6, I7, I14). A step advances time, pauses a process
-//! (its clock stops, so the leases it keeps renewing are stale: a lease lapsing while its
-//! process is paused), resumes one (after a successor may have claimed its orgs), or sends a
-//! first run or a replay to a running process. Whatever the schedule, every acknowledged key
-//! is in the store exactly once with its first result, and a resumed process whose orgs were
-//! claimed acknowledges nothing from them (the exactly-once oracle at the end).
+//! process lease, its own wall clock (skewed an hour apart, and stepping an hour either way
+//! mid-run) and its own monotonic clock (I2, I6, I7, I14, I15). A step advances time, steps
+//! one process's wall clock, pauses a process (its renewals stop reaching the store and its
+//! clocks stop, so a successor that watches its process lease sees it unchanged), resumes one
+//! (after a successor may have claimed its orgs), or sends a first run or a replay to a
+//! running process. Whatever the schedule, every acknowledged key is in the store exactly
+//! once with its first result, a resumed process whose orgs were claimed acknowledges
+//! nothing from them (the exactly-once oracle at the end), and no org ever moves away from a
+//! process that was never paused: a wall clock, however wrong, moves nothing.
 //!
 //! Runtime time is paused and advanced by the test; each process's replica clock is a
-//! `ManualClock` the test sets, so every schedule replays exactly from its seed.
+//! `ManualClock` the test advances and steps, so every schedule replays exactly from its seed.
 
 mod common;
 
@@ -17,6 +20,7 @@ use std::time::Duration;
 
 use common::{R, effect, oracle, registry};
 use idem_org::{Registry, Settings};
+use idem_replica::fault::{Fault, FaultStore, Op, SeededRng as Rng};
 use idem_replica::{ManualClock, OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -25,21 +29,27 @@ const LEASE_MS: u64 = 1_000;
 const ORGS: [&str; 2] = ["acme", "beta"];
 const STEPS: usize = 60;
 
+/// An hour, in ms: how far apart the processes' wall clocks start, and how far one steps.
+const HOUR_MS: u64 = 3_600_000;
+
 struct Process {
     clock: Arc<ManualClock>,
+    /// Its view of the store: while paused, its process-lease PUTs fail (a paused process
+    /// reaches nothing), and the test sends it no request.
+    store: Arc<FaultStore>,
+    /// Its wall clock's offset from the test's time (skew and steps), in ms.
+    wall_offset: i64,
     registry: Registry,
     paused: bool,
+    /// The test's time when it last resumed: after a pause its renewals restart within a
+    /// renewal period, so until a watch and a period have passed a successor may still take
+    /// its orgs.
+    resumed_at: Option<u64>,
 }
 
-/// xorshift64*: a small, seedable generator, so a failing seed replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+impl Process {
+    fn wall(&self, now: u64) -> u64 {
+        now.saturating_add_signed(self.wall_offset)
     }
 }
 
@@ -62,9 +72,12 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
     let mut now = 1_000_000u64;
     let mut procs = Vec::new();
     for w in 0..writers {
-        let clock = Arc::new(ManualClock::new(now));
+        // p0 on time, p1 an hour ahead, p2 an hour behind.
+        let wall_offset = [0, HOUR_MS as i64, -(HOUR_MS as i64)][w % 3];
+        let clock = Arc::new(ManualClock::new(now.saturating_add_signed(wall_offset)));
+        let faults = Arc::new(FaultStore::new(store.clone()));
         let replica =
-            Replica::open_with(store.clone(), "t", settings.clone(), clock.clone(), None).await?;
+            Replica::open_with(faults.clone(), "t", settings.clone(), clock.clone(), None).await?;
         let registry = registry(
             &dir.path().join(format!("p{w}")),
             replica,
@@ -73,17 +86,21 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
         )?;
         procs.push(Process {
             clock,
+            store: faults,
+            wall_offset,
             registry,
             paused: false,
+            resumed_at: None,
         });
     }
-    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut rng = Rng::new(seed);
     let mut acked: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     let mut sent = 0usize;
     let mut log = Vec::new();
     let mut seen = Seen::default();
-    // The process whose last answer for an org was Ok (its writer, as far as clients know).
-    let mut holder: BTreeMap<&str, usize> = BTreeMap::new();
+    // The process whose last Ok answer for an org was the newest (its writer, as far as
+    // clients know).
+    let mut owner: BTreeMap<&str, usize> = BTreeMap::new();
     let mut resumed = vec![false; writers];
     for _ in 0..STEPS {
         let p = rng.below(writers as u64) as usize;
@@ -92,10 +109,10 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
                 let ms = 100 * (1 + rng.below(8));
                 now += ms;
                 for proc in procs.iter().filter(|q| !q.paused) {
-                    proc.clock.set(now);
+                    proc.clock.advance(ms);
                 }
                 // Renewal timers of every process fire on runtime time, paused or not: a
-                // paused process's renewals carry its stopped clock, so they lapse.
+                // paused process's renewals fail before they reach the store.
                 for _ in 0..ms / 100 {
                     tokio::time::advance(Duration::from_millis(100)).await;
                     for _ in 0..5 {
@@ -106,14 +123,33 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
             }
             2 if procs.iter().filter(|q| q.paused).count() + 1 < writers => {
                 procs[p].paused = true;
+                procs[p]
+                    .store
+                    .inject_times(Op::Put, "processes/", 1, u64::MAX, Fault::FailBefore);
                 resumed[p] = false;
                 log.push(format!("pause p{p}"));
             }
             3 if procs[p].paused => {
                 procs[p].paused = false;
-                procs[p].clock.set(now);
+                procs[p].resumed_at = Some(now);
+                procs[p].store.clear();
+                // Its wall clock catches up in one step; its monotonic clock stayed behind.
+                procs[p].clock.set(procs[p].wall(now));
                 resumed[p] = true;
                 log.push(format!("resume p{p}"));
+            }
+            4 if rng.below(2) == 0 => {
+                // A wall clock steps an hour either way (an NTP step, a mis-set host).
+                let step = if rng.below(2) == 0 {
+                    HOUR_MS as i64
+                } else {
+                    -(HOUR_MS as i64)
+                };
+                procs[p].wall_offset += step;
+                if !procs[p].paused {
+                    procs[p].clock.set(procs[p].wall(now));
+                }
+                log.push(format!("step p{p} wall {step:+}"));
             }
             _ if !procs[p].paused => {
                 let org = ORGS[rng.below(ORGS.len() as u64) as usize];
@@ -149,17 +185,29 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
                     Err(e) => format!("{:?}", e.kind()),
                 };
                 log.push(format!("p{p} {org} {key}: {said}"));
-                let last = holder.insert(org, p);
-                match (&out, last) {
-                    (Ok(_), Some(q)) if q != p && procs[q].paused => seen.claimed_from_paused += 1,
-                    (Err(e), _) if e.kind() == idem_org::ErrorKind::Reacquire && resumed[p] => {
-                        seen.fenced_after_resume += 1
+                if out.is_ok() {
+                    // Nobody releases here, so an org moves only from a process that is paused
+                    // or was until lately (stopped renewing): never from one that kept
+                    // running, whatever its wall clock said.
+                    if let Some(q) = owner.insert(org, p)
+                        && q != p
+                    {
+                        let lately = procs[q].resumed_at.is_some_and(|t| now - t <= 2 * LEASE_MS);
+                        assert!(
+                            procs[q].paused || lately,
+                            "seed {seed}: {org} moved to p{p} from p{q}, which kept running\n{}",
+                            log.join("\n")
+                        );
+                        if procs[q].paused {
+                            seen.claimed_from_paused += 1;
+                        }
                     }
-                    _ => {}
                 }
-                if out.is_err() {
-                    // The org's holder is unknown after a refusal.
-                    holder.remove(org);
+                if let Err(e) = &out
+                    && e.kind() == idem_org::ErrorKind::Reacquire
+                    && resumed[p]
+                {
+                    seen.fenced_after_resume += 1;
                 }
             }
             _ => {}
@@ -170,7 +218,7 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
     }
     for proc in &mut procs {
         proc.paused = false;
-        proc.clock.set(now);
+        proc.store.clear();
     }
     for proc in &procs {
         proc.registry.shutdown().await;

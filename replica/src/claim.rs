@@ -204,8 +204,11 @@ impl Replica {
     /// Claims the next round for `org` (highest round seen + 1) with a create-only log entry,
     /// fencing every older writer (I7), and writes the advisory lease.
     ///
-    /// A live lease of another writer blocks the claim unless `force`; a `Release` entry at
-    /// the head lets it through at once. A lease of the same `writer` id blocks too unless it
+    /// Another writer's lease blocks the claim unless `force` until this handle has seen the
+    /// holder's process lease unchanged for `lease_ms` plus a tenth of its own monotonic clock
+    /// ([`Replica::lease_hold`], I15): a first attempt starts that watch and answers
+    /// [`Error::LeaseHeld`] with the wait; a `Release` entry at the head lets it through at
+    /// once. A lease of the same `writer` id blocks too unless it
     /// is this instance's own (this [`Replica`]): two live processes configured with one
     /// writer id never take orgs from each other. See [`Replica::claim_from`] for a restart.
     ///
@@ -256,13 +259,16 @@ impl Replica {
                         || home.is_some_and(|(id, locked)| {
                             locked && lease.home.as_deref() == Some(id)
                         }));
+                // Judged by what this handle has seen change, never by the timestamps the
+                // holder wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a
+                // live holder's orgs where they are.
                 if !ours && !released && lease.round >= max_round {
-                    let expires_at_ms = self.lease_expiry(&lease).await?;
-                    if expires_at_ms > now {
+                    let hold = self.lease_hold(org, &lease).await?;
+                    if hold.wait_ms > 0 {
                         return Err(Error::LeaseHeld {
                             org: org.to_string(),
                             holder: lease.writer,
-                            expires_at_ms,
+                            retry_after_ms: hold.wait_ms,
                             holder_addr: lease.addr,
                         });
                     }
@@ -313,6 +319,7 @@ impl Replica {
                 home,
                 addr: self.inner.settings.advertise.clone(),
                 process: true,
+                term_ms: self.inner.settings.lease_ms,
             };
             // Written once per claim, so a transient failure is retried here: a claim without
             // its lease could be claimed away without force while its writer lives.

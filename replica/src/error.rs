@@ -91,15 +91,21 @@ pub enum Error {
         /// The requested log position.
         seq: u64,
     },
-    /// Another live writer holds the advisory lease; claim again later or with `force`.
-    #[error("org {org} is leased by writer {holder} until {}", rfc3339(*expires_at_ms))]
+    /// Another writer holds the advisory lease and was seen renewing it within a watch (or
+    /// not watched long enough yet, I15); claim again later or with `force`.
+    #[error(
+        "org {org} is leased by writer {holder}: claimable after {} without a renewal",
+        humantime::format_duration(std::time::Duration::from_millis(*retry_after_ms))
+    )]
     LeaseHeld {
         /// The org.
         org: String,
         /// Writer id of the current holder.
         holder: String,
-        /// Lease expiry, ms since the Unix epoch.
-        expires_at_ms: u64,
+        /// Ms of the claimant's own monotonic clock before a claim could go through, if the
+        /// holder's lease does not change meanwhile ([`crate::Hold::wait_ms`], at least 1):
+        /// never computed from a timestamp the holder wrote.
+        retry_after_ms: u64,
         /// Where the holder's clients reach it, if it advertised an address.
         holder_addr: Option<String>,
     },
@@ -444,16 +450,16 @@ mod message_tests {
     use super::Error;
 
     #[test]
-    fn a_held_lease_names_its_expiry_in_rfc3339() {
+    fn a_held_lease_says_how_long_a_claim_waits() {
         let e = Error::LeaseHeld {
             org: "acme".into(),
             holder: "w".into(),
-            expires_at_ms: 1_764_547_200_123,
+            retry_after_ms: 33_000,
             holder_addr: None,
         };
         assert_eq!(
             e.to_string(),
-            "org acme is leased by writer w until 2025-12-01T00:00:00.123Z"
+            "org acme is leased by writer w: claimable after 33s without a renewal"
         );
     }
 

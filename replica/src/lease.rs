@@ -3,19 +3,28 @@
 //! Liveness belongs to the process, not to each org (I14): a writer process keeps one
 //! object, `processes/<instance>.json`, renewed on a timer every `lease_ms / 3`; each claim
 //! writes `orgs/<org>/lease.json` once, pointing to it (`process: true`). An idle org
-//! therefore issues no store request at all, whatever the number of orgs. A claim respects
-//! another writer's lease while the org lease's own term or its process lease is live,
-//! unless forced.
+//! therefore issues no store request at all, whatever the number of orgs.
+//!
+//! A lease is judged by observation, never by its timestamps (I15): a claimant takes an org
+//! from another live-looking writer only once it has itself seen the holder's process lease
+//! unchanged for a whole watch (the holder's `lease_ms` plus a tenth) on its own monotonic clock
+//! ([`watch`]). The expiries leases carry are the holder's wall clock, for people.
+
+mod watch;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::log::entry::ENTRY_VERSION;
 use crate::{Error, OrgId, Replica};
+
+pub(crate) use watch::Watch;
 
 /// The advisory lease of an org (liveness only; fencing is the log's job).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,7 +33,8 @@ pub struct Lease {
     pub writer: String,
     /// Holder's round.
     pub round: u64,
-    /// Expiry, ms since the Unix epoch.
+    /// When the holder's clock said the claim's own term ends, ms since the Unix epoch: for
+    /// people; no decision reads it (I15).
     pub expires_at_ms: u64,
     /// The holder's process instance (random per [`crate::Replica`] opened): two processes
     /// configured with one writer id are told apart by it. Empty in leases of older versions.
@@ -38,29 +48,49 @@ pub struct Lease {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
     /// True when the holder's liveness is its process lease
-    /// (`processes/<instance>.json`, see [`ProcessLease`]): the lease is live while either
-    /// `expires_at_ms` or that process lease's expiry is in the future. False in leases of
-    /// older versions, which their holders renewed per org.
+    /// (`processes/<instance>.json`, see [`ProcessLease`]): the org is held while that object
+    /// keeps changing. False in leases of older versions, which their holders renewed per org:
+    /// then the org lease itself is the object watched.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub process: bool,
+    /// The holder's lease term in ms ([`crate::Settings::lease_ms`]): a claimant watches for
+    /// this term plus a tenth, whatever its own setting, since the holder renews every third
+    /// of it. A duration, not a clock reading. 0 in leases of older versions: the claimant's
+    /// own term then.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A writer process's lease, `processes/<instance>.json`: renewed every `lease_ms / 3` by a
 /// task of the [`crate::Replica`] that claimed through it, for as long as that handle lives.
-/// Every org lease with `process: true` and this instance is live while it is.
+/// Every org lease with `process: true` and this instance is held while it keeps changing.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessLease {
     /// The process instance (random per [`crate::Replica`] opened, 32 hex digits).
     pub instance: String,
-    /// Expiry, ms since the Unix epoch.
+    /// When the holder's clock said this renewal's term ends, ms since the Unix epoch: for
+    /// people; no decision reads it (I15).
     pub expires_at_ms: u64,
+    /// How many times the process wrote its lease before this write: every renewal writes
+    /// new bytes, however its wall clock moves, so an observer can tell a renewal from none.
+    /// 0 in leases of older versions.
+    #[serde(default)]
+    pub renewals: u64,
+    /// The process's lease term in ms: it renews every third of it. 0 in leases of older
+    /// versions.
+    #[serde(default)]
+    pub term_ms: u64,
     /// Where the process's clients reach it, if it said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
 }
 
-/// `processes/<instance>.json` on the wire: `{"v":1,"instance":…,"expires_at_ms":…}`
-/// (`addr` only when set).
+/// `processes/<instance>.json` on the wire:
+/// `{"v":1,"instance":…,"expires_at_ms":…,"renewals":…,"term_ms":…}` (`addr` only when set).
 #[derive(Serialize, Deserialize)]
 struct ProcessWire {
     v: u64,
@@ -78,12 +108,50 @@ pub(crate) fn valid_instance(instance: &str) -> bool {
 }
 
 /// `lease.json` on the wire: `{"v":1,"writer":…,"round":…,"expires_at_ms":…,"instance":…}`
-/// (`home` and `addr` only when set), in this order.
+/// (`home`, `addr`, `process` and `term_ms` only when set), in this order.
 #[derive(Serialize, Deserialize)]
 struct LeaseWire {
     v: u64,
     #[serde(flatten)]
     lease: Lease,
+}
+
+/// How long a liveness object must be seen unchanged before its holder is taken for dead:
+/// the term plus a tenth, in ms of the observer's monotonic clock. The holder renews three
+/// times a term, so a live one that misses two renewals still keeps its orgs; the tenth is
+/// slack for a renewal held up by a slow PUT and for the two hosts' clock rates.
+pub(crate) fn watch_ms(lease_ms: u64) -> u64 {
+    lease_ms.saturating_add(lease_ms / 10)
+}
+
+/// What a claim by one [`Replica`] would make of a lease now ([`Replica::lease_hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Hold {
+    /// Ms of the asking handle's monotonic clock before its claim could go through, if the
+    /// holder's liveness object stays as it is now: 0 when it has already been seen
+    /// unchanged for a whole watch (the holder stopped), a whole watch after a first
+    /// sighting or a renewal.
+    pub wait_ms: u64,
+    /// The holder's process lease as read, if it exists and reads (its `expires_at_ms` is
+    /// the holder's clock: for people).
+    pub process: Option<ProcessLease>,
+}
+
+/// `bytes` of the process lease at `path` as a [`ProcessLease`] of `instance`; `None`
+/// (logged) for one of another version or instance, or unreadable.
+fn parse_process_lease(path: &str, instance: &str, bytes: &Bytes) -> Option<ProcessLease> {
+    match serde_json::from_slice::<ProcessWire>(bytes) {
+        Ok(w) if w.v == ENTRY_VERSION && w.lease.instance == instance => Some(w.lease),
+        Ok(w) => {
+            warn!(%path, v = w.v, "process lease of another version or instance: ignored");
+            None
+        }
+        Err(e) => {
+            warn!(%path, error = %e, "unreadable process lease: ignored");
+            None
+        }
+    }
 }
 
 impl Lease {
@@ -125,7 +193,7 @@ impl Replica {
     }
 
     /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
-    /// and taken as absent (liveness unknown: fencing still protects, I7).
+    /// and taken as absent.
     ///
     /// # Errors
     /// [`Error::Store`].
@@ -134,43 +202,61 @@ impl Replica {
             return Ok(None);
         }
         let path = self.inner.layout.process(instance);
-        let Some(bytes) = self.get_bytes(&path).await? else {
-            return Ok(None);
-        };
-        match serde_json::from_slice::<ProcessWire>(&bytes) {
-            Ok(w) if w.v == ENTRY_VERSION && w.lease.instance == instance => Ok(Some(w.lease)),
-            Ok(w) => {
-                warn!(%path, v = w.v, "process lease of another version or instance: ignored");
-                Ok(None)
-            }
-            Err(e) => {
-                warn!(%path, error = %e, "unreadable process lease: ignored");
-                Ok(None)
-            }
-        }
+        let bytes = self.get_bytes(&path).await?;
+        Ok(bytes.and_then(|b| parse_process_lease(path.as_ref(), instance, &b)))
     }
 
-    /// When `lease` stops holding its org, ms since the Unix epoch: its own term, or, for a
-    /// lease whose liveness is its process's, that process lease's expiry when later. Reads
-    /// the process lease only once the org lease's own term has passed.
+    /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
+    /// reads the object that proves the holder alive — its process lease, or for a lease of
+    /// an older version the org lease itself — and compares it with what this handle saw
+    /// before. The holder is taken for dead once that object was seen unchanged (absent
+    /// counts as a state) for the holder's term (`lease.term_ms`, else this handle's
+    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
+    /// waits a whole watch, and a process lease already watched for another org's sake
+    /// answers at once. A lease naming an instance this crate could not have made names no
+    /// object and proves nothing. Never reads a wall clock. One GET.
     ///
     /// # Errors
     /// [`Error::Store`].
-    pub async fn lease_expiry(&self, lease: &Lease) -> Result<u64, Error> {
-        let now = self.inner.clock.now_ms();
-        if !lease.process || lease.expires_at_ms > now {
-            return Ok(lease.expires_at_ms);
-        }
-        Ok(match self.process_lease(&lease.instance).await? {
-            Some(p) => p.expires_at_ms.max(lease.expires_at_ms),
-            None => lease.expires_at_ms,
+    pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
+        let path = if !lease.process {
+            self.inner.layout.lease(org)
+        } else if valid_instance(&lease.instance) {
+            self.inner.layout.process(&lease.instance)
+        } else {
+            return Ok(Hold {
+                wait_ms: 0,
+                process: None,
+            });
+        };
+        let clock = &self.inner.clock;
+        let asked_ms = clock.monotonic_ms();
+        let bytes = self.get_bytes(&path).await?;
+        let read_ms = clock.monotonic_ms();
+        let term_ms = match lease.term_ms {
+            0 => self.inner.settings.lease_ms,
+            holders => holders,
+        };
+        let watch_ms = watch_ms(term_ms);
+        let process = match (&bytes, lease.process) {
+            (Some(b), true) => parse_process_lease(path.as_ref(), &lease.instance, b),
+            _ => None,
+        };
+        let unchanged_ms = self
+            .inner
+            .watch
+            .saw(path.as_ref(), bytes, asked_ms, read_ms, watch_ms);
+        Ok(Hold {
+            wait_ms: watch_ms.saturating_sub(unchanged_ms),
+            process,
         })
     }
 
     /// Makes sure this process's lease exists before a claim points to it: written at the
     /// first claim, then renewed by a task every `lease_ms / 3` while this handle (any clone)
     /// lives. The task starts even when that first write fails, and its next tick retries;
-    /// meanwhile the org lease's own term covers the claim.
+    /// meanwhile a claimant sees the process lease absent, which must last a whole watch
+    /// before it counts as silence.
     pub(crate) async fn ensure_process_lease(&self) {
         self.inner
             .process_lease
@@ -201,7 +287,13 @@ impl Replica {
     async fn put_process_lease(&self) -> bool {
         let lease = ProcessLease {
             instance: self.inner.instance.clone(),
-            expires_at_ms: self.inner.clock.now_ms() + self.inner.settings.lease_ms,
+            expires_at_ms: self
+                .inner
+                .clock
+                .now_ms()
+                .saturating_add(self.inner.settings.lease_ms),
+            renewals: self.inner.renewals.fetch_add(1, Ordering::Relaxed),
+            term_ms: self.inner.settings.lease_ms,
             addr: self.inner.settings.advertise.clone(),
         };
         let path = self.inner.layout.process(&lease.instance);

@@ -49,14 +49,16 @@
 //! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
 //! - [`StoreTime`]: this host's clock beside the store's ([`Replica::store_time`]), which
 //!   every decision by wall-clock age checks first (I15).
-//! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper
-//!   and pausing failpoints; `conformance`, the suite every store runs.
+//! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper,
+//!   pausing failpoints and a seeded generator for schedules; `conformance`, the suite every
+//!   store runs.
 //!
 //! # Object layout
 //! `<prefix>/orgs/<org>/log/<seq:020>.json` (create-only); under `<prefix>/orgs/<org>/snap/`,
 //! full snapshots as a manifest (`…-<sha256>.manifest.json`) of content-addressed segments
 //! (`…-<sha256>.seg.zst`, see [`segment`]) and delta blobs (`…-<nonce>.delta.zst`);
-//! `<prefix>/orgs/<org>/lease.json` (advisory).
+//! `<prefix>/orgs/<org>/lease.json` and `<prefix>/processes/<instance>.json` (advisory
+//! liveness, judged by watching them change, never by their timestamps).
 //!
 //! # Error semantics
 //! [`Error::kind`] says what to do: [`ErrorKind::Retry`] (store hiccup, lease held, lost
@@ -105,7 +107,7 @@ pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use hydrate::{Hydrated, RestoreProgress};
-pub use lease::{Lease, ProcessLease};
+pub use lease::{Hold, Lease, ProcessLease};
 pub use log::entry::{
     BlobRef, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION, LogEntry,
     MANIFEST_ENTRY_VERSION, Stored,

@@ -33,6 +33,10 @@ pub(crate) struct Inner {
     pub(crate) read_only: bool,
     /// Set once this process's lease was first written and its renewal task started.
     pub(crate) process_lease: tokio::sync::OnceCell<()>,
+    /// Writes of this process's lease so far: each renewal carries the next count.
+    pub(crate) renewals: std::sync::atomic::AtomicU64,
+    /// Other writers' liveness objects as this handle saw them (I15, bounded).
+    pub(crate) watch: crate::lease::Watch,
     /// Entries published or read by retention, so retention reads only new ones.
     pub(crate) known: crate::log::known::Known,
     /// Segment names of manifests retention read, so it reads each one once.
@@ -148,6 +152,8 @@ impl Replica {
                 instance: new_nonce()?,
                 read_only: false,
                 process_lease: tokio::sync::OnceCell::new(),
+                renewals: Default::default(),
+                watch: Default::default(),
             }),
         })
     }
@@ -179,6 +185,8 @@ impl Replica {
                 instance: new_nonce()?,
                 read_only: true,
                 process_lease: tokio::sync::OnceCell::new(),
+                renewals: Default::default(),
+                watch: Default::default(),
             }),
         })
     }

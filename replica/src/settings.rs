@@ -10,9 +10,11 @@ pub const MAX_INLINE_DELTA_BYTES: usize = 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Settings {
-    /// Advisory lease length in ms: the term of an org lease written at claim, and of this
-    /// process's lease, which a timer renews every `lease_ms / 3` (360 PUTs an hour at the
-    /// default 30 000, whatever the number of orgs).
+    /// Advisory lease length in ms: this process's lease is renewed by a timer every
+    /// `lease_ms / 3` (360 PUTs an hour at the default 30 000, whatever the number of orgs),
+    /// and a claimant takes this process's orgs only once it has seen that lease unchanged
+    /// for this `lease_ms` (written into the lease) plus a tenth on its own monotonic clock
+    /// (I15).
     pub lease_ms: u64,
     /// How many times `claim` re-reads the log and retries after losing a race.
     pub claim_retries: u32,
@@ -103,14 +105,23 @@ impl Settings {
     }
 }
 
-/// Source of wall-clock time in ms since the Unix epoch; injected so tests control leases
-/// and retention ages.
+/// The injected clock: wall time for what people read and what ages are measured in, and the
+/// host's monotonic time for what liveness is judged by (I15). Injected so tests control
+/// leases and retention ages, one clock per process.
 pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// Milliseconds since the Unix epoch.
+    /// Wall time, ms since the Unix epoch: stamps log entries and the expiries leases carry
+    /// for people, and measures retention ages. It may jump either way (a mis-set host, an
+    /// NTP step), so no lease decision reads it, and another host's never reaches a decision.
     fn now_ms(&self) -> u64;
+
+    /// Monotonic time in ms since an arbitrary start fixed for this clock: never goes back,
+    /// does not follow steps of the wall clock, and means nothing to another process. A
+    /// claimant measures how long it has seen a lease unchanged with it (I15).
+    fn monotonic_ms(&self) -> u64;
 }
 
-/// The system clock.
+/// The system clock: `SystemTime` for the wall, the host's monotonic clock (`Instant`, which
+/// on Linux is `CLOCK_MONOTONIC`, unaffected by steps of the wall clock) for liveness.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
@@ -121,30 +132,55 @@ impl Clock for SystemClock {
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0)
     }
+
+    fn monotonic_ms(&self) -> u64 {
+        // One start for the whole process, so every handle's readings compare.
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let start = *START.get_or_init(std::time::Instant::now);
+        u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
 }
 
-/// A clock tests set by hand.
+/// A clock tests set by hand, one per simulated process: [`ManualClock::advance`] is time
+/// passing (the wall and the monotonic clock move together), [`ManualClock::set`] is a step
+/// of the wall clock alone (a mis-set host, an NTP step), which the monotonic clock ignores.
 #[derive(Debug, Default)]
-pub struct ManualClock(std::sync::atomic::AtomicU64);
+pub struct ManualClock {
+    wall: std::sync::atomic::AtomicU64,
+    monotonic: std::sync::atomic::AtomicU64,
+}
 
 impl ManualClock {
-    /// A clock reading `ms`.
+    /// A clock whose wall reads `ms` (since the Unix epoch) and whose monotonic clock reads 0.
     pub fn new(ms: u64) -> Self {
-        ManualClock(std::sync::atomic::AtomicU64::new(ms))
+        ManualClock {
+            wall: std::sync::atomic::AtomicU64::new(ms),
+            monotonic: std::sync::atomic::AtomicU64::new(0),
+        }
     }
-    /// Moves the clock forward by `ms`.
+    /// Lets `ms` milliseconds pass: both clocks move forward by `ms` (saturating).
     pub fn advance(&self, ms: u64) {
-        self.0.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+        for clock in [&self.wall, &self.monotonic] {
+            let _ = clock.fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |now| Some(now.saturating_add(ms)),
+            );
+        }
     }
-    /// Sets the clock to `ms`.
+    /// Steps the wall clock to `ms` (either way); the monotonic clock does not move.
     pub fn set(&self, ms: u64) {
-        self.0.store(ms, std::sync::atomic::Ordering::SeqCst);
+        self.wall.store(ms, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
+        self.wall.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn monotonic_ms(&self) -> u64 {
+        self.monotonic.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 

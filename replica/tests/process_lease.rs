@@ -1,6 +1,7 @@
 //! The process lease (I14): one object per writer process, renewed on a timer, keeps every
 //! claim of that process alive without a store request per org; a successor's decision to
-//! wait or claim reads it. Paused runtime time and a manual clock advance together.
+//! wait or claim watches it change (I15). Paused runtime time and a manual clock advance
+//! together.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,9 @@ async fn live_for(clock: &ManualClock, ms: u64) {
     }
 }
 
+/// The watch a claimant keeps before it takes a lease for lapsed: the term plus a tenth.
+const WATCH_MS: u64 = LEASE_MS + LEASE_MS / 10;
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_live_process_holds_its_claims_and_a_dead_one_lets_them_go() -> R {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -48,26 +52,35 @@ async fn a_live_process_holds_its_claims_and_a_dead_one_lets_them_go() -> R {
     let claim = a.claim(&acme, "a", false).await?;
     let lease = a.lease(&acme).await?.ok_or("no org lease")?;
     assert!(lease.process, "{lease:?}");
-    // Five lease lengths later the org lease's own term is long over; the process lease is not.
-    live_for(&clock, 5 * LEASE_MS).await;
+    // B watches for five lease lengths, long past the org lease's own term: every attempt
+    // finds A's process lease renewed since the last, so it waits a whole watch again.
     let b = open(&store, &clock, None).await?;
-    match b.claim(&acme, "b", false).await {
-        Err(Error::LeaseHeld {
-            holder,
-            expires_at_ms,
-            holder_addr,
-            ..
-        }) => {
-            assert_eq!(holder, "a");
-            assert!(expires_at_ms > 1_000_000 + 5 * LEASE_MS, "{expires_at_ms}");
-            assert_eq!(holder_addr.as_deref(), Some("http://a:8080"));
+    for _ in 0..10 {
+        match b.claim(&acme, "b", false).await {
+            Err(Error::LeaseHeld {
+                holder,
+                retry_after_ms,
+                holder_addr,
+                ..
+            }) => {
+                assert_eq!(holder, "a");
+                assert!(retry_after_ms > WATCH_MS - LEASE_MS / 3, "{retry_after_ms}");
+                assert_eq!(holder_addr.as_deref(), Some("http://a:8080"));
+            }
+            other => return Err(format!("a live process's claim was taken: {other:?}").into()),
         }
-        other => return Err(format!("a live process's claim was taken: {other:?}").into()),
+        live_for(&clock, LEASE_MS / 2).await;
     }
-    // The process ends (its handle and renewal task go); one lease length later B claims.
+    // The process ends (its handle and renewal task go); B claims once it has seen the
+    // lease unchanged for a whole watch, not before.
     drop(claim);
     drop(a);
-    live_for(&clock, LEASE_MS + 100).await;
+    live_for(&clock, LEASE_MS).await;
+    assert!(matches!(
+        b.claim(&acme, "b", false).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    live_for(&clock, WATCH_MS).await;
     let taken = b.claim(&acme, "b", false).await?;
     assert_eq!(taken.round(), 2);
     Ok(())
@@ -109,6 +122,12 @@ async fn a_crafted_or_unreadable_process_lease_is_no_proof_of_life() -> R {
             PutPayload::from(lease),
         )
         .await?;
+    // An object is watched whatever it holds: unchanged for a whole watch, it proves nothing.
+    assert!(matches!(
+        r.claim(&beta, "w", false).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    clock.advance(WATCH_MS);
     assert_eq!(r.claim(&beta, "w", false).await?.round(), 1);
     Ok(())
 }
@@ -157,18 +176,62 @@ async fn a_failed_first_process_lease_write_is_retried_by_the_timer() -> R {
     fs.inject(Op::Put, "processes/", 1, Fault::FailBefore);
     let mut ac = a.claim(&acme, "a", false).await?;
     a.ship(&mut ac, test_snapshot(1)?).await?;
-    for _ in 0..100 {
-        clock.advance(100);
-        tokio::time::advance(std::time::Duration::from_millis(100)).await;
+    // B watches from the start: an absent process lease that stayed absent for a watch would
+    // let it claim; the timer's retry makes it appear and then change.
+    let b = Replica::open_with(raw.clone(), "t", settings.clone(), clock.clone(), None).await?;
+    for _ in 0..20 {
+        let got = b.claim(&acme, "b", false).await;
+        assert!(
+            matches!(got, Err(Error::LeaseHeld { .. })),
+            "a live process's claim lapsed after one failed process-lease PUT: {got:?}"
+        );
+        live_for(&clock, 500).await;
+    }
+    Ok(())
+}
+
+/// Regression (review): a claimant watched for its own term; one configured with a shorter
+/// lease than the holder's saw the holder's lease unchanged between two renewals and took a
+/// live holder's org. It watches for the holder's term, written in the lease.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (a_clock, b_clock) = (
+        Arc::new(ManualClock::new(1_000_000)),
+        Arc::new(ManualClock::new(1_000_000)),
+    );
+    let a = open(&store, &a_clock, None).await?;
+    let short = Settings {
+        lease_ms: LEASE_MS / 10,
+        ..Settings::default()
+    };
+    let b = Replica::open_with(store.clone(), "t", short, b_clock.clone(), None).await?;
+    let acme = OrgId::new("acme")?;
+    let claim = a.claim(&acme, "a", false).await?;
+    for _ in 0..30 {
+        let got = b.claim(&acme, "b", false).await;
+        match got {
+            Err(Error::LeaseHeld { retry_after_ms, .. }) => {
+                assert!(retry_after_ms <= WATCH_MS, "{retry_after_ms}")
+            }
+            other => return Err(format!("a live holder's org was taken: {other:?}").into()),
+        }
+        for clock in [&a_clock, &b_clock] {
+            clock.advance(200);
+        }
+        tokio::time::advance(Duration::from_millis(200)).await;
         for _ in 0..5 {
             tokio::task::yield_now().await;
         }
     }
-    let b = Replica::open_with(raw.clone(), "t", settings.clone(), clock.clone(), None).await?;
-    let got = b.claim(&acme, "b", false).await;
-    assert!(
-        matches!(got, Err(Error::LeaseHeld { .. })),
-        "a live process's claim lapsed after one failed process-lease PUT"
-    );
+    // Once the holder is gone, a watch of the holder's term after B's next look, B claims.
+    drop(claim);
+    drop(a);
+    assert!(matches!(
+        b.claim(&acme, "b", false).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    b_clock.advance(WATCH_MS);
+    assert_eq!(b.claim(&acme, "b", false).await?.round(), 2);
     Ok(())
 }

@@ -39,7 +39,8 @@ pub struct DemoArgs {
     /// Accounts per org.
     #[arg(long, default_value_t = 5)]
     accounts: usize,
-    /// Advisory lease of each replica in ms: how long a successor waits after a SIGKILL.
+    /// Advisory lease of each replica in ms: a successor claims a SIGKILLed replica's orgs
+    /// once it has seen its lease unrenewed this long plus a tenth.
     #[arg(long, default_value_t = 2_000)]
     lease_ms: u64,
     /// Workload seed.
@@ -173,7 +174,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     shared.phase.send_replace(2);
     rep_b.kill().await?;
     say(format!(
-        "SIGKILL replica B; C claims each org once B's {} ms lease lapses",
+        "SIGKILL replica B; C claims each org once it has seen B's {} ms lease unrenewed for a term and a tenth",
         a.lease_ms
     ));
 

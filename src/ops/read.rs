@@ -39,15 +39,27 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     let org = org_id(&a.org)?;
     let log = history(&replica, &org).await?;
     let lease = replica.lease(&org).await.map_err(|e| crate::chain(&e))?;
-    // A lease ends with its own term or, when its holder's liveness is its process's, with
-    // that process lease; a Release at the head of the log ends it at once.
-    let expires_at_ms = match &lease {
-        Some(l) => replica
-            .lease_expiry(l)
-            .await
-            .map_err(|e| crate::chain(&e))?,
-        None => 0,
+    // A Release at the head of the log ends a lease at once. Otherwise it holds until a
+    // claimant has seen it unchanged for a whole watch (I15): this command has never watched
+    // it, so it answers what a claim from here would wait (`claim_wait_ms`), and shows the
+    // holder's own expiry (the process lease's, else the org lease's) as the holder's clock.
+    let hold = match &lease {
+        Some(l) => Some(
+            replica
+                .lease_hold(&org, l)
+                .await
+                .map_err(|e| crate::chain(&e))?,
+        ),
+        None => None,
     };
+    let holder_expires_at_ms = match (&lease, &hold) {
+        (Some(l), Some(h)) => h
+            .process
+            .as_ref()
+            .map_or(l.expires_at_ms, |p| p.expires_at_ms),
+        _ => 0,
+    };
+    let claim_wait_ms = hold.as_ref().map_or(0, |h| h.wait_ms);
     let released = lease.as_ref().is_some_and(|l| {
         log.last()
             .is_some_and(|e| e.kind_name() == "release" && e.round() >= l.round)
@@ -76,9 +88,13 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         .collect();
     let current = log.iter().map(LogEntry::round).max().unwrap_or(0);
     let head = log.last().map(|e| e.kind_name()).unwrap_or("none");
-    let lease_json = lease.as_ref().map(
-        |l| json!({"writer": l.writer, "round": l.round, "expires_at": rfc3339(expires_at_ms), "released": released}),
-    );
+    let lease_json = lease.as_ref().map(|l| {
+        json!({
+            "writer": l.writer, "round": l.round, "released": released,
+            "holder_expires_at": rfc3339(holder_expires_at_ms),
+            "claim_wait_ms": if released { 0 } else { claim_wait_ms },
+        })
+    });
     if a.json {
         print_json(&json!({
             "org": org.as_str(), "current_round": current, "claims": claims, "head": head,
@@ -100,10 +116,11 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
             l.round
         ),
         Some(l) => outln!(
-            "lease          writer {} round {} until {}",
+            "lease          writer {} round {}: a claim waits {} without a renewal (holder's clock: until {})",
             l.writer,
             l.round,
-            rfc3339(expires_at_ms)
+            humantime::format_duration(std::time::Duration::from_millis(claim_wait_ms)),
+            rfc3339(holder_expires_at_ms)
         ),
         None => outln!("lease          none"),
     }

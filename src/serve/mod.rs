@@ -75,8 +75,9 @@ pub struct ServeArgs {
     /// than this; the store's is read from the Last-Modified of this process's own writes.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
     max_clock_skew: Duration,
-    /// Advisory lease length in ms: how long another replica waits before it claims the
-    /// orgs of a writer that died without releasing them (SIGTERM releases at once).
+    /// Advisory lease length in ms: another replica claims the orgs of a writer that died
+    /// without releasing them once it has seen its lease unrenewed this long plus a tenth, on
+    /// its own monotonic clock (SIGTERM releases at once).
     #[arg(long, default_value_t = 30_000)]
     lease_ms: u64,
     /// Where clients reach this server (e.g. http://10.0.0.7:8080), written into the leases

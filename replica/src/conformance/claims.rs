@@ -135,7 +135,9 @@ pub(super) async fn release_lets_next_claim_through(store: Arc<dyn ObjectStore>)
     Ok(())
 }
 
-/// A live lease blocks other writers unless `force`; an expired one does not.
+/// A lease blocks other writers unless `force` until the claimant has seen it unchanged for
+/// a whole watch (the term plus a tenth) on its own monotonic clock; a step of the wall clock
+/// counts for nothing (I15).
 pub(super) async fn lease_respected_unless_force(store: Arc<dyn ObjectStore>) -> CaseResult {
     let clock = Arc::new(ManualClock::new(1_000_000));
     let settings = Settings {
@@ -148,15 +150,31 @@ pub(super) async fn lease_respected_unless_force(store: Arc<dyn ObjectStore>) ->
     match r.claim(&o, "b", false).await {
         Err(Error::LeaseHeld {
             holder,
-            expires_at_ms,
+            retry_after_ms,
             ..
-        }) => assert_eq!((holder.as_str(), expires_at_ms), ("a", 1_030_000)),
+        }) => assert_eq!((holder.as_str(), retry_after_ms), ("a", 33_000)),
         other => panic!("lease ignored: {other:?}"),
     }
     let b = r.claim(&o, "b", true).await?;
     assert!(b.round() > a.round());
     assert_eq!(r.lease(&o).await?.map(|l| l.writer), Some("b".to_string()));
-    clock.advance(30_001);
+    // The wall clock jumps a day ahead: nothing was seen unchanged for longer.
+    clock.set(1_000_000 + 86_400_000);
+    assert!(matches!(
+        r.claim(&o, "c", false).await,
+        Err(Error::LeaseHeld { .. })
+    ));
+    // No renewal runs here (the renewal timer's runtime time does not pass): one watch of
+    // the monotonic clock after the first sighting, the lease is taken for lapsed.
+    clock.advance(32_999);
+    assert!(matches!(
+        r.claim(&o, "c", false).await,
+        Err(Error::LeaseHeld {
+            retry_after_ms: 1,
+            ..
+        })
+    ));
+    clock.advance(1);
     let c = r.claim(&o, "c", false).await?;
     assert!(c.round() > b.round());
     Ok(())
