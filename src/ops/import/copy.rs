@@ -52,8 +52,9 @@ pub(crate) struct Copied {
 }
 
 /// Copies one committed state of `file` into `to` (which must not exist; for a copy of files
-/// also `to-wal`). `after_step` runs after each backup step of a copy through SQLite (a seam
-/// for tests that commit to the tenant between steps).
+/// also `to-wal`). `after_step` runs after each step: each backup step of a copy through
+/// SQLite, and each copy of files before they are looked at again (a seam for tests that
+/// write to the tenant between steps).
 ///
 /// # Errors
 /// [`ImportError::Timeout`] when the deadline passes first; otherwise the [`ImportError`]
@@ -102,6 +103,7 @@ pub(crate) fn copy(
             }
             Plan::Files => {
                 copy_files(file, &db, &seen, to, deadline)?;
+                after_step();
                 if Seen::look(file, &db)? == seen {
                     let held = deadline.now().saturating_sub(started);
                     return Ok(Copied { plan, held });
@@ -118,8 +120,13 @@ pub(crate) fn copy(
     }
 }
 
-/// The backup of `file` into `to` inside one read transaction.
-fn copy_sqlite(
+/// The backup of `file` into `to` inside one read transaction, calling `after_step` after
+/// each step.
+///
+/// # Errors
+/// [`ImportError::Timeout`] past the deadline; [`ImportError::Restarted`] if the pass went back
+/// to its first page; otherwise SQLite's refusal as the [`ImportError`] that explains it.
+pub(super) fn copy_sqlite(
     file: &Path,
     to: &Path,
     deadline: &Deadline<'_>,
@@ -151,15 +158,19 @@ fn copy_sqlite(
             let p = backup.progress();
             let pages = u64::try_from(p.pagecount).unwrap_or(0);
             let now = pages.saturating_sub(u64::try_from(p.remaining).unwrap_or(0));
-            if now < copied {
-                return Err(ImportError::Restarted {
-                    file: file.to_owned(),
-                });
-            }
-            copied = now;
             match step {
                 rusqlite::backup::StepResult::Done => break,
-                rusqlite::backup::StepResult::More => busy = 0,
+                // Each step of one pass copies pages the pass had not: anything else is a
+                // restart from the first page.
+                rusqlite::backup::StepResult::More if now <= copied => {
+                    return Err(ImportError::Restarted {
+                        file: file.to_owned(),
+                    });
+                }
+                rusqlite::backup::StepResult::More => {
+                    copied = now;
+                    busy = 0;
+                }
                 // Busy or Locked: the step can be retried.
                 _ => {
                     if !deadline.pause(busy) {
