@@ -124,7 +124,10 @@ fn an_imported_database_restores_with_the_users_rows_and_its_file_unchanged() ->
     assert_eq!(out["read"], "sqlite");
     let mut now = self::names(dir.path())?;
     now.retain(|n| n != "store");
-    assert_eq!(now, names, "the import created or removed a file beside the database");
+    assert_eq!(
+        now, names,
+        "the import created or removed a file beside the database"
+    );
     assert_eq!(out["org"], "acme");
     assert_eq!(out["page_size"], 8192);
     assert_eq!(out["commit"], 0);
@@ -411,9 +414,20 @@ fn a_wal_database_no_process_has_open_imports_and_leaves_its_directory_as_it_was
         assert_eq!(out["read"], "files", "{case}");
 
         let restored = dir.path().join(format!("{case}.db"));
-        let r = run(&["restore", &org, "--store", &store, "--to", &restored.display().to_string()]);
+        let r = run(&[
+            "restore",
+            &org,
+            "--store",
+            &store,
+            "--to",
+            &restored.display().to_string(),
+        ]);
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
-        assert_eq!(rows(&restored)?, want, "{case}: the rows differ after import");
+        assert_eq!(
+            rows(&restored)?,
+            want,
+            "{case}: the rows differ after import"
+        );
     }
     drop(app);
     Ok(())
@@ -454,10 +468,17 @@ fn a_database_another_process_locks_exclusively_times_out_and_leaves_no_temp_fil
             .arg(&store)
             .args(["--timeout", "300ms"])
             .output()?;
-        assert_clean_failure(&out, "could not copy one committed state within --timeout 300ms");
+        assert_clean_failure(
+            &out,
+            "could not copy one committed state within --timeout 300ms",
+        );
         assert_clean_failure(&out, "exclusive locking mode");
         assert_clean_failure(&out, "nothing was imported");
-        assert_eq!(names(&tmp)?, Vec::<String>::new(), "{case}: a temp file was left");
+        assert_eq!(
+            names(&tmp)?,
+            Vec::<String>::new(),
+            "{case}: a temp file was left"
+        );
         assert_eq!(listing(&src)?, before, "{case}: the directory changed");
         drop(app);
     }

@@ -88,7 +88,9 @@ pub async fn import(a: ImportArgs) -> Result<ExitCode, String> {
 fn explain(e: &ImportError) -> String {
     let line = crate::chain(e);
     match e.kind() {
-        Kind::Retry => format!("{line}; nothing was imported: run it again, or with a longer --timeout"),
+        Kind::Retry => {
+            format!("{line}; nothing was imported: run it again, or with a longer --timeout")
+        }
         Kind::Input | Kind::Environment => line,
     }
 }

@@ -81,7 +81,7 @@ pub(crate) fn copy(
         // its own descriptor of the file: closing ours first would drop SQLite's locks.
         let db = File::open(file).map_err(stat)?;
         match lock::shared(&db) {
-            Ok(()) => busy = 0,
+            Ok(()) => {}
             Err(lock::Refused::Busy) => {
                 if !deadline.pause(busy) {
                     return Err(out_of_time(Waited::Locked));
@@ -95,12 +95,19 @@ pub(crate) fn copy(
         let plan = seen.plan(file)?;
         let started = deadline.now();
         match plan {
-            Plan::Sqlite => {
-                copy_sqlite(file, to, deadline, after_step)?;
-                let held = deadline.now().saturating_sub(started);
-                drop(db);
-                return Ok(Copied { plan, held });
-            }
+            Plan::Sqlite => match copy_sqlite(file, to, deadline, after_step) {
+                Ok(()) => {
+                    let held = deadline.now().saturating_sub(started);
+                    drop(db);
+                    return Ok(Copied { plan, held });
+                }
+                Err(e) if transient(&e) && deadline.pause(busy) => {
+                    drop(db);
+                    discard(file, to)?;
+                    busy += 1;
+                }
+                Err(e) => return Err(e),
+            },
             Plan::Files => {
                 copy_files(file, &db, &seen, to, deadline)?;
                 after_step();
@@ -280,6 +287,23 @@ fn discard(file: &Path, to: &Path) -> Result<(), ImportError> {
     Ok(())
 }
 
+/// A refusal that passes by itself: a reader whose `-shm` is read-only (a read-only
+/// directory) found the index mid-update or no read mark it can use until the application's
+/// next transaction sets one.
+fn transient(e: &ImportError) -> bool {
+    let ImportError::Read {
+        source: rusqlite::Error::SqliteFailure(f, _),
+        ..
+    } = e
+    else {
+        return false;
+    };
+    matches!(
+        f.extended_code,
+        ffi::SQLITE_READONLY_CANTINIT | ffi::SQLITE_READONLY_RECOVERY
+    )
+}
+
 fn prepare_error(file: &Path, e: rusqlite::Error) -> ImportError {
     ImportError::Prepare {
         file: file.to_owned(),
@@ -311,6 +335,14 @@ fn read_error(file: &Path, deadline: &Deadline<'_>, e: rusqlite::Error) -> Impor
         }
         rusqlite::ErrorCode::ReadOnly if extended == ffi::SQLITE_READONLY_ROLLBACK => {
             ImportError::HotJournal { file }
+        }
+        rusqlite::ErrorCode::ReadOnly
+            if matches!(
+                extended,
+                ffi::SQLITE_READONLY_CANTINIT | ffi::SQLITE_READONLY_RECOVERY
+            ) =>
+        {
+            ImportError::Read { file, source: e }
         }
         rusqlite::ErrorCode::CannotOpen | rusqlite::ErrorCode::ReadOnly => {
             match read_only_dir(&file) {

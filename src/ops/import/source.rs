@@ -106,8 +106,7 @@ impl Seen {
             source,
         };
         let mut header = [0u8; 100];
-        if db.read_exact_at(&mut header, 0).is_err() || !header.starts_with(b"SQLite format 3\0")
-        {
+        if db.read_exact_at(&mut header, 0).is_err() || !header.starts_with(b"SQLite format 3\0") {
             return Err(ImportError::NotSqlite {
                 file: file.to_owned(),
                 why: "no SQLite header".into(),

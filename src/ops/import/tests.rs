@@ -73,8 +73,15 @@ fn one_pass_keeps_its_snapshot_while_another_connection_commits_after_every_step
         &Deadline::new(&clock, Duration::from_secs(600)),
         &mut commit,
     )?;
-    assert!(steps >= 9, "{steps} steps: the database is too small to test steps");
-    assert_eq!(counter(&to)?, 0, "the copy is not the state its pass started from");
+    assert!(
+        steps >= 9,
+        "{steps} steps: the database is too small to test steps"
+    );
+    assert_eq!(
+        counter(&to)?,
+        0,
+        "the copy is not the state its pass started from"
+    );
     assert_eq!(counter(&src)?, i64::from(steps));
     Ok(())
 }
@@ -110,7 +117,9 @@ fn a_pass_past_its_deadline_stops_with_the_pages_it_copied() -> R {
     };
     assert!(*copied >= 1024 && copied < pages, "{copied} of {pages}");
     assert!(
-        text.contains(&format!("within --timeout 6s (copied {copied} of {pages} pages")),
+        text.contains(&format!(
+            "within --timeout 6s (copied {copied} of {pages} pages"
+        )),
         "{text}"
     );
     assert_eq!(e.kind(), Kind::Retry);
@@ -128,7 +137,10 @@ fn a_copy_of_files_that_changed_meanwhile_is_taken_again() -> R {
     app.execute_batch("PRAGMA wal_autocheckpoint = 0; UPDATE meta SET n = 7;")?;
     let src = dir.path().join("tenant.db");
     std::fs::copy(&live, &src)?;
-    std::fs::copy(dir.path().join("live.db-wal"), dir.path().join("tenant.db-wal"))?;
+    std::fs::copy(
+        dir.path().join("live.db-wal"),
+        dir.path().join("tenant.db-wal"),
+    )?;
     drop(app);
     assert!(!dir.path().join("tenant.db-shm").exists());
 
