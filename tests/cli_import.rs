@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{TestResult, assert_clean_failure, idem, run};
+use common::{TestResult, assert_clean_failure, idem, restore, run};
 use idem_org::replica::{OrgId, Replica, Settings};
 use idem_org::rusqlite;
 use sha2::{Digest, Sha256};
@@ -143,15 +143,7 @@ fn an_imported_database_restores_with_the_users_rows_and_its_file_unchanged() ->
     assert_eq!(inspect["newest_snapshot"]["commit"], 0);
 
     let restored = dir.path().join("restored.db");
-    let r = run(&[
-        "restore",
-        "acme",
-        "--store",
-        &store,
-        "--to",
-        &restored.display().to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    restore("acme", &store, &restored)?;
     assert_eq!(
         rows(&restored)?,
         want,
@@ -355,15 +347,7 @@ fn a_database_of_many_segments_imports_streamed_in_bounded_memory() -> TestResul
     assert!(out["compressed_bytes"].as_u64().unwrap() > 64 * MIB);
 
     let restored = dir.path().join("restored.db");
-    let r = run(&[
-        "restore",
-        "acme",
-        "--store",
-        &store,
-        "--to",
-        &restored.display().to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    restore("acme", &store, &restored)?;
     assert_eq!(
         digest_rows(&restored)?,
         want,
@@ -414,15 +398,7 @@ fn a_wal_database_no_process_has_open_imports_and_leaves_its_directory_as_it_was
         assert_eq!(out["read"], "files", "{case}");
 
         let restored = dir.path().join(format!("{case}.db"));
-        let r = run(&[
-            "restore",
-            &org,
-            "--store",
-            &store,
-            "--to",
-            &restored.display().to_string(),
-        ]);
-        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        restore(&org, &store, &restored)?;
         assert_eq!(
             rows(&restored)?,
             want,

@@ -12,10 +12,10 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TestResult, idem, run};
+use common::{TestResult, idem, restore};
 use idem_org::rusqlite;
 
 /// Accounts of the tenant and the cents each starts with: transfers keep the sum.
@@ -103,28 +103,45 @@ impl Writer {
     }
 }
 
-/// Runs `idem args...`, killing it if it outlives `limit` (then the test fails).
-fn run_within(args: &[&str], limit: Duration) -> TestResult<Output> {
+/// Runs `idem import ORG --from FILE --store STORE --json --timeout 60s` and returns its JSON;
+/// the test fails if it fails, or if it is still running 30 s past its own timeout (then it is
+/// killed).
+fn import(org: &str, from: &Path, store: &str) -> TestResult<serde_json::Value> {
+    let from = from.display().to_string();
+    let args = [
+        "import",
+        org,
+        "--from",
+        &from,
+        "--store",
+        store,
+        "--json",
+        "--timeout",
+        "60s",
+    ];
     let mut child = idem()
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let deadline = Instant::now() + limit;
+    let deadline = Instant::now() + Duration::from_secs(90);
     while child.try_wait()?.is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output()?;
-            return Err(format!(
-                "idem {} did not finish within {limit:?}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .into());
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(child.wait_with_output()?)
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "idem {} failed or outlived its --timeout ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// The tenant's invariants in the restored org: the state of one commit, and which.
@@ -162,28 +179,8 @@ fn an_import_of_a_tenant_written_continuously_ends_in_time_with_one_committed_st
     let baseline = writer.report("baseline.json", 120)?;
 
     let store = dir.path().join("store").display().to_string();
-    let from = db.display().to_string();
-    let out = run_within(
-        &[
-            "import",
-            "acme",
-            "--from",
-            &from,
-            "--store",
-            &store,
-            "--json",
-            "--timeout",
-            "60s",
-        ],
-        Duration::from_secs(90),
-    )?;
+    let imported = import("acme", &db, &store)?;
     std::fs::write(dir.path().join("ctl/import-done"), b"")?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let imported: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let report = writer.report("report.json", 120)?;
     eprintln!("imported: {imported}\ntenant: {report}");
 
@@ -196,15 +193,7 @@ fn an_import_of_a_tenant_written_continuously_ends_in_time_with_one_committed_st
     );
 
     let restored = dir.path().join("restored.db");
-    let r = run(&[
-        "restore",
-        "acme",
-        "--store",
-        &store,
-        "--to",
-        &restored.display().to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    restore("acme", &store, &restored)?;
     let n = one_committed_state(&restored)?;
     assert!(
         n >= baseline["n"].as_i64().unwrap(),
@@ -316,27 +305,7 @@ fn a_read_only_directory_imports_a_crashed_and_a_live_tenant() -> TestResult {
     }
     let before = listing(&crashed)?;
     let view = ReadOnlyView::of(&crashed)?;
-    let from = view.path("tenant.db").display().to_string();
-    let out = run_within(
-        &[
-            "import",
-            "crashed",
-            "--from",
-            &from,
-            "--store",
-            &store,
-            "--json",
-            "--timeout",
-            "60s",
-        ],
-        Duration::from_secs(90),
-    )?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let imported: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let imported = import("crashed", &view.path("tenant.db"), &store)?;
     assert_eq!(imported["read"], "files");
     assert_eq!(listing(&crashed)?, before);
     drop(view);
@@ -347,42 +316,14 @@ fn a_read_only_directory_imports_a_crashed_and_a_live_tenant() -> TestResult {
     let mut writer = Writer::start(&busy.join("tenant.db"), &dir.path().join("ctl"), 500, 500)?;
     let baseline = writer.report("baseline.json", 120)?;
     let view = ReadOnlyView::of(&busy)?;
-    let from = view.path("tenant.db").display().to_string();
-    let out = run_within(
-        &[
-            "import",
-            "busy",
-            "--from",
-            &from,
-            "--store",
-            &store,
-            "--json",
-            "--timeout",
-            "60s",
-        ],
-        Duration::from_secs(90),
-    )?;
+    let imported = import("busy", &view.path("tenant.db"), &store)?;
     std::fs::write(dir.path().join("ctl/import-done"), b"")?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let imported: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(imported["read"], "sqlite");
     writer.report("report.json", 120)?;
     drop(view);
 
     let restored = dir.path().join("restored.db");
-    let r = run(&[
-        "restore",
-        "busy",
-        "--store",
-        &store,
-        "--to",
-        &restored.display().to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    restore("busy", &store, &restored)?;
     assert!(one_committed_state(&restored)? >= baseline["n"].as_i64().unwrap());
     Ok(())
 }

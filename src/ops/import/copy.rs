@@ -219,12 +219,7 @@ fn copy_files(
         let wal = companion(file, "-wal");
         // A descriptor of our own on the -wal is harmless: SQLite locks the database file and
         // the -shm, never the -wal.
-        let src = File::open(&wal).map_err(|source| ImportError::Copy {
-            file: file.to_owned(),
-            from: wal.clone(),
-            to: companion(to, "-wal"),
-            source,
-        })?;
+        let src = File::open(&wal).map_err(copy_error(file, &wal, &companion(to, "-wal")))?;
         copy_file(file, &wal, &src, &companion(to, "-wal"), deadline)?;
     }
     Ok(())
@@ -239,21 +234,16 @@ fn copy_file(
     to: &Path,
     deadline: &Deadline<'_>,
 ) -> Result<(), ImportError> {
-    let fail = |source| ImportError::Copy {
-        file: file.to_owned(),
-        from: from.to_owned(),
-        to: to.to_owned(),
-        source,
-    };
-    let bytes = src.metadata().map_err(fail)?.len();
+    let fail = copy_error(file, from, to);
+    let bytes = src.metadata().map_err(&fail)?.len();
     let mut out = OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(to)
-        .map_err(fail)?;
+        .map_err(&fail)?;
     let mut copied = 0u64;
     loop {
-        let n = io::copy(&mut io::Read::take(src, FILE_CHUNK), &mut out).map_err(fail)?;
+        let n = io::copy(&mut io::Read::take(src, FILE_CHUNK), &mut out).map_err(&fail)?;
         if n == 0 {
             return Ok(());
         }
@@ -274,14 +264,7 @@ fn discard(file: &Path, to: &Path) -> Result<(), ImportError> {
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(ImportError::Copy {
-                    file: file.to_owned(),
-                    from: file.to_owned(),
-                    to: path,
-                    source,
-                });
-            }
+            Err(e) => return Err(copy_error(file, file, &path)(e)),
         }
     }
     Ok(())
@@ -302,6 +285,16 @@ fn transient(e: &ImportError) -> bool {
         f.extended_code,
         ffi::SQLITE_READONLY_CANTINIT | ffi::SQLITE_READONLY_RECOVERY
     )
+}
+
+fn copy_error(file: &Path, from: &Path, to: &Path) -> impl Fn(io::Error) -> ImportError {
+    let (file, from, to) = (file.to_owned(), from.to_owned(), to.to_owned());
+    move |source| ImportError::Copy {
+        file: file.clone(),
+        from: from.clone(),
+        to: to.clone(),
+        source,
+    }
 }
 
 fn prepare_error(file: &Path, e: rusqlite::Error) -> ImportError {

@@ -122,7 +122,7 @@ pub enum ImportError {
     /// The one-pass copy went back to its first page: the read transaction that fixes its
     /// snapshot was not held. A bug; nothing was imported.
     #[error(
-        "{}: the copy restarted although its read transaction was held (a bug in idem import; nothing was imported)",
+        "{}: the copy restarted although its read transaction was held (a bug in idem import)",
         file.display()
     )]
     Restarted {
