@@ -480,3 +480,31 @@ fn a_live_database_whose_wal_was_deleted_is_refused_and_nothing_is_created() -> 
     drop(app);
     Ok(())
 }
+
+/// SQLite names the `-wal` and `-shm` after the file a symbolic link points to. An import
+/// through a link must look for them there too: beside the link it would find no log and
+/// miss every row still in the target's `-wal`.
+#[test]
+fn a_database_reached_through_a_link_is_read_with_its_targets_wal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir(dir.path().join("real"))?;
+    std::fs::create_dir(dir.path().join("links"))?;
+    let db = dir.path().join("real/tenant.db");
+    let app = user_db(&db)?;
+    let want = rows(&db)?;
+    let link = dir.path().join("links/tenant.db");
+    std::os::unix::fs::symlink(&db, &link)?;
+    let store = dir.path().join("store").display().to_string();
+    let out = json(&import("acme", &link, &store))?;
+    assert_eq!(out["read"], "sqlite");
+    assert_eq!(names(&dir.path().join("links"))?, ["tenant.db"]);
+    let restored = dir.path().join("restored.db");
+    restore("acme", &store, &restored)?;
+    assert_eq!(
+        rows(&restored)?,
+        want,
+        "rows in the target's -wal were missed"
+    );
+    drop(app);
+    Ok(())
+}

@@ -84,6 +84,18 @@ pub async fn import(a: ImportArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Parses `--timeout`: a humantime duration of more than zero.
+///
+/// # Errors
+/// Not a duration, or zero.
+pub(super) fn parse_timeout(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be more than 0".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The one line an [`ImportError`] ends the command with.
 fn explain(e: &ImportError) -> String {
     let line = crate::chain(e);
@@ -112,6 +124,11 @@ fn prepare(from: &Path, timeout: Duration) -> Result<Image, ImportError> {
     if meta.len() == 0 {
         return Err(ImportError::Empty { file: file() });
     }
+    // SQLite names the -wal and -shm after the file a link points to: so does the import.
+    let real = std::fs::canonicalize(from).map_err(|source| ImportError::Stat {
+        file: file(),
+        source,
+    })?;
     let dir = tempfile::Builder::new()
         .prefix("idem-import-")
         .tempdir()
@@ -119,7 +136,7 @@ fn prepare(from: &Path, timeout: Duration) -> Result<Image, ImportError> {
     let path = dir.path().join("import.db");
     let clock = deadline::Monotonic::start();
     let read = copy::copy(
-        from,
+        &real,
         &path,
         &deadline::Deadline::new(&clock, timeout),
         &mut || {},

@@ -92,7 +92,7 @@ pub struct ImportArgs {
     /// The longest reading FILE may take: waiting for another process's exclusive lock, then
     /// one copy pass (while it runs, the tenant's checkpoints stay behind the copied state and
     /// its WAL grows by what it commits). Past it the import fails, nothing imported.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = import::parse_timeout, default_value = "5m")]
     timeout: Duration,
     /// Print the result as JSON.
     #[arg(long)]
