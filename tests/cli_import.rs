@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{TestResult, assert_clean_failure, run};
+use common::{TestResult, assert_clean_failure, idem, restore, run};
 use idem_org::replica::{OrgId, Replica, Settings};
 use idem_org::rusqlite;
 use sha2::{Digest, Sha256};
@@ -70,6 +70,27 @@ fn fingerprint(path: &Path) -> TestResult<Vec<String>> {
     Ok(out)
 }
 
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> TestResult<Vec<String>> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    out.sort();
+    Ok(out)
+}
+
+/// Every file in `dir`: name, inode, size and modification time. Only `stat`s: opening and
+/// closing a file this test process has open with SQLite would drop SQLite's POSIX locks on it.
+fn listing(dir: &Path) -> TestResult<Vec<(String, u64, u64, std::time::SystemTime)>> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for name in names(dir)? {
+        let meta = std::fs::metadata(dir.join(&name))?;
+        out.push((name, meta.ino(), meta.len(), meta.modified()?));
+    }
+    Ok(out)
+}
+
 fn json(out: &std::process::Output) -> TestResult<serde_json::Value> {
     assert!(
         out.status.success(),
@@ -90,12 +111,23 @@ fn an_imported_database_restores_with_the_users_rows_and_its_file_unchanged() ->
     let db = dir.path().join("tenant.db");
     // The connection stays open: the rows are in the WAL, which the import must read.
     let keep = user_db(&db)?;
+    assert!(Path::new(&format!("{}-shm", db.display())).exists());
     assert!(std::fs::metadata(format!("{}-wal", db.display()))?.len() > 0);
     let want = rows(&db)?;
     let before = fingerprint(&db)?;
     let store = dir.path().join("store").display().to_string();
 
+    let names = names(dir.path())?;
     let out = json(&import("acme", &db, &store))?;
+    // The application (`keep`) has the database open: read through SQLite beside it, using
+    // its -wal and -shm and creating nothing.
+    assert_eq!(out["read"], "sqlite");
+    let mut now = self::names(dir.path())?;
+    now.retain(|n| n != "store");
+    assert_eq!(
+        now, names,
+        "the import created or removed a file beside the database"
+    );
     assert_eq!(out["org"], "acme");
     assert_eq!(out["page_size"], 8192);
     assert_eq!(out["commit"], 0);
@@ -111,15 +143,7 @@ fn an_imported_database_restores_with_the_users_rows_and_its_file_unchanged() ->
     assert_eq!(inspect["newest_snapshot"]["commit"], 0);
 
     let restored = dir.path().join("restored.db");
-    let r = run(&[
-        "restore",
-        "acme",
-        "--store",
-        &store,
-        "--to",
-        &restored.display().to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    restore("acme", &store, &restored)?;
     assert_eq!(
         rows(&restored)?,
         want,
@@ -323,19 +347,164 @@ fn a_database_of_many_segments_imports_streamed_in_bounded_memory() -> TestResul
     assert!(out["compressed_bytes"].as_u64().unwrap() > 64 * MIB);
 
     let restored = dir.path().join("restored.db");
-    let r = run(&[
-        "restore",
-        "acme",
-        "--store",
-        &store,
-        "--to",
-        &restored.display().to_string(),
-    ]);
-    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    restore("acme", &store, &restored)?;
     assert_eq!(
         digest_rows(&restored)?,
         want,
         "the rows differ after import"
     );
+    Ok(())
+}
+
+/// Regression (issue 25): any SQLite reader of a WAL database, read-only ones included,
+/// creates `-wal` and `-shm` beside it when they are missing and leaves them behind. A WAL
+/// database that no process has open is copied as files instead: its directory is left as it
+/// was (names, sizes, times, bytes), whether it has a `-wal` of a crashed application, a stale
+/// `-shm` too, or nothing beside it.
+#[test]
+fn a_wal_database_no_process_has_open_imports_and_leaves_its_directory_as_it_was() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live)?;
+    let app = user_db(&live.join("tenant.db"))?;
+    let want = rows(&live.join("tenant.db"))?;
+    let store = dir.path().join("store").display().to_string();
+    // What a crash of `app` leaves: the files as they are while it has them open (its rows
+    // are in the -wal only), with or without the -shm.
+    let cases: [(&str, &[&str]); 3] = [
+        ("wal", &["", "-wal"]),
+        ("wal-stale-shm", &["", "-wal", "-shm"]),
+        ("closed", &[]),
+    ];
+    for (i, (case, suffixes)) in cases.iter().enumerate() {
+        let src = dir.path().join(case);
+        std::fs::create_dir(&src)?;
+        let db = src.join("tenant.db");
+        if suffixes.is_empty() {
+            // Closed by its application: checkpointed, no -wal or -shm, still WAL mode.
+            drop(user_db(&db)?);
+        } else {
+            for suffix in *suffixes {
+                std::fs::copy(
+                    format!("{}{suffix}", live.join("tenant.db").display()),
+                    format!("{}{suffix}", db.display()),
+                )?;
+            }
+        }
+        let before = listing(&src)?;
+        let org = format!("acme{i}");
+        let out = json(&import(&org, &db, &store))?;
+        assert_eq!(listing(&src)?, before, "{case}: the directory changed");
+        assert_eq!(out["read"], "files", "{case}");
+
+        let restored = dir.path().join(format!("{case}.db"));
+        restore(&org, &store, &restored)?;
+        assert_eq!(
+            rows(&restored)?,
+            want,
+            "{case}: the rows differ after import"
+        );
+    }
+    drop(app);
+    Ok(())
+}
+
+/// An application holding SQLite's exclusive lock (exclusive locking mode, or a long
+/// rollback-journal write) excludes every reader: the import waits for it only until its
+/// `--timeout`, then fails with one line naming the limit and the lock, leaving no temp file
+/// and no org.
+#[test]
+fn a_database_another_process_locks_exclusively_times_out_and_leaves_no_temp_files() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp)?;
+    let store = dir.path().join("store");
+    for (case, setup) in [
+        (
+            "rollback",
+            "PRAGMA journal_mode = DELETE; CREATE TABLE t (x); BEGIN EXCLUSIVE; INSERT INTO t VALUES (1);",
+        ),
+        (
+            "wal-exclusive",
+            "PRAGMA locking_mode = EXCLUSIVE; PRAGMA journal_mode = WAL; CREATE TABLE t (x); INSERT INTO t VALUES (1);",
+        ),
+    ] {
+        let src = dir.path().join(case);
+        std::fs::create_dir(&src)?;
+        let db = src.join("tenant.db");
+        // This test process is the application holding the lock; the import is another.
+        let app = rusqlite::Connection::open(&db)?;
+        app.execute_batch(setup)?;
+        let before = listing(&src)?;
+        let out = idem()
+            .env("TMPDIR", &tmp)
+            .args(["import", "acme", "--from"])
+            .arg(&db)
+            .arg("--store")
+            .arg(&store)
+            .args(["--timeout", "300ms"])
+            .output()?;
+        assert_clean_failure(
+            &out,
+            "could not copy one committed state within --timeout 300ms",
+        );
+        assert_clean_failure(&out, "exclusive locking mode");
+        assert_clean_failure(&out, "nothing was imported");
+        assert_eq!(
+            names(&tmp)?,
+            Vec::<String>::new(),
+            "{case}: a temp file was left"
+        );
+        assert_eq!(listing(&src)?, before, "{case}: the directory changed");
+        drop(app);
+    }
+    assert!(!store.exists(), "a refused import created the store");
+    Ok(())
+}
+
+/// A running application whose -wal was deleted from under it: reading would make SQLite
+/// create an empty log beside the database, so the import refuses and creates nothing.
+#[test]
+fn a_live_database_whose_wal_was_deleted_is_refused_and_nothing_is_created() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src)?;
+    let db = src.join("tenant.db");
+    let app = user_db(&db)?;
+    std::fs::remove_file(src.join("tenant.db-wal"))?;
+    let before = listing(&src)?;
+    let store = dir.path().join("store").display().to_string();
+    let out = import("acme", &db, &store);
+    assert_clean_failure(&out, "tenant.db-wal is missing");
+    assert_eq!(listing(&src)?, before);
+    drop(app);
+    Ok(())
+}
+
+/// SQLite names the `-wal` and `-shm` after the file a symbolic link points to. An import
+/// through a link must look for them there too: beside the link it would find no log and
+/// miss every row still in the target's `-wal`.
+#[test]
+fn a_database_reached_through_a_link_is_read_with_its_targets_wal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir(dir.path().join("real"))?;
+    std::fs::create_dir(dir.path().join("links"))?;
+    let db = dir.path().join("real/tenant.db");
+    let app = user_db(&db)?;
+    let want = rows(&db)?;
+    let link = dir.path().join("links/tenant.db");
+    std::os::unix::fs::symlink(&db, &link)?;
+    let store = dir.path().join("store").display().to_string();
+    let out = json(&import("acme", &link, &store))?;
+    assert_eq!(out["read"], "sqlite");
+    assert_eq!(names(&dir.path().join("links"))?, ["tenant.db"]);
+    let restored = dir.path().join("restored.db");
+    restore("acme", &store, &restored)?;
+    assert_eq!(
+        rows(&restored)?,
+        want,
+        "rows in the target's -wal were missed"
+    );
+    drop(app);
     Ok(())
 }

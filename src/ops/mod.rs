@@ -84,14 +84,20 @@ pub struct RestoreArgs {
 pub struct ImportArgs {
     /// The new org's id.
     org: String,
-    /// The SQLite database to import (only read; any page size, any journal mode). It is
-    /// copied page by page into $TMPDIR (room for one copy needed) and shipped from there in
+    /// The SQLite database to import (any page size, any journal mode; its application may
+    /// keep writing). Only read: nothing is created or changed beside it. One committed
+    /// state is copied into $TMPDIR (room for one copy needed) and shipped from there in
     /// bounded memory.
     #[arg(long)]
     from: PathBuf,
     /// Store URL.
     #[arg(long)]
     store: String,
+    /// The longest reading FILE may take: waiting for another process's exclusive lock, then
+    /// one copy pass (while it runs, the tenant's checkpoints stay behind the copied state and
+    /// its WAL grows by what it commits). Past it the import fails, nothing imported.
+    #[arg(long, value_parser = import::parse_timeout, default_value = "5m")]
+    timeout: Duration,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,

@@ -194,3 +194,23 @@ pub fn seeded_effects_store(dir: &Path) -> TestResult<String> {
     })?;
     Ok(store.display().to_string())
 }
+
+/// Runs `idem restore ORG --store STORE --to TO`; an error carries its stderr.
+pub fn restore(org: &str, store: &str, to: &Path) -> TestResult {
+    let out = run(&[
+        "restore",
+        org,
+        "--store",
+        store,
+        "--to",
+        &to.display().to_string(),
+    ]);
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "idem restore {org}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    )
+    .into())
+}
