@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -213,4 +213,16 @@ pub fn restore(org: &str, store: &str, to: &Path) -> TestResult {
         String::from_utf8_lossy(&out.stderr)
     )
     .into())
+}
+
+/// libfaketime's thread-safe build (the server is multi-threaded), from Debian's `faketime`
+/// package; an error saying how to install it when it is missing.
+pub fn libfaketime() -> TestResult<PathBuf> {
+    let multiarch = std::fs::read_dir("/usr/lib").into_iter().flatten().flatten();
+    multiarch
+        .map(|e| e.path())
+        .chain([PathBuf::from("/usr/lib"), PathBuf::from("/usr/local/lib")])
+        .map(|dir| dir.join("faketime/libfaketimeMT.so.1"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| "libfaketime is missing: these tests need Debian's faketime (apt-get install -y faketime)".into())
 }
