@@ -56,14 +56,20 @@
 //! ```
 
 mod admin;
+mod history;
 mod options;
+mod output;
 mod reserve;
 mod row;
 mod settle;
 mod write;
 
-pub use admin::{Reconcile, Resolution, get, list, reconcile, resolve, resolve_with};
-pub use options::{DEFAULT_LEASE_MS, Options, WriteHook};
+pub use admin::{
+    Reconcile, Resolution, get, get_with, list, list_with, reconcile, resolve, resolve_with,
+};
+pub use history::{Transition, history};
+pub use options::{DEFAULT_LEASE_MS, LapseFn, Options, WriteHook};
+pub use output::Output;
 pub use reserve::{Reservation, Reserved, reserve};
 pub use row::{Effect, State};
 pub use settle::{Error, Outcome, Settlement, run, settle};

@@ -32,9 +32,19 @@ CREATE TABLE IF NOT EXISTS idem_keys (
 INSERT OR IGNORE INTO idem_meta (name, value) VALUES ('schema_version', 1), ('max_round', 0);
 ";
 
-/// The external-effect reservations (`crate::effect`). Adding it keeps schema version 1: older
-/// libraries ignore the table, and a version 1 database that predates it gets it on its first
-/// reservation (the effect write path runs this when the table is missing).
+/// The external-effect reservations (`crate::effect`), their audit trail and the index of the
+/// rows still open. Adding them keeps schema version 1: older libraries ignore the tables and
+/// the index, and a version 1 database that predates any of them gets them all at its first
+/// effect write (the write path runs this batch, every statement `IF NOT EXISTS`, when a
+/// table is missing). A version bump would make every older library refuse the database, so
+/// a rolling upgrade could not run old and new writers side by side.
+///
+/// `idem_effect_history` is append-only: one row per transition (who, when, what), written
+/// in the transition's own transaction, so the row and its history commit together. Its rows
+/// begin at the first transition a library with the table made.
+///
+/// `idem_effects_open` indexes only RESERVED and AMBIGUOUS rows (a partial index), so
+/// listing what needs attention costs what is open, not what ever ran.
 pub(crate) const CREATE_EFFECTS: &str = "
 CREATE TABLE IF NOT EXISTS idem_effects (
     key            TEXT PRIMARY KEY NOT NULL COLLATE BINARY,
@@ -49,6 +59,18 @@ CREATE TABLE IF NOT EXISTS idem_effects (
     holder         TEXT,
     resolved_by    TEXT
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idem_effect_history (
+    key     TEXT NOT NULL COLLATE BINARY,
+    seq     INTEGER NOT NULL,
+    at_ms   INTEGER NOT NULL,
+    state   TEXT NOT NULL,
+    attempt BLOB NOT NULL,
+    actor   TEXT,
+    detail  TEXT,
+    PRIMARY KEY (key, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idem_effects_open ON idem_effects (state)
+    WHERE state IN ('reserved', 'ambiguous');
 ";
 
 /// Schema facts read inside a write transaction.
