@@ -92,6 +92,7 @@ pub use rusqlite;
 
 pub use budget::{FDS_PER_ORG, FDS_PER_PARKED_ORG, MIN_ORG_BYTES, RESERVED_FDS};
 pub use clock::replica_clock;
+pub use effect::OpenEffects;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};
 pub use org::{Org, OrgStats};

@@ -96,6 +96,11 @@ impl Options {
         self
     }
 
+    /// The attempt id fixed with [`Options::attempt_id`], if any.
+    pub fn fixed_attempt_id(&self) -> Option<[u8; 16]> {
+        self.attempt_id
+    }
+
     /// A label stored with the reservation and shown in "in progress" errors (writer id, host).
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = Some(holder.into());
