@@ -14,6 +14,7 @@ pub const LEDGER: &str =
     "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, org TEXT NOT NULL);";
 
 pub mod oracle;
+pub mod remote;
 pub mod outside;
 pub mod scenarios;
 
