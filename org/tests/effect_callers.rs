@@ -51,16 +51,26 @@ async fn a_caller_dropped_before_the_reservation_lands_leaves_the_effect_recorde
         let (org, remote) = (org.clone(), remote.clone());
         tokio::spawn(async move {
             let opts = effect::Options::new().failpoints(gate);
-            org.effect("pay-1", opts, move || async move { Ok(remote.charge("pay-1")) })
-                .await
+            org.effect(
+                "pay-1",
+                opts,
+                move || async move { Ok(remote.charge("pay-1")) },
+            )
+            .await
         })
     };
     keys.reached.await?; // the writer is about to commit the reservation
     caller.abort();
-    assert!(caller.await.is_err_and(|e| e.is_cancelled()), "the caller is gone");
+    assert!(
+        caller.await.is_err_and(|e| e.is_cancelled()),
+        "the caller is gone"
+    );
     keys.open.send(())?;
     let out = replay(&org, "pay-1").await?;
-    assert_eq!((out.executed, out.result.as_slice()), (false, &b"ch_pay-1_0"[..]));
+    assert_eq!(
+        (out.executed, out.result.as_slice()),
+        (false, &b"ch_pay-1_0"[..])
+    );
     assert_eq!(remote.charges("pay-1"), 1);
     let row = org.effect_record("pay-1").await?.ok_or("no row")?;
     assert_eq!(row.state, State::Committed);
@@ -93,7 +103,10 @@ async fn a_caller_dropped_while_the_executor_runs_leaves_its_ok_recorded() -> R 
     assert!(caller.await.is_err_and(|e| e.is_cancelled()));
     go.send(()).map_err(|()| "executor gone")?;
     let out = replay(&org, "pay-2").await?;
-    assert_eq!((out.executed, out.result.as_slice()), (false, &b"ch_pay-2_0"[..]));
+    assert_eq!(
+        (out.executed, out.result.as_slice()),
+        (false, &b"ch_pay-2_0"[..])
+    );
     assert_eq!(remote.charges("pay-2"), 1);
     reg.shutdown().await;
     Ok(())
@@ -109,8 +122,12 @@ async fn a_caller_dropped_during_the_settlement_leaves_it_recorded() -> R {
         let (org, remote) = (org.clone(), remote.clone());
         tokio::spawn(async move {
             let opts = effect::Options::new().failpoints(gate);
-            org.effect("pay-3", opts, move || async move { Ok(remote.charge("pay-3")) })
-                .await
+            org.effect(
+                "pay-3",
+                opts,
+                move || async move { Ok(remote.charge("pay-3")) },
+            )
+            .await
         })
     };
     keys.reached.await?; // the executor returned; its settlement is about to commit
@@ -118,7 +135,10 @@ async fn a_caller_dropped_during_the_settlement_leaves_it_recorded() -> R {
     assert!(caller.await.is_err_and(|e| e.is_cancelled()));
     keys.open.send(())?;
     let out = replay(&org, "pay-3").await?;
-    assert_eq!((out.executed, out.result.as_slice()), (false, &b"ch_pay-3_0"[..]));
+    assert_eq!(
+        (out.executed, out.result.as_slice()),
+        (false, &b"ch_pay-3_0"[..])
+    );
     assert_eq!(remote.charges("pay-3"), 1);
     reg.shutdown().await;
     Ok(())
@@ -163,7 +183,12 @@ async fn a_dropped_caller_whose_executor_proved_nothing_ran_leaves_the_key_faile
         .collect();
     assert_eq!(
         states,
-        [State::Reserved, State::Failed, State::Reserved, State::Committed]
+        [
+            State::Reserved,
+            State::Failed,
+            State::Reserved,
+            State::Committed
+        ]
     );
     reg.shutdown().await;
     Ok(())

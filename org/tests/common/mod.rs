@@ -14,8 +14,8 @@ pub const LEDGER: &str =
     "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, org TEXT NOT NULL);";
 
 pub mod oracle;
-pub mod remote;
 pub mod outside;
+pub mod remote;
 pub mod scenarios;
 
 /// Set in a child process: the test binary re-run by one of its own tests (`--exact` names

@@ -77,7 +77,12 @@ impl Failpoints for Gate {
         }
         let go = self.go.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(go) = go {
-            if let Some(r) = self.reached.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            if let Some(r) = self
+                .reached
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
                 let _ = r.send(());
             }
             let _ = go.recv(); // the test opens it (or drops its sender)
