@@ -8,6 +8,8 @@
 //!   with `Retry-After` (retry, same key). All of it is `idem_org::http`'s layer.
 //! - `GET /orgs/{org}/balances`: balances in the newest published (acknowledged) snapshot.
 //! - `GET /metrics`: Prometheus text format (`idem_org::metrics` lists the names).
+//! - `POST /orgs/{org}/effects/{key}/resolve`: an operator resolves an AMBIGUOUS effect of an
+//!   org this server holds, through its own writer (`effects.rs`; `idem resolve --via`).
 //! - Unauthenticated: an example bound to loopback by default, whose tenant is the path's
 //!   org. Put it behind your own authentication, or embed `idem_org::http` in your service
 //!   with the tenant taken from your authentication (`examples/axum_service.rs`).
@@ -22,6 +24,7 @@
 //! `<dir>/<key>.held` once it is registered in flight and inside its transaction, then waits
 //! until `<dir>/<key>.go` exists before applying. Tests use it to make the 409 case deterministic.
 
+mod effects;
 pub(crate) mod ledger;
 mod metrics;
 mod routes;
