@@ -69,7 +69,7 @@ enum Decision {
     /// success is a reservation (else the AMBIGUOUS of a lapsed lease).
     Write {
         from: Option<Effect>,
-        to: Effect,
+        to: Box<Effect>,
         reserve: bool,
         log: Entry,
     },
@@ -126,7 +126,7 @@ pub fn reserve(conn: &mut Connection, key: &str, opts: &Options) -> Result<Reser
                 to,
                 reserve,
                 log,
-            } => (from, to, reserve, log),
+            } => (from, *to, reserve, log),
         };
         expect_one(row::write(&tx, from.as_ref(), &to)?)?;
         history::append(&tx, &to, &[log])?;
@@ -199,7 +199,7 @@ fn decide(
         return Decision::Write {
             log: reserved_log(&to),
             from: None,
-            to,
+            to: Box::new(to),
             reserve: true,
         };
     };
@@ -208,7 +208,7 @@ fn decide(
             let to = reserved(cur.attempts.saturating_add(1));
             Decision::Write {
                 log: reserved_log(&to),
-                to,
+                to: Box::new(to),
                 from: Some(cur),
                 reserve: true,
             }
@@ -241,7 +241,7 @@ fn decide(
             };
             Decision::Write {
                 from: Some(cur),
-                to,
+                to: Box::new(to),
                 reserve: false,
                 log: Entry {
                     state: State::Ambiguous,
