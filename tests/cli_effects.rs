@@ -411,14 +411,20 @@ async fn server_resolves(dir: &Path, store: String, charged: std::path::PathBuf)
     };
     assert!(line.starts_with("listening on "), "{line:?}");
     let http = reqwest::Client::new();
+    let transfer = |key: &'static str| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let resp = http
+                .post(format!("{url}/orgs/acme/transfers"))
+                .header("Idempotency-Key", key)
+                .json(&serde_json::json!({"from": "a", "to": "b", "cents": 5}))
+                .send()
+                .await?;
+            Ok::<_, reqwest::Error>(resp.status().as_u16())
+        }
+    };
     // A transfer makes the server acquire acme (its claim fences the dead holder's round).
-    let resp = http
-        .post(format!("{url}/orgs/acme/transfers"))
-        .header("Idempotency-Key", "t-1")
-        .json(&serde_json::json!({"from": "a", "to": "b", "cents": 5}))
-        .send()
-        .await?;
-    assert_eq!(resp.status().as_u16(), 201);
+    assert_eq!(transfer("t-1").await?, 201);
     let gauge = |text: &str, state: &str| -> Option<f64> {
         let name = format!("idem_effects_open{{state=\"{state}\"}} ");
         text.lines()
@@ -440,18 +446,24 @@ async fn server_resolves(dir: &Path, store: String, charged: std::path::PathBuf)
     // Beside the running server, a store-side resolve is refused before any claim and names
     // the server and its address.
     let before = log_entries(&store)?;
-    let out = run(&[
-        "resolve",
-        "acme",
-        KEY,
-        "--executed",
-        "--result",
-        "ch_9",
-        "--by",
-        "bob",
-        "--store",
-        &store,
-    ]);
+    let resolve = |place: &'static str, value: String| {
+        let args = [
+            "resolve",
+            "acme",
+            KEY,
+            "--executed",
+            "--result",
+            "ch_9",
+            "--by",
+            "bob",
+        ];
+        tokio::task::spawn_blocking(move || {
+            let mut args: Vec<&str> = args.to_vec();
+            args.extend([place, value.as_str()]);
+            run(&args)
+        })
+    };
+    let out = resolve("--store", store.clone()).await?;
     assert_clean_failure(&out, &format!("--via {url}"));
     assert_eq!(
         log_entries(&store)?,
@@ -459,24 +471,7 @@ async fn server_resolves(dir: &Path, store: String, charged: std::path::PathBuf)
         "the refusal claimed (and fenced the server)"
     );
     // Through the server's own writer: nothing claimed, nobody fenced.
-    let out = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || {
-            run(&[
-                "resolve",
-                "acme",
-                KEY,
-                "--executed",
-                "--result",
-                "ch_9",
-                "--by",
-                "bob",
-                "--via",
-                &url,
-            ])
-        }
-    })
-    .await?;
+    let out = resolve("--via", url.clone()).await?;
     assert!(
         out.status.success(),
         "{}",
@@ -485,13 +480,7 @@ async fn server_resolves(dir: &Path, store: String, charged: std::path::PathBuf)
     let text = metrics(http.clone(), url.clone()).await?;
     assert_eq!(gauge(&text, "ambiguous"), Some(0.0), "{text}");
     // The server still serves acme (it was not fenced): a new transfer is applied.
-    let resp = http
-        .post(format!("{url}/orgs/acme/transfers"))
-        .header("Idempotency-Key", "t-2")
-        .json(&serde_json::json!({"from": "a", "to": "b", "cents": 5}))
-        .send()
-        .await?;
-    assert_eq!(resp.status().as_u16(), 201);
+    assert_eq!(transfer("t-2").await?, 201);
     let store_for_cli = store.clone();
     let committed =
         tokio::task::spawn_blocking(move || effects_json(&store_for_cli, "committed")).await??;

@@ -39,43 +39,43 @@ async fn replay(org: &Org, key: &str) -> Result<effect::Outcome, idem_org::Error
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_caller_dropped_before_the_reservation_lands_leaves_the_effect_recorded() -> R {
-    // Guards: the reservation committed on the writer after the caller's future was gone, and
-    // nothing ran or settled it: RESERVED "in progress" for the lease, then AMBIGUOUS.
+/// Drops the caller of an effect on `key` while the org's writer is held at `point`, then
+/// opens it: the next call must replay the one charge, never run or answer "in progress".
+async fn dropped_at(point: FailPoint, key: &'static str) -> R {
     let dir = tempfile::tempdir()?;
     let (reg, org) = acme(dir.path()).await?;
     let remote = Arc::new(Remote::default());
-    let (gate, keys) = Gate::at(FailPoint::BeforeCommit(Write::Reserve));
+    let (gate, keys) = Gate::at(point);
     let caller = {
         let (org, remote) = (org.clone(), remote.clone());
         tokio::spawn(async move {
             let opts = effect::Options::new().failpoints(gate);
-            org.effect(
-                "pay-1",
-                opts,
-                move || async move { Ok(remote.charge("pay-1")) },
-            )
-            .await
+            org.effect(key, opts, move || async move { Ok(remote.charge(key)) })
+                .await
         })
     };
-    keys.reached.await?; // the writer is about to commit the reservation
+    keys.reached.await?; // the writer is at `point`
     caller.abort();
     assert!(
         caller.await.is_err_and(|e| e.is_cancelled()),
         "the caller is gone"
     );
     keys.open.send(())?;
-    let out = replay(&org, "pay-1").await?;
-    assert_eq!(
-        (out.executed, out.result.as_slice()),
-        (false, &b"ch_pay-1_0"[..])
-    );
-    assert_eq!(remote.charges("pay-1"), 1);
-    let row = org.effect_record("pay-1").await?.ok_or("no row")?;
+    let out = replay(&org, key).await?;
+    let charge = format!("ch_{key}_0").into_bytes();
+    assert_eq!((out.executed, &out.result), (false, &charge));
+    assert_eq!(remote.charges(key), 1);
+    let row = org.effect_record(key).await?.ok_or("no row")?;
     assert_eq!(row.state, State::Committed);
     reg.shutdown().await;
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_dropped_before_the_reservation_lands_leaves_the_effect_recorded() -> R {
+    // Guards: the reservation committed on the writer after the caller's future was gone, and
+    // nothing ran or settled it: RESERVED "in progress" for the lease, then AMBIGUOUS.
+    dropped_at(FailPoint::BeforeCommit(Write::Reserve), "pay-1").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,34 +114,9 @@ async fn a_caller_dropped_while_the_executor_runs_leaves_its_ok_recorded() -> R 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_dropped_during_the_settlement_leaves_it_recorded() -> R {
-    let dir = tempfile::tempdir()?;
-    let (reg, org) = acme(dir.path()).await?;
-    let remote = Arc::new(Remote::default());
-    let (gate, keys) = Gate::at(FailPoint::BeforeCommit(Write::Settle));
-    let caller = {
-        let (org, remote) = (org.clone(), remote.clone());
-        tokio::spawn(async move {
-            let opts = effect::Options::new().failpoints(gate);
-            org.effect(
-                "pay-3",
-                opts,
-                move || async move { Ok(remote.charge("pay-3")) },
-            )
-            .await
-        })
-    };
-    keys.reached.await?; // the executor returned; its settlement is about to commit
-    caller.abort();
-    assert!(caller.await.is_err_and(|e| e.is_cancelled()));
-    keys.open.send(())?;
-    let out = replay(&org, "pay-3").await?;
-    assert_eq!(
-        (out.executed, out.result.as_slice()),
-        (false, &b"ch_pay-3_0"[..])
-    );
-    assert_eq!(remote.charges("pay-3"), 1);
-    reg.shutdown().await;
-    Ok(())
+    // The executor returned; its settlement is about to commit when the caller goes. (Once
+    // queued, a writer job outlives its caller: this one holds without the task too.)
+    dropped_at(FailPoint::BeforeCommit(Write::Settle), "pay-3").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -132,20 +132,12 @@ impl Org {
     /// # Errors
     /// As [`Org::applied`].
     pub async fn effect_history(&self, key: &str) -> Result<Vec<Transition>, Error> {
-        let holder = self.inner().effects.clone();
+        let key = key.to_owned();
         let Answer {
             value: rows,
             commit_seq,
         } = self
-            .call(|reply| {
-                Job::Effect(EffectJob {
-                    holder,
-                    work: Work::History {
-                        key: key.to_owned(),
-                        reply,
-                    },
-                })
-            })
+            .effect_job(|reply| Work::History { key, reply })
             .await?;
         self.wait_confirmed(commit_seq).await?;
         Ok(rows)
@@ -169,23 +161,18 @@ impl Org {
         resolution: Resolution,
         by: &str,
     ) -> Result<Effect, Error> {
-        let holder = self.inner().effects.clone();
-        let opts = holder.options(effect::Options::new());
+        let opts = self.inner().effects.options(effect::Options::new());
+        let (key, by) = (key.to_owned(), by.to_owned());
         let Answer {
             value: row,
             commit_seq,
         } = self
-            .call(|reply| {
-                Job::Effect(EffectJob {
-                    holder,
-                    work: Work::Resolve {
-                        key: key.to_owned(),
-                        resolution,
-                        by: by.to_owned(),
-                        opts,
-                        reply,
-                    },
-                })
+            .effect_job(|reply| Work::Resolve {
+                key,
+                resolution,
+                by,
+                opts,
+                reply,
             })
             .await?;
         self.wait_shipped(commit_seq).await?;
@@ -198,27 +185,36 @@ impl Org {
         &self.inner().effects.label
     }
 
+    /// Runs one effect job of this handle on its writer (`work` gets the reply channel).
+    pub(crate) async fn effect_job<T>(
+        &self,
+        work: impl FnOnce(crate::writer::Reply<T>) -> Work,
+    ) -> Result<Answer<T>, Error> {
+        let holder = self.inner().effects.clone();
+        self.call(|reply| {
+            Job::Effect(EffectJob {
+                holder,
+                work: work(reply),
+            })
+        })
+        .await
+    }
+
     async fn read_effects(
         &self,
         key: Option<String>,
         state: Option<State>,
     ) -> Result<Vec<Effect>, Error> {
-        let holder = self.inner().effects.clone();
-        let opts = holder.options(effect::Options::new());
+        let opts = self.inner().effects.options(effect::Options::new());
         let Answer {
             value: rows,
             commit_seq,
         } = self
-            .call(|reply| {
-                Job::Effect(EffectJob {
-                    holder,
-                    work: Work::Read {
-                        key,
-                        state,
-                        opts,
-                        reply,
-                    },
-                })
+            .effect_job(|reply| Work::Read {
+                key,
+                state,
+                opts,
+                reply,
             })
             .await?;
         self.wait_confirmed(commit_seq).await?;
@@ -228,15 +224,7 @@ impl Org {
     /// Loads the open rows the effects gauge counts, right after the org opens (a failure is
     /// logged: the gauge then counts from the next effect write).
     pub(crate) async fn load_effect_tally(&self) {
-        let holder = self.inner().effects.clone();
-        let loaded = self
-            .call(|reply| {
-                Job::Effect(EffectJob {
-                    holder,
-                    work: Work::Tally { reply },
-                })
-            })
-            .await;
+        let loaded = self.effect_job(|reply| Work::Tally { reply }).await;
         if let Err(e) = loaded {
             tracing::warn!(org = %self.id(), error = %crate::error::chain(&e), "could not count the open effects");
         }

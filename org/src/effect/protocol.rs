@@ -20,10 +20,9 @@ use std::pin::Pin;
 use idem::BoxError;
 use idem::effect::{self, Outcome, Reservation, Reserved, Settlement, State};
 
-use super::job::{EffectJob, Work};
+use super::job::Work;
 use crate::commit::Answer;
 use crate::org::InFlight;
-use crate::writer::Job;
 use crate::{Error, Org};
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, effect::Error>> + Send>>;
@@ -83,20 +82,15 @@ async fn reserve(
     key: &str,
     opts: &effect::Options,
 ) -> Result<Result<Reservation, Outcome>, Error> {
-    let holder = org.inner().effects.clone();
+    let (key_owned, opts_owned) = (key.to_owned(), opts.clone());
     let Answer {
         value: reserved,
         commit_seq,
     } = org
-        .call(|reply| {
-            Job::Effect(EffectJob {
-                holder,
-                work: Work::Reserve {
-                    key: key.to_owned(),
-                    opts: opts.clone(),
-                    reply,
-                },
-            })
+        .effect_job(|reply| Work::Reserve {
+            key: key_owned,
+            opts: opts_owned,
+            reply,
         })
         .await?;
     match reserved {
@@ -167,17 +161,11 @@ async fn write_settlement(
     settlement: Settlement,
     opts: effect::Options,
 ) -> Result<Answer<effect::Effect>, Error> {
-    let holder = org.inner().effects.clone();
-    org.call(|reply| {
-        Job::Effect(EffectJob {
-            holder,
-            work: Work::Settle {
-                reservation: Box::new(reservation),
-                settlement,
-                opts,
-                reply,
-            },
-        })
+    org.effect_job(|reply| Work::Settle {
+        reservation: Box::new(reservation),
+        settlement,
+        opts,
+        reply,
     })
     .await
 }
