@@ -78,30 +78,42 @@ async fn a_caller_dropped_before_the_reservation_lands_leaves_the_effect_recorde
     dropped_at(FailPoint::BeforeCommit(Write::Reserve), "pay-1").await
 }
 
+/// Starts an effect on `key` whose executor waits on a channel, drops its caller while the
+/// executor runs (a `select!` with a timeout, a request handler cancelled), then lets the
+/// executor end with `end`.
+async fn dropped_while_running(
+    org: &Org,
+    remote: &Arc<Remote>,
+    key: &'static str,
+    end: fn(&Remote, &str) -> Result<Vec<u8>, effect::Error>,
+) -> R {
+    let (running_tx, running) = tokio::sync::oneshot::channel();
+    let (go, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let caller = {
+        let (org, remote) = (org.clone(), remote.clone());
+        tokio::spawn(async move {
+            org.effect(key, effect::Options::new(), move || async move {
+                let _ = running_tx.send(());
+                let _ = go_rx.await;
+                end(&remote, key)
+            })
+            .await
+        })
+    };
+    running.await?;
+    caller.abort();
+    assert!(caller.await.is_err_and(|e| e.is_cancelled()));
+    go.send(()).map_err(|()| "executor gone")?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_dropped_while_the_executor_runs_leaves_its_ok_recorded() -> R {
     // Guards: the executor ran on and returned Ok, but nothing recorded it.
     let dir = tempfile::tempdir()?;
     let (reg, org) = acme(dir.path()).await?;
     let remote = Arc::new(Remote::default());
-    let (running_tx, running) = tokio::sync::oneshot::channel();
-    let (go, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let caller = {
-        let (org, remote) = (org.clone(), remote.clone());
-        tokio::spawn(async move {
-            org.effect("pay-2", effect::Options::new(), move || async move {
-                let _ = running_tx.send(());
-                let _ = go_rx.await;
-                Ok(remote.charge("pay-2"))
-            })
-            .await
-        })
-    };
-    running.await?;
-    // `select!` with a timeout, a request handler cancelled: the caller's future is dropped.
-    caller.abort();
-    assert!(caller.await.is_err_and(|e| e.is_cancelled()));
-    go.send(()).map_err(|()| "executor gone")?;
+    dropped_while_running(&org, &remote, "pay-2", |r, k| Ok(r.charge(k))).await?;
     let out = replay(&org, "pay-2").await?;
     assert_eq!(
         (out.executed, out.result.as_slice()),
@@ -125,23 +137,10 @@ async fn a_dropped_caller_whose_executor_proved_nothing_ran_leaves_the_key_faile
     let dir = tempfile::tempdir()?;
     let (reg, org) = acme(dir.path()).await?;
     let remote = Arc::new(Remote::default());
-    let (running_tx, running) = tokio::sync::oneshot::channel();
-    let (go, go_rx) = tokio::sync::oneshot::channel::<()>();
-    let caller = {
-        let org = org.clone();
-        tokio::spawn(async move {
-            org.effect("pay-4", effect::Options::new(), move || async move {
-                let _ = running_tx.send(());
-                let _ = go_rx.await;
-                Err(effect::Error::not_executed("card declined before charging"))
-            })
-            .await
-        })
-    };
-    running.await?;
-    caller.abort();
-    let _ = caller.await;
-    go.send(()).map_err(|()| "executor gone")?;
+    dropped_while_running(&org, &remote, "pay-4", |_, _| {
+        Err(effect::Error::not_executed("card declined before charging"))
+    })
+    .await?;
     let charged = remote.clone();
     let out = org
         .effect("pay-4", effect::Options::new(), move || async move {
