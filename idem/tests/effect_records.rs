@@ -343,38 +343,56 @@ fn the_history_keeps_who_when_and_what_for_every_transition() -> R {
 
 #[test]
 fn a_database_whose_effects_predate_the_history_gets_it_at_the_first_write() -> R {
-    // Guards the migration of schema version 1 databases written before the history table
-    // (and the open-rows index) existed: reads work, the first write creates both.
+    // Guards the migration of schema version 1 databases written before the history column
+    // (and the open-rows index) existed: reads work, the first write adds both.
     let (_d, _p, mut conn) = db()?;
-    let _ = effect::run(&mut conn, "old", &opts(T0), || {
-        Err(effect::Error::ambiguous("x"))
-    });
-    conn.execute_batch("DROP INDEX idem_effects_open; DROP TABLE idem_effect_history;")?;
+    conn.execute_batch(
+        "DROP INDEX idem_effects_open; DROP TABLE idem_effects;
+         CREATE TABLE idem_effects (
+             key TEXT PRIMARY KEY NOT NULL COLLATE BINARY, state TEXT NOT NULL,
+             attempt BLOB NOT NULL, lease_until_ms INTEGER NOT NULL, result BLOB, error TEXT,
+             created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
+             attempts INTEGER NOT NULL, holder TEXT, resolved_by TEXT) WITHOUT ROWID;
+         INSERT INTO idem_effects VALUES
+             ('old', 'ambiguous', x'01', 1, NULL, 'timeout', 1, 1, 1, 'old-host', NULL);",
+    )?;
     assert!(effect::history(&conn, "old")?.is_empty());
     assert_eq!(
         effect::list_with(&conn, Some(State::Ambiguous), &opts(T0))?.len(),
         1
     );
     effect::resolve(&mut conn, "old", Resolution::NotExecuted, "ops", T0 + 1)?;
-    let objects: i64 = conn.query_row(
-        "SELECT count(*) FROM sqlite_schema \
-         WHERE name IN ('idem_effect_history', 'idem_effects_open')",
-        [],
-        |r| r.get(0),
-    )?;
-    assert_eq!(objects, 2);
+    let has = |conn: &Connection, sql: &str| -> Result<i64, rusqlite::Error> {
+        conn.query_row(sql, [], |r| r.get(0))
+    };
+    assert_eq!(
+        has(
+            &conn,
+            "SELECT count(*) FROM pragma_table_info('idem_effects') WHERE name = 'history'"
+        )?,
+        1
+    );
+    assert_eq!(
+        has(
+            &conn,
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'idem_effects_open'"
+        )?,
+        1
+    );
     assert_eq!(
         trail(&conn, "old")?.len(),
         1,
         "the history starts at the migration"
     );
-    let version: i64 = conn.query_row(
-        "SELECT value FROM idem_meta WHERE name = 'schema_version'",
-        [],
-        |r| r.get(0),
-    )?;
+    // A row the old shape wrote and the new one both read and run.
+    let out = effect::run(&mut conn, "old", &opts(T0 + 2), || Ok(b"v".to_vec()))?;
+    assert!(out.executed);
+    assert_eq!(trail(&conn, "old")?.len(), 3);
     assert_eq!(
-        version,
+        has(
+            &conn,
+            "SELECT value FROM idem_meta WHERE name = 'schema_version'"
+        )?,
         idem::SCHEMA_VERSION,
         "no version bump: older libraries still open it"
     );

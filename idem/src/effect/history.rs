@@ -1,17 +1,18 @@
-//! The audit trail of effect keys (`idem_effect_history`): one row per transition — who, when,
-//! what — appended in the transition's own transaction, so a row and its history commit
-//! together or not at all.
+//! The audit trail of an effect key: one entry per transition — who, when, what — appended to
+//! the row's `history` column (a JSON array) by the transition's own transaction, so a row and
+//! its history commit together or not at all, on the page the transition writes anyway.
 //!
-//! The effect row says where a key is now; the history says how it got there. A row that is
-//! resolved keeps no error text of the state it left, and a key reserved again after FAILED
-//! overwrites its row — neither loses anything, because every earlier state is here.
+//! The row's other columns say where a key is now; the history says how it got there. A row
+//! that is resolved keeps no error text of the state it left, and a key reserved again after
+//! FAILED overwrites its columns — neither loses anything, because every earlier state is in
+//! the history, which a transition only ever appends to.
 
 use rusqlite::Connection;
 
-use super::row::{Effect, State, to_i64, to_u64};
+use super::row::{State, to_i64, to_u64};
 use crate::Error;
 use crate::key::validate_key;
-use crate::schema::{CREATE_EFFECTS, is_missing_table};
+use crate::schema::{MIGRATE_EFFECTS, is_missing_column, is_missing_table};
 
 /// One recorded transition of an effect key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,30 +44,37 @@ pub(crate) struct Entry {
     pub detail: Option<String>,
 }
 
-const INSERT: &str = "INSERT INTO idem_effect_history (key, seq, at_ms, state, attempt, actor, \
-     detail) VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM idem_effect_history WHERE key = ?1), \
-     ?2, ?3, ?4, ?5, ?6)";
+const APPEND: &str = "UPDATE idem_effects SET history = json_insert(COALESCE(history, '[]'), \
+     '$[#]', json_object('at', ?2, 'state', ?3, 'attempt', ?4, 'actor', ?5, 'detail', ?6)) \
+     WHERE key = ?1";
 
-/// Appends `entries` for `row` (the row as the transition writes it: its key, attempt and
-/// `updated_ms` stamp every entry), inside the caller's write transaction. A database whose
-/// effects table predates the history gets the history table here (see `CREATE_EFFECTS`).
-pub(crate) fn append(tx: &Connection, row: &Effect, entries: &[Entry]) -> rusqlite::Result<()> {
+/// Appends `entries` to the history of `key`'s row, stamped `at_ms` with `attempt`, inside
+/// the caller's write transaction, right after the transition wrote the row. A table of an
+/// earlier version gets its `history` column (and the open-rows index) here.
+pub(crate) fn append(
+    tx: &Connection,
+    key: &str,
+    at_ms: u64,
+    attempt: &[u8],
+    entries: &[Entry],
+) -> rusqlite::Result<()> {
+    let attempt: String = attempt.iter().map(|b| format!("{b:02x}")).collect();
     for entry in entries {
-        let insert = || {
-            tx.prepare_cached(INSERT)?.execute(rusqlite::params![
-                row.key,
-                to_i64(row.updated_ms),
+        let append = || {
+            tx.prepare_cached(APPEND)?.execute(rusqlite::params![
+                key,
+                to_i64(at_ms),
                 entry.state,
-                row.attempt,
+                attempt,
                 entry.actor,
                 entry.detail,
             ])
         };
-        match insert() {
+        match append() {
             Ok(_) => {}
-            Err(e) if is_missing_table(&e) => {
-                tx.execute_batch(CREATE_EFFECTS)?;
-                insert()?;
+            Err(e) if is_missing_column(&e) => {
+                tx.execute_batch(MIGRATE_EFFECTS)?;
+                append()?;
             }
             Err(e) => return Err(e),
         }
@@ -74,8 +82,8 @@ pub(crate) fn append(tx: &Connection, row: &Effect, entries: &[Entry]) -> rusqli
     Ok(())
 }
 
-/// Every recorded transition of `key`, oldest first; empty when there is none (also when the
-/// database has no history table yet). Reads only.
+/// Every recorded transition of `key`, oldest first; empty when there is none (also for a
+/// row, or a database, of a version without the history). Reads only.
 ///
 /// # Errors
 /// [`Error::InvalidKey`]; [`Error::Sqlite`].
@@ -83,26 +91,41 @@ pub fn history(conn: &Connection, key: &str) -> Result<Vec<Transition>, Error> {
     validate_key(key)?;
     let rows = conn
         .prepare_cached(
-            "SELECT key, seq, at_ms, state, attempt, actor, detail FROM idem_effect_history \
-             WHERE key = ?1 ORDER BY seq",
+            "SELECT h.key, h.value ->> 'at', h.value ->> 'state', h.value ->> 'attempt', \
+             h.value ->> 'actor', h.value ->> 'detail' \
+             FROM idem_effects AS e, json_each(e.history) AS h WHERE e.key = ?1 ORDER BY h.key",
         )
         .and_then(|mut s| {
             s.query_map([key], |r| {
+                let attempt: String = r.get(3)?;
                 Ok(Transition {
-                    key: r.get(0)?,
-                    seq: to_u64(r.get(1)?),
-                    at_ms: to_u64(r.get(2)?),
-                    state: r.get(3)?,
-                    attempt: r.get(4)?,
-                    actor: r.get(5)?,
-                    detail: r.get(6)?,
+                    key: key.to_owned(),
+                    seq: to_u64(r.get(0)?).saturating_add(1),
+                    at_ms: to_u64(r.get(1)?),
+                    state: r.get(2)?,
+                    attempt: from_hex(&attempt),
+                    actor: r.get(4)?,
+                    detail: r.get(5)?,
                 })
             })?
             .collect::<rusqlite::Result<Vec<_>>>()
         });
     match rows {
         Ok(v) => Ok(v),
-        Err(e) if is_missing_table(&e) => Ok(Vec::new()),
+        Err(e) if is_missing_table(&e) || is_missing_column(&e) => Ok(Vec::new()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Lowercase hex (as `append` writes it) to bytes; a malformed pair reads as 0.
+fn from_hex(text: &str) -> Vec<u8> {
+    text.as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok())
+                .unwrap_or(0)
+        })
+        .collect()
 }

@@ -129,7 +129,7 @@ pub fn reserve(conn: &mut Connection, key: &str, opts: &Options) -> Result<Reser
             } => (from, *to, reserve, log),
         };
         expect_one(row::write(&tx, from.as_ref(), &to)?)?;
-        history::append(&tx, &to, &[log])?;
+        history::append(&tx, &to.key, to.updated_ms, &to.attempt, &[log])?;
         writes_left -= 1;
         let landed = match commit(tx, opts, Write::Reserve)? {
             Ended::Committed => true,

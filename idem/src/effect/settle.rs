@@ -224,7 +224,7 @@ pub(crate) fn transition(
                 Err(lost(found))
             };
         }
-        history::append(&tx, &to, log)?;
+        history::append(&tx, &to.key, to.updated_ms, &to.attempt, log)?;
         match commit(tx, opts, write)? {
             Ended::Committed => return Ok(to),
             Ended::Busy(e) => {
