@@ -17,13 +17,23 @@
 //!             reserve (BEGIN IMMEDIATE, one winner)
 //!   (none) ───────────────► RESERVED{attempt, lease_until}
 //!   FAILED ───────────────►    │
-//!                              ├─ executor Ok(bytes) ───────────► COMMITTED{result}  (replayed)
+//!                              ├─ executor Ok(bytes ≤ limit) ───► COMMITTED{result}  (replayed)
+//!                              ├─ executor Ok(bytes > limit) ───► COMMITTED, result not kept
 //!                              ├─ executor NotExecuted ─────────► FAILED             (may reserve again)
 //!                              ├─ Ambiguous error, panic ───────► AMBIGUOUS
-//!                              └─ lease lapsed, seen by a contender ► AMBIGUOUS
+//!                              └─ lease lapsed (Options::lapse) ► AMBIGUOUS (read so at once)
 //!   AMBIGUOUS ── resolve(executed, result) ──► COMMITTED
 //!   AMBIGUOUS ── resolve(not executed) ──────► FAILED
 //! ```
+//!
+//! What an executor returned is never lost silently: after its `Ok`, a settlement that cannot
+//! be written is [`crate::Error::EffectNotRecorded`] carrying the result, and a result above
+//! [`Options::max_result_bytes`] is recorded as executed without it
+//! ([`crate::Error::EffectResultNotKept`]). Every transition appends to the key's
+//! [`history`] (who, when, what) in its own transaction. When a reservation's lease lapses is
+//! the caller's rule ([`Options::lapse`]): a reader must not compare a stamp another host's
+//! clock wrote with its own (I15); a lapsed reservation reads AMBIGUOUS to every reader
+//! ([`list_with`], [`get_with`]) and is resolvable.
 //!
 //! Every transition after the reservation is a conditional UPDATE that matches the row the
 //! writer expects (state, attempt id and stamps), with the changed-row count checked; zero rows
@@ -56,14 +66,20 @@
 //! ```
 
 mod admin;
+mod history;
 mod options;
+mod output;
 mod reserve;
 mod row;
 mod settle;
 mod write;
 
-pub use admin::{Reconcile, Resolution, get, list, reconcile, resolve, resolve_with};
-pub use options::{DEFAULT_LEASE_MS, Options, WriteHook};
+pub use admin::{
+    Reconcile, Resolution, get, get_with, list, list_with, reconcile, resolve, resolve_with,
+};
+pub use history::{Transition, history};
+pub use options::{DEFAULT_LEASE_MS, LapseFn, Options, WriteHook};
+pub use output::Output;
 pub use reserve::{Reservation, Reserved, reserve};
 pub use row::{Effect, State};
 pub use settle::{Error, Outcome, Settlement, run, settle};

@@ -205,6 +205,46 @@ pub enum Error {
         /// Its state, `None` when there is no such effect.
         state: Option<crate::effect::State>,
     },
+    /// The executor executed, but its result was not kept: it is larger than
+    /// [`crate::effect::Options::max_result_bytes`]. The row is COMMITTED without a result
+    /// (never run again; the reason is stored), and every call for the key gets this error:
+    /// `result` carries the result to the call that ran the executor, `None` to later ones.
+    #[error("effect {key:?} executed but its result was not kept: {reason}")]
+    EffectResultNotKept {
+        /// The effect key.
+        key: String,
+        /// Why, as stored (the result's size and the limit).
+        reason: String,
+        /// The executor's result, for the call that ran it.
+        result: Option<crate::effect::Output>,
+    },
+    /// The executor executed and returned `result`, but the settlement recording it was not
+    /// written: the row moved on first (a contender found the lease lapsed, an operator
+    /// resolved it: `source` is [`Error::EffectLost`]) or the write failed (disk full, busy,
+    /// commit unknown). Nothing was overwritten; the key stays as it was — RESERVED until its
+    /// lease lapses, then AMBIGUOUS — and is never run again. Resolve it with `result`
+    /// ([`crate::effect::resolve`]).
+    #[error("effect {key:?} executed but its settlement was not recorded")]
+    EffectNotRecorded {
+        /// The effect key.
+        key: String,
+        /// The executor's result.
+        result: crate::effect::Output,
+        /// Why the settlement was not written.
+        #[source]
+        source: Box<Error>,
+    },
+    /// A resolution's result is larger than [`crate::effect::Options::max_result_bytes`];
+    /// nothing was written.
+    #[error("result of {len} bytes for effect {key:?} exceeds the limit of {limit} bytes")]
+    EffectResultTooLarge {
+        /// The effect key.
+        key: String,
+        /// Result length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// An effect write's COMMIT failed twice without landing (the re-read showed it each
     /// time); nothing was written.
     #[error("effect {key:?}: commit failed; nothing was written")]
@@ -230,7 +270,7 @@ pub enum Error {
 
 /// Milliseconds since the Unix epoch as RFC 3339 in UTC (`2025-12-01T00:00:00.123Z`), for
 /// messages; days to a civil date by Howard Hinnant's `civil_from_days`.
-fn rfc3339(ms: u64) -> String {
+pub(crate) fn rfc3339(ms: u64) -> String {
     let (days, rem) = ((ms / 86_400_000) as i64, ms % 86_400_000);
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
@@ -262,7 +302,8 @@ impl Error {
             Error::InvalidKey { .. }
             | Error::InvalidRound { .. }
             | Error::InTransaction
-            | Error::EffectNotAmbiguous { .. } => ErrorKind::Input,
+            | Error::EffectNotAmbiguous { .. }
+            | Error::EffectResultTooLarge { .. } => ErrorKind::Input,
             Error::StaleRound { .. } => ErrorKind::Reacquire,
             Error::FingerprintMismatch { .. }
             | Error::AlreadyApplied { .. }
@@ -272,7 +313,11 @@ impl Error {
             | Error::TransactionEnded { .. }
             | Error::EffectAmbiguous { .. }
             | Error::EffectNotExecuted { .. }
-            | Error::EffectLost { .. } => ErrorKind::Rejected,
+            | Error::EffectLost { .. }
+            // The effect ran: report it (with its result) instead of retrying; the key is
+            // never run again, and an operator settles its record.
+            | Error::EffectResultNotKept { .. }
+            | Error::EffectNotRecorded { .. } => ErrorKind::Rejected,
             Error::Busy { .. }
             | Error::CommitFailed { .. }
             | Error::CommitUnknown { .. }
@@ -288,6 +333,20 @@ impl Error {
     /// True when calling `once` again with the same key may succeed.
     pub fn is_retryable(&self) -> bool {
         self.kind() == ErrorKind::Retry
+    }
+
+    /// The executor's result when this error says an effect executed without its result
+    /// being stored ([`Error::EffectNotRecorded`], and [`Error::EffectResultNotKept`] for the
+    /// call that ran it): the caller still has what the executor returned.
+    pub fn effect_result(&self) -> Option<&[u8]> {
+        match self {
+            Error::EffectNotRecorded { result, .. } => Some(result.as_bytes()),
+            Error::EffectResultNotKept {
+                result: Some(result),
+                ..
+            } => Some(result.as_bytes()),
+            _ => None,
+        }
     }
 }
 

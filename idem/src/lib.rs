@@ -36,8 +36,8 @@
 //!   and failed-only keys, returning [`Stats`].
 //! - [`ensure_schema`], [`prune`] (retention), [`clear_failures`] (operator reset).
 //! - [`effect`]: external effects (payments, email, webhooks): [`effect::reserve`] → execute
-//!   → [`effect::settle`], or [`effect::run`] in one call; [`effect::list`],
-//!   [`effect::resolve`] and [`effect::reconcile`] for AMBIGUOUS ones.
+//!   → [`effect::settle`], or [`effect::run`] in one call; [`effect::list_with`],
+//!   [`effect::history`], [`effect::resolve`] and [`effect::reconcile`] for AMBIGUOUS ones.
 //! - [`Clock`] ([`SystemClock`], [`ManualClock`] for tests): the one clock of the workspace.
 //! - [`failpoint`]: named fault-injection points ([`failpoint::FailPoint`]) a test passes per
 //!   call as [`failpoint::Failpoints`].

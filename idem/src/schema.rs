@@ -32,9 +32,21 @@ CREATE TABLE IF NOT EXISTS idem_keys (
 INSERT OR IGNORE INTO idem_meta (name, value) VALUES ('schema_version', 1), ('max_round', 0);
 ";
 
-/// The external-effect reservations (`crate::effect`). Adding it keeps schema version 1: older
-/// libraries ignore the table, and a version 1 database that predates it gets it on its first
-/// reservation (the effect write path runs this when the table is missing).
+/// The external-effect reservations (`crate::effect`), with their audit trail in the row, and
+/// the index of the rows still open. Adding them keeps schema version 1: older libraries
+/// ignore the table, the `history` column and the index, and a version 1 database that
+/// predates any of them gets them at its first effect write (the table when it is missing;
+/// the column and the index by [`MIGRATE_EFFECTS`] when the history append finds no column).
+/// A version bump would make every older library refuse the database, so a rolling upgrade
+/// could not run old and new writers side by side.
+///
+/// `history` is a JSON array, one object per transition (who, when, what), appended by the
+/// transition's own transaction to the row it writes — the same B-tree page, so the audit
+/// trail costs no page of its own. Its entries begin at the first transition a library with
+/// the column made.
+///
+/// `idem_effects_open` indexes only RESERVED and AMBIGUOUS rows (a partial index), so
+/// listing and counting what needs attention costs what is open, not what ever ran.
 pub(crate) const CREATE_EFFECTS: &str = "
 CREATE TABLE IF NOT EXISTS idem_effects (
     key            TEXT PRIMARY KEY NOT NULL COLLATE BINARY,
@@ -47,8 +59,19 @@ CREATE TABLE IF NOT EXISTS idem_effects (
     updated_ms     INTEGER NOT NULL,
     attempts       INTEGER NOT NULL,
     holder         TEXT,
-    resolved_by    TEXT
+    resolved_by    TEXT,
+    history        TEXT
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idem_effects_open ON idem_effects (state)
+    WHERE state IN ('reserved', 'ambiguous');
+";
+
+/// Brings an `idem_effects` table of an earlier version up to [`CREATE_EFFECTS`]: the
+/// `history` column (an O(1) schema change in SQLite: no row is rewritten) and the index.
+pub(crate) const MIGRATE_EFFECTS: &str = "
+ALTER TABLE idem_effects ADD COLUMN history TEXT;
+CREATE INDEX IF NOT EXISTS idem_effects_open ON idem_effects (state)
+    WHERE state IN ('reserved', 'ambiguous');
 ";
 
 /// Schema facts read inside a write transaction.
@@ -178,7 +201,22 @@ pub fn restart_rounds(conn: &Connection) -> Result<(), Error> {
 
 /// True for "no such table": the schema has not been created in this database yet.
 pub(crate) fn is_missing_table(e: &rusqlite::Error) -> bool {
-    matches!(e, rusqlite::Error::SqliteFailure(_, Some(msg)) if msg.starts_with("no such table"))
+    message(e).is_some_and(|m| m.starts_with("no such table"))
+}
+
+/// True for SQLite's "no such column" (a table of an earlier version).
+pub(crate) fn is_missing_column(e: &rusqlite::Error) -> bool {
+    message(e).is_some_and(|m| m.starts_with("no such column"))
+}
+
+/// SQLite's message, however rusqlite reports it (a statement that fails to prepare comes
+/// back as `SqlInputError` with the SQL and the offset).
+fn message(e: &rusqlite::Error) -> Option<&str> {
+    match e {
+        rusqlite::Error::SqliteFailure(_, Some(msg)) => Some(msg),
+        rusqlite::Error::SqlInputError { msg, .. } => Some(msg),
+        _ => None,
+    }
 }
 
 /// Reads a key row if present, `Ok(None)` also when the schema does not exist yet.

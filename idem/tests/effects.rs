@@ -255,7 +255,19 @@ fn a_settlement_that_never_lands_is_reissued_only_once() -> R {
     )
     .err()
     .ok_or("false success")?;
-    assert!(matches!(err, Error::EffectCommitFailed { .. }), "{err:?}");
+    // The executor ran: the error says so and carries its result (issue 30), with the commit
+    // failure as its source.
+    match &err {
+        Error::EffectNotRecorded { result, source, .. } => {
+            assert_eq!(result.as_bytes(), b"ok");
+            assert!(
+                matches!(**source, Error::EffectCommitFailed { .. }),
+                "{source:?}"
+            );
+        }
+        other => panic!("expected EffectNotRecorded, got {other:?}"),
+    }
+    assert_eq!(err.effect_result(), Some(&b"ok"[..]));
     assert_eq!(script.seen(FailPoint::BeforeCommit(Write::Settle)), 2);
     assert_eq!(state(&conn, "k")?, Some(effect::State::Reserved));
     // The key is never re-run: after the lease it is AMBIGUOUS.
@@ -440,23 +452,30 @@ fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() ->
         .ok_or("a lapsed lease was re-run")?;
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
-    // The late holder's settlement fails its conditional UPDATE and says so.
+    // The late holder's settlement fails its conditional UPDATE and says so, handing back
+    // the result it could not record (issue 30: an operator resolves with it).
     let late = effect::settle(
         &mut conn,
         &held,
         Settlement::Executed(b"late".to_vec()),
         &opts(T0 + LEASE + 1),
     );
-    assert!(
-        matches!(
-            late,
-            Err(Error::EffectLost {
-                found: Some(effect::State::Ambiguous),
-                ..
-            })
-        ),
-        "{late:?}"
-    );
+    match &late {
+        Err(Error::EffectNotRecorded { result, source, .. }) => {
+            assert_eq!(result.as_bytes(), b"late");
+            assert!(
+                matches!(
+                    **source,
+                    Error::EffectLost {
+                        found: Some(effect::State::Ambiguous),
+                        ..
+                    }
+                ),
+                "{source:?}"
+            );
+        }
+        other => panic!("expected EffectNotRecorded, got {other:?}"),
+    }
     assert_eq!(state(&conn, "k")?, Some(effect::State::Ambiguous));
     Ok(())
 }

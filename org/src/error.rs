@@ -97,14 +97,34 @@ pub enum Error {
         #[source]
         source: Arc<idem_replica::Error>,
     },
-    /// From the dedup transaction.
-    #[error("org {org}: {source}")]
+    /// From the dedup transaction or an effect call. The message names the org only: the idem
+    /// error is the source, so a walk of the source chain prints it once.
+    #[error("org {org}")]
     Idem {
         /// The org.
         org: OrgId,
         /// The idem error.
         #[source]
         source: Box<idem::Error>,
+    },
+    /// An effect's executor ran and returned `result`, but its settlement is not
+    /// acknowledged: the settlement write failed or found the row moved on (an
+    /// `idem::Error` source), or the ship that would acknowledge it failed, or the handle was
+    /// fenced or closed first. It is never run again for the key. The result is logged with
+    /// the key too, so an operator can resolve the key with it once it reads AMBIGUOUS
+    /// (`Org::resolve`, `idem resolve`). [`Error::kind`] is the source's: after a failed ship
+    /// a retry with the key waits for the next ship and replays the result.
+    #[error("org {org}: effect {key:?} executed but its settlement is not acknowledged")]
+    EffectUnacknowledged {
+        /// The org.
+        org: OrgId,
+        /// The effect key.
+        key: String,
+        /// The executor's result.
+        result: idem::effect::Output,
+        /// Why it is not acknowledged.
+        #[source]
+        source: Box<Error>,
     },
     /// From the snapshot store (claim, hydrate, release).
     // The replica's messages name the org already: not repeated here.
@@ -219,6 +239,7 @@ impl Error {
                 idem_replica::ErrorKind::Corrupt => ErrorKind::Corrupt,
                 idem_replica::ErrorKind::Fatal => ErrorKind::Fatal,
             },
+            Error::EffectUnacknowledged { source, .. } => source.kind(),
             Error::CommitMismatch { .. } => ErrorKind::Corrupt,
             Error::Local { .. }
             | Error::DataDir { .. }
@@ -280,6 +301,17 @@ impl Error {
         }
     }
 
+    /// The executor's result when this error says an effect executed without its result
+    /// being acknowledged ([`Error::EffectUnacknowledged`]; the idem errors of
+    /// `idem::Error::effect_result`).
+    pub fn effect_result(&self) -> Option<&[u8]> {
+        match self {
+            Error::EffectUnacknowledged { result, .. } => Some(result.as_bytes()),
+            Error::Idem { source, .. } => source.effect_result(),
+            _ => None,
+        }
+    }
+
     /// True when the request was refused because its fingerprint differs from the one the
     /// key was applied with (I4): the client changed the payload under the same key.
     pub fn is_fingerprint_mismatch(&self) -> bool {
@@ -299,4 +331,20 @@ impl Error {
             source: Box::new(source),
         }
     }
+}
+
+/// An error and its sources, `: `-separated, each text once (a source whose text the message
+/// already holds is not repeated): for log lines and stored reasons.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = s.source();
+    }
+    text
 }

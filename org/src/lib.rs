@@ -45,7 +45,10 @@
 //!   connection (idle ones park); `acquire`, and `once` / `once_with` / `effect`
 //!   that acquire and retry once on a handle closed meanwhile; `prune_all`, `shutdown`.
 //! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
-//!   external effects with `effect` / `effect_blocking`, `effects`, `effect_record`, `resolve`.
+//!   external effects with `effect` / `effect_blocking` (the protocol runs as its own task: a
+//!   caller that gives up never loses a settlement), `effects`, `effect_record`,
+//!   `effect_history`, `resolve` (the holder's own resolve); `Registry::open_effects` /
+//!   `record_effect_gauges` for `/metrics`.
 //!
 //! # Error semantics
 //! [`Error::kind`]: `Retry` (ship failed, busy: same key, same handle), `Reacquire` (fenced or
@@ -92,6 +95,7 @@ pub use rusqlite;
 
 pub use budget::{FDS_PER_ORG, FDS_PER_PARKED_ORG, MIN_ORG_BYTES, RESERVED_FDS};
 pub use clock::replica_clock;
+pub use effect::OpenEffects;
 pub use error::{Error, ErrorKind};
 pub use local::{home_id, open_claims};
 pub use org::{Org, OrgStats};

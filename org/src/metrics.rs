@@ -41,6 +41,10 @@ pub const RETENTION_DELETED: &str = "idem_retention_deleted_total";
 /// External effects settled, by `state`: `committed`, `failed` (proved not executed),
 /// `ambiguous` (outcome unknown: needs `resolve`).
 pub const EFFECTS: &str = "idem_effects_total";
+/// External effects open now in the orgs this process serves, by `state`: `reserved` (in
+/// progress) and `ambiguous` (needs `resolve`; a reservation whose lease lapsed counts here),
+/// set at each scrape by `Registry::record_effect_gauges`.
+pub const EFFECTS_OPEN: &str = "idem_effects_open";
 
 /// Registers the description and unit of every metric above, and of `idem_replica`'s
 /// (store requests by op, lease renewals, bytes downloaded), with the installed recorder.
@@ -73,6 +77,7 @@ pub fn describe() {
     describe_counter!(UNPARKS, "parked orgs reopened, their file proven");
     describe_counter!(RETENTION_DELETED, "retention deletions, by what");
     describe_counter!(EFFECTS, "external effects settled, by state");
+    describe_gauge!(EFFECTS_OPEN, "external effects open now, by state");
 }
 
 /// A short, stable tag of an idempotency key for logs and spans (keys may carry customer

@@ -101,6 +101,12 @@ impl Org {
             counters: Counters::default(),
         });
         let owned_files = owned.files().clone();
+        let effects = Arc::new(crate::effect::Holder::new(
+            writer_id,
+            replica.instance(),
+            claim.round(),
+            clock.clone(),
+        ));
         let ctx = WriterCtx {
             round: claim.round(),
             commit_seq: acks.commit_seq.clone(),
@@ -135,10 +141,13 @@ impl Org {
             serial: crate::park::SERIAL.fetch_add(1, Ordering::Relaxed),
             active: active.clone(),
             closed: tokio::sync::watch::channel(false).0,
+            effects,
         });
         inner.active.insert(&inner);
         tokio::spawn(crate::shipper::run(inner.clone()));
-        Ok(Org::from_inner(inner))
+        let org = Org::from_inner(inner);
+        org.load_effect_tally().await;
+        Ok(org)
     }
 
     /// Graceful handoff: refuses new requests, lets queued ones commit (a drain), ships what
@@ -160,6 +169,13 @@ impl Org {
 
     async fn release_traced(&self) -> Result<(), Error> {
         let inner = self.inner();
+        // Effect protocols running here settle first (a successor could only find their
+        // reservations in progress, then AMBIGUOUS); a hung executor holds the release no
+        // longer than its lease.
+        let unsettled = inner.effects.wait_idle().await;
+        if unsettled > 0 {
+            tracing::warn!(org = %inner.acks.org, round = inner.acks.round, unsettled, "releasing with effect executors still running past their leases");
+        }
         let keep = inner.settings.reuse_released_files;
         let mut kept = None;
         let result = {

@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) active: Arc<crate::park::Active>,
     /// True once the writer is closed and the files discarded (`Inner::close`).
     pub(crate) closed: tokio::sync::watch::Sender<bool>,
+    /// This handle as the holder of effect reservations (`crate::effect`).
+    pub(crate) effects: Arc<crate::effect::Holder>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -98,7 +100,17 @@ impl Inner {
 }
 
 /// Decrements the in-flight count when a request ends, however it ends.
-struct InFlight<'a>(&'a AtomicUsize);
+pub(crate) struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    /// Counts one request in flight on `inner` until dropped: an org with any is never
+    /// evicted or parked.
+    pub(crate) fn new(inner: &'a Inner) -> Self {
+        inner.inflight.fetch_add(1, Ordering::SeqCst);
+        InFlight(&inner.inflight)
+    }
+}
+
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
@@ -388,8 +400,7 @@ impl Org {
         job: impl FnOnce(crate::writer::Reply<T>) -> Job,
     ) -> Result<Answer<T>, Error> {
         let inner = &self.inner;
-        inner.inflight.fetch_add(1, Ordering::SeqCst);
-        let _guard = InFlight(&inner.inflight);
+        let _guard = InFlight::new(inner);
         inner
             .last_used
             .store(TICK.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);

@@ -369,8 +369,9 @@ impl Registry {
     /// Acquires `org` and runs [`Org::effect`]; when the handle turns out closed (evicted or
     /// released meanwhile) it acquires again and retries once. `executor` is `Clone` for
     /// that, and the retry never executes twice: closed before the reservation, nothing ran;
-    /// closed after it (the executor may have run), the retry finds the key reserved by the
-    /// first attempt and answers in progress or AMBIGUOUS, never a second execution.
+    /// closed after it but before the executor started, the retry finds the key reserved by
+    /// the first attempt (in progress, then AMBIGUOUS); closed after the executor's `Ok`, the
+    /// answer is [`Error::EffectUnacknowledged`] carrying the result, which is not retried.
     ///
     /// # Errors
     /// As [`Registry::acquire`] and [`Org::effect`].

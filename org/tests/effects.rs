@@ -171,8 +171,21 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
             if matches!(**source, idem::Error::EffectInProgress { .. })),
         "{err:?}"
     );
+    // A's own stamp is A's clock: B never compares it with its own (I15). B judges by its
+    // observation — a whole lease term after its own claim, on its own clock — which is never
+    // earlier than A's deadline, since the reservation was published before B's claim.
+    let err = try_b(row.lease_until_ms)
+        .await
+        .err()
+        .ok_or("B executed at A's stamp")?;
+    assert!(
+        matches!(&err, Error::Idem { source, .. }
+            if matches!(**source, idem::Error::EffectInProgress { .. })),
+        "B trusted A's clock: {err:?}"
+    );
+    let term_after_claim = idem::system_time_ms(std::time::SystemTime::now()) + 60_000;
     for _ in 0..2 {
-        let err = try_b(row.lease_until_ms)
+        let err = try_b(term_after_claim)
             .await
             .err()
             .ok_or("B executed after A's lease lapsed")?;
@@ -183,12 +196,20 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
         );
     }
 
-    // A's executor finishes; its settlement is never acknowledged (A is fenced).
+    // A's executor finishes; its settlement is never acknowledged (A is fenced), and A's
+    // caller gets the result it could not record (issue 30), with the fence as the cause.
     let _ = go_tx.send(());
     let a_out = task.await?;
-    assert!(
-        matches!(a_out, Err(Error::Fenced { .. })),
-        "fenced A acknowledged: {a_out:?}"
+    match &a_out {
+        Err(Error::EffectUnacknowledged { result, source, .. }) => {
+            assert_eq!(result.as_bytes(), b"charged");
+            assert!(matches!(**source, Error::Fenced { .. }), "{source:?}");
+        }
+        other => panic!("fenced A acknowledged or lost its result: {other:?}"),
+    }
+    assert_eq!(
+        a_out.as_ref().err().map(Error::kind),
+        Some(idem_org::ErrorKind::Reacquire)
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(b_runs.load(Ordering::SeqCst), 0, "never a second execution");

@@ -198,6 +198,12 @@ impl Replica {
         Ok(())
     }
 
+    /// This handle's process instance (32 hex digits, random per opened [`Replica`]): what
+    /// its leases name, so another process tells it from a live one with the same writer id.
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
     /// The settings in use.
     pub fn settings(&self) -> &Settings {
         &self.inner.settings

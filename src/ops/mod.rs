@@ -5,6 +5,7 @@ mod effects;
 mod import;
 mod prune;
 mod read;
+mod resolve;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,10 +15,12 @@ use idem_org::replica;
 use idem_org::replica::{OrgId, Replica};
 
 pub use check_store::check_store;
-pub use effects::{EffectsArgs, ResolveArgs, effects, resolve};
+pub(crate) use effects::effect_json;
+pub use effects::{EffectsArgs, effects};
 pub use import::import;
 pub use prune::prune;
 pub use read::{inspect, restore, snapshots, verify};
+pub use resolve::{ResolveArgs, resolve};
 
 /// `idem prune`.
 #[derive(Debug, Args)]

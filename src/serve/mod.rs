@@ -8,6 +8,8 @@
 //!   with `Retry-After` (retry, same key). All of it is `idem_org::http`'s layer.
 //! - `GET /orgs/{org}/balances`: balances in the newest published (acknowledged) snapshot.
 //! - `GET /metrics`: Prometheus text format (`idem_org::metrics` lists the names).
+//! - `POST /orgs/{org}/effects/{key}/resolve`: an operator resolves an AMBIGUOUS effect of an
+//!   org this server holds, through its own writer (`effects.rs`; `idem resolve --via`).
 //! - Unauthenticated: an example bound to loopback by default, whose tenant is the path's
 //!   org. Put it behind your own authentication, or embed `idem_org::http` in your service
 //!   with the tenant taken from your authentication (`examples/axum_service.rs`).
@@ -30,6 +32,7 @@
 //! `IDEM_TEST_LOG_QUEUE_BYTES` (every command, `crate::log`) bounds the log queue, so a test
 //! overflows it with a few hundred lines.
 
+mod effects;
 mod http;
 pub(crate) mod ledger;
 mod metrics;

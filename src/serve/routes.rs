@@ -27,6 +27,8 @@ use super::ledger::{self, ApplyError, Transfer};
 pub(super) fn router(registry: Registry, metrics: Option<super::Metrics>) -> Router {
     // The fingerprint is the transfer's canonical form, so a retry that reformats the JSON
     // is the same request; a body that does not parse is refused before the layer.
+    let effects = super::effects::router(registry.clone());
+    let gauges = registry.clone();
     let idem = Idempotency::new(registry).fingerprint(|req| {
         serde_json::from_slice::<Transfer>(req.body())
             .map(|t| t.fingerprint())
@@ -41,9 +43,14 @@ pub(super) fn router(registry: Registry, metrics: Option<super::Metrics>) -> Rou
         .route("/orgs/{org}/balances", get(balances))
         .route("/healthz", get(|| async { "ok" }));
     if let Some(m) = metrics {
-        router = router.route("/metrics", get(move || std::future::ready(m.render())));
+        // Gauges judged at the scrape (open effects: a lapsed reservation counts ambiguous).
+        let render = move || {
+            gauges.record_effect_gauges();
+            std::future::ready(m.render())
+        };
+        router = router.route("/metrics", get(render));
     }
-    json_fallbacks(router).with_state(state)
+    json_fallbacks(router.with_state(state).merge(effects))
 }
 
 struct AppState {

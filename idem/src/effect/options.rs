@@ -1,16 +1,21 @@
-//! Settings and injected components of the effect protocol: lease, clock, failpoints, write
-//! hook.
+//! Settings and injected components of the effect protocol: lease, result limit, clock, lapse
+//! rule, failpoints, write hook.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use rusqlite::Connection;
 
+use super::row::{Effect, State};
 use crate::failpoint::{self, FailPoint, Failpoints, Injected};
-use crate::{Clock, SystemClock};
+use crate::{Clock, DEFAULT_MAX_RESULT_BYTES, SystemClock};
 
 /// Default reservation lease: 60 s, in milliseconds.
 pub const DEFAULT_LEASE_MS: u64 = 60_000;
+
+/// When a RESERVED row's lease lapses for this caller, in ms of the caller's clock
+/// ([`Options::clock`]). See [`Options::lapse`].
+pub type LapseFn = Arc<dyn Fn(&Effect) -> u64 + Send + Sync>;
 
 /// A write run inside every effect transition's transaction, before its COMMIT, so it commits
 /// atomically with the transition (the org layer bumps its commit counter here, which is how
@@ -32,6 +37,8 @@ pub struct Options {
     pub(crate) attempt_id: Option<[u8; 16]>,
     pub(crate) holder: Option<String>,
     pub(crate) on_write: Option<WriteHook>,
+    pub(crate) max_result_bytes: Option<usize>,
+    pub(crate) lapse: Option<LapseFn>,
 }
 
 impl Debug for Options {
@@ -43,12 +50,15 @@ impl Debug for Options {
             .field("attempt_id", &self.attempt_id)
             .field("holder", &self.holder)
             .field("on_write", &self.on_write.is_some())
+            .field("max_result_bytes", &self.max_result())
+            .field("lapse", &self.lapse.is_some())
             .finish()
     }
 }
 
 impl Options {
-    /// Defaults: a 60 s lease, the system clock, a random attempt id, no holder label.
+    /// Defaults: a 60 s lease, results up to [`DEFAULT_MAX_RESULT_BYTES`] (1 MiB), the system
+    /// clock, a lease lapsing at its row's own stamp, a random attempt id, no holder label.
     pub fn new() -> Self {
         Self::default()
     }
@@ -86,10 +96,62 @@ impl Options {
         self
     }
 
+    /// The attempt id fixed with [`Options::attempt_id`], if any.
+    pub fn fixed_attempt_id(&self) -> Option<[u8; 16]> {
+        self.attempt_id
+    }
+
     /// A label stored with the reservation and shown in "in progress" errors (writer id, host).
     pub fn holder(mut self, holder: impl Into<String>) -> Self {
         self.holder = Some(holder.into());
         self
+    }
+
+    /// The largest executor result kept, in bytes (default [`DEFAULT_MAX_RESULT_BYTES`], 1 MiB;
+    /// SQLite itself refuses values above 1 000 000 000 bytes). It is checked before the
+    /// settlement is written: a larger result is recorded as executed without its result
+    /// (COMMITTED, the reason in `error`), the call gets
+    /// [`crate::Error::EffectResultNotKept`] carrying it, and every later call gets that error
+    /// without it — never a second execution. A [`super::Resolution::Executed`] above the
+    /// limit is refused ([`crate::Error::EffectResultTooLarge`]).
+    pub fn max_result_bytes(mut self, bytes: usize) -> Self {
+        self.max_result_bytes = Some(bytes);
+        self
+    }
+
+    /// How this caller judges when a RESERVED row's lease lapses, in ms of its clock
+    /// ([`Options::clock`]). The default is the row's own `lease_until_ms`, stamped by the
+    /// clock of the writer that reserved it — right when every writer of the database runs on
+    /// one host (a local file shared by processes). A caller that may read rows another host
+    /// stamped must not compare that host's stamp with its own clock (I15): the org layer
+    /// sets a rule of its own observation here (`docs/effects.md`, "Whose clock").
+    ///
+    /// The rule decides, on every path: a contender's reservation ([`super::reserve`]: live →
+    /// in progress, lapsed → AMBIGUOUS), the reads that report a lapsed reservation as
+    /// AMBIGUOUS ([`super::list_with`], [`super::get_with`]) and [`super::resolve_with`].
+    pub fn lapse(mut self, rule: LapseFn) -> Self {
+        self.lapse = Some(rule);
+        self
+    }
+
+    /// When `row`'s lease lapses for this caller (see [`Options::lapse`]), in ms of its clock.
+    pub fn lapses_at(&self, row: &Effect) -> u64 {
+        match &self.lapse {
+            Some(rule) => rule(row),
+            None => row.lease_until_ms,
+        }
+    }
+
+    /// True when `row` is RESERVED and its lease lapsed at `now_ms` (ms of this caller's
+    /// clock) as [`Options::lapse`] judges: nobody can know whether its executor ran, so every
+    /// reader and command treats it as AMBIGUOUS.
+    pub fn is_lapsed_at(&self, row: &Effect, now_ms: u64) -> bool {
+        row.state == State::Reserved && now_ms >= self.lapses_at(row)
+    }
+
+    /// [`Options::is_lapsed_at`] at this caller's clock's now.
+    pub fn is_lapsed(&self, row: &Effect) -> bool {
+        self.is_lapsed_at(row, self.now())
     }
 
     /// A write committed in the same transaction as every transition (see [`WriteHook`]).
@@ -98,11 +160,17 @@ impl Options {
         self
     }
 
+    pub(crate) fn max_result(&self) -> usize {
+        self.max_result_bytes.unwrap_or(DEFAULT_MAX_RESULT_BYTES)
+    }
+
     pub(crate) fn lease(&self) -> u64 {
         self.lease_ms.unwrap_or(DEFAULT_LEASE_MS)
     }
 
-    pub(crate) fn now(&self) -> u64 {
+    /// Now on this caller's clock ([`Options::clock`], else the system clock), in ms since
+    /// the Unix epoch.
+    pub fn now(&self) -> u64 {
         match &self.clock {
             Some(c) => c.now_ms(),
             None => SystemClock.now_ms(),

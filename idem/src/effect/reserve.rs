@@ -3,9 +3,10 @@
 //! ```text
 //! BEGIN IMMEDIATE -> read the row
 //!   none / FAILED       -> write RESERVED{our attempt, lease} -> COMMIT -> Reservation
-//!   COMMITTED           -> Replay (nothing written)
+//!   COMMITTED           -> Replay (nothing written); EffectResultNotKept if it has no result
 //!   RESERVED, live      -> EffectInProgress (nothing written)
 //!   RESERVED, lapsed    -> write AMBIGUOUS -> COMMIT -> EffectAmbiguous (never re-run)
+//!                          ("lapsed" as Options::lapse judges it)
 //!   AMBIGUOUS           -> EffectAmbiguous (nothing written)
 //! COMMIT busy (in band)  -> retry the write
 //! COMMIT unknown        -> re-read the whole row: ours -> proceed; anything else -> decide
@@ -15,8 +16,9 @@
 
 use rusqlite::Connection;
 
+use super::history::{self, Entry};
 use super::options::Options;
-use super::row::{self, Effect, State};
+use super::row::{self, Effect, State, lapse_reason};
 use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, expect_one, reread};
 use crate::failpoint::Write;
 use crate::{Error, key::validate_key};
@@ -63,11 +65,13 @@ pub enum Reserved {
 
 enum Decision {
     Done(Result<Reserved, Error>),
-    /// Write `to` where the row is `from`; success means `then`.
+    /// Write `to` where the row is `from`, with its history entry; `reserve` says whether
+    /// success is a reservation (else the AMBIGUOUS of a lapsed lease).
     Write {
         from: Option<Effect>,
-        to: Effect,
+        to: Box<Effect>,
         reserve: bool,
+        log: Entry,
     },
 }
 
@@ -81,7 +85,10 @@ enum Decision {
 /// - [`Error::InvalidKey`], [`Error::InTransaction`]: bad input, nothing written.
 /// - [`Error::EffectInProgress`]: another attempt holds a live lease (holder and expiry given).
 /// - [`Error::EffectAmbiguous`]: the key is AMBIGUOUS — now or because this call found a lapsed
-///   lease and recorded it so. No retry clears it; see [`resolve`](super::resolve).
+///   lease ([`Options::lapse`]) and recorded it so. No retry clears it; see
+///   [`resolve`](super::resolve).
+/// - [`Error::EffectResultNotKept`]: the effect executed but its result was not kept; it is
+///   never run again.
 /// - [`Error::Busy`]: the write lock stayed busy through the retries; nothing written.
 /// - [`Error::EffectCommitFailed`]: COMMIT failed twice without landing; nothing written.
 /// - [`Error::EffectCommitUnknown`]: the re-read after a failed COMMIT failed; nothing more is
@@ -112,11 +119,17 @@ pub fn reserve(conn: &mut Connection, key: &str, opts: &Options) -> Result<Reser
             Err(e) => return Err(busy(key, e)),
         };
         let current = row::read_for_write(&tx, key)?;
-        let (from, to, reserve) = match decide(key, current, now, &attempt, opts) {
+        let (from, to, reserve, log) = match decide(key, current, now, &attempt, opts) {
             Decision::Done(out) => return out, // dropping the transaction wrote nothing
-            Decision::Write { from, to, reserve } => (from, to, reserve),
+            Decision::Write {
+                from,
+                to,
+                reserve,
+                log,
+            } => (from, *to, reserve, log),
         };
         expect_one(row::write(&tx, from.as_ref(), &to)?)?;
+        history::append(&tx, &to.key, to.updated_ms, &to.attempt, &[log])?;
         writes_left -= 1;
         let landed = match commit(tx, opts, Write::Reserve)? {
             Ended::Committed => true,
@@ -173,45 +186,68 @@ fn decide(
         holder: opts.holder.clone(),
         resolved_by: None,
     };
+    let reserved_log = |row: &Effect| Entry {
+        state: State::Reserved,
+        actor: row.holder.clone(),
+        detail: Some(format!(
+            "reserved until {}",
+            crate::error::rfc3339(row.lease_until_ms)
+        )),
+    };
     let Some(cur) = current else {
+        let to = reserved(1);
         return Decision::Write {
+            log: reserved_log(&to),
             from: None,
-            to: reserved(1),
+            to: Box::new(to),
             reserve: true,
         };
     };
     match cur.state {
-        State::Failed => Decision::Write {
-            to: reserved(cur.attempts.saturating_add(1)),
-            from: Some(cur),
-            reserve: true,
-        },
+        State::Failed => {
+            let to = reserved(cur.attempts.saturating_add(1));
+            Decision::Write {
+                log: reserved_log(&to),
+                to: Box::new(to),
+                from: Some(cur),
+                reserve: true,
+            }
+        }
+        State::Committed if cur.result.is_none() => {
+            Decision::Done(Err(Error::EffectResultNotKept {
+                key: key.to_owned(),
+                reason: cur.error.clone().unwrap_or_default(),
+                result: None,
+            }))
+        }
         State::Committed => Decision::Done(Ok(Reserved::Replay(cur))),
         State::Ambiguous => Decision::Done(Err(ambiguous(&cur))),
-        State::Reserved if now < cur.lease_until_ms => {
+        State::Reserved if !opts.is_lapsed_at(&cur, now) => {
             Decision::Done(Err(Error::EffectInProgress {
                 key: key.to_owned(),
                 holder: cur.holder_or_attempt(),
-                lease_until_ms: cur.lease_until_ms,
+                lease_until_ms: opts.lapses_at(&cur),
             }))
         }
         State::Reserved => {
             // A lapsed lease: the holder may have executed or died mid-way. Nobody can know,
             // so the key turns AMBIGUOUS; it is never silently re-run.
+            let reason = lapse_reason(&cur, opts.lapses_at(&cur));
             let to = Effect {
                 state: State::Ambiguous,
-                error: Some(format!(
-                    "lease of attempt {} lapsed at {} ms before it settled",
-                    cur.holder_or_attempt(),
-                    cur.lease_until_ms
-                )),
+                error: Some(reason.clone()),
                 updated_ms: now,
                 ..cur.clone()
             };
             Decision::Write {
                 from: Some(cur),
-                to,
+                to: Box::new(to),
                 reserve: false,
+                log: Entry {
+                    state: State::Ambiguous,
+                    actor: opts.holder.clone(),
+                    detail: Some(reason),
+                },
             }
         }
     }

@@ -79,9 +79,12 @@ pub struct Effect {
     pub attempt: Vec<u8>,
     /// The reservation's lease expiry, in milliseconds since the Unix epoch.
     pub lease_until_ms: u64,
-    /// The executor's result (COMMITTED); an empty result stays `Some(vec![])`.
+    /// The executor's result (COMMITTED); an empty result stays `Some(vec![])`. `None` on a
+    /// COMMITTED row means it executed but its result was not kept (larger than
+    /// [`super::Options::max_result_bytes`]); `error` says so.
     pub result: Option<Vec<u8>>,
-    /// Why the row is FAILED (the executor's proof of non-execution) or AMBIGUOUS.
+    /// Why the row is FAILED (the executor's proof of non-execution) or AMBIGUOUS, or why a
+    /// COMMITTED row's result was not kept. A resolution clears it (the history keeps it).
     pub error: Option<String>,
     /// When the current reservation was made, in ms since the Unix epoch.
     pub created_ms: u64,
@@ -89,9 +92,11 @@ pub struct Effect {
     pub updated_ms: u64,
     /// How many reservations the key has had (1 + re-reservations after FAILED).
     pub attempts: u32,
-    /// The holder label of the reservation (writer id, host), if the caller gave one.
+    /// The holder label of the reservation (writer id, host), if the caller gave one (the org
+    /// layer always names its writer).
     pub holder: Option<String>,
-    /// Who resolved an AMBIGUOUS row (operator or reconcile hook).
+    /// Who resolved an AMBIGUOUS row (operator or reconcile hook). A new reservation after a
+    /// resolution clears it; [`super::history`] keeps every resolution.
     pub resolved_by: Option<String>,
 }
 
@@ -101,38 +106,75 @@ impl Effect {
         self.attempt.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Who holds the reservation: the holder label, else the attempt id in hex.
+    /// Who holds the reservation: the holder label, else `attempt <id in hex>`.
     pub fn holder_or_attempt(&self) -> String {
-        self.holder.clone().unwrap_or_else(|| self.attempt_hex())
+        self.holder
+            .clone()
+            .unwrap_or_else(|| format!("attempt {}", self.attempt_hex()))
     }
+
+    /// True for a COMMITTED row whose result was not kept (see [`Effect::result`]).
+    pub fn result_not_kept(&self) -> bool {
+        self.state == State::Committed && self.result.is_none()
+    }
+
+    /// The row as `opts` sees it now: a RESERVED row whose lease lapsed
+    /// ([`super::Options::is_lapsed`]) reads as AMBIGUOUS, with why in `error` — exactly the
+    /// row a contender would write — so every reader and command treats it alike. Any other
+    /// row is returned as stored.
+    pub fn as_judged(&self, opts: &super::Options) -> Effect {
+        self.judged_at(opts, opts.now())
+    }
+
+    /// [`Effect::as_judged`] at `now_ms` (ms of the caller's clock).
+    pub fn judged_at(&self, opts: &super::Options, now_ms: u64) -> Effect {
+        if !opts.is_lapsed_at(self, now_ms) {
+            return self.clone();
+        }
+        Effect {
+            state: State::Ambiguous,
+            error: Some(lapse_reason(self, opts.lapses_at(self))),
+            ..self.clone()
+        }
+    }
+}
+
+/// Why a reservation turned AMBIGUOUS when its lease lapsed at `at_ms` (names the holder once).
+pub(crate) fn lapse_reason(row: &Effect, at_ms: u64) -> String {
+    format!(
+        "the lease of {} lapsed at {} before it settled",
+        row.holder_or_attempt(),
+        crate::error::rfc3339(at_ms)
+    )
 }
 
 const COLUMNS: &str = "key, state, attempt, lease_until_ms, result, error, created_ms, \
      updated_ms, attempts, holder, resolved_by";
 
-fn to_i64(v: u64) -> i64 {
+pub(crate) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn to_u64(v: i64) -> u64 {
+pub(crate) fn to_u64(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
 fn from_row(r: &Row<'_>) -> rusqlite::Result<Effect> {
     let state: State = r.get(1)?;
     let result: Option<Vec<u8>> = r.get(4)?;
+    let error: Option<String> = r.get(5)?;
     Ok(Effect {
         key: r.get(0)?,
         state,
         attempt: r.get(2)?,
         lease_until_ms: to_u64(r.get(3)?),
-        // A committed row always carries a result; a zero-length BLOB reads back as empty.
-        result: if state == State::Committed {
-            Some(result.unwrap_or_default())
-        } else {
-            result
+        // A committed row carries a result (a zero-length BLOB reads back as empty), unless it
+        // says why it was not kept.
+        result: match (state, result) {
+            (State::Committed, None) if error.is_none() => Some(Vec::new()),
+            (_, result) => result,
         },
-        error: r.get(5)?,
+        error,
         created_ms: to_u64(r.get(6)?),
         updated_ms: to_u64(r.get(7)?),
         attempts: u32::try_from(r.get::<_, i64>(8)?).unwrap_or(u32::MAX),
@@ -172,12 +214,38 @@ pub(crate) fn read_for_write(conn: &Connection, key: &str) -> Result<Option<Effe
     }
 }
 
-/// Every row, or those in `state`, in key order.
+/// Every row, or those in `state`, in key order. RESERVED and AMBIGUOUS rows are read
+/// through the partial index of open rows when it exists (`idem_effects_open`).
 pub(crate) fn list(conn: &Connection, state: Option<State>) -> Result<Vec<Effect>, Error> {
-    let sql =
-        format!("SELECT {COLUMNS} FROM idem_effects WHERE ?1 IS NULL OR state = ?1 ORDER BY key");
+    let sql = match state {
+        None => format!("SELECT {COLUMNS} FROM idem_effects ORDER BY key"),
+        Some(State::Reserved | State::Ambiguous) => format!(
+            "SELECT {COLUMNS} FROM idem_effects \
+             WHERE state IN ('reserved', 'ambiguous') AND state = ?1 ORDER BY key"
+        ),
+        Some(_) => format!("SELECT {COLUMNS} FROM idem_effects WHERE state = ?1 ORDER BY key"),
+    };
     let rows = conn.prepare_cached(&sql).and_then(|mut s| {
-        s.query_map([state], from_row)?
+        match state {
+            None => s.query_map([], from_row)?,
+            Some(st) => s.query_map([st], from_row)?,
+        }
+        .collect::<rusqlite::Result<Vec<_>>>()
+    });
+    match rows {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => Ok(Vec::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Every RESERVED and AMBIGUOUS row, in key order (through the partial index of open rows).
+pub(crate) fn list_open(conn: &Connection) -> Result<Vec<Effect>, Error> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM idem_effects WHERE state IN ('reserved', 'ambiguous') ORDER BY key"
+    );
+    let rows = conn.prepare_cached(&sql).and_then(|mut s| {
+        s.query_map([], from_row)?
             .collect::<rusqlite::Result<Vec<_>>>()
     });
     match rows {

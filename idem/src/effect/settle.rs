@@ -12,7 +12,9 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 
 use rusqlite::Connection;
 
+use super::history::{self, Entry};
 use super::options::Options;
+use super::output::Output;
 use super::reserve::{Reservation, Reserved, ambiguous, reserve};
 use super::row::{self, Effect, State};
 use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, reread};
@@ -80,9 +82,19 @@ pub struct Outcome {
 ///
 /// The write is a conditional UPDATE matching the reservation's state, attempt id and stamps,
 /// with the changed-row count checked; a COMMIT with an unknown outcome is settled by a
-/// whole-row re-read, and an unchanged row gets the same UPDATE once more (I9).
+/// whole-row re-read, and an unchanged row gets the same UPDATE once more (I9). The
+/// transition's history entry (who: the holder; what: the result's size or the error) commits
+/// with it.
+///
+/// A result larger than [`Options::max_result_bytes`] is checked before anything is written:
+/// the row becomes COMMITTED without it (executed, never run again; the reason stored) and
+/// the call gets [`crate::Error::EffectResultNotKept`] carrying the result.
 ///
 /// # Errors
+/// - [`crate::Error::EffectNotRecorded`] for an [`Settlement::Executed`] that was not written,
+///   carrying the result and, as its source, why (any of the errors below): the executor ran,
+///   and the caller still has what it returned.
+/// - [`crate::Error::EffectResultNotKept`]: recorded as executed, without the result.
 /// - [`crate::Error::EffectLost`]: the row is no longer this reservation (a contender found
 ///   the lease lapsed and made it AMBIGUOUS, or an operator resolved it); nothing written.
 /// - [`crate::Error::Busy`], [`crate::Error::EffectCommitFailed`]: nothing written; the key
@@ -97,27 +109,80 @@ pub fn settle(
 ) -> Result<Effect, crate::Error> {
     let from = &reservation.row;
     let now = opts.now();
-    let to = match settlement {
-        Settlement::Executed(result) => Effect {
-            state: State::Committed,
-            result: Some(result),
-            updated_ms: now,
-            ..from.clone()
-        },
-        Settlement::NotExecuted(text) => Effect {
-            state: State::Failed,
-            error: Some(text),
-            updated_ms: now,
-            ..from.clone()
-        },
-        Settlement::Ambiguous(text) => Effect {
-            state: State::Ambiguous,
-            error: Some(text),
-            updated_ms: now,
-            ..from.clone()
-        },
+    let holder = from.holder.clone();
+    let entry = |state: State, detail: String| Entry {
+        state,
+        actor: holder.clone(),
+        detail: Some(detail),
     };
-    transition(conn, from, to, opts, Write::Settle)
+    let (to, log) = match &settlement {
+        Settlement::Executed(result) if result.len() > opts.max_result() => {
+            let reason = format!(
+                "result of {} bytes exceeds the limit of {} bytes",
+                result.len(),
+                opts.max_result()
+            );
+            let to = Effect {
+                state: State::Committed,
+                result: None,
+                error: Some(reason.clone()),
+                updated_ms: now,
+                ..from.clone()
+            };
+            (
+                to,
+                entry(State::Committed, format!("executed; {reason}: not kept")),
+            )
+        }
+        Settlement::Executed(result) => {
+            let to = Effect {
+                state: State::Committed,
+                result: Some(result.clone()),
+                updated_ms: now,
+                ..from.clone()
+            };
+            let detail = format!("executed: {} bytes of result", result.len());
+            (to, entry(State::Committed, detail))
+        }
+        Settlement::NotExecuted(text) => {
+            let to = Effect {
+                state: State::Failed,
+                error: Some(text.clone()),
+                updated_ms: now,
+                ..from.clone()
+            };
+            (to, entry(State::Failed, format!("not executed: {text}")))
+        }
+        Settlement::Ambiguous(text) => {
+            let to = Effect {
+                state: State::Ambiguous,
+                error: Some(text.clone()),
+                updated_ms: now,
+                ..from.clone()
+            };
+            (
+                to,
+                entry(State::Ambiguous, format!("outcome unknown: {text}")),
+            )
+        }
+    };
+    let written = transition(conn, from, to, &[log], opts, Write::Settle);
+    let Settlement::Executed(result) = settlement else {
+        return written;
+    };
+    match written {
+        Ok(row) if row.result_not_kept() => Err(crate::Error::EffectResultNotKept {
+            key: from.key.clone(),
+            reason: row.error.unwrap_or_default(),
+            result: Some(Output::new(result)),
+        }),
+        Ok(row) => Ok(row),
+        Err(source) => Err(crate::Error::EffectNotRecorded {
+            key: from.key.clone(),
+            result: Output::new(result),
+            source: Box::new(source),
+        }),
+    }
 }
 
 /// Moves the row from exactly `from` to `to` (settle and resolve share it).
@@ -125,6 +190,7 @@ pub(crate) fn transition(
     conn: &mut Connection,
     from: &Effect,
     to: Effect,
+    log: &[Entry],
     opts: &Options,
     write: Write,
 ) -> Result<Effect, crate::Error> {
@@ -158,6 +224,7 @@ pub(crate) fn transition(
                 Err(lost(found))
             };
         }
+        history::append(&tx, &to.key, to.updated_ms, &to.attempt, log)?;
         match commit(tx, opts, write)? {
             Ended::Committed => return Ok(to),
             Ended::Busy(e) => {
@@ -194,7 +261,9 @@ pub(crate) fn transition(
 /// [`Error::Ambiguous`] or a panic → AMBIGUOUS. A panic is re-raised after it is recorded.
 ///
 /// # Errors
-/// Those of [`reserve`] (the executor did not run) and [`settle`] (it did); plus
+/// Those of [`reserve`] (the executor did not run) and [`settle`] (it did: after an `Ok`,
+/// every failure to record it is [`crate::Error::EffectNotRecorded`] or
+/// [`crate::Error::EffectResultNotKept`], carrying the result); plus
 /// [`crate::Error::EffectNotExecuted`] carrying the executor's error when it proved
 /// non-execution, and [`crate::Error::EffectAmbiguous`] when its outcome is unknown.
 pub fn run<F>(
@@ -280,12 +349,17 @@ pub(crate) fn finish(
     }
 }
 
+/// The error and its sources, `: `-separated; a source whose text the message already holds
+/// is not repeated (some errors print their source in their own message too).
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
         source = s.source();
     }
     text

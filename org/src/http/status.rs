@@ -74,7 +74,8 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
 /// rounded up, this replica still has to see the lease unchanged before it may claim).
 pub fn error_response(e: &Error) -> Response {
     if let Some(addr) = e.holder_addr() {
-        let body = serde_json::json!({ "error": chain(e), "kind": "retry", "holder": addr });
+        let body =
+            serde_json::json!({ "error": crate::error::chain(e), "kind": "retry", "holder": addr });
         // A held lease always knows its end: `with_retry_after` sets the header.
         let resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
         return with_retry_after(resp, e);
@@ -96,7 +97,7 @@ fn with_retry_after(mut resp: Response, e: &Error) -> Response {
 }
 
 fn table_response(e: &Error) -> Response {
-    let msg = chain(e);
+    let msg = crate::error::chain(e);
     if e.is_fingerprint_mismatch() {
         return json_error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
     }
@@ -155,21 +156,6 @@ pub(crate) fn outcome(e: &Error) -> &'static str {
         ErrorKind::Input => "input",
         ErrorKind::Corrupt | ErrorKind::Fatal => "error",
     }
-}
-
-/// The error and its sources, `: `-separated (each layer's message names what it adds).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !msg.contains(&text) {
-            msg.push_str(": ");
-            msg.push_str(&text);
-        }
-        cur = s.source();
-    }
-    msg
 }
 
 #[cfg(test)]

@@ -191,7 +191,7 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
                 .map_err(idem::Error::from);
             let _ = reply.send(out);
         }
-        Job::Effect(job) => crate::effect::run_job(conn, seq, clock, job),
+        Job::Effect(job) => crate::effect::run_job(conn, seq, job),
         Job::Capture { request, reply } => {
             // The database's own sequence, not the in-memory one: a capture labels what
             // the pages hold, and the shipper checks the pages agree.

@@ -15,6 +15,7 @@ pub const LEDGER: &str =
 
 pub mod oracle;
 pub mod outside;
+pub mod remote;
 pub mod scenarios;
 
 /// Set in a child process: the test binary re-run by one of its own tests (`--exact` names
