@@ -4,7 +4,7 @@
 //!
 //! Run: `cargo run --example prune_cron`
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use idem_org::replica::{OrgId, Replica, Settings};
 use idem_org::{Registry, rusqlite};
@@ -31,12 +31,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let replica = Replica::open(store, "", Settings::default()).await?;
     let orgs = replica.orgs().await?;
     let cron = Registry::builder(dir.path().join("cron"), replica, "prune-cron").build()?;
-    let cutoff = SystemTime::now() - Duration::from_millis(0); // real jobs: now - 7 days
+    let window = Duration::ZERO; // real jobs: 7 days
     let (mut deleted, mut failed) = (0, 0);
     for org in &orgs {
         let result = async {
             let h = cron.acquire(org).await?;
-            let n = h.prune(cutoff).await?; // deletes and ships before returning
+            let n = h.prune(window).await?; // deletes and ships before returning
             h.release().await?;
             Ok::<_, idem_org::Error>(n)
         }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use idem::{BoxError, Options, Outcome, Record};
 use idem_replica::{OrgId, Replica, Shipper};
@@ -336,31 +336,32 @@ impl Org {
         out
     }
 
-    /// Deletes keys applied strictly before `cutoff` (see `idem::prune`), then ships, and
-    /// returns how many were deleted.
+    /// Deletes keys applied more than `window` ago, then ships, and returns how many were
+    /// deleted. "Ago" is by the earlier of this host's clock (the replica's) and the store's,
+    /// read after the check below: a key younger than `window` by either clock stays.
     ///
-    /// Never on a clock the store contradicts (I15): first this host's clock (the replica's)
-    /// is checked against the store's ([`idem_replica::Replica::store_time`]: the
-    /// Last-Modified of an object this process wrote, usually one HEAD per minute for the
-    /// whole process, often none), and prune is refused past
-    /// `idem_replica::Settings::max_clock_skew_ms`. Within the bound, `cutoff` is moved back by
-    /// however far this host reads ahead of the store, so a cutoff of now − window never
-    /// deletes a key younger than the window by the store's clock.
+    /// Never on a clock the store contradicts (I15): first this host's clock is checked
+    /// against the store's ([`idem_replica::Replica::store_time`]: the Last-Modified of an
+    /// object this process wrote, usually one HEAD per minute for the whole process, often
+    /// none), and prune is refused past `idem_replica::Settings::max_clock_skew_ms`. The
+    /// cutoff is computed here from that same reading, never by the caller beforehand: a
+    /// cutoff taken from a host clock that then stepped back into the bound would delete
+    /// keys younger than the window.
     ///
     /// # Errors
     /// [`Error::Replica`] with `idem_replica::Error::ClockSkew` (kind `Fatal`; nothing deleted)
     /// when the clocks disagree beyond the bound, or with the store's error when its clock
     /// cannot be read; otherwise as [`Org::once_with`].
-    pub async fn prune(&self, cutoff: SystemTime) -> Result<u64, Error> {
+    pub async fn prune(&self, window: Duration) -> Result<u64, Error> {
         let store = self
             .inner
             .replica
             .store_time("prune")
             .await
             .map_err(|e| Error::replica(&self.inner.acks.org, e))?;
-        let cutoff = cutoff
-            .checked_sub(Duration::from_millis(store.ahead_ms()))
-            .unwrap_or(UNIX_EPOCH);
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        // A window reaching before the Unix epoch prunes nothing.
+        let cutoff = UNIX_EPOCH + Duration::from_millis(store.now_ms().saturating_sub(window_ms));
         let pruned = self.call(|reply| Job::Prune { cutoff, reply }).await?;
         self.inner.acks.wait_shipped(pruned.commit_seq).await?;
         Ok(pruned.value)

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::Duration;
 
 use idem::{BoxError, Options, Outcome};
 use idem_replica::{OrgId, Replica};
@@ -409,22 +409,24 @@ impl Registry {
         slots.iter().filter_map(|s| s.get().cloned()).collect()
     }
 
-    /// Prunes keys applied strictly before `cutoff` in every open org (each then ships),
+    /// Prunes keys applied more than `window` ago in every open org (each then ships),
     /// calling `progress` after each org. Returns each org's result; one org's failure does
     /// not stop the others. Each org checks this host's clock against the store's first
-    /// ([`Org::prune`]); the measurement is the process's, so a run costs one HEAD at most,
-    /// and on a host whose clock the store contradicts every org is refused with
-    /// `idem_replica::Error::ClockSkew` and none is touched (I15).
+    /// ([`Org::prune`]) and computes its own cutoff from that reading, so a host clock that
+    /// steps during the run never prunes an org by a cutoff read before the step; the
+    /// measurement is the process's, so a run costs one HEAD at most, and on a host whose
+    /// clock the store contradicts every org is refused with `idem_replica::Error::ClockSkew`
+    /// and none is touched (I15).
     pub async fn prune_all(
         &self,
-        cutoff: SystemTime,
+        window: Duration,
         mut progress: impl FnMut(PruneProgress<'_>),
     ) -> Vec<(OrgId, Result<u64, Error>)> {
         let orgs = self.open_orgs();
         let total = orgs.len();
         let mut results = Vec::with_capacity(total);
         for (i, org) in orgs.into_iter().enumerate() {
-            let result = org.prune(cutoff).await;
+            let result = org.prune(window).await;
             progress(PruneProgress {
                 done: i + 1,
                 total,

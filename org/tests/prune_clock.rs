@@ -11,7 +11,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use common::{BoxErr, R, effect, registry};
 use idem::{Clock, SystemClock};
@@ -45,9 +45,8 @@ fn real_now_ms() -> u64 {
     SystemClock.now_ms()
 }
 
-fn at(ms: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_millis(ms)
-}
+/// The retention window of these tests: 7 days.
+const WEEK: Duration = Duration::from_millis(7 * DAY_MS);
 
 /// Applies `keys` in `org`, each returning its own name.
 async fn apply(registry: &Registry, org: &OrgId, keys: &[&str]) -> R {
@@ -88,9 +87,8 @@ async fn a_host_days_ahead_of_the_store_refuses_to_prune_and_every_key_replays()
 
     // The host's clock steps 8 days forward: by it, the keys are 8 days old.
     clock.advance(8 * DAY_MS);
-    let cutoff = at(clock.now_ms() - 7 * DAY_MS);
     let handle = registry.acquire(&acme).await?;
-    let refused = handle.prune(cutoff).await;
+    let refused = handle.prune(WEEK).await;
     let err = refused
         .err()
         .ok_or("a host 8 days ahead of the store pruned")?;
@@ -106,7 +104,7 @@ async fn a_host_days_ahead_of_the_store_refuses_to_prune_and_every_key_replays()
             if matches!(**source, idem_replica::Error::ClockSkew { op: "prune", .. })
     ));
     // The registry's pruner refuses every open org the same way, touching none.
-    let all = registry.prune_all(cutoff, |_| {}).await;
+    let all = registry.prune_all(WEEK, |_| {}).await;
     assert_eq!(all.len(), 1);
     assert!(all.iter().all(|(_, r)| r.is_err()), "{all:?}");
     assert_replays(&registry, &acme, &keys).await?;
@@ -124,7 +122,7 @@ async fn a_host_days_behind_the_store_refuses_to_prune() -> R {
     clock.set(real_now_ms() - 8 * DAY_MS);
     let handle = registry.acquire(&acme).await?;
     let err = handle
-        .prune(at(real_now_ms() + DAY_MS))
+        .prune(Duration::ZERO)
         .await
         .err()
         .ok_or("a host 8 days behind the store pruned")?;
@@ -145,8 +143,8 @@ async fn a_host_within_the_bound_prunes_by_the_window_as_before() -> R {
     clock.set(real_now_ms() - MINUTE_MS);
     apply(&registry, &acme, &["new"]).await?;
     // Keys applied more than two minutes ago by this clock go; the newer one stays.
-    let cutoff = at(clock.now_ms() - 2 * MINUTE_MS);
-    let pruned = registry.acquire(&acme).await?.prune(cutoff).await?;
+    let window = Duration::from_millis(2 * MINUTE_MS);
+    let pruned = registry.acquire(&acme).await?.prune(window).await?;
     assert_eq!(pruned, 2);
     assert_replays(&registry, &acme, &["new"]).await?;
     let handle = registry.acquire(&acme).await?;
@@ -172,8 +170,8 @@ async fn a_key_younger_than_the_window_by_the_stores_clock_stays_though_the_host
     // Four minutes ahead of the store: inside the bound, so prune runs; by the host's clock
     // k1 is four minutes old, by the store's a few milliseconds.
     clock.advance(4 * MINUTE_MS);
-    let cutoff = at(clock.now_ms() - 3 * MINUTE_MS);
-    let pruned = registry.acquire(&acme).await?.prune(cutoff).await?;
+    let window = Duration::from_millis(3 * MINUTE_MS);
+    let pruned = registry.acquire(&acme).await?.prune(window).await?;
     assert_eq!(
         pruned, 0,
         "k1 was pruned younger than the window by the store's clock"
@@ -200,15 +198,49 @@ async fn pruning_every_open_org_reads_the_stores_clock_once() -> R {
         apply(&registry, &OrgId::new(org)?, &["k"]).await?;
     }
     let before = replica.store_requests();
-    let results = registry
-        .prune_all(SystemTime::now() - Duration::from_secs(3600), |_| {})
-        .await;
+    let results = registry.prune_all(Duration::from_secs(3600), |_| {}).await;
     assert!(
         results.iter().all(|(_, r)| matches!(r, Ok(0))),
         "{results:?}"
     );
     let spent = replica.store_requests().since(&before);
     assert_eq!(spent.head, 1, "{spent:?}");
+    registry.shutdown().await;
+    Ok(())
+}
+
+/// Regression: the pruner computed its cutoff (now − window) from the host's clock before any
+/// org measured the skew. On a host 8 days ahead the cutoff was real time + 1 day; the first
+/// org was refused, NTP then stepped the clock back, and the next org, now within the bound
+/// (nothing to move the cutoff back by), pruned every key with that future cutoff. Each org
+/// now computes its cutoff after its own check, from that reading. The step happens in the
+/// progress callback, between the two orgs' prunes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_clock_stepping_back_during_a_prune_run_prunes_no_young_key() -> R {
+    let dir = tempfile::tempdir()?;
+    let clock = Arc::new(idem::ManualClock::new(real_now_ms()));
+    let registry = open(dir.path(), &clock).await?;
+    let (a, b) = (OrgId::new("a")?, OrgId::new("b")?);
+    apply(&registry, &a, &["k1", "k2"]).await?;
+    apply(&registry, &b, &["k1", "k2"]).await?;
+
+    clock.advance(8 * DAY_MS);
+    let step = clock.clone();
+    let mut seen = Vec::new();
+    let results = registry
+        .prune_all(WEEK, |p| {
+            seen.push(p.result.as_ref().is_err_and(idem_org::Error::is_clock_skew));
+            // NTP steps the clock back after the first org.
+            step.set(real_now_ms());
+        })
+        .await;
+    assert_eq!(seen, [true, false], "{results:?}");
+    assert!(
+        results.iter().any(|(_, r)| matches!(r, Ok(0))),
+        "the org pruned after the step deleted keys seconds old: {results:?}"
+    );
+    assert_replays(&registry, &a, &["k1", "k2"]).await?;
+    assert_replays(&registry, &b, &["k1", "k2"]).await?;
     registry.shutdown().await;
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::chain;
 use crate::layout::parse_blob_seq;
@@ -19,6 +19,11 @@ pub struct RetentionReport {
     pub deleted_blobs: Vec<String>,
     /// Snapshot entries kept.
     pub kept_snapshots: usize,
+    /// Deletions by age were skipped: this host's clock would have deleted a snapshot by age
+    /// and disagreed with the store's beyond [`crate::Settings::max_clock_skew_ms`] (I15).
+    /// Counted in `idem_clock_refusals_total{op="retention"}`; what does not depend on age
+    /// (unreachable deltas, orphans) was still deleted.
+    pub age_skipped: bool,
 }
 
 impl Replica {
@@ -40,10 +45,14 @@ impl Replica {
     /// that finds a listed entry gone when it reads it (another run deleted it) deletes no
     /// object: its view of the log is not one state of it.
     ///
+    /// When this host's clock would delete a snapshot by age and disagrees with the store's
+    /// beyond [`crate::Settings::max_clock_skew_ms`], no snapshot is deleted by age this run
+    /// ([`RetentionReport::age_skipped`], one warning per run), and the rest runs: the
+    /// deletions that do not depend on age keep the store from growing on a skewed host.
+    ///
     /// # Errors
-    /// [`Error::Store`]; an unreadable log; [`Error::ClockSkew`] (nothing deleted) when this
-    /// host's clock would delete a snapshot by age and disagrees with the store's beyond
-    /// [`crate::Settings::max_clock_skew_ms`]. A partial run is safe to repeat.
+    /// [`Error::Store`]; an unreadable log; the store's errors while reading its clock. A
+    /// partial run is safe to repeat.
     pub async fn retain(&self, org: &OrgId, policy: &Retention) -> Result<RetentionReport, Error> {
         self.writable("retention")?;
         // Entries this handle published or read before are not read again: a run costs two
@@ -64,10 +73,19 @@ impl Replica {
             .filter(|(i, e)| i + keep < snaps.len() && e.seq() < newest)
             .map(|(_, e)| *e)
             .collect();
-        let now = self.age_now(policy, &beyond_count).await?;
+        let now = match self.age_now(policy, &beyond_count).await {
+            Ok(now) => Some(now),
+            // A clock the store contradicts decides no age (I15); refuse() counted it.
+            Err(e @ Error::ClockSkew { .. }) => {
+                warn!(%org, error = %e, "retention skipped deletions by age");
+                report.age_skipped = true;
+                None
+            }
+            Err(e) => return Err(e),
+        };
         let mut doomed: Vec<&LogEntry> = beyond_count
             .into_iter()
-            .filter(|e| now.saturating_sub(e.at_ms()) >= policy.keep_ms)
+            .filter(|e| now.is_some_and(|now| now.saturating_sub(e.at_ms()) >= policy.keep_ms))
             .collect();
         // Deltas stay while the snapshot they chain from stays (point-in-time restore);
         // deltas no kept snapshot reaches (a fenced writer's orphans) go. Claims and releases
@@ -179,14 +197,16 @@ impl Replica {
             self.delete(&meta.location).await?;
             report.deleted_blobs.push(meta.location.to_string());
         }
-        info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(), "retention ran");
+        info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(),
+              age_skipped = report.age_skipped, "retention ran");
         Ok(report)
     }
 
     /// The now snapshot ages are judged by (ms since the Unix epoch). Only when this host's
     /// clock would delete one of `candidates` by age is the store's clock asked: then the
     /// earlier of the two is used, so no snapshot goes younger than `keep_ms` by either, and a
-    /// host whose clock disagrees with the store's beyond the bound deletes nothing (I15).
+    /// host whose clock disagrees with the store's beyond the bound gets `ClockSkew`, and
+    /// [`Replica::retain`] then deletes nothing by age (I15).
     ///
     /// # Errors
     /// [`Error::ClockSkew`] and the other errors of [`Replica::store_time`].

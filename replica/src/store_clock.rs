@@ -1,7 +1,8 @@
 //! The store's clock (I15): how far this host's clock reads from the store's, measured from
 //! the Last-Modified the store gives an object this process wrote — never from a time another
 //! host wrote. Decisions that delete by wall-clock age (key prune, snapshot retention) ask
-//! [`Replica::store_time`] first and are refused past [`crate::Settings::max_clock_skew_ms`].
+//! [`Replica::store_time`] first; past [`crate::Settings::max_clock_skew_ms`] prune is refused
+//! and retention skips its deletions by age.
 //!
 //! A reading is the object's Last-Modified (the store's time of the write, truncated to whole
 //! seconds by S3: never later than it) plus the time elapsed since the answer arrived on this

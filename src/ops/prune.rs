@@ -2,7 +2,7 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::SystemTime;
+use std::time::Duration;
 
 use idem_org::{Registry, replica};
 use serde_json::json;
@@ -10,7 +10,8 @@ use serde_json::json;
 use super::{PruneArgs, org_id};
 
 /// Prunes every (or each given) org: acquire (respecting live leases unless `--force`),
-/// delete keys applied before the cutoff, ship, release. One org's failure does not stop
+/// delete keys older than `--older-than` (by the earlier of this host's clock and the
+/// store's, read by each org's prune), ship, release. One org's failure does not stop
 /// the others; the exit code is non-zero if any failed. An org a live writer holds is
 /// skipped and counted apart, not a failure: beside a running server, a cron job stays green.
 ///
@@ -35,9 +36,6 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     } else {
         a.orgs.iter().map(|o| org_id(o)).collect::<Result<_, _>>()?
     };
-    let cutoff = SystemTime::now()
-        .checked_sub(a.older_than)
-        .ok_or("--older-than reaches before the Unix epoch")?;
     let scratch = match &a.data {
         Some(_) => None,
         None => Some(tempfile::tempdir().map_err(|e| format!("cannot create a temp dir: {e}"))?),
@@ -68,7 +66,7 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     let (mut deleted, mut results) = (0u64, Vec::new());
     for org in &orgs {
         bar.set_message(org.to_string());
-        let r = prune_one(&registry, &replica, org, cutoff, named).await;
+        let r = prune_one(&registry, &replica, org, a.older_than, named).await;
         if let Ok(Pruned::Deleted(n)) = r {
             deleted += n;
         }
@@ -138,7 +136,7 @@ async fn prune_one(
     registry: &Registry,
     replica: &replica::Replica,
     org: &replica::OrgId,
-    cutoff: SystemTime,
+    window: Duration,
     named: bool,
 ) -> Result<Pruned, String> {
     let history = replica.history(org).await.map_err(|e| crate::chain(&e))?;
@@ -162,7 +160,7 @@ async fn prune_one(
         }
         Err(e) => return Err(crate::chain(&e)),
     };
-    let pruned = handle.prune(cutoff).await.map_err(|e| crate::chain(&e));
+    let pruned = handle.prune(window).await.map_err(|e| crate::chain(&e));
     let released = handle.release().await.map_err(|e| crate::chain(&e));
     let n = pruned?;
     released?;

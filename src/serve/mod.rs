@@ -41,7 +41,7 @@ mod routes;
 pub(crate) use metrics::Metrics;
 
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use clap::Args;
 use idem_org::{Registry, replica};
@@ -238,10 +238,9 @@ async fn prune_loop(registry: Registry, every: Duration, older_than: Duration) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        let cutoff = SystemTime::now()
-            .checked_sub(older_than)
-            .unwrap_or(SystemTime::UNIX_EPOCH);
-        let results = registry.prune_all(cutoff, |_| {}).await;
+        // Each org computes its cutoff after its own clock check (`Org::prune`): a cutoff
+        // read here, before the check, would survive a host clock stepping back mid-run.
+        let results = registry.prune_all(older_than, |_| {}).await;
         // A clock refusal is the host's, not each org's: one line per run names it.
         let refused: Vec<_> = results
             .iter()

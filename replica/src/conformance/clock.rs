@@ -5,22 +5,24 @@
 
 use std::sync::Arc;
 
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::{CaseResult, org, prefix, test_snapshot};
-use crate::{Clock, Error, LogEntry, ManualClock, Replica, Retention, Settings, SystemClock};
+use crate::layout::{delta_blob_name, new_nonce};
+use crate::{Clock, LogEntry, ManualClock, Replica, Retention, Settings, SystemClock};
 
 const MINUTE_MS: u64 = 60_000;
 
 /// Regression: retention on a host whose clock stepped days forward deleted every snapshot
-/// beyond the count, though by the store's clock they were seconds old.
+/// beyond the count, though by the store's clock they were seconds old; and then, refusing,
+/// it deleted nothing at all, orphans included, so the store only grew.
 pub(super) async fn retention_on_a_skewed_host_deletes_nothing_by_age(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
     // Snapshots stamped by a host a minute behind the store, a second apart.
     let clock = Arc::new(ManualClock::new(SystemClock.now_ms() - MINUTE_MS));
     let settings = Settings::default();
-    let r = Replica::open_with(store, &prefix()?, settings, clock.clone(), None).await?;
+    let r = Replica::open_with(store.clone(), &prefix()?, settings, clock.clone(), None).await?;
     let o = org("acme");
     let mut a = r.claim(&o, "a", false).await?;
     for i in 0..4 {
@@ -34,19 +36,28 @@ pub(super) async fn retention_on_a_skewed_host_deletes_nothing_by_age(
         keep_ms,
     };
 
-    // Days ahead: refused, nothing deleted.
+    // An orphan: a blob named for a position the log has reached that no entry names (a
+    // fenced writer's upload). Its deletion does not depend on anyone's clock.
+    let orphan = r
+        .inner
+        .layout
+        .blob(&o, &delta_blob_name(a.seq(), a.round(), &new_nonce()?));
+    store
+        .put(&orphan, PutPayload::from_static(b"orphan"))
+        .await?;
+
+    // Days ahead: no snapshot deleted by age, but the orphan still goes (a skewed host's
+    // store must not only grow).
     clock.set(SystemClock.now_ms() + 8 * 1440 * MINUTE_MS);
-    let refused = r.retain(&o, &policy(MINUTE_MS)).await;
-    assert!(
-        matches!(
-            refused,
-            Err(Error::ClockSkew {
-                op: "retention",
-                ..
-            })
-        ),
-        "{refused:?}"
-    );
+    let skipped = r.retain(&o, &policy(MINUTE_MS)).await?;
+    assert!(skipped.age_skipped, "{skipped:?}");
+    assert_eq!(skipped.kept_snapshots, 4, "{skipped:?}");
+    assert!(skipped.deleted_entries.is_empty(), "{skipped:?}");
+    assert_eq!(skipped.deleted_blobs, [orphan.to_string()], "{skipped:?}");
+    assert!(matches!(
+        store.head(&orphan).await,
+        Err(object_store::Error::NotFound { .. })
+    ));
     assert_eq!(seqs(r.history(&o).await?), before);
     // Days behind: by this host nothing is old, so nothing is deleted and nothing asked.
     clock.set(SystemClock.now_ms() - 8 * 1440 * MINUTE_MS);
