@@ -106,8 +106,8 @@ pub use failpoint::{FailPoint, Failpoints};
 pub use hydrate::{Hydrated, RestoreProgress};
 pub use lease::{Hold, Lease, ProcessLease};
 pub use log::entry::{
-    BlobRef, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION, LogEntry,
-    MANIFEST_ENTRY_VERSION, Stored,
+    BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
+    LogEntry, MANIFEST_ENTRY_VERSION, Stored,
 };
 pub use org_id::OrgId;
 pub use replica::Replica;

@@ -235,3 +235,69 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
     assert_eq!(b.claim(&acme, "b", false).await?.round(), 2);
     Ok(())
 }
+
+/// Regression (review): the watch ran only when the org lease was of the log's newest round.
+/// A claim entry lands before its claimer writes the org lease, so a third claimant whose
+/// create collided with it re-read a head newer than the lease (the releaser's) and claimed
+/// at once, fencing the live claimer. Schedule: A releases; C passes its check and pauses
+/// before its create; B's create lands and B pauses before its lease write; C's create
+/// collides, and C must now judge B (the claim entry names B's process), not A's lease.
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_newer_than_the_org_lease_is_judged_by_its_claimer_before_its_lease_exists() -> R {
+    use idem_replica::FailPoint;
+    use idem_replica::fault::PauseAt;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let settings = Settings {
+        lease_ms: LEASE_MS,
+        ..Settings::default()
+    };
+    let acme = OrgId::new("acme")?;
+    let a = open(&store, &clock, None).await?;
+    let mut ac = a.claim(&acme, "a", false).await?;
+    a.release(&mut ac).await?;
+    let (b_pause, c_pause) = (
+        PauseAt::new(FailPoint::ClaimAfterPublish),
+        PauseAt::new(FailPoint::ClaimBeforePublish),
+    );
+    let b = Replica::open_with(
+        store.clone(),
+        "t",
+        settings.clone(),
+        clock.clone(),
+        Some(b_pause.clone()),
+    )
+    .await?;
+    let c = Replica::open_with(
+        store.clone(),
+        "t",
+        settings,
+        clock.clone(),
+        Some(c_pause.clone()),
+    )
+    .await?;
+    let c_held = c_pause.arm().await;
+    let c_claim = tokio::spawn({
+        let (c, acme) = (c.clone(), acme.clone());
+        async move { c.claim(&acme, "c", false).await }
+    });
+    c_held.reached.await?;
+    let b_held = b_pause.arm().await;
+    let b_claim = tokio::spawn({
+        let (b, acme) = (b.clone(), acme.clone());
+        async move { b.claim(&acme, "b", false).await }
+    });
+    b_held.reached.await?;
+    // B's claim entry (round 2) is the head; the org lease is still A's of round 1.
+    assert_eq!(a.lease(&acme).await?.map(|l| l.round), Some(1));
+    let _ = c_held.resume.send(());
+    match c_claim.await? {
+        Err(Error::LeaseHeld { holder, .. }) => assert_eq!(holder, "b"),
+        other => return Err(format!("C fenced a live claimer: {other:?}").into()),
+    }
+    let _ = b_held.resume.send(());
+    let mut bc = b_claim.await??;
+    assert_eq!(bc.round(), 2);
+    b.confirm(&mut bc).await?;
+    Ok(())
+}
