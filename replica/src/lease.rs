@@ -275,7 +275,17 @@ impl Replica {
                         let Some(inner) = weak.upgrade() else {
                             return;
                         };
-                        Replica { inner }.put_process_lease().await;
+                        // Each renewal gets one period: a PUT that hangs must not hold up the
+                        // next (a live holder would lose every org after a watch). The one
+                        // abandoned may still land after a later one; that is harmless, as
+                        // every write carries new bytes (`renewals`) and an observer counts
+                        // any change as life, whatever order the writes land in, and it only
+                        // lands while the process lived to send it.
+                        let replica = Replica { inner };
+                        let renewal = replica.put_process_lease();
+                        if tokio::time::timeout(every, renewal).await.is_err() {
+                            warn!("a process lease renewal took a whole period: abandoned");
+                        }
                     }
                 });
             })

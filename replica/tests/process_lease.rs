@@ -301,3 +301,35 @@ async fn a_claim_newer_than_the_org_lease_is_judged_by_its_claimer_before_its_le
     b.confirm(&mut bc).await?;
     Ok(())
 }
+
+/// Regression (review): the renewal loop awaited each PUT without a deadline, so one PUT that
+/// hung stopped every later renewal and a live holder lost all its orgs a watch later. Each
+/// renewal now gets one period; the next tick writes again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hung_renewal_does_not_stop_the_next_ones() -> R {
+    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let fs = Arc::new(FaultStore::new(raw.clone()));
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let settings = Settings {
+        lease_ms: LEASE_MS,
+        ..Settings::default()
+    };
+    let acme = OrgId::new("acme")?;
+    let a = Replica::open_with(fs.clone(), "t", settings.clone(), clock.clone(), None).await?;
+    let _claim = a.claim(&acme, "a", false).await?;
+    // The first renewal's PUT never returns (its resume end is kept, never sent).
+    let hung = fs.pause_next(Op::Put, "processes/");
+    let b = Replica::open_with(raw.clone(), "t", settings, clock.clone(), None).await?;
+    let mut reached = hung.reached;
+    for _ in 0..20 {
+        let got = b.claim(&acme, "b", false).await;
+        assert!(
+            matches!(got, Err(Error::LeaseHeld { .. })),
+            "a live holder lost its org behind one hung renewal: {got:?}"
+        );
+        live_for(&clock, LEASE_MS / 2).await;
+    }
+    assert!(reached.try_recv().is_ok(), "no renewal PUT was held");
+    drop(hung.resume);
+    Ok(())
+}
