@@ -113,7 +113,10 @@ pub use org_id::OrgId;
 pub use replica::Replica;
 pub use resume::{ResumePoint, Resumed};
 pub use retention::RetentionReport;
-pub use settings::{Clock, MAX_INLINE_DELTA_BYTES, ManualClock, Retention, Settings, SystemClock};
+pub use settings::{
+    Clock, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, ManualClock, Retention,
+    Settings, SystemClock, max_holder_term_ms,
+};
 pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;

@@ -200,9 +200,16 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
         Arc::new(ManualClock::new(1_000_000)),
         Arc::new(ManualClock::new(1_000_000)),
     );
-    let a = open(&store, &a_clock, None).await?;
+    // The holder renews every 3 1/3 s; the claimant's own watch would be 1.1 s.
+    const HOLDER_MS: u64 = 10_000;
+    const HOLDER_WATCH_MS: u64 = HOLDER_MS + HOLDER_MS / 10;
+    let long = Settings {
+        lease_ms: HOLDER_MS,
+        ..Settings::default()
+    };
+    let a = Replica::open_with(store.clone(), "t", long, a_clock.clone(), None).await?;
     let short = Settings {
-        lease_ms: LEASE_MS / 10,
+        lease_ms: idem_replica::MIN_LEASE_MS,
         ..Settings::default()
     };
     let b = Replica::open_with(store.clone(), "t", short, b_clock.clone(), None).await?;
@@ -212,7 +219,7 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
         let got = b.claim(&acme, "b", false).await;
         match got {
             Err(Error::LeaseHeld { retry_after_ms, .. }) => {
-                assert!(retry_after_ms <= WATCH_MS, "{retry_after_ms}")
+                assert!(retry_after_ms <= HOLDER_WATCH_MS, "{retry_after_ms}")
             }
             other => return Err(format!("a live holder's org was taken: {other:?}").into()),
         }
@@ -231,7 +238,7 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
         b.claim(&acme, "b", false).await,
         Err(Error::LeaseHeld { .. })
     ));
-    b_clock.advance(WATCH_MS);
+    b_clock.advance(HOLDER_WATCH_MS);
     assert_eq!(b.claim(&acme, "b", false).await?.round(), 2);
     Ok(())
 }
@@ -331,5 +338,64 @@ async fn a_hung_renewal_does_not_stop_the_next_ones() -> R {
     }
     assert!(reached.try_recv().is_ok(), "no renewal PUT was held");
     drop(hung.resume);
+    Ok(())
+}
+
+/// A lease shorter than a second is refused when the handle opens (renewals every third of it
+/// would not keep up with a store's round trips), with the typed settings error.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lease_shorter_than_a_second_is_refused() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    for lease_ms in [0, 999] {
+        let settings = Settings {
+            lease_ms,
+            ..Settings::default()
+        };
+        let got = Replica::open_with(store.clone(), "t", settings, clock.clone(), None).await;
+        assert!(
+            matches!(&got, Err(Error::InvalidSettings { reason }) if reason.contains("lease_ms")),
+            "{lease_ms}: {:?}",
+            got.map(|_| ())
+        );
+    }
+    let settings = Settings {
+        lease_ms: idem_replica::MIN_LEASE_MS,
+        ..Settings::default()
+    };
+    Replica::open_with(store, "t", settings, clock, None).await?;
+    Ok(())
+}
+
+/// A holder's term is read from a lease any writer to the store can craft: a claimant honours
+/// it only up to ten of its own terms or an hour, so a lease claiming a term of years cannot
+/// block an org forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_crafted_holders_term_is_capped() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let r = open(&store, &clock, None).await?;
+    let acme = OrgId::new("acme")?;
+    let instance = "0123456789abcdef0123456789abcdef";
+    let lease = format!(
+        r#"{{"v":1,"writer":"x","round":1,"expires_at_ms":5,"instance":"{instance}","process":true,"term_ms":{}}}"#,
+        u64::MAX / 2
+    );
+    store
+        .put(
+            &Path::from("t/orgs/acme/lease.json"),
+            PutPayload::from(lease),
+        )
+        .await?;
+    let cap = idem_replica::max_holder_term_ms(LEASE_MS);
+    assert_eq!(cap, idem_replica::MAX_HOLDER_TERM_MS);
+    match r.claim(&acme, "w", false).await {
+        Err(Error::LeaseHeld { retry_after_ms, .. }) => {
+            assert_eq!(retry_after_ms, cap + cap / 10)
+        }
+        other => return Err(format!("{other:?}").into()),
+    }
+    clock.advance(cap + cap / 10);
+    assert_eq!(r.claim(&acme, "w", false).await?.round(), 1);
     Ok(())
 }
