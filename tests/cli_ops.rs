@@ -509,3 +509,23 @@ fn serve_help_shows_the_operator_flags() {
     assert!(help.contains("unauthenticated"), "{help}");
     assert!(help.contains("[default: 127.0.0.1:8080]"), "{help}");
 }
+
+/// `serve --lease-ms` below a second is refused before anything starts, naming the minimum.
+#[test]
+fn serve_refuses_a_lease_shorter_than_a_second() {
+    let out = run(&[
+        "serve",
+        "--store",
+        "/nonexistent",
+        "--data",
+        "/nonexistent",
+        "--lease-ms",
+        "999",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--lease-ms") && err.contains("1000 ms"),
+        "{err}"
+    );
+}

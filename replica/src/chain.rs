@@ -118,7 +118,7 @@ impl<'a> Walk<'a> {
     /// Notes a claim or release among superseded entries the walk skips.
     fn observe(&mut self, e: &LogEntry) {
         match e.body {
-            EntryBody::Claim => (self.owner, self.released) = (e.round(), false),
+            EntryBody::Claim(_) => (self.owner, self.released) = (e.round(), false),
             EntryBody::Release => self.released |= e.round() == self.owner,
             _ => {}
         }
@@ -134,7 +134,7 @@ impl<'a> Walk<'a> {
         let seq = e.seq();
         self.prev = seq;
         let base = match &e.body {
-            EntryBody::Claim => {
+            EntryBody::Claim(_) => {
                 (self.owner, self.released) = (e.round(), false);
                 return Step::Passes;
             }
@@ -371,7 +371,7 @@ mod tests {
     #[test]
     fn the_newest_state_starts_at_the_newest_compaction_and_skips_what_it_supersedes()
     -> Result<(), Error> {
-        let claim = entry(1, 1, EntryBody::Claim);
+        let claim = entry(1, 1, EntryBody::Claim(Default::default()));
         // 2 snapshot, 3 and 4 deltas, (5 gone), 6 a compaction onto 2, 7 a delta onto 6.
         let log = [
             claim,
@@ -402,7 +402,7 @@ mod tests {
         let after_claim = [
             snapshot(2, 1),
             delta(3, 1, 2),
-            entry(4, 2, EntryBody::Claim),
+            entry(4, 2, EntryBody::Claim(Default::default())),
             delta(5, 1, 3),
         ];
         let orphan = [delta(3, 1, 2)];
@@ -417,7 +417,7 @@ mod tests {
     }
 
     fn claim(seq: u64, round: u64) -> LogEntry {
-        entry(seq, round, EntryBody::Claim)
+        entry(seq, round, EntryBody::Claim(Default::default()))
     }
 
     fn release(seq: u64, round: u64) -> LogEntry {

@@ -10,9 +10,11 @@ use crate::checksum::{PageHashes, checksum_hex};
 use crate::layout::new_nonce;
 use crate::lease::Lease;
 use crate::log::Published;
-use crate::log::entry::{EntryBody, EntryHeader};
+use crate::log::entry::{Claimer, EntryBody, EntryHeader};
 use crate::org_id::check_writer;
 use crate::{Error, FailPoint, LogEntry, OrgId, Replica};
+
+mod holder;
 
 /// The newest snapshot or delta a claim published: where the next delta applies, and the
 /// page hashes of the database there.
@@ -208,7 +210,9 @@ impl Replica {
     /// holder's process lease unchanged for `lease_ms` plus a tenth of its own monotonic clock
     /// ([`Replica::lease_hold`], I15): a first attempt starts that watch and answers
     /// [`Error::LeaseHeld`] with the wait; a `Release` entry at the head lets it through at
-    /// once. A lease of the same `writer` id blocks too unless it
+    /// once. The holder is the newest claim's: when the log holds a claim newer than the org
+    /// lease (its claimer has not written the lease yet, or its writes failed), the process
+    /// that claim entry names is watched instead. A lease of the same `writer` id blocks too unless it
     /// is this instance's own (this [`Replica`]): two live processes configured with one
     /// writer id never take orgs from each other. See [`Replica::claim_from`] for a restart.
     ///
@@ -250,28 +254,21 @@ impl Replica {
             let head = top.as_ref().map(LogEntry::seq).unwrap_or(0);
             let max_round = top.as_ref().map(LogEntry::round).unwrap_or(0);
             let now = self.inner.clock.now_ms();
-            if !force && let Some(lease) = self.lease(org).await? {
-                let released = top.as_ref().is_some_and(|e| {
-                    matches!(e.body, EntryBody::Release) && e.round() >= lease.round
-                });
-                let ours = lease.writer == writer
-                    && (lease.instance == self.inner.instance
-                        || home.is_some_and(|(id, locked)| {
-                            locked && lease.home.as_deref() == Some(id)
-                        }));
-                // Judged by what this handle has seen change, never by the timestamps the
-                // holder wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a
-                // live holder's orgs where they are.
-                if !ours && !released && lease.round >= max_round {
-                    let hold = self.lease_hold(org, &lease).await?;
-                    if hold.wait_ms > 0 {
-                        return Err(Error::LeaseHeld {
-                            org: org.to_string(),
-                            holder: lease.writer,
-                            retry_after_ms: hold.wait_ms,
-                            holder_addr: lease.addr,
-                        });
-                    }
+            // Judged by what this handle has seen change, never by the timestamps the holder
+            // wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a live holder's
+            // orgs where they are. The holder is the newest claim's, which the org lease may
+            // not name yet (`claim/holder.rs`).
+            if !force
+                && let Some(lease) = self.blocking_lease(org, top.as_ref(), writer, home).await?
+            {
+                let hold = self.lease_hold(org, &lease).await?;
+                if hold.wait_ms > 0 {
+                    return Err(Error::LeaseHeld {
+                        org: org.to_string(),
+                        holder: lease.writer,
+                        retry_after_ms: hold.wait_ms,
+                        holder_addr: lease.addr,
+                    });
                 }
             }
             self.failpoint(FailPoint::ClaimBeforePublish, org).await?;
@@ -283,7 +280,10 @@ impl Replica {
                     nonce: new_nonce()?,
                     at_ms: now,
                 },
-                body: EntryBody::Claim,
+                body: EntryBody::Claim(Claimer {
+                    instance: self.inner.instance.clone(),
+                    term_ms: self.inner.settings.lease_ms,
+                }),
             };
             match self.publish(org, &entry).await {
                 Ok(Published::Landed) => {}

@@ -210,7 +210,8 @@ impl Replica {
     /// reads the object that proves the holder alive — its process lease, or for a lease of
     /// an older version the org lease itself — and compares it with what this handle saw
     /// before. The holder is taken for dead once that object was seen unchanged (absent
-    /// counts as a state) for the holder's term (`lease.term_ms`, else this handle's
+    /// counts as a state) for the holder's term (`lease.term_ms`, at most
+    /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, else this handle's
     /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
     /// waits a whole watch, and a process lease already watched for another org's sake
     /// answers at once. A lease naming an instance this crate could not have made names no
@@ -233,9 +234,10 @@ impl Replica {
         let asked_ms = clock.monotonic_ms();
         let bytes = self.get_bytes(&path).await?;
         let read_ms = clock.monotonic_ms();
+        let own_ms = self.inner.settings.lease_ms;
         let term_ms = match lease.term_ms {
-            0 => self.inner.settings.lease_ms,
-            holders => holders,
+            0 => own_ms,
+            holders => holders.min(crate::settings::max_holder_term_ms(own_ms)),
         };
         let watch_ms = watch_ms(term_ms);
         let process = match (&bytes, lease.process) {
@@ -275,7 +277,17 @@ impl Replica {
                         let Some(inner) = weak.upgrade() else {
                             return;
                         };
-                        Replica { inner }.put_process_lease().await;
+                        // Each renewal gets one period: a PUT that hangs must not hold up the
+                        // next (a live holder would lose every org after a watch). The one
+                        // abandoned may still land after a later one; that is harmless, as
+                        // every write carries new bytes (`renewals`) and an observer counts
+                        // any change as life, whatever order the writes land in, and it only
+                        // lands while the process lived to send it.
+                        let replica = Replica { inner };
+                        let renewal = replica.put_process_lease();
+                        if tokio::time::timeout(every, renewal).await.is_err() {
+                            warn!("a process lease renewal took a whole period: abandoned");
+                        }
                     }
                 });
             })

@@ -109,14 +109,17 @@ pub use failpoint::{FailPoint, Failpoints};
 pub use hydrate::{Hydrated, RestoreProgress};
 pub use lease::{Hold, Lease, ProcessLease};
 pub use log::entry::{
-    BlobRef, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION, LogEntry,
-    MANIFEST_ENTRY_VERSION, Stored,
+    BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
+    LogEntry, MANIFEST_ENTRY_VERSION, Stored,
 };
 pub use org_id::OrgId;
 pub use replica::Replica;
 pub use resume::{ResumePoint, Resumed};
 pub use retention::RetentionReport;
-pub use settings::{Clock, MAX_INLINE_DELTA_BYTES, ManualClock, Retention, Settings, SystemClock};
+pub use settings::{
+    Clock, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, ManualClock, Retention,
+    Settings, SystemClock, max_holder_term_ms,
+};
 pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use snapshot::Snapshot;

@@ -6,6 +6,25 @@ use serde::{Deserialize, Serialize};
 /// third) stays small enough to read whole whenever the log is read.
 pub const MAX_INLINE_DELTA_BYTES: usize = 1024 * 1024;
 
+/// Shortest allowed [`Settings::lease_ms`]: 1 s. Renewals go out every third of a term, so a
+/// shorter one is a few hundred ms per PUT round trip, which a store under load does not
+/// keep, and a holder would lose its orgs while alive.
+pub const MIN_LEASE_MS: u64 = 1_000;
+
+/// Longest holder's term a claimant honours unless its own is longer: an hour
+/// ([`max_holder_term_ms`]).
+pub const MAX_HOLDER_TERM_MS: u64 = 60 * 60 * 1_000;
+
+/// The longest term, in ms, a claimant whose own lease is `own_lease_ms` takes from a lease
+/// (the `term_ms` its holder wrote) before it watches: ten of its own terms or an hour,
+/// whichever is longer. The term comes from an object any writer to the store can craft, so
+/// without a bound one lease could block an org forever; a genuine holder configured longer
+/// than the bound (a tenfold mismatch of settings past an hour) is taken for dead after the
+/// bound of silence, which fencing keeps safe (I7).
+pub fn max_holder_term_ms(own_lease_ms: u64) -> u64 {
+    own_lease_ms.saturating_mul(10).max(MAX_HOLDER_TERM_MS)
+}
+
 /// Tunables of a [`crate::Replica`]. Plain data: `Default`, serde.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -14,7 +33,7 @@ pub struct Settings {
     /// `lease_ms / 3` (360 PUTs an hour at the default 30 000, whatever the number of orgs),
     /// and a claimant takes this process's orgs only once it has seen that lease unchanged
     /// for this `lease_ms` (written into the lease) plus a tenth on its own monotonic clock
-    /// (I15).
+    /// (I15). At least [`MIN_LEASE_MS`].
     pub lease_ms: u64,
     /// How many times `claim` re-reads the log and retries after losing a race.
     pub claim_retries: u32,
@@ -75,6 +94,12 @@ impl Default for Settings {
 impl Settings {
     pub(crate) fn check(&self) -> Result<(), crate::Error> {
         let bad = |reason: String| Err(crate::Error::InvalidSettings { reason });
+        if self.lease_ms < MIN_LEASE_MS {
+            return bad(format!(
+                "lease_ms {} is below {MIN_LEASE_MS} ms",
+                self.lease_ms
+            ));
+        }
         if !(1..=22).contains(&self.zstd_level) {
             return bad(format!("zstd_level {} is outside 1..=22", self.zstd_level));
         }

@@ -200,9 +200,16 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
         Arc::new(ManualClock::new(1_000_000)),
         Arc::new(ManualClock::new(1_000_000)),
     );
-    let a = open(&store, &a_clock, None).await?;
+    // The holder renews every 3 1/3 s; the claimant's own watch would be 1.1 s.
+    const HOLDER_MS: u64 = 10_000;
+    const HOLDER_WATCH_MS: u64 = HOLDER_MS + HOLDER_MS / 10;
+    let long = Settings {
+        lease_ms: HOLDER_MS,
+        ..Settings::default()
+    };
+    let a = Replica::open_with(store.clone(), "t", long, a_clock.clone(), None).await?;
     let short = Settings {
-        lease_ms: LEASE_MS / 10,
+        lease_ms: idem_replica::MIN_LEASE_MS,
         ..Settings::default()
     };
     let b = Replica::open_with(store.clone(), "t", short, b_clock.clone(), None).await?;
@@ -212,7 +219,7 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
         let got = b.claim(&acme, "b", false).await;
         match got {
             Err(Error::LeaseHeld { retry_after_ms, .. }) => {
-                assert!(retry_after_ms <= WATCH_MS, "{retry_after_ms}")
+                assert!(retry_after_ms <= HOLDER_WATCH_MS, "{retry_after_ms}")
             }
             other => return Err(format!("a live holder's org was taken: {other:?}").into()),
         }
@@ -231,7 +238,164 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
         b.claim(&acme, "b", false).await,
         Err(Error::LeaseHeld { .. })
     ));
-    b_clock.advance(WATCH_MS);
+    b_clock.advance(HOLDER_WATCH_MS);
     assert_eq!(b.claim(&acme, "b", false).await?.round(), 2);
+    Ok(())
+}
+
+/// Regression (review): the watch ran only when the org lease was of the log's newest round.
+/// A claim entry lands before its claimer writes the org lease, so a third claimant whose
+/// create collided with it re-read a head newer than the lease (the releaser's) and claimed
+/// at once, fencing the live claimer. Schedule: A releases; C passes its check and pauses
+/// before its create; B's create lands and B pauses before its lease write; C's create
+/// collides, and C must now judge B (the claim entry names B's process), not A's lease.
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_newer_than_the_org_lease_is_judged_by_its_claimer_before_its_lease_exists() -> R {
+    use idem_replica::FailPoint;
+    use idem_replica::fault::PauseAt;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let settings = Settings {
+        lease_ms: LEASE_MS,
+        ..Settings::default()
+    };
+    let acme = OrgId::new("acme")?;
+    let a = open(&store, &clock, None).await?;
+    let mut ac = a.claim(&acme, "a", false).await?;
+    a.release(&mut ac).await?;
+    let (b_pause, c_pause) = (
+        PauseAt::new(FailPoint::ClaimAfterPublish),
+        PauseAt::new(FailPoint::ClaimBeforePublish),
+    );
+    let b = Replica::open_with(
+        store.clone(),
+        "t",
+        settings.clone(),
+        clock.clone(),
+        Some(b_pause.clone()),
+    )
+    .await?;
+    let c = Replica::open_with(
+        store.clone(),
+        "t",
+        settings,
+        clock.clone(),
+        Some(c_pause.clone()),
+    )
+    .await?;
+    let c_held = c_pause.arm().await;
+    let c_claim = tokio::spawn({
+        let (c, acme) = (c.clone(), acme.clone());
+        async move { c.claim(&acme, "c", false).await }
+    });
+    c_held.reached.await?;
+    let b_held = b_pause.arm().await;
+    let b_claim = tokio::spawn({
+        let (b, acme) = (b.clone(), acme.clone());
+        async move { b.claim(&acme, "b", false).await }
+    });
+    b_held.reached.await?;
+    // B's claim entry (round 2) is the head; the org lease is still A's of round 1.
+    assert_eq!(a.lease(&acme).await?.map(|l| l.round), Some(1));
+    let _ = c_held.resume.send(());
+    match c_claim.await? {
+        Err(Error::LeaseHeld { holder, .. }) => assert_eq!(holder, "b"),
+        other => return Err(format!("C fenced a live claimer: {other:?}").into()),
+    }
+    let _ = b_held.resume.send(());
+    let mut bc = b_claim.await??;
+    assert_eq!(bc.round(), 2);
+    b.confirm(&mut bc).await?;
+    Ok(())
+}
+
+/// Regression (review): the renewal loop awaited each PUT without a deadline, so one PUT that
+/// hung stopped every later renewal and a live holder lost all its orgs a watch later. Each
+/// renewal now gets one period; the next tick writes again.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_hung_renewal_does_not_stop_the_next_ones() -> R {
+    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let fs = Arc::new(FaultStore::new(raw.clone()));
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let settings = Settings {
+        lease_ms: LEASE_MS,
+        ..Settings::default()
+    };
+    let acme = OrgId::new("acme")?;
+    let a = Replica::open_with(fs.clone(), "t", settings.clone(), clock.clone(), None).await?;
+    let _claim = a.claim(&acme, "a", false).await?;
+    // The first renewal's PUT never returns (its resume end is kept, never sent).
+    let hung = fs.pause_next(Op::Put, "processes/");
+    let b = Replica::open_with(raw.clone(), "t", settings, clock.clone(), None).await?;
+    let mut reached = hung.reached;
+    for _ in 0..20 {
+        let got = b.claim(&acme, "b", false).await;
+        assert!(
+            matches!(got, Err(Error::LeaseHeld { .. })),
+            "a live holder lost its org behind one hung renewal: {got:?}"
+        );
+        live_for(&clock, LEASE_MS / 2).await;
+    }
+    assert!(reached.try_recv().is_ok(), "no renewal PUT was held");
+    drop(hung.resume);
+    Ok(())
+}
+
+/// A lease shorter than a second is refused when the handle opens (renewals every third of it
+/// would not keep up with a store's round trips), with the typed settings error.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lease_shorter_than_a_second_is_refused() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    for lease_ms in [0, 999] {
+        let settings = Settings {
+            lease_ms,
+            ..Settings::default()
+        };
+        let got = Replica::open_with(store.clone(), "t", settings, clock.clone(), None).await;
+        assert!(
+            matches!(&got, Err(Error::InvalidSettings { reason }) if reason.contains("lease_ms")),
+            "{lease_ms}: {:?}",
+            got.map(|_| ())
+        );
+    }
+    let settings = Settings {
+        lease_ms: idem_replica::MIN_LEASE_MS,
+        ..Settings::default()
+    };
+    Replica::open_with(store, "t", settings, clock, None).await?;
+    Ok(())
+}
+
+/// A holder's term is read from a lease any writer to the store can craft: a claimant honours
+/// it only up to ten of its own terms or an hour, so a lease claiming a term of years cannot
+/// block an org forever.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_crafted_holders_term_is_capped() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let r = open(&store, &clock, None).await?;
+    let acme = OrgId::new("acme")?;
+    let instance = "0123456789abcdef0123456789abcdef";
+    let lease = format!(
+        r#"{{"v":1,"writer":"x","round":1,"expires_at_ms":5,"instance":"{instance}","process":true,"term_ms":{}}}"#,
+        u64::MAX / 2
+    );
+    store
+        .put(
+            &Path::from("t/orgs/acme/lease.json"),
+            PutPayload::from(lease),
+        )
+        .await?;
+    let cap = idem_replica::max_holder_term_ms(LEASE_MS);
+    assert_eq!(cap, idem_replica::MAX_HOLDER_TERM_MS);
+    match r.claim(&acme, "w", false).await {
+        Err(Error::LeaseHeld { retry_after_ms, .. }) => {
+            assert_eq!(retry_after_ms, cap + cap / 10)
+        }
+        other => return Err(format!("{other:?}").into()),
+    }
+    clock.advance(cap + cap / 10);
+    assert_eq!(r.claim(&acme, "w", false).await?.round(), 1);
     Ok(())
 }

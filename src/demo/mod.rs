@@ -41,7 +41,7 @@ pub struct DemoArgs {
     accounts: usize,
     /// Advisory lease of each replica in ms: a successor claims a SIGKILLed replica's orgs
     /// once it has seen its lease unrenewed this long plus a tenth.
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 2_000, value_parser = crate::serve::lease_ms_arg)]
     lease_ms: u64,
     /// Workload seed.
     #[arg(long, default_value_t = 7)]

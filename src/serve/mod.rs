@@ -80,8 +80,8 @@ pub struct ServeArgs {
     max_clock_skew: Duration,
     /// Advisory lease length in ms: another replica claims the orgs of a writer that died
     /// without releasing them once it has seen its lease unrenewed this long plus a tenth, on
-    /// its own monotonic clock (SIGTERM releases at once).
-    #[arg(long, default_value_t = 30_000)]
+    /// its own monotonic clock (SIGTERM releases at once). At least 1000.
+    #[arg(long, default_value_t = 30_000, value_parser = lease_ms_arg)]
     lease_ms: u64,
     /// Where clients reach this server (e.g. http://10.0.0.7:8080), written into the leases
     /// it holds: another replica refused by one of its orgs answers 503 naming it as
@@ -108,6 +108,24 @@ pub struct ServeArgs {
 }
 
 /// The writer id: `--writer`, else `idem-serve-<id of the data directory>`.
+/// `--lease-ms`: a number of ms of at least [`replica::MIN_LEASE_MS`]; anything shorter is
+/// refused before the store is touched (renewals every third of it would not keep up).
+///
+/// # Errors
+/// Not a number, or below the minimum: the message clap prints.
+pub(crate) fn lease_ms_arg(s: &str) -> Result<u64, String> {
+    let ms: u64 = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of ms: {e}"))?;
+    if ms < replica::MIN_LEASE_MS {
+        return Err(format!(
+            "{ms} ms is shorter than the minimum lease, {} ms",
+            replica::MIN_LEASE_MS
+        ));
+    }
+    Ok(ms)
+}
+
 fn writer_id(a: &ServeArgs) -> Result<String, String> {
     if let Some(w) = &a.writer {
         return Ok(w.clone());

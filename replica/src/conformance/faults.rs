@@ -62,7 +62,7 @@ pub(super) async fn faults_at_every_put_site(store: Arc<dyn ObjectStore>) -> Cas
     let fs = Arc::new(FaultStore::new(store));
     let clock = Arc::new(ManualClock::new(1_000_000));
     let settings = Settings {
-        lease_ms: 10,
+        lease_ms: 1_000,
         ..Settings::default()
     };
     for site in ["/snap/", "/log/", "lease.json"] {
@@ -78,7 +78,7 @@ pub(super) async fn faults_at_every_put_site(store: Arc<dyn ObjectStore>) -> Cas
             let o = org("acme");
             let mut a = r.claim(&o, "a", false).await?;
             r.ship(&mut a, test_snapshot(1)?).await?;
-            clock.advance(100); // lease renewal due: the ship also puts lease.json
+            clock.advance(1_000); // lease renewal due: the ship also puts lease.json
             fs.inject(Op::Put, site, 1, fault);
             let res = r.ship(&mut a, test_snapshot(2)?).await;
             fs.clear();

@@ -11,14 +11,20 @@
 //! One entry per liveness object (a process lease; an org lease only for holders of older
 //! versions), never per org, and bounded: an entry not consulted for [`FORGET_AFTER_WATCHES`]
 //! watches is forgotten, and at most [`MAX_WATCHED`] are kept (the least recently consulted
-//! goes first). Forgetting is always safe: it only makes the next claimant watch again.
+//! goes first). Forgetting is always safe: it only makes the next claimant watch again. Each
+//! entry forgets by its own watch (its holder's term), not by the watch of whoever looks
+//! next: a short-term holder's lookups must not evict a long-term dead holder's observation.
+//! An entry keeps a sha256 and length of the bytes read, not the bytes, so its size does not
+//! depend on what a lease object holds.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use bytes::Bytes;
+use sha2::{Digest, Sha256};
 
-/// Most liveness objects one handle keeps observations of: about 200 bytes each.
+/// Most liveness objects one handle keeps observations of: about 150 bytes each (path,
+/// digest, three numbers).
 pub(crate) const MAX_WATCHED: usize = 1024;
 
 /// An observation not consulted for this many watches is forgotten: a claimant that retries
@@ -26,15 +32,27 @@ pub(crate) const MAX_WATCHED: usize = 1024;
 /// that comes back later watches again.
 pub(crate) const FORGET_AFTER_WATCHES: u64 = 10;
 
+/// What a read returned, for comparing with the next read: sha256 and length of the bytes,
+/// `None` when the object did not exist. A renewal that collided in sha256 with the one
+/// before would only make a live holder look silent, which fencing keeps safe (I7).
+type Content = Option<([u8; 32], usize)>;
+
+fn content(bytes: Option<&Bytes>) -> Content {
+    bytes.map(|b| (Sha256::digest(b).into(), b.len()))
+}
+
 /// One liveness object as this process last read it.
 #[derive(Debug)]
 struct Seen {
-    /// Its bytes (`None`: it did not exist).
-    bytes: Option<Bytes>,
-    /// Monotonic ms when a read first returned these bytes.
+    /// What it held.
+    content: Content,
+    /// Monotonic ms when a read first returned this content.
     since_ms: u64,
     /// Monotonic ms of the newest read, for forgetting.
     checked_ms: u64,
+    /// Ms after `checked_ms` at which it is forgotten: [`FORGET_AFTER_WATCHES`] of the watch
+    /// its newest reader judged it by (its holder's).
+    forget_ms: u64,
 }
 
 /// Observations of liveness objects by path: see the module docs.
@@ -46,7 +64,8 @@ pub(crate) struct Watch {
 impl Watch {
     /// Records a read of `object` sent at `asked_ms` that returned `bytes` at `read_ms`
     /// (monotonic ms of this process) and answers for how long, in ms, the object has been
-    /// seen unchanged: 0 at a first read or a change. `watch_ms` sizes forgetting.
+    /// seen unchanged: 0 at a first read or a change. `watch_ms`, the watch this object is
+    /// judged by, sizes when this entry is forgotten.
     pub(crate) fn saw(
         &self,
         object: &str,
@@ -61,14 +80,16 @@ impl Watch {
             .seen
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let content = content(bytes.as_ref());
+        let forget_ms = watch_ms.saturating_mul(FORGET_AFTER_WATCHES);
         if let Some(s) = seen.get_mut(object)
-            && s.bytes == bytes
+            && s.content == content
         {
             s.checked_ms = s.checked_ms.max(read_ms);
+            s.forget_ms = forget_ms;
             return asked_ms.saturating_sub(s.since_ms);
         }
-        let stale = watch_ms.saturating_mul(FORGET_AFTER_WATCHES);
-        seen.retain(|_, s| read_ms.saturating_sub(s.checked_ms) <= stale);
+        seen.retain(|_, s| read_ms.saturating_sub(s.checked_ms) <= s.forget_ms);
         if seen.len() >= MAX_WATCHED && !seen.contains_key(object) {
             let oldest = seen
                 .iter()
@@ -81,9 +102,10 @@ impl Watch {
         seen.insert(
             object.to_owned(),
             Seen {
-                bytes,
+                content,
                 since_ms: read_ms,
                 checked_ms: read_ms,
+                forget_ms,
             },
         );
         0
@@ -120,6 +142,24 @@ mod tests {
         // An object that vanished is a change too, and absence is watched like content.
         assert_eq!(w.saw("p", None, 2_100, 2_120, 1_000), 0);
         assert_eq!(w.saw("p", None, 3_200, 3_210, 1_000), 1_080);
+    }
+
+    /// Regression (review): forgetting used the watch of whoever looked last for every
+    /// entry, so lookups of short-term holders evicted a long-term dead holder's observation
+    /// before its own watch ended, and its orgs never moved.
+    #[test]
+    fn each_observation_is_forgotten_by_its_own_watch_not_the_callers() {
+        let w = Watch::default();
+        // A long-term holder (watch 100 s) seen at 0; short-term ones (watch 1 s) looked up
+        // every second for 60 s, far past ten of their watches.
+        assert_eq!(w.saw("long", b("l"), 0, 0, 100_000), 0);
+        for t in 1..=60u64 {
+            w.saw(&format!("short{t}"), b("s"), t * 1_000, t * 1_000, 1_000);
+        }
+        // The long holder's watch still runs from its first sighting.
+        assert_eq!(w.saw("long", b("l"), 100_000, 100_000, 100_000), 100_000);
+        // And the short ones, unconsulted for ten of their own watches, went.
+        assert!(w.len() < 20, "{}", w.len());
     }
 
     #[test]

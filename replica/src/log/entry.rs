@@ -61,8 +61,9 @@ pub struct EntryHeader {
 #[serde(tag = "kind", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EntryBody {
-    /// A writer claimed the header's round; fences every lower round (I7).
-    Claim,
+    /// A writer claimed the header's round; fences every lower round (I7). Names the
+    /// claimer's process so a claimant can judge it alive before the org lease says so.
+    Claim(Claimer),
     /// A full snapshot published under the header's round.
     Snapshot(Stored),
     /// Pages changed since the entry at `base` (a snapshot or delta of the same round),
@@ -72,6 +73,28 @@ pub enum EntryBody {
     /// The writer of the header's round handed the org over; the next claim need not wait
     /// for its lease.
     Release,
+}
+
+/// Who made a claim entry: the process whose liveness holds the claimed round, from the
+/// moment the entry lands, before the org lease is written (or if its write fails). A
+/// claimant that finds this claim newer than the org lease watches this process lease
+/// ([`crate::Replica::claim`], I15). Both fields are omitted when unset, so a claim without
+/// them is byte for byte an entry of an older version, and older readers ignore them (serde
+/// skips unknown keys of a claim).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claimer {
+    /// The claimer's process instance (`processes/<instance>.json`); empty in claims of older
+    /// versions.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance: String,
+    /// The claimer's lease term in ms ([`crate::Settings::lease_ms`]); 0 in claims of older
+    /// versions.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What a snapshot or delta entry stores: its blob, and the commit counter of the database
@@ -186,7 +209,7 @@ impl LogEntry {
             EntryBody::Snapshot(stored) | EntryBody::Delta(DeltaLink { stored, .. }) => {
                 Some(stored)
             }
-            EntryBody::Claim | EntryBody::Release => None,
+            EntryBody::Claim(_) | EntryBody::Release => None,
         }
     }
 
@@ -234,7 +257,7 @@ impl LogEntry {
 
     /// True for a claim entry.
     pub fn is_claim(&self) -> bool {
-        matches!(self.body, EntryBody::Claim)
+        matches!(self.body, EntryBody::Claim(_))
     }
 
     /// True for a full snapshot entry.
@@ -250,7 +273,7 @@ impl LogEntry {
     /// Kind name as stored (`claim`, `snapshot`, `delta`, `release`).
     pub fn kind_name(&self) -> &'static str {
         match self.body {
-            EntryBody::Claim => "claim",
+            EntryBody::Claim(_) => "claim",
             EntryBody::Snapshot(_) => "snapshot",
             EntryBody::Delta(_) => "delta",
             EntryBody::Release => "release",
@@ -370,4 +393,29 @@ pub(crate) fn valid_blob_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_digit() || b == b'-' || b == b'.' || b.is_ascii_lowercase())
         && !name.contains("..")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_names_its_claimer_and_one_without_reads_and_writes_back_byte_for_byte()
+    -> Result<(), Error> {
+        let old = br#"{"at_ms":1,"kind":"claim","nonce":"n","round":1,"seq":1,"v":1,"writer":"w"}"#;
+        let entry = LogEntry::decode("x", old, Some(1))?;
+        assert_eq!(entry.body, EntryBody::Claim(Claimer::default()));
+        assert_eq!(entry.encode()?, old.to_vec());
+        let new = br#"{"at_ms":1,"instance":"0123456789abcdef0123456789abcdef","kind":"claim","nonce":"n","round":1,"seq":1,"term_ms":3000,"v":1,"writer":"w"}"#;
+        let entry = LogEntry::decode("x", new, Some(1))?;
+        assert_eq!(
+            entry.body,
+            EntryBody::Claim(Claimer {
+                instance: "0123456789abcdef0123456789abcdef".into(),
+                term_ms: 3_000,
+            })
+        );
+        assert_eq!(entry.encode()?, new.to_vec());
+        Ok(())
+    }
 }
