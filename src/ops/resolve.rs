@@ -264,7 +264,8 @@ fn print_resolved(org: &idem_org::replica::OrgId, row: &Effect, by: &str, json_o
     } else {
         outln!(
             "resolved effect {} in org {org} as {} by {by}",
-            row.key, row.state
+            row.key,
+            row.state
         );
     }
 }

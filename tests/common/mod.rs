@@ -218,7 +218,10 @@ pub fn restore(org: &str, store: &str, to: &Path) -> TestResult {
 /// libfaketime's thread-safe build (the server is multi-threaded), from Debian's `faketime`
 /// package; an error saying how to install it when it is missing.
 pub fn libfaketime() -> TestResult<PathBuf> {
-    let multiarch = std::fs::read_dir("/usr/lib").into_iter().flatten().flatten();
+    let multiarch = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten();
     multiarch
         .map(|e| e.path())
         .chain([PathBuf::from("/usr/lib"), PathBuf::from("/usr/local/lib")])
