@@ -6,6 +6,8 @@ mod common;
 use std::path::Path;
 
 use common::{TestResult, assert_clean_failure, run, seeded_effects_store};
+use idem_org::idem::effect;
+use idem_org::replica::{OrgId, Replica, Settings};
 
 fn effects_json(store: &str, state: &str) -> TestResult<Vec<serde_json::Value>> {
     let out = run(&[
