@@ -69,59 +69,53 @@
 //! unknown format, a host clock the store contradicts: [`Error::ClockSkew`]).
 #![forbid(unsafe_code)]
 
-mod blob;
 mod chain;
-mod checksum;
-mod claim;
-#[cfg(feature = "test-util")]
-pub mod conformance;
 mod counted;
-mod delta;
 mod error;
 mod failpoint;
-#[cfg(feature = "test-util")]
-pub mod fault;
-mod hydrate;
-mod image;
-mod layout;
-mod lease;
-mod log;
+mod fence;
+mod format;
+pub mod live;
 pub mod metrics;
 mod org_id;
+mod publish;
+mod rebuild;
 mod replica;
-mod resume;
 mod retention;
-pub mod segment;
 mod settings;
-mod ship;
-mod shipper;
-mod snapshot;
-pub mod sqlite;
 mod store_clock;
+#[cfg(feature = "test-util")]
+mod testing;
 mod verify;
 
-pub use blob::{BLOB_MAGIC, BLOB_VERSION};
-pub use claim::Claim;
+#[cfg(feature = "test-util")]
+pub use testing::{conformance, fault};
+
+pub use format::segment;
+pub use live as sqlite;
+
 pub use counted::{CountedStore, StoreRequests};
-pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
-pub use hydrate::{Hydrated, RestoreProgress};
-pub use lease::{Hold, Lease, ProcessLease};
-pub use log::entry::{
+pub use fence::claim::Claim;
+pub use fence::lease::{Hold, Lease, ProcessLease};
+pub use format::blob::{BLOB_MAGIC, BLOB_VERSION};
+pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
     LogEntry, MANIFEST_ENTRY_VERSION, Stored,
 };
+pub use live::shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use org_id::OrgId;
+pub use publish::delta::Delta;
+pub use publish::ship::Shipped;
+pub use publish::snapshot::Snapshot;
+pub use rebuild::hydrate::{Hydrated, RestoreProgress};
+pub use rebuild::resume::{ResumePoint, Resumed};
 pub use replica::Replica;
-pub use resume::{ResumePoint, Resumed};
 pub use retention::RetentionReport;
 pub use settings::{
     Clock, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, ManualClock, Retention,
     Settings, SystemClock, max_holder_term_ms,
 };
-pub use ship::Shipped;
-pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
-pub use snapshot::Snapshot;
 pub use store_clock::{REMEASURE_AFTER, StoreTime};
 pub use verify::VerifyReport;

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
-use crate::layout::{Layout, new_nonce};
+use crate::format::layout::{Layout, new_nonce};
 use crate::{Clock, Error, FailPoint, Failpoints, OrgId, Settings, SystemClock};
 
 /// Handle on a fenced snapshot store; cheap to clone.
@@ -36,11 +36,11 @@ pub(crate) struct Inner {
     /// Writes of this process's lease so far: each renewal carries the next count.
     pub(crate) renewals: std::sync::atomic::AtomicU64,
     /// Other writers' liveness objects as this handle saw them (I15, bounded).
-    pub(crate) watch: crate::lease::Watch,
+    pub(crate) watch: crate::fence::lease::Watch,
     /// Entries published or read by retention, so retention reads only new ones.
-    pub(crate) known: crate::log::known::Known,
+    pub(crate) known: crate::fence::log::known::Known,
     /// Segment names of manifests retention read, so it reads each one once.
-    pub(crate) segment_refs: crate::segment::refs::SegmentRefs,
+    pub(crate) segment_refs: crate::retention::refs::SegmentRefs,
     /// The last measurement of the store's clock (`store_clock.rs`).
     pub(crate) store_clock: crate::store_clock::StoreClock,
 }
@@ -140,7 +140,7 @@ impl Replica {
         }
         Ok(Replica {
             inner: Arc::new(Inner {
-                known: crate::log::known::Known::new(settings.known_entries),
+                known: crate::fence::log::known::Known::new(settings.known_entries),
                 segment_refs: Default::default(),
                 store_clock: Default::default(),
                 store,
@@ -173,7 +173,7 @@ impl Replica {
         let counted = crate::CountedStore::new(store);
         Ok(Replica {
             inner: Arc::new(Inner {
-                known: crate::log::known::Known::new(settings.known_entries),
+                known: crate::fence::log::known::Known::new(settings.known_entries),
                 segment_refs: Default::default(),
                 store_clock: Default::default(),
                 requests: counted.counts(),

@@ -28,7 +28,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::layout::new_nonce;
+use crate::format::layout::new_nonce;
 use crate::metrics::{CLOCK_REFUSALS, CLOCK_SKEW_SECONDS};
 use crate::{Error, Replica};
 

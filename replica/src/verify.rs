@@ -4,11 +4,11 @@
 use tracing::debug;
 
 use crate::chain::{self, Chain, Start, broken};
-use crate::checksum::PageHashes;
-use crate::image::FileImage;
-use crate::layout::new_nonce;
+use crate::format::checksum::PageHashes;
+use crate::format::layout::new_nonce;
+use crate::rebuild::check::integrity_check_file;
+use crate::rebuild::image::FileImage;
 use crate::replica::blocking;
-use crate::sqlite::check::integrity_check_file;
 use crate::{Error, LogEntry, OrgId, Replica};
 
 /// Result of [`crate::Replica::verify`].

@@ -1,0 +1,488 @@
+//! A writer's claim on an org: claiming a round (I7), releasing it, and confirming that no
+//! successor appended since (I6, I11). A [`Claim`] is the only handle that publishes under
+//! its round; it cannot be copied, and only this crate changes it.
+
+use std::sync::Arc;
+
+use tracing::{debug, info, warn};
+
+use crate::fence::lease::Lease;
+use crate::fence::log::Published;
+use crate::format::checksum::{PageHashes, checksum_hex};
+use crate::format::entry::{Claimer, EntryBody, EntryHeader};
+use crate::format::layout::new_nonce;
+use crate::org_id::check_writer;
+use crate::{Error, FailPoint, LogEntry, OrgId, Replica};
+
+mod holder;
+
+/// The newest snapshot or delta a claim published: where the next delta applies, and the
+/// page hashes of the database there.
+#[derive(Clone)]
+pub(crate) struct Tip {
+    pub(crate) seq: u64,
+    pub(crate) hashes: Arc<PageHashes>,
+}
+
+impl std::fmt::Debug for Tip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tip")
+            .field("seq", &self.seq)
+            .field("checksum", &checksum_hex(self.hashes.sum()))
+            .finish()
+    }
+}
+
+/// The chain a claim continues: what a hydrate (or a reused local file) proved about the
+/// newest published position below the claim, which a [`crate::Shipper`] seeds its budget
+/// from, so the bounds on what a hydrate reads hold across rounds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Inherited {
+    /// The commit counter the position holds.
+    pub(crate) commit: u64,
+    /// Compressed bytes of the chain's snapshot.
+    pub(crate) snapshot_bytes: u64,
+    /// Database pages in the chain's snapshot.
+    pub(crate) snapshot_pages: u64,
+    /// When the chain's snapshot was published, ms since the Unix epoch.
+    pub(crate) snapshot_at_ms: u64,
+    /// Compressed bytes of the deltas a hydrate of the position reads.
+    pub(crate) delta_bytes: u64,
+    /// How many deltas that is.
+    pub(crate) deltas: u64,
+}
+
+/// A writer's claim on an org for one round: ship, confirm and release with it; any later
+/// claim fences it (I7).
+///
+/// Not `Clone`, and its fields are private: the round it publishes under and the log
+/// position it publishes at change only through [`Replica`]'s calls, and no copy can go on
+/// publishing (or fence its original) after the claim was fenced, released or poisoned.
+///
+/// ```compile_fail
+/// fn copy(claim: &idem_replica::Claim) -> idem_replica::Claim {
+///     claim.clone()
+/// }
+/// ```
+///
+/// ```compile_fail
+/// fn rewrite(claim: &mut idem_replica::Claim) {
+///     claim.round += 1;
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Claim {
+    org: OrgId,
+    round: u64,
+    writer: String,
+    nonce: String,
+    seq: u64,
+    /// The log position the next ship or release publishes at.
+    pub(crate) next_seq: u64,
+    /// Why the claim can no longer publish, once it cannot.
+    pub(crate) unusable: Option<&'static str>,
+    /// True after a publish the store refused: a put of it may still land, so the next
+    /// landed create is checked for a successor above it.
+    pub(crate) in_doubt: bool,
+    /// The newest snapshot or delta published under this claim.
+    pub(crate) tip: Option<Tip>,
+    /// The snapshot the chain started from (compacted deltas apply to it); `None` for a
+    /// chain continued from an earlier round until this claim ships a snapshot of its own.
+    pub(crate) snapshot_tip: Option<Tip>,
+    /// The chain continued from before the claim, set with `tip` by a hydrate or a reused
+    /// local file, until the claim publishes.
+    pub(crate) inherited: Option<Inherited>,
+    /// The manifest of the newest snapshot in the log as this claim knows it (its own last
+    /// snapshot, or the one its hydrate installed): the only segments a snapshot of this
+    /// claim may name without uploading them (`docs/design.md`, "Segments and retention").
+    /// Cleared whenever a snapshot's publish fails.
+    pub(crate) reuse: Option<Arc<crate::format::segment::Manifest>>,
+    /// True once a snapshot of this claim failed: its next snapshot names no segment it does
+    /// not upload (a refused publish may still land, section 2a of the design).
+    pub(crate) reuse_lost: bool,
+}
+
+impl Claim {
+    /// The org claimed.
+    pub fn org(&self) -> &OrgId {
+        &self.org
+    }
+
+    /// The round claimed: greater than the round of every claim that can still publish (I7).
+    /// A claim abandoned in a slot retention freed (it never publishes) may share it.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// The writer id that claimed it.
+    pub fn writer(&self) -> &str {
+        &self.writer
+    }
+
+    /// The nonce of the claim entry: unique per claim, so local files named by round and
+    /// nonce are never shared by two claims (I8).
+    pub fn nonce(&self) -> &str {
+        &self.nonce
+    }
+
+    /// Log position of the claim entry.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The log position the next ship or release will publish at.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Log position of the chain's newest entry, which the next
+    /// [`crate::Replica::ship_delta`] applies to: the newest snapshot or delta this claim
+    /// published or, before it published anything, the position its
+    /// [hydrate](crate::Replica::hydrate) installed (the previous round's tip, which the
+    /// claim continues). `None` when there is none: the next ship must be a full snapshot.
+    pub fn chain_tip(&self) -> Option<u64> {
+        self.tip.as_ref().map(|t| t.seq)
+    }
+
+    /// Leaves the claim holding `tip`, the verified position it installed before publishing
+    /// anything, and what the chain up to it weighs. A claim that already published, or holds
+    /// a tip, keeps its own.
+    pub(crate) fn inherit(
+        &mut self,
+        tip: Tip,
+        inherited: Inherited,
+        reuse: Option<Arc<crate::format::segment::Manifest>>,
+    ) {
+        if self.tip.is_none() && self.next_seq == self.seq + 1 && tip.seq < self.seq {
+            self.tip = Some(tip);
+            self.inherited = Some(inherited);
+            self.reuse = reuse;
+        }
+    }
+
+    /// The chain tip the next delta applies to, if the claim may append one at `next_seq`:
+    /// its own last entry right before it, or, for its first entry, the position it
+    /// inherited. A claim whose last publish landed but whose tip was not recorded (the
+    /// successor check failed) has none: it ships a full snapshot.
+    pub(crate) fn delta_tip(&self) -> Option<&Tip> {
+        self.tip.as_ref().filter(|t| {
+            t.seq + 1 == self.next_seq || (t.seq < self.seq && self.next_seq == self.seq + 1)
+        })
+    }
+
+    /// Why this claim can no longer publish (fenced, released, unknown outcome), if so.
+    pub fn unusable(&self) -> Option<&'static str> {
+        self.unusable
+    }
+
+    /// `Ok` while the claim may publish.
+    ///
+    /// # Errors
+    /// [`Error::ClaimUnusable`] once it was fenced, released or left unknown.
+    pub(crate) fn usable(&self) -> Result<(), Error> {
+        match self.unusable {
+            Some(reason) => Err(Error::ClaimUnusable {
+                org: self.org.to_string(),
+                round: self.round,
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The header of the entry this claim publishes next.
+    pub(crate) fn next_header(&self, at_ms: u64) -> Result<EntryHeader, Error> {
+        Ok(EntryHeader {
+            seq: self.next_seq,
+            round: self.round,
+            writer: self.writer.clone(),
+            nonce: new_nonce()?,
+            at_ms,
+        })
+    }
+}
+
+impl Replica {
+    /// Claims the next round for `org` (highest round seen + 1) with a create-only log entry,
+    /// fencing every older writer (I7), and writes the advisory lease.
+    ///
+    /// Another writer's lease blocks the claim unless `force` until this handle has seen the
+    /// holder's process lease unchanged for `lease_ms` plus a tenth of its own monotonic clock
+    /// ([`Replica::lease_hold`], I15): a first attempt starts that watch and answers
+    /// [`Error::LeaseHeld`] with the wait; a `Release` entry at the head lets it through at
+    /// once. The holder is the newest claim's: when the log holds a claim newer than the org
+    /// lease (its claimer has not written the lease yet, or its writes failed), the process
+    /// that claim entry names is watched instead. A lease of the same `writer` id blocks too unless it
+    /// is this instance's own (this [`Replica`]): two live processes configured with one
+    /// writer id never take orgs from each other. See [`Replica::claim_from`] for a restart.
+    ///
+    /// # Errors
+    /// [`Error::LeaseHeld`]; [`Error::Contended`] after `claim_retries` lost races;
+    /// [`Error::StoreRefused`] when the store refuses the claim's write;
+    /// [`Error::InvalidWriter`]; [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`]
+    /// for an unreadable log.
+    pub async fn claim(&self, org: &OrgId, writer: &str, force: bool) -> Result<Claim, Error> {
+        self.claim_from(org, writer, None, force).await
+    }
+
+    /// [`Replica::claim`] by a writer working in a data directory with id `home.0`. The
+    /// lease records the home; when `home.1` is true — the caller holds that directory's
+    /// exclusive lock, which every earlier process working in it held until it died — a live
+    /// lease of the same writer id and the same home belongs to a dead process and does not
+    /// block the claim (a restart after `kill -9` claims at once).
+    ///
+    /// # Errors
+    /// As [`Replica::claim`].
+    pub async fn claim_from(
+        &self,
+        org: &OrgId,
+        writer: &str,
+        home: Option<(&str, bool)>,
+        force: bool,
+    ) -> Result<Claim, Error> {
+        self.writable("claim")?;
+        check_writer(writer)?;
+        let attempts = self.inner.settings.claim_retries.saturating_add(1);
+        for attempt in 0..attempts {
+            // One LIST and one GET, whatever the length of the log: the head entry carries the
+            // highest round of any claim that can still publish. Claims that passed the check
+            // below took rounds in seq order (each read the one before), and a claim that landed
+            // below a newer entry (a freed slot) is abandoned and never publishes.
+            let Some(top) = self.head_entry(org).await? else {
+                continue;
+            };
+            let head = top.as_ref().map(LogEntry::seq).unwrap_or(0);
+            let max_round = top.as_ref().map(LogEntry::round).unwrap_or(0);
+            let now = self.inner.clock.now_ms();
+            // Judged by what this handle has seen change, never by the timestamps the holder
+            // wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a live holder's
+            // orgs where they are. The holder is the newest claim's, which the org lease may
+            // not name yet (`claim/holder.rs`).
+            if !force
+                && let Some(lease) = self.blocking_lease(org, top.as_ref(), writer, home).await?
+            {
+                let hold = self.lease_hold(org, &lease).await?;
+                if hold.wait_ms > 0 {
+                    return Err(Error::LeaseHeld {
+                        org: org.to_string(),
+                        holder: lease.writer,
+                        retry_after_ms: hold.wait_ms,
+                        holder_addr: lease.addr,
+                    });
+                }
+            }
+            self.failpoint(FailPoint::ClaimBeforePublish, org).await?;
+            let entry = LogEntry {
+                header: EntryHeader {
+                    seq: head + 1,
+                    round: max_round + 1,
+                    writer: writer.to_owned(),
+                    nonce: new_nonce()?,
+                    at_ms: now,
+                },
+                body: EntryBody::Claim(Claimer {
+                    instance: self.inner.instance.clone(),
+                    term_ms: self.inner.settings.lease_ms,
+                }),
+            };
+            match self.publish(org, &entry).await {
+                Ok(Published::Landed) => {}
+                Ok(Published::Taken(theirs)) => {
+                    debug!(%org, seq = head + 1, theirs = theirs.round(), attempt, "claim lost the race");
+                    continue;
+                }
+                // A claim of unknown outcome fences nobody we care about: retry higher.
+                Err(Error::PublishUnknown { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+            // A claimer that read a stale head may land in a slot retention freed.
+            if self.max_seq(org).await? > head + 1 {
+                debug!(%org, seq = head + 1, attempt, "claim landed below a newer entry");
+                continue;
+            }
+            let EntryHeader {
+                seq, round, nonce, ..
+            } = entry.header;
+            self.failpoint(FailPoint::ClaimAfterPublish, org).await?;
+            // Only a holder of the home's lock names it: a process waiting for the lock (the
+            // old one still runs) must not write leases the old one would take as its own.
+            let home = home
+                .filter(|(_, locked)| *locked)
+                .map(|(id, _)| id.to_owned());
+            // The org lease points to the process lease, which must exist first.
+            self.ensure_process_lease().await;
+            let lease = Lease {
+                writer: writer.to_owned(),
+                round,
+                expires_at_ms: now + self.inner.settings.lease_ms,
+                instance: self.inner.instance.clone(),
+                home,
+                addr: self.inner.settings.advertise.clone(),
+                process: true,
+                term_ms: self.inner.settings.lease_ms,
+            };
+            // Written once per claim, so a transient failure is retried here: a claim without
+            // its lease could be claimed away without force while its writer lives.
+            for _ in 0..3 {
+                if self.put_lease(org, &lease).await {
+                    break;
+                }
+            }
+            info!(%org, round, seq, writer, "claimed");
+            return Ok(Claim {
+                org: org.clone(),
+                round,
+                writer: writer.to_owned(),
+                nonce,
+                seq,
+                next_seq: seq + 1,
+                unusable: None,
+                in_doubt: false,
+                tip: None,
+                snapshot_tip: None,
+                inherited: None,
+                reuse: None,
+                reuse_lost: false,
+            });
+        }
+        Err(Error::Contended {
+            org: org.to_string(),
+            attempts,
+        })
+    }
+
+    /// Publishes a Release entry (same create/compare/fence rules as ship, and like a ship no
+    /// LIST after it: the create in the slot after the claim's own last entry proves no
+    /// successor claimed), so the next claim goes through at once: a Release at the head of
+    /// the log passes any lease of its round or older, so the org lease is left in place
+    /// (deleting it would cost a GET and a DELETE per org at every handoff). The claim is
+    /// unusable afterwards.
+    ///
+    /// # Errors
+    /// As [`Replica::ship`]'s publish step.
+    pub async fn release(&self, claim: &mut Claim) -> Result<(), Error> {
+        claim.usable()?;
+        let org = claim.org.clone();
+        self.failpoint(FailPoint::ReleaseBeforePublish, &org)
+            .await?;
+        let entry = LogEntry {
+            header: claim.next_header(self.inner.clock.now_ms())?,
+            body: EntryBody::Release,
+        };
+        let seq = entry.seq();
+        self.publish_for_claim(claim, &entry).await?;
+        claim.unusable = Some("released");
+        info!(%org, round = claim.round, seq, "released");
+        Ok(())
+    }
+
+    /// Publishes `entry` at `claim.next_seq` and moves the claim past it; maps a taken slot
+    /// to [`Error::Fenced`], and makes the claim unusable on that and on
+    /// [`Error::PublishUnknown`].
+    pub(crate) async fn publish_for_claim(
+        &self,
+        claim: &mut Claim,
+        entry: &LogEntry,
+    ) -> Result<(), Error> {
+        // After a refused publish, a put of ours may land late, and retention may free its
+        // slot under a successor's claim. Look above our last entry before creating: a
+        // create that landed in such a slot would stay in the log below the successor,
+        // naming objects retention may already have deleted as orphans (their seq is below
+        // the head). The LIST after the create (below) still catches a successor that
+        // claimed in between.
+        if claim.in_doubt {
+            self.check_no_successor(claim, entry.seq().saturating_sub(1))
+                .await?;
+        }
+        match self.publish(&claim.org, entry).await {
+            Ok(Published::Landed) => {
+                claim.next_seq = entry.seq() + 1;
+                // After a refused publish, a put of ours may have landed late in that slot,
+                // and retention may since have freed it under a successor's claim: this
+                // create landing no longer proves we are the newest writer, so look above it
+                // once (the one LIST a landed create otherwise never needs, I7, I11).
+                if claim.in_doubt {
+                    self.check_no_successor(claim, entry.seq()).await?;
+                    claim.in_doubt = false;
+                }
+                Ok(())
+            }
+            Ok(Published::Taken(theirs)) => {
+                claim.unusable = Some("fenced");
+                warn!(org = %claim.org, round = claim.round, seq = entry.seq(), theirs = theirs.round(), "fenced");
+                Err(Error::Fenced {
+                    org: claim.org.to_string(),
+                    ours: claim.round,
+                    theirs: theirs.round(),
+                })
+            }
+            Err(e) => {
+                match e {
+                    Error::PublishUnknown { .. } => {
+                        claim.unusable = Some("outcome of a publish is unknown");
+                    }
+                    Error::StoreRefused { .. } => claim.in_doubt = true,
+                    _ => {}
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Confirms that this claim still owns the org: no entry was appended to the log after
+    /// the claim's last entry (one LIST). A writer answers a replay or a read only after a
+    /// ship or a confirmation that started after the request arrived, so a fenced writer never
+    /// acknowledges from its local file (I6, I7). Costs one LIST and writes nothing: liveness
+    /// is the process lease's job.
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when a successor appended (the claim becomes unusable);
+    /// [`Error::ClaimUnusable`]; [`Error::Store`] when the log cannot be listed.
+    pub async fn confirm(&self, claim: &mut Claim) -> Result<(), Error> {
+        claim.usable()?;
+        let last = claim.next_seq.saturating_sub(1);
+        self.check_no_successor(claim, last).await
+    }
+
+    /// The entry at the head of `org`'s log (`Some(None)` for an empty log); `None` when the
+    /// listed head vanished before it was read (retention never deletes the head, so the log
+    /// moved: list again).
+    async fn head_entry(&self, org: &OrgId) -> Result<Option<Option<LogEntry>>, Error> {
+        let Some(&seq) = self.log_seqs(org).await?.last() else {
+            return Ok(Some(None));
+        };
+        Ok(self.read_entry(org, seq).await?.map(Some))
+    }
+
+    /// After our create at `seq`, anything above it means a successor owns the org (I11):
+    /// the claim becomes unusable and the error is [`Error::Fenced`].
+    /// One LIST; only the highest entry above is read (for the error's `theirs`), so the cost
+    /// does not grow with the length of the log.
+    pub(crate) async fn check_no_successor(
+        &self,
+        claim: &mut Claim,
+        seq: u64,
+    ) -> Result<(), Error> {
+        let above: Vec<u64> = self
+            .log_seqs_after(&claim.org, Some(seq))
+            .await?
+            .into_iter()
+            .filter(|s| *s > seq)
+            .collect();
+        let Some(&top) = above.iter().max() else {
+            return Ok(());
+        };
+        claim.unusable = Some("fenced");
+        let theirs = match self.read_entry(&claim.org, top).await {
+            Ok(Some(entry)) => entry.round(),
+            // Unreadable or gone (retention): still a successor; report the next round.
+            _ => claim.round + 1,
+        };
+        warn!(org = %claim.org, round = claim.round, seq, theirs, "successor above our entry");
+        Err(Error::Fenced {
+            org: claim.org.to_string(),
+            ours: claim.round,
+            theirs,
+        })
+    }
+}

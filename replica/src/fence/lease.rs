@@ -1,0 +1,377 @@
+//! Advisory leases: liveness only, never fencing (the log fences, I7).
+//!
+//! Liveness belongs to the process, not to each org (I14): a writer process keeps one
+//! object, `processes/<instance>.json`, renewed on a timer every `lease_ms / 3`; each claim
+//! writes `orgs/<org>/lease.json` once, pointing to it (`process: true`). An idle org
+//! therefore issues no store request at all, whatever the number of orgs.
+//!
+//! A lease is judged by observation, never by its timestamps (I15): a claimant takes an org
+//! from another live-looking writer only once it has itself seen the holder's process lease
+//! unchanged for a whole watch (the holder's `lease_ms` plus a tenth) on its own monotonic clock
+//! ([`watch`]). The expiries leases carry are the holder's wall clock, for people.
+
+mod watch;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use object_store::{ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::format::entry::ENTRY_VERSION;
+use crate::{Error, OrgId, Replica};
+
+pub(crate) use watch::Watch;
+
+/// The advisory lease of an org (liveness only; fencing is the log's job).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// Holder's writer id.
+    pub writer: String,
+    /// Holder's round.
+    pub round: u64,
+    /// When the holder's clock said the claim's own term ends, ms since the Unix epoch: for
+    /// people; no decision reads it (I15).
+    pub expires_at_ms: u64,
+    /// The holder's process instance (random per [`crate::Replica`] opened): two processes
+    /// configured with one writer id are told apart by it. Empty in leases of older versions.
+    #[serde(default)]
+    pub instance: String,
+    /// The holder's home: the id of the data directory it works in, if it gave one
+    /// ([`crate::Replica::claim_from`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
+    /// Where the holder's clients reach it ([`crate::Settings::advertise`]), if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+    /// True when the holder's liveness is its process lease
+    /// (`processes/<instance>.json`, see [`ProcessLease`]): the org is held while that object
+    /// keeps changing. False in leases of older versions, which their holders renewed per org:
+    /// then the org lease itself is the object watched.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub process: bool,
+    /// The holder's lease term in ms ([`crate::Settings::lease_ms`]): a claimant watches for
+    /// this term plus a tenth, whatever its own setting, since the holder renews every third
+    /// of it. A duration, not a clock reading. 0 in leases of older versions: the claimant's
+    /// own term then.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub term_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A writer process's lease, `processes/<instance>.json`: renewed every `lease_ms / 3` by a
+/// task of the [`crate::Replica`] that claimed through it, for as long as that handle lives.
+/// Every org lease with `process: true` and this instance is held while it keeps changing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessLease {
+    /// The process instance (random per [`crate::Replica`] opened, 32 hex digits).
+    pub instance: String,
+    /// When the holder's clock said this renewal's term ends, ms since the Unix epoch: for
+    /// people; no decision reads it (I15).
+    pub expires_at_ms: u64,
+    /// How many times the process wrote its lease before this write: every renewal writes
+    /// new bytes, however its wall clock moves, so an observer can tell a renewal from none.
+    /// 0 in leases of older versions.
+    #[serde(default)]
+    pub renewals: u64,
+    /// The process's lease term in ms: it renews every third of it. 0 in leases of older
+    /// versions.
+    #[serde(default)]
+    pub term_ms: u64,
+    /// Where the process's clients reach it, if it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addr: Option<String>,
+}
+
+/// `processes/<instance>.json` on the wire:
+/// `{"v":1,"instance":…,"expires_at_ms":…,"renewals":…,"term_ms":…}` (`addr` only when set).
+#[derive(Serialize, Deserialize)]
+struct ProcessWire {
+    v: u64,
+    #[serde(flatten)]
+    lease: ProcessLease,
+}
+
+/// True for an instance id this crate could have made: 32 lower-case hex digits. An
+/// instance read from a lease is a path segment only after this check (I12).
+pub(crate) fn valid_instance(instance: &str) -> bool {
+    instance.len() == 32
+        && instance
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// `lease.json` on the wire: `{"v":1,"writer":…,"round":…,"expires_at_ms":…,"instance":…}`
+/// (`home`, `addr`, `process` and `term_ms` only when set), in this order.
+#[derive(Serialize, Deserialize)]
+struct LeaseWire {
+    v: u64,
+    #[serde(flatten)]
+    lease: Lease,
+}
+
+/// How long a liveness object must be seen unchanged before its holder is taken for dead:
+/// the term plus a tenth, in ms of the observer's monotonic clock. The holder renews three
+/// times a term, so a live one that misses two renewals still keeps its orgs; the tenth is
+/// slack for a renewal held up by a slow PUT and for the two hosts' clock rates.
+pub(crate) fn watch_ms(lease_ms: u64) -> u64 {
+    lease_ms.saturating_add(lease_ms / 10)
+}
+
+/// What a claim by one [`Replica`] would make of a lease now ([`Replica::lease_hold`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Hold {
+    /// Ms of the asking handle's monotonic clock before its claim could go through, if the
+    /// holder's liveness object stays as it is now: 0 when it has already been seen
+    /// unchanged for a whole watch (the holder stopped), a whole watch after a first
+    /// sighting or a renewal.
+    pub wait_ms: u64,
+    /// The holder's process lease as read, if it exists and reads (its `expires_at_ms` is
+    /// the holder's clock: for people).
+    pub process: Option<ProcessLease>,
+}
+
+/// `bytes` of the process lease at `path` as a [`ProcessLease`] of `instance`; `None`
+/// (logged) for one of another version or instance, or unreadable.
+fn parse_process_lease(path: &str, instance: &str, bytes: &Bytes) -> Option<ProcessLease> {
+    match serde_json::from_slice::<ProcessWire>(bytes) {
+        Ok(w) if w.v == ENTRY_VERSION && w.lease.instance == instance => Some(w.lease),
+        Ok(w) => {
+            warn!(%path, v = w.v, "process lease of another version or instance: ignored");
+            None
+        }
+        Err(e) => {
+            warn!(%path, error = %e, "unreadable process lease: ignored");
+            None
+        }
+    }
+}
+
+impl Lease {
+    fn encode(&self) -> Result<Vec<u8>, Error> {
+        serde_json::to_vec(&LeaseWire {
+            v: ENTRY_VERSION,
+            lease: self.clone(),
+        })
+        .map_err(|source| Error::Encode {
+            what: "lease",
+            source,
+        })
+    }
+
+    fn decode(object: &str, bytes: &[u8]) -> Result<Lease, Error> {
+        let wire: LeaseWire =
+            serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
+        if wire.v != ENTRY_VERSION {
+            return Err(Error::UnknownFormat {
+                object: object.into(),
+                detail: format!("lease version {}", wire.v),
+            });
+        }
+        Ok(wire.lease)
+    }
+}
+
+impl Replica {
+    /// The advisory lease of `org`, if any.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
+    pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
+        let path = self.inner.layout.lease(org);
+        match self.get_bytes(&path).await? {
+            Some(b) => Lease::decode(path.as_ref(), &b).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
+    /// and taken as absent.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn process_lease(&self, instance: &str) -> Result<Option<ProcessLease>, Error> {
+        if !valid_instance(instance) {
+            return Ok(None);
+        }
+        let path = self.inner.layout.process(instance);
+        let bytes = self.get_bytes(&path).await?;
+        Ok(bytes.and_then(|b| parse_process_lease(path.as_ref(), instance, &b)))
+    }
+
+    /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
+    /// reads the object that proves the holder alive — its process lease, or for a lease of
+    /// an older version the org lease itself — and compares it with what this handle saw
+    /// before. The holder is taken for dead once that object was seen unchanged (absent
+    /// counts as a state) for the holder's term (`lease.term_ms`, at most
+    /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, else this handle's
+    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
+    /// waits a whole watch, and a process lease already watched for another org's sake
+    /// answers at once. A lease naming an instance this crate could not have made names no
+    /// object and proves nothing. Never reads a wall clock. One GET.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
+        let path = if !lease.process {
+            self.inner.layout.lease(org)
+        } else if valid_instance(&lease.instance) {
+            self.inner.layout.process(&lease.instance)
+        } else {
+            return Ok(Hold {
+                wait_ms: 0,
+                process: None,
+            });
+        };
+        let clock = &self.inner.clock;
+        let asked_ms = clock.monotonic_ms();
+        let bytes = self.get_bytes(&path).await?;
+        let read_ms = clock.monotonic_ms();
+        let own_ms = self.inner.settings.lease_ms;
+        let term_ms = match lease.term_ms {
+            0 => own_ms,
+            holders => holders.min(crate::settings::max_holder_term_ms(own_ms)),
+        };
+        let watch_ms = watch_ms(term_ms);
+        let process = match (&bytes, lease.process) {
+            (Some(b), true) => parse_process_lease(path.as_ref(), &lease.instance, b),
+            _ => None,
+        };
+        let unchanged_ms = self
+            .inner
+            .watch
+            .saw(path.as_ref(), bytes, asked_ms, read_ms, watch_ms);
+        Ok(Hold {
+            wait_ms: watch_ms.saturating_sub(unchanged_ms),
+            process,
+        })
+    }
+
+    /// Makes sure this process's lease exists before a claim points to it: written at the
+    /// first claim, then renewed by a task every `lease_ms / 3` while this handle (any clone)
+    /// lives. The task starts even when that first write fails, and its next tick retries;
+    /// meanwhile a claimant sees the process lease absent, which must last a whole watch
+    /// before it counts as silence.
+    pub(crate) async fn ensure_process_lease(&self) {
+        self.inner
+            .process_lease
+            .get_or_init(|| async {
+                self.put_process_lease().await;
+                let weak = Arc::downgrade(&self.inner);
+                let every = Duration::from_millis((self.inner.settings.lease_ms / 3).max(1));
+                tokio::spawn(async move {
+                    // A fixed schedule (not a sleep after each write) so a slow write does
+                    // not stretch the period; missed ticks are not made up in a burst.
+                    let mut ticks =
+                        tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    loop {
+                        ticks.tick().await;
+                        let Some(inner) = weak.upgrade() else {
+                            return;
+                        };
+                        // Each renewal gets one period: a PUT that hangs must not hold up the
+                        // next (a live holder would lose every org after a watch). The one
+                        // abandoned may still land after a later one; that is harmless, as
+                        // every write carries new bytes (`renewals`) and an observer counts
+                        // any change as life, whatever order the writes land in, and it only
+                        // lands while the process lived to send it.
+                        let replica = Replica { inner };
+                        let renewal = replica.put_process_lease();
+                        if tokio::time::timeout(every, renewal).await.is_err() {
+                            warn!("a process lease renewal took a whole period: abandoned");
+                        }
+                    }
+                });
+            })
+            .await;
+    }
+
+    /// Writes this process's lease for another `lease_ms`; false (logged) when the write
+    /// fails.
+    async fn put_process_lease(&self) -> bool {
+        let lease = ProcessLease {
+            instance: self.inner.instance.clone(),
+            expires_at_ms: self
+                .inner
+                .clock
+                .now_ms()
+                .saturating_add(self.inner.settings.lease_ms),
+            renewals: self.inner.renewals.fetch_add(1, Ordering::Relaxed),
+            term_ms: self.inner.settings.lease_ms,
+            addr: self.inner.settings.advertise.clone(),
+        };
+        let path = self.inner.layout.process(&lease.instance);
+        let body = match serde_json::to_vec(&ProcessWire {
+            v: ENTRY_VERSION,
+            lease,
+        }) {
+            Ok(b) => b,
+            Err(_) => return false,
+        };
+        match self.inner.store.put(&path, PutPayload::from(body)).await {
+            Ok(_) => {
+                metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
+                true
+            }
+            Err(e) => {
+                warn!(%path, error = %e, "could not write the process lease");
+                false
+            }
+        }
+    }
+
+    /// Writes the advisory lease; false (logged, never fatal) when the write fails: the log
+    /// fences, not the lease.
+    pub(crate) async fn put_lease(&self, org: &OrgId, lease: &Lease) -> bool {
+        let path = self.inner.layout.lease(org);
+        let body = match lease.encode() {
+            Ok(b) => b,
+            Err(_) => return false,
+        };
+        match self.inner.store.put(&path, PutPayload::from(body)).await {
+            Ok(_) => true,
+            Err(e) => {
+                warn!(%org, round = lease.round, error = %e, "could not write lease");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leases_written_before_and_after_homes_read_and_write_back_byte_for_byte() -> Result<(), Error>
+    {
+        for text in [
+            r#"{"v":1,"writer":"writer-b","round":2,"expires_at_ms":1796090785875,"instance":"0269a007f46e0ec5d8bce6b2d6d01284"}"#,
+            r#"{"v":1,"writer":"w","round":3,"expires_at_ms":5,"instance":"ab","home":"h1"}"#,
+        ] {
+            let lease = Lease::decode("lease.json", text.as_bytes())?;
+            assert_eq!(String::from_utf8_lossy(&lease.encode()?), text);
+        }
+        let old = Lease::decode(
+            "lease.json",
+            br#"{"v":1,"writer":"w","round":1,"expires_at_ms":5}"#,
+        )?;
+        assert_eq!((old.instance.as_str(), old.home), ("", None));
+        assert!(matches!(
+            Lease::decode(
+                "lease.json",
+                br#"{"v":2,"writer":"w","round":1,"expires_at_ms":5}"#
+            ),
+            Err(Error::UnknownFormat { .. })
+        ));
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The create-only log of an org (`orgs/<org>/log/<seq:020>.json`): publishing an entry in
+//! a free slot, settled by re-reading when the outcome is in doubt (I9), and reading entries
+//! and positions back.
+
+pub(crate) mod known;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutPayload};
+use tracing::debug;
+
+use crate::format::layout::parse_log_name;
+use crate::{Error, LogEntry, OrgId, Replica};
+
+/// Outcome of a create-only publish that did not fail.
+pub(crate) enum Published {
+    /// Our entry is in the slot (created now, or by an earlier try of this publish).
+    Landed,
+    /// Another entry holds the slot.
+    Taken(Box<LogEntry>),
+}
+
+impl Replica {
+    /// Create-only put of `entry` at its seq, settled by re-reading and comparing the whole
+    /// entry, nonce included, whenever the put does not plainly succeed (I9): our own entry
+    /// read back is [`Published::Landed`] (an earlier try landed), another's is
+    /// [`Published::Taken`]; an empty slot is tried once more.
+    ///
+    /// # Errors
+    /// [`Error::StoreRefused`] when the put failed twice and the slot read back empty both
+    /// times; [`Error::PublishUnknown`] when the re-read itself fails (the caller must treat
+    /// the entry as possibly published); [`Error::Encode`].
+    pub(crate) async fn publish(&self, org: &OrgId, entry: &LogEntry) -> Result<Published, Error> {
+        let seq = entry.seq();
+        let path = self.inner.layout.log(org, seq);
+        let body = Bytes::from(entry.encode()?);
+        let mut retried = false;
+        loop {
+            let put = self
+                .inner
+                .store
+                .put_opts(
+                    &path,
+                    PutPayload::from(body.clone()),
+                    PutMode::Create.into(),
+                )
+                .await;
+            let cause = match put {
+                Ok(done) => {
+                    self.inner
+                        .known
+                        .insert(org, body.len() as u64, done.e_tag, entry);
+                    return Ok(Published::Landed);
+                }
+                Err(
+                    e @ (object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }),
+                ) => e,
+                Err(e) => {
+                    debug!(%org, seq, error = %e, "publish outcome unknown; re-reading");
+                    e
+                }
+            };
+            match self.read_entry(org, seq).await {
+                Ok(Some(found)) if found == *entry => return Ok(Published::Landed),
+                Ok(Some(found)) => return Ok(Published::Taken(Box::new(found))),
+                Ok(None) if !retried => {
+                    retried = true;
+                    continue;
+                }
+                // Put failed twice and the slot read back empty twice: the store refused
+                // it. A put that still lands later holds our own entry, which a later
+                // create at this slot reads back as taken: conservative, never an ack.
+                Ok(None) => {
+                    return Err(Error::StoreRefused {
+                        org: org.to_string(),
+                        seq,
+                        source: Box::new(Error::store("put", &path, cause)),
+                    });
+                }
+                Err(e) => {
+                    return Err(Error::PublishUnknown {
+                        org: org.to_string(),
+                        seq,
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Reads one log entry; `None` when absent.
+    pub(crate) async fn read_entry(
+        &self,
+        org: &OrgId,
+        seq: u64,
+    ) -> Result<Option<LogEntry>, Error> {
+        let path = self.inner.layout.log(org, seq);
+        match self.get_bytes(&path).await? {
+            Some(b) => LogEntry::decode(path.as_ref(), &b, Some(seq)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Log positions present for `org`, ascending.
+    pub(crate) async fn log_seqs(&self, org: &OrgId) -> Result<Vec<u64>, Error> {
+        self.log_seqs_after(org, None).await
+    }
+
+    /// Log positions strictly above `after` (all of them for `None`), sorted. With a bound it
+    /// lists from that name on (S3 `start-after`), so the cost follows the entries above, not
+    /// the length of the log.
+    pub(crate) async fn log_seqs_after(
+        &self,
+        org: &OrgId,
+        after: Option<u64>,
+    ) -> Result<Vec<u64>, Error> {
+        Ok(self
+            .log_listing(org, after)
+            .await?
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect())
+    }
+
+    /// [`Replica::log_seqs_after`] with what the listing said about each object.
+    pub(crate) async fn log_listing(
+        &self,
+        org: &OrgId,
+        after: Option<u64>,
+    ) -> Result<Vec<(u64, ObjectMeta)>, Error> {
+        let dir = self.inner.layout.log_dir(org);
+        let listing = match after {
+            Some(seq) => self
+                .inner
+                .store
+                .list_with_offset(Some(&dir), &self.inner.layout.log(org, seq)),
+            None => self.inner.store.list(Some(&dir)),
+        };
+        let metas: Vec<_> = listing
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("list", &dir, e))?;
+        let mut seqs = Vec::with_capacity(metas.len());
+        for m in metas {
+            let name = m.location.filename().unwrap_or("");
+            match parse_log_name(name) {
+                Some(seq)
+                    if m.location.prefix_matches(&dir)
+                        && m.location.parts().count() == dir.parts().count() + 1 =>
+                {
+                    seqs.push((seq, m))
+                }
+                // Not a log entry's name (an editor's backup, a `.DS_Store`): no entry is
+                // ever written under another name, so it is not history; skip it, loudly.
+                _ => {
+                    tracing::warn!(%org, object = %m.location, "skipping an object that is not a log entry");
+                }
+            }
+        }
+        seqs.sort_unstable_by_key(|(seq, _)| *seq);
+        Ok(seqs)
+    }
+
+    /// Every log entry of `org`, sorted by seq, as [`Replica::history`] reads them, except
+    /// that an entry this handle already holds (published or read before, with the size and
+    /// ETag the listing reports) is not read again, and inline bodies are left out (empty):
+    /// what retention reads (I14). Returns the listed seqs too.
+    ///
+    /// # Errors
+    /// As [`Replica::history`].
+    pub(crate) async fn history_known(
+        &self,
+        org: &OrgId,
+    ) -> Result<(Vec<LogEntry>, Vec<u64>), Error> {
+        let listing = self.log_listing(org, None).await?;
+        let listed: Vec<u64> = listing.iter().map(|(seq, _)| *seq).collect();
+        let reads = listing.into_iter().map(|(seq, meta)| async move {
+            let known = self
+                .inner
+                .known
+                .get(org, seq, meta.size, meta.e_tag.as_deref());
+            match known {
+                Some(entry) => Ok(Some(entry)),
+                None => self.read_entry_noting(org, seq).await,
+            }
+        });
+        let entries: Vec<Option<LogEntry>> = futures::stream::iter(reads)
+            .buffered(self.inner.settings.read_concurrency)
+            .try_collect()
+            .await?;
+        self.inner.known.forget(org, &[], &listed);
+        Ok((entries.into_iter().flatten().collect(), listed))
+    }
+
+    /// [`Replica::read_entry`], recording the entry read with the object's size and ETag.
+    async fn read_entry_noting(&self, org: &OrgId, seq: u64) -> Result<Option<LogEntry>, Error> {
+        let path = self.inner.layout.log(org, seq);
+        let got = match self.inner.store.get(&path).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store("get", &path, e)),
+        };
+        let meta = got.meta.clone();
+        let bytes = match got.bytes().await {
+            Ok(b) => b,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store("get", &path, e)),
+        };
+        let entry = LogEntry::decode(path.as_ref(), &bytes, Some(seq))?;
+        self.inner.known.insert(org, meta.size, meta.e_tag, &entry);
+        Ok(Some(entry))
+    }
+
+    pub(crate) async fn max_seq(&self, org: &OrgId) -> Result<u64, Error> {
+        Ok(self.log_seqs(org).await?.last().copied().unwrap_or(0))
+    }
+
+    /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading
+    /// (retention) are skipped.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
+    pub async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        let seqs = self.log_seqs(org).await?;
+        let entries: Vec<Option<LogEntry>> =
+            futures::stream::iter(seqs.into_iter().map(|s| self.read_entry(org, s)))
+                .buffered(self.inner.settings.read_concurrency)
+                .try_collect()
+                .await?;
+        Ok(entries.into_iter().flatten().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,10 @@
+//! What the store holds, as bytes: log entries, manifests, blob framing, delta bodies,
+//! object names and checksums. Nothing here does I/O.
+
+pub(crate) mod blob;
+pub(crate) mod body;
+pub(crate) mod checksum;
+pub(crate) mod entry;
+pub(crate) mod layout;
+pub mod manifest;
+pub mod segment;

@@ -1,0 +1,205 @@
+//! What this crate knows of SQLite's files: the writer's exclusive ownership of a database
+//! and its WAL (I13), WAL frames, captures of committed state, and the proof a capture makes
+//! from its own pages; page 1 and page-size rules (`pages`), SQLite's integrity checks of an
+//! image (`check`), and installing a verified image as a local file (`install`).
+//!
+//! An embedder that ships a live database does three things here, in order:
+//! 1. [`open_exclusive`] opens the one writer connection and takes the database's lock;
+//! 2. after its own schema work, [`Owned::take`] opens the descriptors the shipper reads
+//!    through and starts watching the files;
+//! 3. between two of its transactions, on the thread that owns the connection, it answers a
+//!    [`crate::Shipper`]'s [`CaptureRequest`] with [`Owned::capture`].
+
+mod capture;
+mod owned;
+pub(crate) mod pages;
+pub(crate) mod proof;
+pub(crate) mod shipper;
+pub(crate) mod wal;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+pub use capture::{CaptureError, CaptureRequest, Captured, Checkpoint};
+pub(crate) use capture::{file_changes, read_pages};
+pub(crate) use owned::DbState;
+pub use owned::{Foreign, OwnedFiles};
+
+/// Why the writer connection could not be opened as the files' owner.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OwnError {
+    /// SQLite refused a step of the open.
+    #[error("sqlite")]
+    Sqlite(#[from] rusqlite::Error),
+    /// The connection is not in exclusive WAL mode (a hook changed it, or the file system
+    /// cannot give it).
+    #[error("the writer connection does not hold the database exclusively: {0}")]
+    Mode(String),
+    /// Opening the descriptors or reading the files' state failed.
+    #[error("the writer's files")]
+    Io(#[from] std::io::Error),
+}
+
+/// Opens `path` as its one writer: `locking_mode = EXCLUSIVE` before the first access, WAL,
+/// `synchronous = NORMAL`, `wal_autocheckpoint = 0`, and takes the write lock at once.
+///
+/// With exclusive locking the WAL index lives in this connection's heap (no `-shm` file) and
+/// the lock is held for the connection's lifetime: another process opening the file gets
+/// "database is locked" and can neither read, write, checkpoint nor remove the WAL.
+/// `synchronous = NORMAL`: a commit is made durable across machines by the ship that
+/// acknowledges it, and the local file is a per-claim cache. `wal_autocheckpoint = 0`: only
+/// a capture checkpoints, so no frame leaves the WAL before a ship has copied it.
+///
+/// # Errors
+/// [`OwnError::Sqlite`] when SQLite refuses (the lock is held elsewhere included);
+/// [`OwnError::Mode`] when the connection is not in exclusive WAL mode.
+pub fn open_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, OwnError> {
+    exclusive(Connection::open(path)?, busy)
+}
+
+/// Reopens the closed database at `path` as its one writer, as [`open_exclusive`] does,
+/// after a writer of this claim closed it ([`Owned::checkpoint_to_file`]): the file must
+/// still exist (it is never created), and once the connection holds its lock the WAL must
+/// be empty. A WAL with frames was written by someone else while no connection held the
+/// file, and SQLite would show its frames to this connection without them ever touching
+/// the database file, so the caller's check of the file against the chain's tip
+/// ([`crate::Shipper::unpark`]) could not see them.
+///
+/// # Errors
+/// [`ReopenError::Foreign`] for a missing database file or a WAL with frames;
+/// [`ReopenError::Own`] when SQLite refuses the open (the lock is held elsewhere
+/// included).
+pub fn reopen_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, ReopenError> {
+    use rusqlite::OpenFlags;
+    // No CREATE flag: a missing file is an error, never a new empty database.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = match Connection::open_with_flags(path, flags) {
+        Ok(conn) => conn,
+        Err(_) if !path.exists() => {
+            return Err(ReopenError::Foreign(Foreign(
+                "the parked database file is gone".into(),
+            )));
+        }
+        Err(e) => return Err(ReopenError::Own(e.into())),
+    };
+    let conn = exclusive(conn, busy).map_err(ReopenError::Own)?;
+    match std::fs::metadata(owned::wal_path(path)) {
+        Ok(m) if m.len() > 0 => Err(ReopenError::Foreign(Foreign(format!(
+            "a WAL of {} bytes appeared beside the parked database file",
+            m.len()
+        )))),
+        _ => Ok(conn),
+    }
+}
+
+/// Why a parked database could not be reopened by [`reopen_exclusive`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReopenError {
+    /// The files were changed while no connection held them: the org must stop.
+    #[error("{0}")]
+    Foreign(Foreign),
+    /// The open itself failed.
+    #[error("reopening the database")]
+    Own(#[source] OwnError),
+}
+
+fn exclusive(conn: Connection, busy: Duration) -> Result<Connection, OwnError> {
+    conn.busy_timeout(busy)?;
+    let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
+    let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    check_mode(&locking, &journal)?;
+    conn.execute_batch(
+        "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;",
+    )?;
+    Ok(conn)
+}
+
+fn check_mode(locking: &str, journal: &str) -> Result<(), OwnError> {
+    if locking.eq_ignore_ascii_case("exclusive") && journal.eq_ignore_ascii_case("wal") {
+        Ok(())
+    } else {
+        Err(OwnError::Mode(format!(
+            "locking mode {locking}, journal mode {journal}"
+        )))
+    }
+}
+
+/// The writer connection and what captures read. Fields drop in declaration order: the
+/// connection closes (releasing its locks) before the descriptors (I13).
+pub struct Owned {
+    /// The writer connection: the only connection that writes the database.
+    pub conn: Connection,
+    capturer: capture::Capturer,
+}
+
+impl Owned {
+    /// Takes ownership of the files of `conn` (opened with [`open_exclusive`]) after the
+    /// embedder's schema work: re-checks exclusive WAL mode (a hook may have changed it),
+    /// turns automatic checkpoints off again, opens the descriptors the shipper reads
+    /// through (the database's last, after every step that can fail) and records the files'
+    /// state, so every later capture can tell the writer's changes from anyone else's.
+    ///
+    /// # Errors
+    /// [`OwnError::Mode`] for a connection no longer in exclusive WAL mode; SQLite or I/O
+    /// errors; a damaged WAL header is [`OwnError::Io`].
+    pub fn take(
+        conn: Connection,
+        path: &std::path::Path,
+        busy: Duration,
+    ) -> Result<Owned, OwnError> {
+        conn.execute_batch("PRAGMA wal_autocheckpoint = 0;")?;
+        let locking: String = conn.query_row("PRAGMA locking_mode", [], |r| r.get(0))?;
+        let journal: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+        check_mode(&locking, &journal)?;
+        let files = Arc::new(OwnedFiles::open(path)?);
+        let capturer = capture::Capturer::new(files, busy).map_err(|e| match e {
+            CaptureError::Io(e) => OwnError::Io(e),
+            CaptureError::Foreign(f) => OwnError::Io(std::io::Error::other(f.0)),
+        })?;
+        Ok(Owned { conn, capturer })
+    }
+
+    /// The descriptors the shipper reads through; clones must not outlive this value's
+    /// connection by being dropped before it (they are read-only and closed last).
+    pub fn files(&self) -> &Arc<OwnedFiles> {
+        self.capturer.files()
+    }
+
+    /// Checkpoints every frame of the WAL into the database file (`TRUNCATE`) after the
+    /// checks a capture makes (names, the file as the last checkpoint left it, the WAL's
+    /// generation), so that once this value is dropped (the connection closes before the
+    /// descriptors) the database file alone holds the state and no WAL remains: what a
+    /// writer does before it parks. Run it only when every committed frame was shipped.
+    ///
+    /// # Errors
+    /// [`CaptureError::Foreign`] when the files are not as the writer left them;
+    /// [`CaptureError::Io`] when the checkpoint left frames in the WAL or an I/O step failed
+    /// (the connection stays usable).
+    pub fn checkpoint_to_file(&mut self) -> Result<(), CaptureError> {
+        self.capturer.checkpoint_all(&self.conn)
+    }
+
+    /// Captures what the next ship publishes, between two transactions of the writer
+    /// connection: `commit_seq` is the commit sequence the database holds now and
+    /// `counter_page` the root page of the one-row table that stores it, which the shipper
+    /// reads back from the captured pages before it publishes (I13).
+    ///
+    /// # Errors
+    /// [`CaptureError::Foreign`] when the files are not as the writer left them;
+    /// [`CaptureError::Io`] for a local failure.
+    pub fn capture(
+        &mut self,
+        commit_seq: u64,
+        counter_page: u32,
+        request: CaptureRequest,
+    ) -> Result<Captured, CaptureError> {
+        self.capturer
+            .capture(&self.conn, commit_seq, counter_page, request)
+    }
+}

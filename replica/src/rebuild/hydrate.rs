@@ -1,0 +1,463 @@
+//! Hydrate and restore: rebuild a published position from its snapshot and the delta chain
+//! after it, prove it with checksums, install it (I8, I10).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::future::Either;
+use futures::{StreamExt, TryStreamExt};
+use tracing::info;
+
+use crate::chain::{self, Chain, Start, broken};
+use crate::fence::claim::{Inherited, Tip};
+use crate::format::blob::{inline_body, unpack};
+use crate::format::checksum::PageHashes;
+use crate::format::layout::new_nonce;
+use crate::publish::ship::Shipped;
+use crate::rebuild::image::{FileImage, PageImage};
+use crate::rebuild::install::{discard, install_file, remove_db, temp_beside};
+use crate::replica::blocking;
+use crate::{BlobRef, Claim, Error, FailPoint, LogEntry, OrgId, Replica};
+
+/// Result of a hydrate or restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hydrated {
+    /// The snapshot installed; `None` when the org has no snapshot yet (nothing installed).
+    pub snapshot: Option<Shipped>,
+    /// The commit counter of the installed state (0 when empty).
+    pub commit: u64,
+    /// Log position of the last entry applied: the snapshot's, or the last delta's.
+    pub position: Option<u64>,
+    /// Deltas applied on top of the snapshot.
+    pub deltas: usize,
+}
+
+/// What an install leaves a claim that hydrated: the chain's tip, what the chain weighs, and
+/// its snapshot's manifest.
+type Installed = (Tip, Inherited, Option<crate::format::segment::Manifest>);
+
+/// A chain rebuilt into an image: the image, what to call it in errors, its page hashes and
+/// its snapshot's manifest (for a segmented snapshot).
+pub(crate) struct Rebuilt<I> {
+    pub(crate) image: I,
+    pub(crate) object: String,
+    pub(crate) hashes: PageHashes,
+    pub(crate) manifest: Option<crate::format::segment::Manifest>,
+}
+
+/// Progress of a [`Replica::restore_with_progress`], updated as it runs.
+#[derive(Debug, Default)]
+pub struct RestoreProgress {
+    /// Compressed bytes of the snapshot and deltas to download (0 until the chain is read;
+    /// a retry after retention moved the chain sets it again).
+    pub total: AtomicU64,
+    /// Compressed bytes downloaded so far.
+    pub downloaded: AtomicU64,
+}
+
+tokio::task_local! {
+    /// The progress of the restore running in this task, if one asked for it.
+    static PROGRESS: Arc<RestoreProgress>;
+}
+
+impl Replica {
+    /// Installs at `dest` the newest state published before `claim` (I8): the newest
+    /// snapshot, then every delta after it, and leaves `claim` holding that position and
+    /// its page hashes as its chain tip, so the claim's first ship can be a delta that
+    /// continues the chain ([`Claim::chain_tip`]) instead of a full snapshot.
+    ///
+    /// Verifies size and sha256 of every blob, the database checksum before and after each
+    /// delta, and runs `quick_check` on a temp file in `dest`'s directory before renaming it
+    /// into place and fsyncing the directory. Any existing file at `dest` (and its
+    /// `-wal`/`-shm`/`-journal`) is replaced: the local file is a cache, never an authority.
+    /// With no snapshot yet, `dest` is removed and nothing is created (`snapshot: None,
+    /// commit: 0`). `dest` must not be open by anyone: name local files per claim.
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`]/[`Error::Corrupt`]/[`Error::ChainBroken`] when the newest
+    /// state cannot be rebuilt exactly; never falls back to an older one (I10).
+    /// [`Error::Store`], [`Error::Io`].
+    pub async fn hydrate(&self, claim: &mut Claim, dest: &Path) -> Result<Hydrated, Error> {
+        let log = self.tail(claim.org(), claim.seq()).await?;
+        let chain = chain::newest(claim.org(), &log, claim.seq())?;
+        let (hydrated, tip) = self.install_chain(claim.org(), chain, dest).await?;
+        if let Some((tip, inherited, manifest)) = tip {
+            claim.inherit(tip, inherited, manifest.map(Arc::new));
+        }
+        Ok(hydrated)
+    }
+
+    /// Installs any published position of `org` at `dest`: `at: None` = the newest,
+    /// `Some(seq)` = the state published by the snapshot or delta entry at that log position
+    /// (point-in-time restore). Same checks and atomicity as [`Replica::hydrate`].
+    ///
+    /// # Errors
+    /// As [`Replica::hydrate`]; [`Error::NoSuchSnapshot`] when `at` names no snapshot or
+    /// delta entry.
+    pub async fn restore(
+        &self,
+        org: &OrgId,
+        at: Option<u64>,
+        dest: &Path,
+    ) -> Result<Hydrated, Error> {
+        let Some(seq) = at else {
+            // The newest state may be retired by retention (a newer snapshot landed) between
+            // reading the log and downloading its blobs: read the log again, a few times,
+            // before reporting a missing blob.
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let log = self.tail(org, u64::MAX).await?;
+                let chain = chain::newest(org, &log, u64::MAX)?;
+                match self.install_chain(org, chain, dest).await {
+                    Err(Error::MissingObject { .. }) if attempt < 4 => continue,
+                    other => return other.map(|(h, _)| h),
+                }
+            }
+        };
+        let log = self.history(org).await?;
+        if !log
+            .iter()
+            .any(|e| e.seq() == seq && (e.is_snapshot() || e.is_delta()))
+        {
+            return Err(Error::NoSuchSnapshot {
+                org: org.to_string(),
+                seq,
+            });
+        }
+        let chain = chain::newest(org, &log, seq.saturating_add(1))?;
+        if chain.as_ref().map(Chain::position) != Some(seq) {
+            return Err(broken(
+                org,
+                seq,
+                "delta is not on the chain of any snapshot",
+            ));
+        }
+        Ok(self.install_chain(org, chain, dest).await?.0)
+    }
+
+    /// [`Replica::restore`], reporting into `progress` as it goes: the chain's total
+    /// compressed bytes once it is known, then the bytes downloaded so far (for a progress
+    /// bar; read it from another task while this one runs).
+    ///
+    /// # Errors
+    /// As [`Replica::restore`].
+    pub async fn restore_with_progress(
+        &self,
+        org: &OrgId,
+        at: Option<u64>,
+        dest: &Path,
+        progress: Arc<RestoreProgress>,
+    ) -> Result<Hydrated, Error> {
+        PROGRESS.scope(progress, self.restore(org, at, dest)).await
+    }
+
+    /// The entries a hydrate of the newest state below `limit` needs, read from the head
+    /// down: every entry after the newest snapshot, or after the newest compacted delta plus
+    /// that delta's snapshot. One LIST, then one GET per entry of that tail — not per entry of
+    /// the log, which keeps every delta a kept snapshot still has for point-in-time restore.
+    pub(crate) async fn tail(&self, org: &OrgId, limit: u64) -> Result<Vec<LogEntry>, Error> {
+        const ATTEMPTS: u32 = 4;
+        for attempt in 1..=ATTEMPTS {
+            if let Some(tail) = self.try_tail(org, limit, attempt == ATTEMPTS).await? {
+                return Ok(tail);
+            }
+        }
+        Err(Error::LogChanged {
+            org: org.to_string(),
+            attempts: ATTEMPTS,
+        })
+    }
+
+    /// One attempt of [`Replica::tail`]; `None` when a listed entry vanished before it was
+    /// read (retention deleting what this read still needed): skipping it could leave an
+    /// older state, or none, looking like the newest (I10). On the `last` attempt a compacted
+    /// delta whose snapshot is still missing is returned without it, which `chain::newest` reports
+    /// as a broken chain (damage, not a race).
+    async fn try_tail(
+        &self,
+        org: &OrgId,
+        limit: u64,
+        last: bool,
+    ) -> Result<Option<Vec<LogEntry>>, Error> {
+        let seqs: Vec<u64> = self
+            .log_seqs(org)
+            .await?
+            .into_iter()
+            .filter(|s| *s < limit)
+            .collect();
+        let n = self.inner.settings.read_concurrency.max(1);
+        let mut down: Vec<LogEntry> = Vec::new();
+        let mut end = seqs.len();
+        while end > 0 {
+            let start = end.saturating_sub(n);
+            let reads: Vec<_> = seqs[start..end]
+                .iter()
+                .map(|s| self.read_entry(org, *s))
+                .collect();
+            let batch: Vec<Option<LogEntry>> = futures::stream::iter(reads)
+                .buffered(n)
+                .try_collect()
+                .await?;
+            for e in batch.into_iter().rev() {
+                let Some(e) = e else { return Ok(None) };
+                if e.is_snapshot() {
+                    down.push(e);
+                    down.reverse();
+                    return Ok(Some(down));
+                }
+                // A compacted delta: its base is the chain's snapshot, and the deltas
+                // between are superseded.
+                let Some(base) = chain::compaction_base(&e) else {
+                    down.push(e);
+                    continue;
+                };
+                match self.read_entry(org, base).await? {
+                    Some(s) if s.is_snapshot() && chain::compacts(&s, &e) => {
+                        down.push(e);
+                        down.push(s);
+                    }
+                    // Not a snapshot of its round: not a compaction; `chain::newest` judges
+                    // it against the newest snapshot, which the read goes on to find.
+                    Some(_) => {
+                        down.push(e);
+                        continue;
+                    }
+                    None if last => down.push(e),
+                    None => return Ok(None),
+                }
+                down.reverse();
+                return Ok(Some(down));
+            }
+            end = start;
+        }
+        down.reverse();
+        Ok(Some(down))
+    }
+
+    pub(crate) fn shipped(&self, org: &OrgId, entry: &LogEntry) -> Option<Shipped> {
+        Shipped::from_entry(entry, |b| match b {
+            Some(b) => self.inner.layout.blob(org, b).to_string(),
+            None => self.inner.layout.log(org, entry.seq()).to_string(),
+        })
+    }
+
+    /// Downloads a snapshot's or delta's blob (or decodes the body carried inline in its
+    /// entry) and returns its object path (the entry's, for an inline body) and its verified
+    /// uncompressed bytes: the same size and sha256 checks either way (I10).
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`], [`Error::Corrupt`] (also for an inline body that is not
+    /// base64, or whose packed size is not the entry's `compressed_bytes`), [`Error::Store`];
+    /// [`Error::NoSuchSnapshot`] for an entry that names no blob.
+    pub(crate) async fn fetch(
+        &self,
+        org: &OrgId,
+        entry: &LogEntry,
+    ) -> Result<(String, Vec<u8>), Error> {
+        let Some(stored) = entry.stored() else {
+            return Err(Error::NoSuchSnapshot {
+                org: org.to_string(),
+                seq: entry.seq(),
+            });
+        };
+        let (bytes, sha256) = (stored.bytes, stored.sha256.clone());
+        let (object, data) = match &stored.blob {
+            BlobRef::Object(name) => {
+                let path = self.inner.layout.blob(org, name);
+                let object = path.to_string();
+                // A delta's body, or a whole snapshot of an earlier build: both are held in
+                // memory, the delta bounded by the ship policy.
+                let data = self
+                    .get_bytes(&path)
+                    .await?
+                    .ok_or_else(|| Error::MissingObject {
+                        path: object.clone(),
+                    })?;
+                metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
+                (object, data.to_vec())
+            }
+            BlobRef::Manifest(_) => {
+                return Err(Error::corrupt(
+                    self.inner.layout.log(org, entry.seq()).as_ref(),
+                    "a segmented snapshot is read through its manifest",
+                ));
+            }
+            BlobRef::Inline(text) => {
+                let object = self.inner.layout.log(org, entry.seq()).to_string();
+                let data = inline_body(&object, text, stored.compressed_bytes)?;
+                (object, data)
+            }
+        };
+        downloaded(data.len() as u64);
+        self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
+        let obj = object.clone();
+        let out = blocking("decompressing a blob", move || {
+            unpack(&obj, &data, bytes, &sha256)
+        })
+        .await?;
+        Ok((object, out))
+    }
+
+    /// Fetches the blobs of `entries`, `n` at a time, in order.
+    async fn fetch_batch(
+        &self,
+        org: &OrgId,
+        entries: &[LogEntry],
+        n: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>, Error> {
+        // Collected first: a stream over a closure taking `&LogEntry` makes the future's
+        // `Send` bound higher-ranked, which callers' `tokio::spawn` cannot prove.
+        let fetches: Vec<_> = entries.iter().map(|e| self.fetch(org, e)).collect();
+        futures::stream::iter(fetches)
+            .buffered(n)
+            .try_collect()
+            .await
+    }
+
+    /// Rebuilds the image of a chain into `image`: the snapshot streamed in, then each delta
+    /// after checking the database checksum before it and after it. Delta bodies are
+    /// fetched concurrently.
+    pub(crate) async fn rebuild<I: PageImage + Send + 'static>(
+        &self,
+        org: &OrgId,
+        chain: &Chain,
+        image: I,
+    ) -> Result<Rebuilt<I>, Error> {
+        let (image, _, hashes, manifest) = self
+            .download_snapshot(org, &chain.snapshot, image, false)
+            .await?;
+        let n = self.inner.settings.read_concurrency.max(1);
+        let mut state = (image, hashes);
+        // Deltas are fetched `n` at a time (download, decompress, sha256), and each batch is
+        // applied in order while exactly the next one is fetched: memory holds at most two
+        // batches of bodies. An apply error returns at once (the fetch is dropped); when both
+        // fail, the apply's error, earlier in the chain, wins.
+        let start = Start {
+            seq: chain.snapshot.seq(),
+            checksum: state.1.sum(),
+        };
+        let mut batches = chain.deltas.chunks(n);
+        let mut next = match batches.next() {
+            Some(entries) => Some((entries, self.fetch_batch(org, entries, n).await?)),
+            None => None,
+        };
+        while let Some((entries, bodies)) = next {
+            let batch: Vec<(LogEntry, (String, Vec<u8>))> =
+                entries.iter().cloned().zip(bodies).collect();
+            let org_id = org.clone();
+            let applying = blocking("applying deltas", move || {
+                let (mut image, mut hashes) = state;
+                for (entry, (obj, body)) in &batch {
+                    chain::apply(&org_id, start, entry, obj, body, &mut image, &mut hashes)?;
+                }
+                Ok((image, hashes))
+            });
+            let Some(following) = batches.next() else {
+                state = applying.await?;
+                break;
+            };
+            let applying = std::pin::pin!(applying);
+            let fetching = std::pin::pin!(self.fetch_batch(org, following, n));
+            next = match futures::future::select(applying, fetching).await {
+                Either::Left((applied, fetching)) => {
+                    state = applied?;
+                    Some((following, fetching.await?))
+                }
+                Either::Right((fetched, applying)) => {
+                    state = applying.await?;
+                    Some((following, fetched?))
+                }
+            };
+        }
+        Ok(Rebuilt {
+            image: state.0,
+            object: format!("{org}@{}", chain.position()),
+            hashes: state.1,
+            manifest,
+        })
+    }
+
+    /// Rebuilds `chain` and installs it at `dest`, or, with no chain (nothing published),
+    /// removes `dest` and its sidecars. Returns what was installed and, for a chain, its
+    /// tip (position and page hashes) and what the chain weighs.
+    async fn install_chain(
+        &self,
+        org: &OrgId,
+        chain: Option<Chain>,
+        dest: &Path,
+    ) -> Result<(Hydrated, Option<Installed>), Error> {
+        let dest_buf = dest.to_path_buf();
+        let Some(chain) = chain else {
+            blocking("clearing the destination", move || remove_db(&dest_buf)).await?;
+            info!(%org, "hydrated empty: no snapshot published yet");
+            let empty = Hydrated {
+                snapshot: None,
+                commit: 0,
+                position: None,
+                deltas: 0,
+            };
+            return Ok((empty, None));
+        };
+        let _ = PROGRESS.try_with(|p| {
+            let total = std::iter::once(&chain.snapshot)
+                .chain(&chain.deltas)
+                .filter_map(|e| e.stored().map(|s| s.compressed_bytes))
+                .sum();
+            p.total.store(total, Ordering::Relaxed);
+            p.downloaded.store(0, Ordering::Relaxed);
+        });
+        // The image is rebuilt in a temp file beside `dest` and renamed over it only once
+        // every check passed: a failure or a crash leaves nothing at `dest` (I10).
+        let nonce = new_nonce()?;
+        let tmp = temp_beside(dest, &nonce)?;
+        let file = FileImage::create(&tmp)?;
+        let rebuilt = self.rebuild(org, &chain, file).await;
+        let t = tmp.clone();
+        let installed = match rebuilt {
+            Ok(mut r) => {
+                blocking("installing a snapshot", move || {
+                    r.image.sync()?;
+                    install_file(&r.object, &t, &dest_buf)?;
+                    Ok((r.hashes, r.manifest))
+                })
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        let (hashes, manifest) = match installed {
+            Ok(h) => h,
+            Err(e) => {
+                blocking("removing a temp file", move || {
+                    discard(&tmp);
+                    Ok(())
+                })
+                .await?;
+                return Err(e);
+            }
+        };
+        let last = chain.deltas.last().unwrap_or(&chain.snapshot);
+        let commit = last.commit().unwrap_or(0);
+        let position = Some(last.seq());
+        info!(%org, seq = chain.snapshot.seq(), position, deltas = chain.deltas.len(),
+              round = chain.snapshot.round(), commit, "hydrated");
+        let hydrated = Hydrated {
+            snapshot: self.shipped(org, &chain.snapshot),
+            commit,
+            position,
+            deltas: chain.deltas.len(),
+        };
+        let inherited = chain.inherited(commit, hashes.page_size());
+        let tip = Tip {
+            seq: last.seq(),
+            hashes: Arc::new(hashes),
+        };
+        Ok((hydrated, Some((tip, inherited, manifest))))
+    }
+}
+
+/// Counts `bytes` downloaded into the progress of the restore running in this task, if any.
+pub(crate) fn downloaded(bytes: u64) {
+    let _ = PROGRESS.try_with(|p| p.downloaded.fetch_add(bytes, Ordering::Relaxed));
+}

@@ -1,0 +1,250 @@
+//! Retention: delete old snapshots, entries and orphan blobs, never what a reader needs to
+//! reach the newest snapshot (I11).
+
+pub(crate) mod refs;
+
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use tracing::{info, warn};
+
+use crate::chain;
+use crate::format::layout::parse_blob_seq;
+use crate::format::manifest::segment_sha;
+use crate::{Error, LogEntry, OrgId, Replica, Retention};
+
+/// Result of [`crate::Replica::retain`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RetentionReport {
+    /// Log positions deleted.
+    pub deleted_entries: Vec<u64>,
+    /// Blob object paths deleted (expired snapshots and orphans).
+    pub deleted_blobs: Vec<String>,
+    /// Snapshot entries kept.
+    pub kept_snapshots: usize,
+    /// Deletions by age were skipped: this host's clock would have deleted a snapshot by age
+    /// and disagreed with the store's beyond [`crate::Settings::max_clock_skew_ms`] (I15).
+    /// Counted in `idem_clock_refusals_total{op="retention"}`; what does not depend on age
+    /// (unreachable deltas, orphans) was still deleted.
+    pub age_skipped: bool,
+}
+
+impl Replica {
+    /// Applies `policy` to `org`.
+    ///
+    /// Never deletes the newest snapshot entry, its manifest or segments, or any entry after
+    /// it (its delta chain), nor any claim or release entry (so no slot a zombie writer would
+    /// publish into is ever freed). Deletes older snapshot entries (and then their objects)
+    /// that are beyond `keep_snapshots` AND older than `keep_ms` (by this host's clock and,
+    /// when that would delete one, by the store's too: [`Replica::store_time`], I15), with the
+    /// deltas chained to them; deltas below the newest snapshot that no kept snapshot's chain reaches; and
+    /// orphan objects whose seq is at most the head seq — a blob, manifest or segment that no
+    /// kept entry names, directly or through a kept snapshot's manifest. An object above the
+    /// head may belong to a ship in flight (a zombie's uploads are orphans: its entry can
+    /// never land). A segment shared by a deleted snapshot and a kept one stays.
+    ///
+    /// Reads only the log entries this handle has not published or read before (checked
+    /// against the listing's size and ETag; see [`crate::Settings::known_entries`]). A run
+    /// that finds a listed entry gone when it reads it (another run deleted it) deletes no
+    /// object: its view of the log is not one state of it.
+    ///
+    /// When this host's clock would delete a snapshot by age and disagrees with the store's
+    /// beyond [`crate::Settings::max_clock_skew_ms`], no snapshot is deleted by age this run
+    /// ([`RetentionReport::age_skipped`], one warning per run), and the rest runs: the
+    /// deletions that do not depend on age keep the store from growing on a skewed host.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; an unreadable log; the store's errors while reading its clock. A
+    /// partial run is safe to repeat.
+    pub async fn retain(&self, org: &OrgId, policy: &Retention) -> Result<RetentionReport, Error> {
+        self.writable("retention")?;
+        // Entries this handle published or read before are not read again: a run costs two
+        // LISTs, a GET per entry it has not seen, and its deletions (I14).
+        let (log, listed) = self.history_known(org).await?;
+        let mut report = RetentionReport::default();
+        let Some(head) = log.last().map(LogEntry::seq) else {
+            return Ok(report);
+        };
+        let snaps: Vec<&LogEntry> = log.iter().filter(|e| e.is_snapshot()).collect();
+        let Some(newest) = snaps.last().map(|e| e.seq()) else {
+            return Ok(report);
+        };
+        let keep = policy.keep_snapshots.max(1);
+        let beyond_count: Vec<&LogEntry> = snaps
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| i + keep < snaps.len() && e.seq() < newest)
+            .map(|(_, e)| *e)
+            .collect();
+        let now = match self.age_now(policy, &beyond_count).await {
+            Ok(now) => Some(now),
+            // A clock the store contradicts decides no age (I15); refuse() counted it.
+            Err(e @ Error::ClockSkew { .. }) => {
+                warn!(%org, error = %e, "retention skipped deletions by age");
+                report.age_skipped = true;
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        let mut doomed: Vec<&LogEntry> = beyond_count
+            .into_iter()
+            .filter(|e| now.is_some_and(|now| now.saturating_sub(e.at_ms()) >= policy.keep_ms))
+            .collect();
+        // Deltas stay while the snapshot they chain from stays (point-in-time restore);
+        // deltas no kept snapshot reaches (a fenced writer's orphans) go. Claims and releases
+        // always stay: the entry after any writer's last entry is its own release or the next
+        // writer's claim, so keeping them means no slot a zombie writer would publish into is
+        // ever freed, and a zombie's create always collides (I7, I11). They cost one entry per
+        // handoff.
+        let mut reachable = std::collections::HashSet::new();
+        for (i, e) in log.iter().enumerate() {
+            if e.is_snapshot() && !doomed.iter().any(|d| d.seq() == e.seq()) {
+                reachable.extend(chain::after(e, &log[i + 1..]).iter().map(LogEntry::seq));
+            }
+        }
+        doomed.extend(
+            log.iter()
+                .filter(|e| e.is_delta() && e.seq() < newest && !reachable.contains(&e.seq())),
+        );
+        report.kept_snapshots = snaps.len() - doomed.iter().filter(|e| e.is_snapshot()).count();
+        // Entries first, then blobs: a reader never finds an entry whose blob is gone. Deltas
+        // go newest first and before their snapshot, so an interrupted run leaves a snapshot
+        // with a prefix of its chain, never deltas without their snapshot.
+        doomed.sort_by_key(|e| (e.is_snapshot(), std::cmp::Reverse(e.seq())));
+        for e in &doomed {
+            let path = self.inner.layout.log(org, e.seq());
+            self.delete(&path).await?;
+            report.deleted_entries.push(e.seq());
+        }
+        report.deleted_entries.sort_unstable();
+        self.inner
+            .known
+            .forget(org, &report.deleted_entries, &listed);
+        // A listed entry that was gone when read was deleted by another run meanwhile, so
+        // this view is not one state of the log: it can lack the snapshot S that a newer
+        // snapshot reuses segments of while holding an entry above S, which makes the
+        // segments S uploaded (named with S's seq, at most the head read here) look like
+        // orphans. Such a run judges no object; the next run does (`docs/design.md`,
+        // "Segments and retention", rule 2). Its entry deletions stand: they are a subset of
+        // what the newer run that deleted the missing entry retires.
+        if log.len() < listed.len() {
+            info!(%org, entries = report.deleted_entries.len(), vanished = listed.len() - log.len(),
+                  "retention ran; the log changed under its read, so no object was judged");
+            return Ok(report);
+        }
+        // Objects named by a kept entry, and (read below, only if a segment could go) the
+        // segments every kept snapshot's manifest names. A snapshot landing after this run read
+        // the log names only segments of the newest snapshot read here (kept) or segments it
+        // uploaded under its own position, above `head`: `docs/design.md`, "Segments and
+        // retention".
+        let kept: Vec<&LogEntry> = log
+            .iter()
+            .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
+            .collect();
+        let mut referenced: std::collections::HashSet<String> = kept
+            .iter()
+            .filter_map(|e| e.blob())
+            .map(str::to_owned)
+            .collect();
+        let dir = self.inner.layout.snap_dir(org);
+        let blobs: Vec<_> = self
+            .inner
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("list", &dir, e))?;
+        // Only objects uploaded for a position the log has reached can be orphans: one above
+        // the head may belong to a ship in flight.
+        let candidates: Vec<_> = blobs
+            .into_iter()
+            .filter(|m| {
+                m.location.filename().is_some_and(|name| {
+                    !referenced.contains(name)
+                        && parse_blob_seq(name).is_some_and(|seq| seq <= head)
+                })
+            })
+            .collect();
+        let segments_at_stake = candidates
+            .iter()
+            .any(|m| m.location.filename().and_then(segment_sha).is_some());
+        if segments_at_stake {
+            for e in kept.iter().filter(|e| e.is_snapshot()) {
+                let (Some(name), Some(stored)) = (e.manifest(), e.stored()) else {
+                    continue;
+                };
+                // A kept manifest that cannot be read leaves its segments unknown: no segment
+                // is deleted this run (verify reports the damage).
+                match self.segment_names(org, name, stored.bytes).await {
+                    Ok(names) => referenced.extend(names.iter().cloned()),
+                    Err(Error::MissingObject { .. } | Error::Corrupt { .. }) => {
+                        referenced.extend(
+                            candidates
+                                .iter()
+                                .filter_map(|m| m.location.filename())
+                                .filter(|n| segment_sha(n).is_some())
+                                .map(str::to_owned),
+                        );
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for meta in candidates {
+            let Some(name) = meta.location.filename() else {
+                continue;
+            };
+            if referenced.contains(name) {
+                continue;
+            }
+            self.delete(&meta.location).await?;
+            report.deleted_blobs.push(meta.location.to_string());
+        }
+        info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(),
+              age_skipped = report.age_skipped, "retention ran");
+        Ok(report)
+    }
+
+    /// The now snapshot ages are judged by (ms since the Unix epoch). Only when this host's
+    /// clock would delete one of `candidates` by age is the store's clock asked: then the
+    /// earlier of the two is used, so no snapshot goes younger than `keep_ms` by either, and a
+    /// host whose clock disagrees with the store's beyond the bound gets `ClockSkew`, and
+    /// [`Replica::retain`] then deletes nothing by age (I15).
+    ///
+    /// # Errors
+    /// [`Error::ClockSkew`] and the other errors of [`Replica::store_time`].
+    async fn age_now(&self, policy: &Retention, candidates: &[&LogEntry]) -> Result<u64, Error> {
+        let host = self.inner.clock.now_ms();
+        let by_host = |e: &&LogEntry| host.saturating_sub(e.at_ms()) >= policy.keep_ms;
+        if policy.keep_ms == 0 || !candidates.iter().any(by_host) {
+            return Ok(host);
+        }
+        Ok(self.store_time("retention").await?.now_ms())
+    }
+
+    /// The segment names of the manifest `name` of `org` (for an image of `image_bytes`),
+    /// read once per handle.
+    async fn segment_names(
+        &self,
+        org: &OrgId,
+        name: &str,
+        image_bytes: u64,
+    ) -> Result<std::sync::Arc<Vec<String>>, Error> {
+        let path = self.inner.layout.blob(org, name).to_string();
+        if let Some(names) = self.inner.segment_refs.get(&path) {
+            return Ok(names);
+        }
+        let manifest = self.read_manifest(org, name, image_bytes).await?;
+        let names: std::sync::Arc<Vec<String>> =
+            std::sync::Arc::new(manifest.segments.into_iter().map(|s| s.0).collect());
+        self.inner.segment_refs.insert(&path, names.clone());
+        Ok(names)
+    }
+
+    /// Deletes the object at `path`; an object already gone is fine (a repeated run).
+    async fn delete(&self, path: &object_store::path::Path) -> Result<(), Error> {
+        match self.inner.store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store("delete", path, e)),
+        }
+    }
+}
