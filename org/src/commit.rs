@@ -2,52 +2,16 @@
 //! the same transaction (`idem_org_commit.n`), so a captured state proves which commits it
 //! holds (I6, I13) and a waiter knows which ship acknowledges it.
 //!
-//! Written in one place ([`bump`]), read in one place ([`read`]); the writer thread keeps the
-//! last value it read or wrote in a [`CommitSeq`] that requests wait on.
+//! The table and its one read and one write live in `idem_replica::commit` (re-exported here
+//! as [`read`] and [`bump`]), beside the capture that reads the counter back from its pages;
+//! the writer thread keeps the last value it read or wrote in a [`CommitSeq`] that requests
+//! wait on.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rusqlite::Connection;
-
-/// The table: one row, `id` its rowid (0), `n` the sequence. The shape is what
-/// `idem_replica::sqlite` reads back from captured pages; do not change it.
-pub(crate) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS idem_org_commit (
-    id INTEGER PRIMARY KEY CHECK (id = 0),
-    n  INTEGER NOT NULL
-);
-INSERT OR IGNORE INTO idem_org_commit (id, n) VALUES (0, 0);";
-
-/// Reads the commit sequence (inside the caller's transaction, if any).
-///
-/// # Errors
-/// SQLite's error (a database without the table included).
-pub(crate) fn read(conn: &Connection) -> rusqlite::Result<u64> {
-    let n: i64 = conn
-        .prepare_cached("SELECT n FROM idem_org_commit WHERE id = 0")?
-        .query_row([], |r| r.get(0))?;
-    Ok(u64::try_from(n).unwrap_or(0))
-}
-
-/// Raises the commit sequence by one inside the caller's open transaction and returns it.
-///
-/// # Errors
-/// SQLite's error; the caller's transaction then rolls back.
-pub(crate) fn bump(conn: &Connection) -> rusqlite::Result<u64> {
-    let n: i64 = conn
-        .prepare_cached("UPDATE idem_org_commit SET n = n + 1 WHERE id = 0 RETURNING n")?
-        .query_row([], |r| r.get(0))?;
-    Ok(u64::try_from(n).unwrap_or(0))
-}
-
-/// The root page of the table: where captured pages hold the sequence.
-///
-/// # Errors
-/// SQLite's error.
-pub(crate) fn root_page(conn: &Connection) -> rusqlite::Result<u32> {
-    conn.prepare_cached("SELECT rootpage FROM sqlite_schema WHERE name = 'idem_org_commit'")?
-        .query_row([], |r| r.get(0))
-}
+// The counter's table, its read, its bump and its root page are replica's
+// (`idem_replica::commit`), beside the capture that reads them back from its pages.
+pub(crate) use idem_replica::commit::{SCHEMA, bump, read};
 
 /// The newest commit sequence the writer thread has seen in its database. Only raised, and
 /// always before the reply of the job that raised it, so a waiter never waits for less than
@@ -81,6 +45,7 @@ pub(crate) struct Answer<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
 
     #[test]
     fn bump_and_read_agree_and_the_sequence_only_rises() -> rusqlite::Result<()> {
@@ -95,7 +60,7 @@ mod tests {
         assert_eq!(bump(&tx)?, 1);
         tx.commit()?;
         assert_eq!(read(&conn)?, 1);
-        assert!(root_page(&conn)? >= 2);
+        assert!(idem_replica::commit::root_page(&conn)? >= 2);
         let seq = CommitSeq::new(5);
         assert_eq!(seq.raise(3), 5);
         assert_eq!(seq.raise(9), 9);

@@ -93,6 +93,7 @@ pub use testing::{conformance, fault};
 
 pub use format::segment;
 pub use live as sqlite;
+pub use live::commit;
 
 pub use counted::{CountedStore, StoreRequests};
 pub use error::{Error, ErrorKind};

@@ -193,16 +193,12 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
         }
         Job::Effect(job) => crate::effect::run_job(conn, seq, job),
         Job::Capture { request, reply } => {
-            // The database's own sequence, not the in-memory one: a capture labels what
-            // the pages hold, and the shipper checks the pages agree.
-            let labels = commit::read(conn).and_then(|n| Ok((n, commit::root_page(conn)?)));
-            let out = match labels {
-                Ok((n, page)) => {
-                    seq.raise(n);
-                    owned.capture(n, page, request)
-                }
-                Err(e) => Err(CaptureError::Io(std::io::Error::other(e))),
-            };
+            // The capture labels what the pages hold with the database's own sequence (it
+            // reads the counter from the connection), and the shipper checks the pages agree.
+            let out = owned.capture(request);
+            if let Ok(captured) = &out {
+                seq.raise(captured.commit());
+            }
             let _ = reply.send(out);
         }
         Job::Read { read, reply } => {

@@ -89,6 +89,14 @@ pub struct Captured {
     pub(crate) db: DbState,
 }
 
+impl Captured {
+    /// The commit sequence the capture holds: once a ship of it is published, every commit
+    /// up to it is acknowledged (I6).
+    pub fn commit(&self) -> u64 {
+        self.commit
+    }
+}
+
 /// What the writer thread remembers between captures to tell its own changes from others'.
 #[derive(Debug)]
 struct Watch {

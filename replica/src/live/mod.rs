@@ -11,6 +11,7 @@
 //!    [`crate::Shipper`]'s [`CaptureRequest`] with [`Owned::capture`].
 
 mod capture;
+pub mod commit;
 mod owned;
 pub(crate) mod pages;
 pub(crate) mod proof;
@@ -186,19 +187,19 @@ impl Owned {
     }
 
     /// Captures what the next ship publishes, between two transactions of the writer
-    /// connection: `commit_seq` is the commit sequence the database holds now and
-    /// `counter_page` the root page of the one-row table that stores it, which the shipper
-    /// reads back from the captured pages before it publishes (I13).
+    /// connection. The capture takes the commit counter ([`commit::read`]) and the root page
+    /// of its table ([`commit::root_page`]) from the connection it holds, so the label is
+    /// what the database holds now; the shipper reads the counter back from the captured
+    /// pages before it publishes (I13).
     ///
     /// # Errors
     /// [`CaptureError::Foreign`] when the files are not as the writer left them;
-    /// [`CaptureError::Io`] for a local failure.
-    pub fn capture(
-        &mut self,
-        commit_seq: u64,
-        counter_page: u32,
-        request: CaptureRequest,
-    ) -> Result<Captured, CaptureError> {
+    /// [`CaptureError::Io`] for a local failure, including a database without the counter
+    /// table.
+    pub fn capture(&mut self, request: CaptureRequest) -> Result<Captured, CaptureError> {
+        let label = |e: rusqlite::Error| CaptureError::Io(std::io::Error::other(e));
+        let commit_seq = commit::read(&self.conn).map_err(label)?;
+        let counter_page = commit::root_page(&self.conn).map_err(label)?;
         self.capturer
             .capture(&self.conn, commit_seq, counter_page, request)
     }
