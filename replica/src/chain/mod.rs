@@ -16,7 +16,9 @@
 //! predecessors a reader may skip. Each delta is applied only if the database checksum
 //! before it is its `base_checksum`, and must leave the checksum its entry records.
 
-use crate::fence::claim::Inherited;
+pub(crate) mod position;
+
+use crate::chain::position::Inherited;
 use crate::format::body::DeltaBody;
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::entry::{DeltaLink, EntryBody};

@@ -6,51 +6,15 @@ use std::sync::Arc;
 
 use tracing::{debug, info, warn};
 
+use crate::chain::position::{Inherited, Tip};
 use crate::fence::lease::Lease;
 use crate::fence::log::Published;
-use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::entry::{Claimer, EntryBody, EntryHeader};
 use crate::format::layout::new_nonce;
 use crate::org_id::check_writer;
 use crate::{Error, FailPoint, LogEntry, OrgId, Replica};
 
 mod holder;
-
-/// The newest snapshot or delta a claim published: where the next delta applies, and the
-/// page hashes of the database there.
-#[derive(Clone)]
-pub(crate) struct Tip {
-    pub(crate) seq: u64,
-    pub(crate) hashes: Arc<PageHashes>,
-}
-
-impl std::fmt::Debug for Tip {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tip")
-            .field("seq", &self.seq)
-            .field("checksum", &checksum_hex(self.hashes.sum()))
-            .finish()
-    }
-}
-
-/// The chain a claim continues: what a hydrate (or a reused local file) proved about the
-/// newest published position below the claim, which a [`crate::Shipper`] seeds its budget
-/// from, so the bounds on what a hydrate reads hold across rounds.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Inherited {
-    /// The commit counter the position holds.
-    pub(crate) commit: u64,
-    /// Compressed bytes of the chain's snapshot.
-    pub(crate) snapshot_bytes: u64,
-    /// Database pages in the chain's snapshot.
-    pub(crate) snapshot_pages: u64,
-    /// When the chain's snapshot was published, ms since the Unix epoch.
-    pub(crate) snapshot_at_ms: u64,
-    /// Compressed bytes of the deltas a hydrate of the position reads.
-    pub(crate) delta_bytes: u64,
-    /// How many deltas that is.
-    pub(crate) deltas: u64,
-}
 
 /// A writer's claim on an org for one round: ship, confirm and release with it; any later
 /// claim fences it (I7).
@@ -78,28 +42,28 @@ pub struct Claim {
     nonce: String,
     seq: u64,
     /// The log position the next ship or release publishes at.
-    pub(crate) next_seq: u64,
+    next_seq: u64,
     /// Why the claim can no longer publish, once it cannot.
-    pub(crate) unusable: Option<&'static str>,
+    unusable: Option<&'static str>,
     /// True after a publish the store refused: a put of it may still land, so the next
     /// landed create is checked for a successor above it.
-    pub(crate) in_doubt: bool,
+    in_doubt: bool,
     /// The newest snapshot or delta published under this claim.
-    pub(crate) tip: Option<Tip>,
+    tip: Option<Tip>,
     /// The snapshot the chain started from (compacted deltas apply to it); `None` for a
     /// chain continued from an earlier round until this claim ships a snapshot of its own.
-    pub(crate) snapshot_tip: Option<Tip>,
+    snapshot_tip: Option<Tip>,
     /// The chain continued from before the claim, set with `tip` by a hydrate or a reused
     /// local file, until the claim publishes.
-    pub(crate) inherited: Option<Inherited>,
+    inherited: Option<Inherited>,
     /// The manifest of the newest snapshot in the log as this claim knows it (its own last
     /// snapshot, or the one its hydrate installed): the only segments a snapshot of this
     /// claim may name without uploading them (`docs/design.md`, "Segments and retention").
     /// Cleared whenever a snapshot's publish fails.
-    pub(crate) reuse: Option<Arc<crate::format::segment::Manifest>>,
+    reuse: Option<Arc<crate::format::segment::Manifest>>,
     /// True once a snapshot of this claim failed: its next snapshot names no segment it does
     /// not upload (a refused publish may still land, section 2a of the design).
-    pub(crate) reuse_lost: bool,
+    reuse_lost: bool,
 }
 
 impl Claim {
@@ -142,6 +106,70 @@ impl Claim {
     /// claim continues). `None` when there is none: the next ship must be a full snapshot.
     pub fn chain_tip(&self) -> Option<u64> {
         self.tip.as_ref().map(|t| t.seq)
+    }
+
+    /// The newest snapshot or delta the claim's chain reaches: its own last publish or,
+    /// before that, the position a hydrate or resume handed it.
+    pub(crate) fn tip(&self) -> Option<&Tip> {
+        self.tip.as_ref()
+    }
+
+    /// The snapshot this claim shipped itself, which a compacted delta applies to.
+    pub(crate) fn snapshot_tip(&self) -> Option<&Tip> {
+        self.snapshot_tip.as_ref()
+    }
+
+    /// The chain the claim continues from before it, and its tip, until the claim publishes.
+    pub(crate) fn inherited(&self) -> Option<(&Tip, &Inherited)> {
+        self.tip.as_ref().zip(self.inherited.as_ref())
+    }
+
+    /// True while the claim has published nothing and holds no tip: only then may a resume
+    /// hand it a position.
+    pub(crate) fn is_fresh(&self) -> bool {
+        self.tip.is_none() && self.next_seq == self.seq + 1
+    }
+
+    /// The manifest whose segments the next snapshot may name without uploading them.
+    pub(crate) fn reuse(&self) -> Option<&Arc<crate::format::segment::Manifest>> {
+        self.reuse.as_ref()
+    }
+
+    /// True when the claim knows no manifest to reuse yet and may look one up: it shipped
+    /// no snapshot and no snapshot of it failed.
+    pub(crate) fn may_look_up_reuse(&self) -> bool {
+        self.reuse.is_none() && self.snapshot_tip.is_none() && !self.reuse_lost
+    }
+
+    /// Records the manifest of the newest snapshot this claim knows (its own, once shipped).
+    pub(crate) fn set_reuse(&mut self, reuse: Option<Arc<crate::format::segment::Manifest>>) {
+        self.reuse = reuse;
+    }
+
+    /// A snapshot of this claim failed: its publish may still land, so no later snapshot of
+    /// the claim names a segment it does not upload.
+    pub(crate) fn lose_reuse(&mut self) {
+        self.reuse = None;
+        self.reuse_lost = true;
+    }
+
+    /// A snapshot landed at `tip`: the chain now starts there, and nothing is inherited.
+    pub(crate) fn snapshot_published(&mut self, tip: Tip) {
+        self.snapshot_tip = Some(tip.clone());
+        self.tip = Some(tip);
+        self.inherited = None;
+    }
+
+    /// Lets go of the tip (so the caller's copy of its page hashes is the only one and can
+    /// be updated in place); [`Claim::delta_published`] sets the next one.
+    pub(crate) fn drop_tip(&mut self) {
+        self.tip = None;
+    }
+
+    /// A delta landed at `tip`: the chain's newest entry, and nothing is inherited.
+    pub(crate) fn delta_published(&mut self, tip: Tip) {
+        self.tip = Some(tip);
+        self.inherited = None;
     }
 
     /// Leaves the claim holding `tip`, the verified position it installed before publishing

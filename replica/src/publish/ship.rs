@@ -20,7 +20,7 @@ use base64::prelude::BASE64_STANDARD;
 use object_store::{ObjectStoreExt, PutPayload};
 use tracing::info;
 
-use crate::fence::claim::Tip;
+use crate::chain::position::Tip;
 use crate::format::blob::{Packed, pack};
 use crate::format::checksum::checksum_hex;
 use crate::format::entry::{BlobRef, DeltaLink, EntryBody, Stored};
@@ -135,13 +135,13 @@ impl Replica {
         commit: u64,
     ) -> Result<Shipped, Error> {
         claim.usable()?;
-        if claim.reuse.is_none() && claim.snapshot_tip.is_none() && !claim.reuse_lost {
-            claim.reuse = self.inherited_manifest(claim).await;
+        if claim.may_look_up_reuse() {
+            let reuse = self.inherited_manifest(claim).await;
+            claim.set_reuse(reuse);
         }
         let shipped = self.ship_segments(claim, source, commit).await;
         if shipped.is_err() {
-            claim.reuse = None;
-            claim.reuse_lost = true;
+            claim.lose_reuse();
         }
         shipped
     }
@@ -157,7 +157,7 @@ impl Replica {
         &self,
         claim: &Claim,
     ) -> Option<Arc<crate::format::segment::Manifest>> {
-        let tip = claim.tip.as_ref()?;
+        let tip = claim.tip()?;
         let segment = self.inner.settings.segment_bytes as u64;
         if (tip.hashes.pages() as u64) * u64::from(tip.hashes.page_size()) < 4 * segment {
             return None;
@@ -180,9 +180,9 @@ impl Replica {
     ) -> Result<Shipped, Error> {
         let org = claim.org().clone();
         let started = std::time::Instant::now();
-        let (seq, round) = (claim.next_seq, claim.round());
+        let (seq, round) = (claim.next_seq(), claim.round());
         self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
-        let reuse = claim.reuse.clone();
+        let reuse = claim.reuse().cloned();
         let streamed = self
             .upload_segments(&org, (seq, round), source, reuse.as_deref())
             .await?;
@@ -217,9 +217,7 @@ impl Replica {
             seq,
             hashes: Arc::new(streamed.hashes),
         };
-        claim.snapshot_tip = Some(tip.clone());
-        claim.tip = Some(tip);
-        claim.inherited = None;
+        claim.snapshot_published(tip);
         let shipped = Shipped {
             seq,
             delta: false,
@@ -236,7 +234,7 @@ impl Replica {
         self.inner
             .segment_refs
             .insert(manifest_path.as_ref(), Arc::new(names));
-        claim.reuse = Some(Arc::new(manifest));
+        claim.set_reuse(Some(Arc::new(manifest)));
         Ok(shipped)
     }
 
@@ -267,7 +265,7 @@ impl Replica {
     pub async fn ship_delta(&self, claim: &mut Claim, delta: Delta) -> Result<Shipped, Error> {
         claim.usable()?;
         let org = claim.org().to_string();
-        let seq = claim.next_seq;
+        let seq = claim.next_seq();
         let Some(tip) = claim.delta_tip().cloned() else {
             return Err(Error::NoChainTip {
                 org,
@@ -287,7 +285,7 @@ impl Replica {
         }
         let level = self.inner.settings.zstd_level;
         let commit = delta.commit();
-        let base = match (&claim.snapshot_tip, delta.is_compacted()) {
+        let base = match (claim.snapshot_tip(), delta.is_compacted()) {
             (Some(snapshot), true) => snapshot.clone(),
             // A chain continued from an earlier round compacts only onto a snapshot of this
             // claim's own: the chain rules take a compaction of the snapshot's round only.
@@ -348,14 +346,13 @@ impl Replica {
         // Update the base's hashes in place: once the claim lets go of its tip, the table is
         // usually ours alone (a compaction, or the first delta after a snapshot, copies it once).
         drop(tip);
-        claim.tip = None;
+        claim.drop_tip();
         let mut hashes = base.hashes;
         Arc::make_mut(&mut hashes).apply_change(change);
-        claim.tip = Some(Tip {
+        claim.delta_published(Tip {
             seq: shipped.seq,
             hashes,
         });
-        claim.inherited = None;
         Ok(shipped)
     }
 
@@ -391,7 +388,7 @@ impl Replica {
             }
             None => (
                 BlobRef::Inline(BASE64_STANDARD.encode(&packed.blob)),
-                self.inner.layout.log(&org, claim.next_seq),
+                self.inner.layout.log(&org, claim.next_seq()),
             ),
         };
         self.failpoint(FailPoint::ShipAfterUpload, &org).await?;

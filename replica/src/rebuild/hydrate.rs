@@ -9,8 +9,8 @@ use futures::future::Either;
 use futures::{StreamExt, TryStreamExt};
 use tracing::info;
 
+use crate::chain::position::{Inherited, Tip};
 use crate::chain::{self, Chain, Start, broken};
-use crate::fence::claim::{Inherited, Tip};
 use crate::format::blob::{inline_body, unpack};
 use crate::format::checksum::PageHashes;
 use crate::format::layout::new_nonce;

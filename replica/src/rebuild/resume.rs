@@ -11,7 +11,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tracing::info;
 
-use crate::fence::claim::{Inherited, Tip};
+use crate::chain::position::{Inherited, Tip};
 use crate::format::checksum::{PageHashes, checksum_hex, page_hash};
 use crate::format::entry::EntryBody;
 use crate::live::pages::{HEADER_BYTES, canonical_page1, image_page_size};
@@ -88,7 +88,7 @@ impl Replica {
     ) -> Result<Option<Resumed>, Error> {
         claim.usable()?;
         let org = claim.org().clone();
-        if claim.tip.is_some() || claim.next_seq != claim.seq() + 1 {
+        if !claim.is_fresh() {
             return Ok(None);
         }
         let Some(entry) = self.newest_position(&org, claim.seq()).await? else {

@@ -29,7 +29,7 @@ use std::sync::Arc;
 pub use policy::ShipPolicy;
 
 use crate::rebuild::resume::ResumePoint;
-use state::{Chain, WalState};
+use state::{ShipState, WalState};
 
 use crate::live::{self, CaptureError, CaptureRequest, Captured, Checkpoint, Foreign, OwnedFiles};
 use crate::publish::source::{OwnedSource, PageSource};
@@ -82,7 +82,7 @@ pub struct Shipper {
     /// The database file's path (for errors, also while parked).
     db_path: std::path::PathBuf,
     policy: ShipPolicy,
-    chain: Chain,
+    chain: ShipState,
     /// The next ship is a full snapshot whatever the policy says ([`Shipper::full_next`]).
     full_requested: bool,
     /// A bound on the page cache shared with other shippers ([`Shipper::share_cache_limit`]).
@@ -111,9 +111,9 @@ impl Shipper {
         files: Arc<OwnedFiles>,
         policy: ShipPolicy,
     ) -> Shipper {
-        let mut chain = Chain::new();
+        let mut chain = ShipState::new();
         // A claim that hydrated a chain (or reused a file holding its tip) continues it.
-        if let (Some(tip), Some(inherited)) = (&claim.tip, &claim.inherited) {
+        if let Some((tip, inherited)) = claim.inherited() {
             let age_ms = replica
                 .inner
                 .clock
@@ -162,7 +162,7 @@ impl Shipper {
     /// and the WAL frames after it (a continued chain first ships what its open path wrote
     /// outside the WAL: [`Shipper::inherited_unshipped`]).
     pub fn parkable(&self) -> bool {
-        self.claim.tip.is_some()
+        self.claim.tip().is_some()
             && self.chain.pending.is_empty()
             && !self.chain.diff_file
             && self.chain.proven.is_some()
@@ -195,7 +195,7 @@ impl Shipper {
     /// truncated while parked) or the claim holds no tip: the org must stop, and nothing
     /// may be answered from the file; [`Error::Io`] reading it.
     pub async fn unpark(&mut self, files: Arc<OwnedFiles>) -> Result<(), Error> {
-        let Some(tip) = self.claim.tip.clone() else {
+        let Some(tip) = self.claim.tip().cloned() else {
             return Err(self.files_changed(&Foreign(
                 "the parked claim holds no chain tip to check its file against".into(),
             )));
@@ -237,7 +237,7 @@ impl Shipper {
         if !self.chain.diff_file {
             return Ok(false);
         }
-        let tip_pages = self.claim.tip.as_ref().map(|t| t.hashes.pages());
+        let tip_pages = self.claim.tip().map(|t| t.hashes.pages());
         if !self.take_file_changes().await? {
             // Another page size: only a full snapshot can follow.
             self.chain.wal = WalState::Lost;
@@ -259,7 +259,7 @@ impl Shipper {
     /// the writer connection has closed (SQLite then checkpoints the WAL into it); a later
     /// [`Replica::resume`] checks it against the store before trusting it.
     pub fn resume_point(&self) -> Option<ResumePoint> {
-        let tip = self.claim.tip.as_ref()?;
+        let tip = self.claim.tip()?;
         if self.chain.diff_file || !self.chain.pending.is_empty() {
             return None;
         }
@@ -514,7 +514,7 @@ impl Shipper {
     /// path wrote outside the WAL), so the first delta holds every change since the tip.
     /// False when the file's page size is not the tip's: the chain cannot go on (ship full).
     async fn take_file_changes(&mut self) -> Result<bool, Error> {
-        let Some(tip) = self.claim.tip.clone() else {
+        let Some(tip) = self.claim.tip().cloned() else {
             return Ok(false);
         };
         let files = self.files()?.clone();

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::policy::{COMPACTION_FLOOR, ShipPolicy};
 use crate::Claim;
-use crate::fence::claim::Inherited;
+use crate::chain::position::Inherited;
 use crate::live::wal::{Frames, WalPos};
 
 /// Where the next delta capture starts.
@@ -19,8 +19,9 @@ pub(super) enum WalState {
     At(WalPos),
 }
 
-/// The chain's state: its WAL position, pending pages, page cache and policy counters.
-pub(super) struct Chain {
+/// What the shipper keeps of the chain it extends: its WAL position, pending pages, page
+/// cache and policy counters.
+pub(super) struct ShipState {
     pub(super) wal: WalState,
     pub(super) page_size: u32,
     pub(super) db_pages: u32,
@@ -42,7 +43,7 @@ pub(super) struct Chain {
     own_snapshot: bool,
     /// The chain was taken over from a hydrate or a reused file and nothing shipped yet: the
     /// first delta must first take every page of the database file that differs from the
-    /// tip (the open path may have written it outside the WAL, see [`Chain::inherit`]).
+    /// tip (the open path may have written it outside the WAL, see [`ShipState::inherit`]).
     pub(super) diff_file: bool,
     /// Pages changed since the chain's snapshot (shipped or pending): a compacted delta
     /// carries them all.
@@ -61,9 +62,9 @@ pub(super) struct Chain {
     pub(super) proven: Option<u64>,
 }
 
-impl Chain {
-    pub(super) fn new() -> Chain {
-        Chain {
+impl ShipState {
+    pub(super) fn new() -> ShipState {
+        ShipState {
             wal: WalState::Lost,
             page_size: 0,
             db_pages: 0,
