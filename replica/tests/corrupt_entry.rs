@@ -1,6 +1,6 @@
-//! Regression (I10): a log entry whose size field is corrupt is a typed error. Found by an
-//! adversarial review: the size was used to preallocate the decompression buffer, and a
-//! bit-flipped size aborted the whole process (allocation failure), taking every tenant down.
+//! Regression (I10): a log entry whose size field is corrupt is a typed error. Guards against
+//! a size used to preallocate the decompression buffer, where a bit-flipped size aborted the
+//! whole process (allocation failure), taking every tenant down.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! Review 17: a crafted manifest (and the entry naming it) that claims billions of pages is a
+//! A crafted manifest (and the entry naming it) that claims billions of pages is a
 //! typed error, never an allocation the download does not bound (I10). Its own test binary:
 //! on the code it probes, the failure is an abort that would take other tests with it.
 

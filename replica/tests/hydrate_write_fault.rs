@@ -1,4 +1,4 @@
-//! Review 17: when writing the image fails (disk full), a restore stops downloading and
+//! When writing the image fails (disk full), a restore stops downloading and
 //! reports the write's error; it does not go on fetching every remaining segment of the
 //! snapshot first. Needs a small file system: it mounts a 256 KiB tmpfs, which takes root, so
 //! it is `#[ignore]`d and fails where it cannot mount; CI runs it (`--include-ignored`, as

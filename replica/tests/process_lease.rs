@@ -132,7 +132,7 @@ async fn a_crafted_or_unreadable_process_lease_is_no_proof_of_life() -> R {
     Ok(())
 }
 
-/// Regression (review): a claim whose one org-lease PUT failed was never covered by a lease,
+/// Regression: a claim whose one org-lease PUT failed was never covered by a lease,
 /// so any other writer claimed it away without force while its holder lived. The claim
 /// retries the write.
 #[tokio::test(flavor = "current_thread")]
@@ -159,7 +159,7 @@ async fn an_org_lease_write_that_fails_once_is_retried_and_the_live_claim_holds(
     Ok(())
 }
 
-/// Regression (review): when the first process-lease PUT failed, no renewal task started until
+/// Regression: when the first process-lease PUT failed, no renewal task started until
 /// the process claimed again, so its orgs lapsed while it lived. The timer starts anyway and
 /// its next tick writes the lease.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -190,7 +190,7 @@ async fn a_failed_first_process_lease_write_is_retried_by_the_timer() -> R {
     Ok(())
 }
 
-/// Regression (review): a claimant watched for its own term; one configured with a shorter
+/// Regression: a claimant watched for its own term; one configured with a shorter
 /// lease than the holder's saw the holder's lease unchanged between two renewals and took a
 /// live holder's org. It watches for the holder's term, written in the lease.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -243,7 +243,7 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
     Ok(())
 }
 
-/// Regression (review): the watch ran only when the org lease was of the log's newest round.
+/// Regression: the watch ran only when the org lease was of the log's newest round.
 /// A claim entry lands before its claimer writes the org lease, so a third claimant whose
 /// create collided with it re-read a head newer than the lease (the releaser's) and claimed
 /// at once, fencing the live claimer. Schedule: A releases; C passes its check and pauses
@@ -309,7 +309,7 @@ async fn a_claim_newer_than_the_org_lease_is_judged_by_its_claimer_before_its_le
     Ok(())
 }
 
-/// Regression (review): the renewal loop awaited each PUT without a deadline, so one PUT that
+/// Regression: the renewal loop awaited each PUT without a deadline, so one PUT that
 /// hung stopped every later renewal and a live holder lost all its orgs a watch later. Each
 /// renewal now gets one period; the next tick writes again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]

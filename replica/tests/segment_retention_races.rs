@@ -1,4 +1,6 @@
-//! Review 17: retention against snapshots whose entries land after it read the log.
+//! Retention against snapshots whose entries land after it read the log: a zombie's
+//! snapshot landing late in a slot retention freed is fenced and never names objects the
+//! run deleted (I7, I11).
 
 use std::sync::{Arc, Mutex};
 

@@ -1,4 +1,4 @@
-//! Review 17: snapshots of every page size, segment sizes that are not a multiple of the
+//! Snapshots of every page size, segment sizes that are not a multiple of the
 //! page size (or smaller than one page), a one-page database, and a database that shrinks
 //! (VACUUM) then grows between snapshots that reuse segments: each restores exactly.
 

@@ -1,4 +1,4 @@
-//! Review 17: a segment PUT that fails while the reading thread still has segments to hand
+//! A segment PUT that fails while the reading thread still has segments to hand
 //! over must end the ship with the error, not hang it (the reader blocks on a full channel
 //! whose receiver nobody polls any more).
 

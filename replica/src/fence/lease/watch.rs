@@ -144,7 +144,7 @@ mod tests {
         assert_eq!(w.saw("p", None, 3_200, 3_210, 1_000), 1_080);
     }
 
-    /// Regression (review): forgetting used the watch of whoever looked last for every
+    /// Regression: forgetting used the watch of whoever looked last for every
     /// entry, so lookups of short-term holders evicted a long-term dead holder's observation
     /// before its own watch ended, and its orgs never moved.
     #[test]
