@@ -47,11 +47,18 @@
 //!   connection's thread ([`sqlite::Owned::capture`]), proved from their own pages, published
 //!   as deltas of committed WAL frames or full snapshots per [`ShipPolicy`].
 //! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
+//! - [`commit`]: the commit counter every write transaction raises, which a capture reads
+//!   and the shipper proves from the captured pages (I6, I13).
 //! - [`StoreTime`]: this host's clock beside the store's ([`Replica::store_time`]), which
 //!   every decision by wall-clock age checks first (I15).
 //! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper,
 //!   pausing failpoints and a seeded generator for schedules; `conformance`, the suite every
 //!   store runs.
+//!
+//! # Layout
+//! One folder per layer (`docs/replica.md`, "Layout"): `format/` (bytes, no I/O), `fence/`
+//! (log, claims, leases), `chain/` (chain rules and position), `publish/`, `rebuild/`,
+//! `live/` (public as [`sqlite`]), `retention/`, `testing/` (`test-util`).
 //!
 //! # Object layout
 //! `<prefix>/orgs/<org>/log/<seq:020>.json` (create-only); under `<prefix>/orgs/<org>/snap/`,

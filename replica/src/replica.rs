@@ -1,6 +1,7 @@
 //! The store handle: opening it (with the create-only probe), the injected clock and
-//! failpoints, and plain object reads. The protocol lives beside it: `claim.rs`, `ship.rs`,
-//! `log/`, `lease.rs`, `hydrate.rs`, `verify.rs`, `retention.rs`.
+//! failpoints, and plain object reads. The protocol lives in the layer folders beside it:
+//! `fence/` (claim, log, lease), `publish/` (ship), `rebuild/` (hydrate, resume),
+//! `retention/`, and `verify.rs`.
 
 use std::sync::Arc;
 

@@ -1,7 +1,8 @@
-//! What this crate knows of SQLite's files: the writer's exclusive ownership of a database
-//! and its WAL (I13), WAL frames, captures of committed state, and the proof a capture makes
-//! from its own pages; page 1 and page-size rules (`pages`), SQLite's integrity checks of an
-//! image (`check`), and installing a verified image as a local file (`install`).
+//! The live database (public as `idem_replica::sqlite`): the writer's exclusive ownership of
+//! a database and its WAL (I13), WAL frames, captures of committed state, the commit counter
+//! ([`commit`]) and the proof a capture makes from its own pages; page 1 and page-size rules
+//! (`pages`); and the [`crate::Shipper`] that publishes captures (`shipper/`). Checking and
+//! installing an image a hydrate rebuilt is `rebuild/` (`check.rs`, `install.rs`).
 //!
 //! An embedder that ships a live database does three things here, in order:
 //! 1. [`open_exclusive`] opens the one writer connection and takes the database's lock;

@@ -1,5 +1,5 @@
 //! Encoding a delta's pages against their content at its base: a changed page ships as the
-//! spans that differ, or as a zstd patch, instead of whole (the body format is `body.rs`).
+//! spans that differ, or as a zstd patch, instead of whole (the body format is `format/body.rs`).
 
 use super::Delta;
 use crate::format::body::{PATCH, RUNS, XOR};

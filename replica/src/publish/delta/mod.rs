@@ -2,9 +2,9 @@
 //!
 //! A [`Delta`] is built from the changed pages and the database size after them
 //! ([`Delta::new`]), optionally encoded against the pages' content at its base
-//! ([`Delta::encode_against`], `encode.rs`), written as a body ([`body`]) that
+//! ([`Delta::encode_against`], `encode.rs`), written as a body (`format/body.rs`) that
 //! [`crate::Replica::ship_delta`] publishes, and parsed and applied by a hydrate
-//! ([`body::DeltaBody`], `apply.rs`). The log entry of each delta names its base and carries
+//! (`DeltaBody`, `rebuild/apply.rs`). The log entry of each delta names its base and carries
 //! the database checksum ([`crate::format::checksum`]) before and after it, so a hydrate proves that
 //! snapshot + deltas rebuilt exactly the database the writer had.
 
