@@ -12,7 +12,7 @@
 //! (u16 LE offset, u16 LE length, bytes) spans. Pages past the base's end are carried whole.
 
 use crate::Error;
-use crate::live::pages::valid_page_size;
+use crate::format::pages::valid_page_size;
 use crate::publish::delta::Delta;
 
 /// Header bytes of an uncompressed delta body: page size, database pages, changed pages

@@ -4,7 +4,7 @@
 //! big-endian u32 ‖ page bytes) — here CRC-64/NVME through a non-linear finalizer, so pages
 //! swapped between positions change it. XOR makes it cheap to update: a changed page swaps
 //! its old hash for its new one, so a ship costs O(changed pages), not O(database). Page 1 is
-//! hashed in its canonical form (rollback-journal mode, [`crate::live::pages`]), the form
+//! hashed in its canonical form (rollback-journal mode, [`crate::format::pages`]), the form
 //! every shipped and installed image has. Each delta entry carries the checksum before and
 //! after it, as 16 lowercase hex digits ([`checksum_hex`]).
 
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use crc_fast::{CrcAlgorithm, Digest};
 
 use crate::Error;
-use crate::live::pages::image_page_size;
+use crate::format::pages::image_page_size;
 
 /// A page's hash: CRC-64/NVME of (page number ‖ page), passed through murmur3's 64-bit
 /// finalizer. CRC is affine over GF(2), so an XOR of raw CRCs cannot tell two pages swapped
@@ -182,7 +182,7 @@ pub(crate) struct HashChange {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::pages::{MAGIC, canonical_page1};
+    use crate::format::pages::{MAGIC, canonical_page1};
 
     fn image(pages: usize) -> Vec<u8> {
         let mut img = vec![0u8; pages * 512];

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::Error;
-use crate::live::pages::valid_page_size;
+use crate::format::pages::valid_page_size;
 
 /// Manifest format version written by this build.
 pub const MANIFEST_VERSION: u64 = 1;

@@ -7,4 +7,5 @@ pub(crate) mod checksum;
 pub(crate) mod entry;
 pub(crate) mod layout;
 pub mod manifest;
+pub(crate) mod pages;
 pub mod segment;

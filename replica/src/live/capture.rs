@@ -312,7 +312,7 @@ pub(crate) fn file_changes(
     tip: &crate::format::checksum::PageHashes,
 ) -> Result<Option<FileChanges>, CaptureError> {
     use crate::format::checksum::page_hash;
-    use crate::live::pages::{canonical_page1, image_page_size};
+    use crate::format::pages::{canonical_page1, image_page_size};
     files.check_unchanged()?;
     let len = files.db_state()?.len();
     let ps = u64::from(tip.page_size());

@@ -14,7 +14,6 @@
 mod capture;
 pub mod commit;
 mod owned;
-pub(crate) mod pages;
 pub(crate) mod proof;
 pub(crate) mod shipper;
 pub(crate) mod wal;

@@ -12,7 +12,7 @@
 /// A description of what in the page is not the counter row.
 pub(crate) fn commit_counter(page: &[u8], pgno: u32) -> Result<u64, String> {
     let h = if pgno == 1 {
-        super::pages::HEADER_BYTES
+        crate::format::pages::HEADER_BYTES
     } else {
         0
     };

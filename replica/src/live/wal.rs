@@ -82,7 +82,7 @@ fn header(h: &[u8]) -> Result<WalPos, WalError> {
         return Err(WalError("WAL format version".into()));
     }
     let page_size = be32(&h[8..12]);
-    if !super::pages::valid_page_size(page_size) {
+    if !crate::format::pages::valid_page_size(page_size) {
         return Err(WalError(format!("WAL page size {page_size}")));
     }
     let cksum = checksum(&h[..24], [0, 0], big_endian);

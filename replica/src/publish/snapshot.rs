@@ -4,7 +4,7 @@
 use rusqlite::{Connection, MAIN_DB};
 
 use crate::Error;
-use crate::live::pages;
+use crate::format::pages;
 
 /// An uncompressed SQLite database image plus the caller's commit counter it contains.
 ///

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::Error;
-use crate::live::pages::{has_header, image_page_size};
+use crate::format::pages::{has_header, image_page_size};
 use crate::live::{CaptureError, DbState, OwnedFiles};
 
 /// A database image read a range of pages at a time (synchronous: a blocking thread).

@@ -18,7 +18,7 @@ use super::source::PageSource;
 use crate::format::blob::pack;
 use crate::format::checksum::{PageHashes, page_hash};
 use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentRef, segment_name};
-use crate::live::pages::canonical_page1;
+use crate::format::pages::canonical_page1;
 use crate::replica::blocking;
 use crate::{Error, FailPoint, OrgId, Replica};
 

@@ -4,7 +4,7 @@
 use crate::Error;
 use crate::format::body::{DeltaBody, PATCH, RUNS, WHOLE, XOR};
 use crate::format::checksum::{PageHashes, page_hash};
-use crate::live::pages::canonical_page1;
+use crate::format::pages::canonical_page1;
 use crate::rebuild::image::PageImage;
 
 /// Little-endian first bytes of a standard zstd frame: a patch is exactly one such frame (no

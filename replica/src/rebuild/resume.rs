@@ -14,7 +14,7 @@ use tracing::info;
 use crate::chain::position::{Inherited, Tip};
 use crate::format::checksum::{PageHashes, checksum_hex, page_hash};
 use crate::format::entry::EntryBody;
-use crate::live::pages::{HEADER_BYTES, canonical_page1, image_page_size};
+use crate::format::pages::{HEADER_BYTES, canonical_page1, image_page_size};
 use crate::replica::blocking;
 use crate::{Claim, Error, LogEntry, OrgId, Replica};
 

@@ -4,7 +4,7 @@
 use super::Delta;
 use crate::format::body::{PATCH, RUNS, XOR};
 use crate::format::checksum::page_hash;
-use crate::live::pages::canonical_page1;
+use crate::format::pages::canonical_page1;
 
 /// Equal bytes a run absorbs rather than ending: a run header costs 4 bytes.
 const RUN_GAP: usize = 4;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::Error;
 use crate::format::checksum::PageHashes;
-use crate::live::pages::{canonical_page1, valid_page_size};
+use crate::format::pages::{canonical_page1, valid_page_size};
 
 /// Pages changed since the previous published position of a claim, ready to ship with
 /// [`crate::Replica::ship_delta`].

@@ -6,7 +6,7 @@ use super::Delta;
 use crate::Error;
 use crate::format::body::{DeltaBody, PATCH, RUNS, XOR};
 use crate::format::checksum::PageHashes;
-use crate::live::pages::{MAGIC, canonical_page1};
+use crate::format::pages::{MAGIC, canonical_page1};
 
 fn image(pages: u32, fill: u8) -> Vec<u8> {
     let mut img = vec![fill; pages as usize * 512];

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use object_store::ObjectStore;
 use rusqlite::{Connection, MAIN_DB};
 
-use crate::live::pages::{canonical_page1, image_page_size};
+use crate::format::pages::{canonical_page1, image_page_size};
 use crate::{Claim, Delta, Error, OrgId, Replica, Shipped, Snapshot};
 
 /// An in-memory database of 1 KiB pages whose exact image is read with `serialize`.
