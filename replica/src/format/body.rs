@@ -13,7 +13,6 @@
 
 use crate::Error;
 use crate::format::pages::valid_page_size;
-use crate::publish::delta::Delta;
 
 /// Header bytes of an uncompressed delta body: page size, database pages, changed pages
 /// (three little-endian u32).
@@ -36,34 +35,30 @@ pub(crate) const PATCH: u8 = 2;
 /// changed in place (a counter, a pointer, a rewritten value): cheaper to make than a patch.
 pub(crate) const RUNS: u8 = 3;
 
-impl Delta {
-    /// The uncompressed body: header, then each page as (u32 LE page number, u8 encoding,
-    /// bytes) in ascending page order: [`WHOLE`] and [`XOR`] are followed by `page_size`
-    /// bytes, [`RUNS`] and [`PATCH`] by a u32 LE length and that many bytes.
-    pub(crate) fn body(&self) -> Vec<u8> {
-        let ps = self.page_size as usize;
-        let mut out = Vec::with_capacity(BODY_HEADER + self.pages.len() * (PAGE_HEADER + ps));
-        out.extend_from_slice(&self.page_size.to_le_bytes());
-        out.extend_from_slice(&self.db_pages.to_le_bytes());
-        out.extend_from_slice(&(self.pages.len() as u32).to_le_bytes());
-        for (pgno, page) in &self.pages {
-            out.extend_from_slice(&pgno.to_le_bytes());
-            match self.encoded.get(pgno) {
-                Some(e) => {
-                    out.push(e.kind);
-                    if e.kind != XOR {
-                        out.extend_from_slice(&(e.bytes.len() as u32).to_le_bytes());
-                    }
-                    out.extend_from_slice(&e.bytes);
-                }
-                None => {
-                    out.push(WHOLE);
-                    out.extend_from_slice(page);
-                }
-            }
+/// Writes a body: the header, then each record `(page number, encoding, bytes)` in the
+/// order given (ascending page numbers): [`WHOLE`] and [`XOR`] records are followed by their
+/// `page_size` bytes, [`RUNS`] and [`PATCH`] by a u32 LE length and that many bytes. `count`
+/// is the number of records.
+pub(crate) fn write<'a>(
+    page_size: u32,
+    db_pages: u32,
+    count: usize,
+    records: impl Iterator<Item = (u32, u8, &'a [u8])>,
+) -> Vec<u8> {
+    let ps = page_size as usize;
+    let mut out = Vec::with_capacity(BODY_HEADER + count * (PAGE_HEADER + ps));
+    out.extend_from_slice(&page_size.to_le_bytes());
+    out.extend_from_slice(&db_pages.to_le_bytes());
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    for (pgno, kind, bytes) in records {
+        out.extend_from_slice(&pgno.to_le_bytes());
+        out.push(kind);
+        if kind != XOR && kind != WHOLE {
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         }
-        out
+        out.extend_from_slice(bytes);
     }
+    out
 }
 
 /// A published delta body, its shape checked, applied straight into a database image: no

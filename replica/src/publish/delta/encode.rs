@@ -19,14 +19,14 @@ const ZSTD_DICT_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
 
 /// A page encoded against its content at the delta's base.
 #[derive(Clone)]
-pub(crate) struct Encoded {
+pub(super) struct Encoded {
     /// [`RUNS`], [`XOR`] or [`PATCH`].
-    pub(crate) kind: u8,
+    pub(super) kind: u8,
     /// The record's bytes after its kind (and length, for runs and patches).
-    pub(crate) bytes: Vec<u8>,
+    pub(super) bytes: Vec<u8>,
     /// Hash of the base content used, which [`crate::Replica::ship_delta`] checks against
     /// the chain tip before publishing.
-    pub(crate) base_hash: u64,
+    pub(super) base_hash: u64,
 }
 
 impl Delta {

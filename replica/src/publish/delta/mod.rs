@@ -8,13 +8,14 @@
 //! the database checksum ([`crate::format::checksum`]) before and after it, so a hydrate proves that
 //! snapshot + deltas rebuilt exactly the database the writer had.
 
-pub(crate) mod encode;
+mod encode;
 #[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;
 
 use crate::Error;
+use crate::format::body;
 use crate::format::checksum::PageHashes;
 use crate::format::pages::{canonical_page1, valid_page_size};
 
@@ -22,14 +23,14 @@ use crate::format::pages::{canonical_page1, valid_page_size};
 /// [`crate::Replica::ship_delta`].
 #[derive(Clone)]
 pub struct Delta {
-    pub(crate) page_size: u32,
-    pub(crate) db_pages: u32,
-    pub(crate) pages: BTreeMap<u32, Vec<u8>>,
+    page_size: u32,
+    db_pages: u32,
+    pages: BTreeMap<u32, Vec<u8>>,
     /// Pages encoded against their base content, by page number.
-    pub(crate) encoded: BTreeMap<u32, encode::Encoded>,
+    encoded: BTreeMap<u32, encode::Encoded>,
     /// A compacted delta: applies to the chain's snapshot, not to the previous delta.
-    pub(crate) compacted: bool,
-    pub(crate) commit: u64,
+    compacted: bool,
+    commit: u64,
 }
 
 impl std::fmt::Debug for Delta {
@@ -44,6 +45,19 @@ impl std::fmt::Debug for Delta {
 }
 
 impl Delta {
+    /// The uncompressed body (`format/body.rs`): each page whole, or as its encoding against
+    /// the base when [`Delta::encode_against`] found a shorter one.
+    pub(crate) fn body(&self) -> Vec<u8> {
+        let records = self
+            .pages
+            .iter()
+            .map(|(pgno, page)| match self.encoded.get(pgno) {
+                Some(e) => (*pgno, e.kind, e.bytes.as_slice()),
+                None => (*pgno, body::WHOLE, page.as_slice()),
+            });
+        body::write(self.page_size, self.db_pages, self.pages.len(), records)
+    }
+
     /// A delta of `pages` (page number → page bytes, numbered from 1) leaving the database
     /// `db_pages` pages long, holding the caller's commit counter `commit`. Page 1 is stored
     /// canonicalized (rollback-journal mode), like [`crate::Snapshot`] images. Pages beyond
