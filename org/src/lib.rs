@@ -76,7 +76,6 @@ mod error;
 pub mod http;
 mod local;
 pub mod metrics;
-mod open;
 mod org;
 mod park;
 mod pool;
@@ -84,6 +83,7 @@ mod prepare;
 mod registry;
 mod settings;
 mod shipper;
+mod tenure;
 mod writer;
 
 // The crates this one's signatures use, at the versions it is built against: an embedder

@@ -266,7 +266,7 @@ impl Registry {
                         return Err(Error::ShuttingDown { org: id.clone() });
                     }
                     Org::open(
-                        crate::open::Opening {
+                        crate::tenure::Opening {
                             replica: inner.replica.clone(),
                             data_dir: &inner.data_dir,
                             writer_id: &inner.writer_id,

@@ -18,15 +18,14 @@
 
 mod gauge;
 mod holder;
-mod job;
 mod protocol;
 
 use idem::effect::{self, Effect, Resolution, State, Transition};
 
 pub use gauge::OpenEffects;
 pub(crate) use holder::Holder;
-use job::Work;
-pub(crate) use job::{EffectJob, run_job};
+use crate::writer::job::{EffectJob, Work};
+pub(crate) use crate::writer::job::run_job;
 use protocol::Executor;
 
 use crate::commit::Answer;

@@ -20,7 +20,7 @@ use std::pin::Pin;
 use idem::BoxError;
 use idem::effect::{self, Outcome, Reservation, Reserved, Settlement, State};
 
-use super::job::Work;
+use crate::writer::job::Work;
 use crate::commit::Answer;
 use crate::org::InFlight;
 use crate::{Error, Org};

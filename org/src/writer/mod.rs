@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use crate::commit::{Answer, CommitSeq};
 use crate::pool::{Pool, Scheduled, Task};
 
+pub(crate) mod job;
 mod run;
 
 /// The boxed `apply` closure of a request.
@@ -55,7 +56,7 @@ pub(crate) enum Job {
     /// `VACUUM` the database, then raise the commit sequence.
     Vacuum { reply: Reply<()> },
     /// External-effect work (`crate::effect`).
-    Effect(crate::effect::EffectJob),
+    Effect(job::EffectJob),
     /// Copy what the next ship publishes, between two transactions.
     Capture {
         request: CaptureRequest,

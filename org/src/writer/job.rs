@@ -8,7 +8,7 @@ use idem::effect::{
 };
 use rusqlite::Connection;
 
-use super::holder::Holder;
+use crate::effect::Holder;
 use crate::commit::{self, Answer, CommitSeq};
 use crate::org::lock;
 use crate::writer::Reply;

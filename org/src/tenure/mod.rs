@@ -1,0 +1,5 @@
+//! An org's tenure: from its claim to its end.
+
+mod open;
+
+pub(crate) use open::Opening;
