@@ -83,6 +83,7 @@ mod prepare;
 mod registry;
 mod settings;
 mod shipper;
+mod sync;
 mod tenure;
 mod writer;
 

@@ -257,7 +257,7 @@ impl Home {
     /// True when this process holds the data directory's lock (tried again if not yet held:
     /// the process that held it may have died since).
     pub fn locked(&self) -> bool {
-        let mut held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = crate::sync::lock(&self.lock);
         if held.is_none()
             && let Ok(f) = OpenOptions::new()
                 .create(true)

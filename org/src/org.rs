@@ -86,10 +86,6 @@ pub(crate) struct Inner {
     pub(crate) effects: Arc<crate::effect::Holder>,
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 pub(crate) static TICK: AtomicU64 = AtomicU64::new(0);
 
 impl Inner {

@@ -30,7 +30,8 @@ use std::sync::{Arc, Mutex, Weak};
 use idem_replica::Shipper;
 
 use crate::Error;
-use crate::org::{Inner, lock};
+use crate::org::Inner;
+use crate::sync::lock;
 
 /// Serial numbers of open org handles: the key of [`Active`] (one org id may have a
 /// closing handle and a new one at once).

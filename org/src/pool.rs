@@ -23,9 +23,10 @@
 //! `writer_threads` long jobs running at once, every other org waits for one to end. Width
 //! is the knob: threads cost memory and scheduling, not correctness.
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Jobs a worker runs for one org before it moves on to the next scheduled org.
 pub(crate) const BATCH: usize = 16;
@@ -62,10 +63,6 @@ struct State {
     workers: usize,
     idle: usize,
     stopping: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Pool {
@@ -156,7 +153,7 @@ fn work(shared: &Shared) {
                     return;
                 }
                 st.idle += 1;
-                st = shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+                st = crate::sync::wait(&shared.ready, st);
                 st.idle -= 1;
             }
         };

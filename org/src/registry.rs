@@ -1,5 +1,6 @@
 //! The per-process registry of orgs: one writer per org, opened on demand, bounded.
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -518,8 +519,4 @@ impl Registry {
             self.forget(&id, &slot);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use idem::effect::{self, Effect, State};
 use tokio::sync::{OwnedMutexGuard, watch};
 
-use crate::org::lock;
+use crate::sync::lock;
 
 /// The effect side of one org handle (shared by its clones and its writer's jobs).
 pub(crate) struct Holder {

@@ -22,10 +22,10 @@ mod protocol;
 
 use idem::effect::{self, Effect, Resolution, State, Transition};
 
+pub(crate) use crate::writer::job::run_job;
+use crate::writer::job::{EffectJob, Work};
 pub use gauge::OpenEffects;
 pub(crate) use holder::Holder;
-use crate::writer::job::{EffectJob, Work};
-pub(crate) use crate::writer::job::run_job;
 use protocol::Executor;
 
 use crate::commit::Answer;

@@ -45,6 +45,7 @@ mod key;
 mod status;
 mod stored;
 
+use crate::sync::lock;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -191,10 +192,6 @@ impl Idempotency {
 
 fn counted(outcome: &'static str) {
     crate::metrics::record_request(outcome);
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Removes a key from the in-flight set when its request ends, however it ends.

@@ -11,8 +11,9 @@ use idem_replica::{Claim, OrgId, Replica, Shipper};
 use crate::ack::{AckState, Acks, Counters, Stop};
 use crate::commit::{self, CommitSeq};
 use crate::local::LocalFiles;
-use crate::org::{Inner, TICK, lock};
+use crate::org::{Inner, TICK};
 use crate::pool::Pool;
+use crate::sync::lock;
 use crate::writer::{self, InitFn, OpenError, Writer, WriterCtx};
 use crate::{Error, Org, Settings};
 

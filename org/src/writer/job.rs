@@ -8,9 +8,9 @@ use idem::effect::{
 };
 use rusqlite::Connection;
 
-use crate::effect::Holder;
 use crate::commit::{self, Answer, CommitSeq};
-use crate::org::lock;
+use crate::effect::Holder;
+use crate::sync::lock;
 use crate::writer::Reply;
 
 /// Effect work for the org's writer thread, for the handle `holder`.

@@ -6,6 +6,7 @@
 //! ([`crate::commit`]), and every job raises the in-memory [`CommitSeq`] to the database's
 //! before it replies, so an answer names exactly the commits it may depend on (I6).
 
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
@@ -191,10 +192,6 @@ pub(crate) enum Refused {
     Closed,
     /// The writer is parked: the job is handed back to be queued after an unpark.
     Parked(Box<Job>),
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Writer {
