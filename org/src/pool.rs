@@ -23,10 +23,11 @@
 //! `writer_threads` long jobs running at once, every other org waits for one to end. Width
 //! is the knob: threads cost memory and scheduling, not correctness.
 
-use crate::sync::lock;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+
+use crate::sync::lock;
 
 /// Jobs a worker runs for one org before it moves on to the next scheduled org.
 pub(crate) const BATCH: usize = 16;

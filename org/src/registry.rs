@@ -1,6 +1,5 @@
 //! The per-process registry of orgs: one writer per org, opened on demand, bounded.
 
-use crate::sync::lock;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -13,6 +12,7 @@ use tokio::sync::OnceCell;
 
 use crate::budget::Budget;
 use crate::pool::Pool;
+use crate::sync::lock;
 use crate::writer::InitFn;
 use crate::{Error, ErrorKind, Org, Settings};
 

@@ -22,14 +22,12 @@ mod protocol;
 
 use idem::effect::{self, Effect, Resolution, State, Transition};
 
-pub(crate) use crate::writer::job::run_job;
-use crate::writer::job::{EffectJob, Work};
 pub use gauge::OpenEffects;
 pub(crate) use holder::Holder;
 use protocol::Executor;
 
 use crate::commit::Answer;
-use crate::writer::Job;
+use crate::writer::job::{EffectJob, Job, Reply, Work};
 use crate::{Error, Org};
 
 impl Org {
@@ -187,7 +185,7 @@ impl Org {
     /// Runs one effect job of this handle on its writer (`work` gets the reply channel).
     pub(crate) async fn effect_job<T>(
         &self,
-        work: impl FnOnce(crate::writer::Reply<T>) -> Work,
+        work: impl FnOnce(Reply<T>) -> Work,
     ) -> Result<Answer<T>, Error> {
         let holder = self.inner().effects.clone();
         self.call(|reply| {

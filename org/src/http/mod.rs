@@ -45,7 +45,6 @@ mod key;
 mod status;
 mod stored;
 
-use crate::sync::lock;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -63,6 +62,7 @@ pub use status::{Refusal, error_response, json_error};
 pub use stored::StoredResponse;
 
 use crate::Registry;
+use crate::sync::lock;
 
 /// How a request is fingerprinted: the bytes returned are hashed and stored with the key; a
 /// later request under the key with other bytes gets 422 (I4).

@@ -1,17 +1,83 @@
-//! Effect work on the org's writer thread: each job runs one `idem::effect` call on the writer
-//! connection and answers with the commit sequence the caller must see shipped.
+//! The writer's job vocabulary: the [`Job`] enum and the payload of every job, effect work
+//! included. Jobs are queued by `Writer` (`super`) and run by `super::run`, one at a time per
+//! org, in the order queued.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use idem::effect::{
     self, Effect, Reservation, Reserved, Resolution, Settlement, State, Transition,
 };
-use rusqlite::Connection;
+use idem::{BoxError, Options, Outcome, Record};
+use idem_replica::sqlite::{CaptureError, CaptureRequest, Captured, OwnedFiles};
+use rusqlite::{Connection, Transaction};
+use tokio::sync::oneshot;
 
-use crate::commit::{self, Answer, CommitSeq};
+use crate::commit::Answer;
 use crate::effect::Holder;
-use crate::sync::lock;
-use crate::writer::Reply;
+
+/// The boxed `apply` closure of a request.
+pub(crate) type ApplyFn =
+    Box<dyn FnOnce(&Transaction<'_>) -> Result<Vec<u8>, BoxError> + Send + 'static>;
+
+/// Where a job sends its answer.
+pub(crate) type Reply<T> = oneshot::Sender<Result<Answer<T>, idem::Error>>;
+
+/// A boxed read: runs on the writer connection between two jobs and sends its own typed
+/// result (a panic drops the sender). A transaction it leaves open is rolled back.
+pub(crate) type ReadFn = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
+
+pub(crate) enum Job {
+    Once {
+        key: String,
+        opts: Options,
+        apply: ApplyFn,
+        reply: Reply<Outcome>,
+    },
+    Applied {
+        key: String,
+        reply: Reply<Option<Record>>,
+    },
+    Prune {
+        cutoff: SystemTime,
+        reply: Reply<u64>,
+    },
+    /// `VACUUM` the database, then raise the commit sequence.
+    Vacuum { reply: Reply<()> },
+    /// External-effect work (`crate::effect`).
+    Effect(EffectJob),
+    /// Copy what the next ship publishes, between two transactions.
+    Capture {
+        request: CaptureRequest,
+        reply: oneshot::Sender<Result<Captured, CaptureError>>,
+    },
+    /// A read on the writer connection (`Org::read`).
+    Read { read: ReadFn, reply: Reply<()> },
+    /// Answers once every job queued before it has run: the drain before a release.
+    Drain { reply: oneshot::Sender<()> },
+    /// Parks the writer (`crate::park`): when the database still holds commit `shipped`,
+    /// checkpoints every frame into the file and closes the connection (before its
+    /// descriptors, I13).
+    Park {
+        shipped: u64,
+        reply: oneshot::Sender<Result<(), ParkRefused>>,
+    },
+    /// Reopens a parked writer's connection (`crate::park`) and answers with the
+    /// descriptors the shipper checks the file through before anything is served.
+    Unpark {
+        reply: oneshot::Sender<Result<Arc<OwnedFiles>, String>>,
+    },
+}
+
+/// Why a [`Job::Park`] left the writer open.
+#[derive(Debug)]
+pub(crate) enum ParkRefused {
+    /// Something committed since the caller looked, or the checkpoint could not empty the
+    /// WAL: the connection stays open and serves on.
+    Busy(String),
+    /// The files were changed outside the writer (I13): the org must stop.
+    Foreign(String),
+}
 
 /// Effect work for the org's writer thread, for the handle `holder`.
 pub(crate) struct EffectJob {
@@ -53,90 +119,4 @@ pub(crate) enum Work {
     },
     /// Reloads the open rows the gauge counts (`Holder::open_counts`).
     Tally { reply: Reply<()> },
-}
-
-/// Runs one effect job on the writer connection. The reply carries the commit sequence the
-/// caller must see shipped: every commit so far (the writer thread is the only writer, so this
-/// covers the job's own transition and, for a replay, the commit that settled the key). It is
-/// raised before every reply, an error's included: a transition may commit and then refuse
-/// (a lapsed reservation turned AMBIGUOUS, a result recorded without being kept). After every
-/// write the open rows the gauge counts are reloaded (an index read of the open rows only).
-pub(crate) fn run_job(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
-    fn answered<T>(
-        conn: &Connection,
-        seq: &CommitSeq,
-        out: Result<T, idem::Error>,
-    ) -> Result<Answer<T>, idem::Error> {
-        let commit_seq = seq.raise(commit::read(conn).unwrap_or(0));
-        out.map(|value| Answer { value, commit_seq })
-    }
-    let EffectJob { holder, work } = job;
-    let wrote = matches!(
-        work,
-        Work::Reserve { .. } | Work::Settle { .. } | Work::Resolve { .. }
-    );
-    match work {
-        Work::Reserve { key, opts, reply } => {
-            let out = effect::reserve(conn, &key, &opts);
-            refresh(conn, &holder, wrote);
-            let _ = reply.send(answered(conn, seq, out));
-        }
-        Work::Settle {
-            reservation,
-            settlement,
-            opts,
-            reply,
-        } => {
-            let out = effect::settle(conn, &reservation, settlement, &opts);
-            refresh(conn, &holder, wrote);
-            let _ = reply.send(answered(conn, seq, out));
-        }
-        Work::Resolve {
-            key,
-            resolution,
-            by,
-            opts,
-            reply,
-        } => {
-            let at = opts.now();
-            let out = effect::resolve_with(conn, &key, resolution, &by, at, &opts);
-            refresh(conn, &holder, wrote);
-            let _ = reply.send(answered(conn, seq, out));
-        }
-        Work::Read {
-            key,
-            state,
-            opts,
-            reply,
-        } => {
-            let out = match key {
-                Some(k) => effect::get_with(conn, &k, &opts).map(|r| r.into_iter().collect()),
-                None => effect::list_with(conn, state, &opts),
-            };
-            let _ = reply.send(answered(conn, seq, out));
-        }
-        Work::History { key, reply } => {
-            let out = effect::history(conn, &key);
-            let _ = reply.send(answered(conn, seq, out));
-        }
-        Work::Tally { reply } => {
-            let out = tally(conn, &holder);
-            let _ = reply.send(answered(conn, seq, out));
-        }
-    }
-}
-
-/// After a write: reloads the open rows, logging (never failing the job) when it cannot.
-fn refresh(conn: &Connection, holder: &Holder, wrote: bool) {
-    if wrote && let Err(e) = tally(conn, holder) {
-        tracing::warn!(error = %e, "could not reload the open effects the gauge counts");
-    }
-}
-
-/// Reloads `holder`'s open rows from the database (RESERVED and AMBIGUOUS, as stored).
-pub(crate) fn tally(conn: &Connection, holder: &Holder) -> Result<(), idem::Error> {
-    let mut open = effect::list(conn, Some(State::Reserved))?;
-    open.extend(effect::list(conn, Some(State::Ambiguous))?);
-    *lock(&holder.open) = open;
-    Ok(())
 }

@@ -1,4 +1,4 @@
-//! Running a writer's jobs on its connection: one job at a time, each settling the commit
+//! Running every writer job ([`super::job`]) on its connection: one job at a time, each settling the commit
 //! sequence before it replies (I6); parking closes the connection and unparking reopens it
 //! the way it was opened.
 
@@ -6,12 +6,16 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use idem::BoxError;
+use idem::effect::{self, State};
 use idem_replica::sqlite::{self, CaptureError, Owned, OwnedFiles, ReopenError};
 use rusqlite::Connection;
 
 use crate::commit::{self, Answer, CommitSeq};
 
-use super::{Job, ParkRefused, Reopen, Runner, WriterCtx, prepare};
+use super::job::{EffectJob, Job, ParkRefused, Work};
+use super::{Reopen, Runner, WriterCtx, prepare};
+use crate::effect::Holder;
+use crate::sync::lock;
 
 impl Reopen {
     /// Reopens the closed database ([`sqlite::reopen_exclusive`]: never creates it, refuses
@@ -191,7 +195,7 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
                 .map_err(idem::Error::from);
             let _ = reply.send(out);
         }
-        Job::Effect(job) => crate::effect::run_job(conn, seq, job),
+        Job::Effect(job) => run_effect(conn, seq, job),
         Job::Capture { request, reply } => {
             // The database's own sequence, not the in-memory one: a capture labels what
             // the pages hold, and the shipper checks the pages agree.
@@ -217,4 +221,90 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
         // Handled by `Runner::run`.
         Job::Drain { .. } | Job::Park { .. } | Job::Unpark { .. } => {}
     }
+}
+
+/// Runs one effect job on the writer connection. The reply carries the commit sequence the
+/// caller must see shipped: every commit so far (the writer thread is the only writer, so this
+/// covers the job's own transition and, for a replay, the commit that settled the key). It is
+/// raised before every reply, an error's included: a transition may commit and then refuse
+/// (a lapsed reservation turned AMBIGUOUS, a result recorded without being kept). After every
+/// write the open rows the gauge counts are reloaded (an index read of the open rows only).
+fn run_effect(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
+    fn answered<T>(
+        conn: &Connection,
+        seq: &CommitSeq,
+        out: Result<T, idem::Error>,
+    ) -> Result<Answer<T>, idem::Error> {
+        let commit_seq = seq.raise(commit::read(conn).unwrap_or(0));
+        out.map(|value| Answer { value, commit_seq })
+    }
+    let EffectJob { holder, work } = job;
+    let wrote = matches!(
+        work,
+        Work::Reserve { .. } | Work::Settle { .. } | Work::Resolve { .. }
+    );
+    match work {
+        Work::Reserve { key, opts, reply } => {
+            let out = effect::reserve(conn, &key, &opts);
+            refresh(conn, &holder, wrote);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Settle {
+            reservation,
+            settlement,
+            opts,
+            reply,
+        } => {
+            let out = effect::settle(conn, &reservation, settlement, &opts);
+            refresh(conn, &holder, wrote);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Resolve {
+            key,
+            resolution,
+            by,
+            opts,
+            reply,
+        } => {
+            let at = opts.now();
+            let out = effect::resolve_with(conn, &key, resolution, &by, at, &opts);
+            refresh(conn, &holder, wrote);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Read {
+            key,
+            state,
+            opts,
+            reply,
+        } => {
+            let out = match key {
+                Some(k) => effect::get_with(conn, &k, &opts).map(|r| r.into_iter().collect()),
+                None => effect::list_with(conn, state, &opts),
+            };
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::History { key, reply } => {
+            let out = effect::history(conn, &key);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Tally { reply } => {
+            let out = tally(conn, &holder);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+    }
+}
+
+/// After a write: reloads the open rows, logging (never failing the job) when it cannot.
+fn refresh(conn: &Connection, holder: &Holder, wrote: bool) {
+    if wrote && let Err(e) = tally(conn, holder) {
+        tracing::warn!(error = %e, "could not reload the open effects the gauge counts");
+    }
+}
+
+/// Reloads `holder`'s open rows from the database (RESERVED and AMBIGUOUS, as stored).
+fn tally(conn: &Connection, holder: &Holder) -> Result<(), idem::Error> {
+    let mut open = effect::list(conn, Some(State::Reserved))?;
+    open.extend(effect::list(conn, Some(State::Ambiguous))?);
+    *lock(&holder.open) = open;
+    Ok(())
 }
