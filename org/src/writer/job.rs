@@ -86,7 +86,7 @@ pub(crate) struct EffectJob {
 }
 
 /// What an [`EffectJob`] does. Every `opts` is the handle's ([`Holder::options`]): its holder
-/// label, lapse rule, clock and commit-counter bump.
+/// label, lapse rule and clock; the runner adds the commit-counter bump.
 pub(crate) enum Work {
     Reserve {
         key: String,

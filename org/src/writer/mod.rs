@@ -3,7 +3,8 @@
 //! ([`crate::pool`]): one at a time per org, in the order queued.
 //!
 //! Every write transaction also raises the commit sequence in the same transaction
-//! ([`crate::commit`]), and every job raises the in-memory [`CommitSeq`] to the database's
+//! ([`crate::commit`]; for `once` and effects through idem's write hook, set in one place by
+//! `run`), and every job raises the in-memory [`CommitSeq`] to the database's
 //! before it replies, so an answer names exactly the commits it may depend on (I6).
 
 use std::collections::VecDeque;

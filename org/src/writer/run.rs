@@ -5,8 +5,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use idem::BoxError;
-use idem::effect::{self, State};
+use idem::effect::{self, State, WriteHook};
 use idem_replica::sqlite::{self, CaptureError, Owned, OwnedFiles, ReopenError};
 use rusqlite::Connection;
 
@@ -49,11 +48,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// After a job: when it committed something without raising the sequence (a failed attempt
-/// counted, a prune), commits one bump, so that state ships before any answer that read it;
-/// then raises `seq` to the database's, before the job's reply. `total_changes` also counts
-/// rolled-back writes, so this may bump once too often — a page more in a ship, never a
-/// commit missed. Returns the sequence the reply carries: every commit so far.
+/// After a job: when it committed something without raising the sequence (a prune, which
+/// takes no write hook; a failed attempt whose hook failed), commits one bump, so that state
+/// ships before any answer that read it; then raises `seq` to the database's, before the job's
+/// reply. `total_changes` also counts rolled-back writes, so this may bump once too often — a
+/// page more in a ship, never a commit missed. Returns the sequence the reply carries: every
+/// commit so far.
 fn settle(conn: &mut Connection, seq: &CommitSeq, changes_before: u64, seq_before: u64) -> u64 {
     let now = commit::read(conn).unwrap_or(0);
     if conn.total_changes() != changes_before && now <= seq_before {
@@ -72,6 +72,14 @@ fn settle(conn: &mut Connection, seq: &CommitSeq, changes_before: u64, seq_befor
         }
     }
     seq.raise(now)
+}
+
+/// The one way a job's transaction raises the commit sequence: idem's write hook, run inside
+/// the dedup transaction or the effect transition just before its COMMIT, so the bump commits
+/// with the write it covers (I6). Set here, by the writer that owns the sequence, on every
+/// `once` and effect call's options.
+fn bump_hook() -> WriteHook {
+    Arc::new(|conn| commit::bump(conn).map(|_| ()))
 }
 
 fn answer<T>(out: Result<T, idem::Error>, commit_seq: u64) -> Result<Answer<T>, idem::Error> {
@@ -152,15 +160,11 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
             apply,
             reply,
         } => {
-            let opts = opts.clock(clock.clone());
+            let opts = opts.clock(clock.clone()).on_write(bump_hook());
             // A panic in apply rolls its transaction back (the Transaction is dropped while
             // unwinding); catching it keeps the org's writer alive for other requests.
             let out = catch_unwind(AssertUnwindSafe(|| {
-                idem::once_with(conn, &key, round, &opts, |tx| {
-                    let result = apply(tx)?;
-                    commit::bump(tx)?;
-                    Ok::<_, BoxError>(result)
-                })
+                idem::once_with(conn, &key, round, &opts, apply)
             }))
             .unwrap_or_else(|_| {
                 Err(idem::Error::Apply {
@@ -245,7 +249,7 @@ fn run_effect(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
     );
     match work {
         Work::Reserve { key, opts, reply } => {
-            let out = effect::reserve(conn, &key, &opts);
+            let out = effect::reserve(conn, &key, &opts.on_write(bump_hook()));
             refresh(conn, &holder, wrote);
             let _ = reply.send(answered(conn, seq, out));
         }
@@ -255,6 +259,7 @@ fn run_effect(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
             opts,
             reply,
         } => {
+            let opts = opts.on_write(bump_hook());
             let out = effect::settle(conn, &reservation, settlement, &opts);
             refresh(conn, &holder, wrote);
             let _ = reply.send(answered(conn, seq, out));
@@ -266,6 +271,7 @@ fn run_effect(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
             opts,
             reply,
         } => {
+            let opts = opts.on_write(bump_hook());
             let at = opts.now();
             let out = effect::resolve_with(conn, &key, resolution, &by, at, &opts);
             refresh(conn, &holder, wrote);
