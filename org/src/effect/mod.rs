@@ -17,13 +17,12 @@
 //! `protocol` (the task), `job` (the writer-thread side), `gauge` (open effects in `/metrics`).
 
 mod gauge;
-mod holder;
+pub(crate) mod holder;
 mod protocol;
 
 use idem::effect::{self, Effect, Resolution, State, Transition};
 
 pub use gauge::OpenEffects;
-pub(crate) use holder::Holder;
 use protocol::Executor;
 
 use crate::commit::Answer;

@@ -21,7 +21,7 @@ use idem::BoxError;
 use idem::effect::{self, Outcome, Reservation, Reserved, Settlement, State};
 
 use crate::commit::Answer;
-use crate::org::InFlight;
+use crate::tenure::state::InFlight;
 use crate::writer::job::Work;
 use crate::{Error, Org};
 

@@ -14,7 +14,7 @@ use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
 use crate::commit::Answer;
-use crate::effect::Holder;
+use crate::effect::holder::Holder;
 
 /// The boxed `apply` closure of a request.
 pub(crate) type ApplyFn =

@@ -13,7 +13,7 @@ use crate::commit::{self, Answer, CommitSeq};
 
 use super::job::{EffectJob, Job, ParkRefused, Work};
 use super::{Reopen, Runner, WriterCtx, prepare};
-use crate::effect::Holder;
+use crate::effect::holder::Holder;
 use crate::sync::lock;
 
 impl Reopen {
