@@ -7,8 +7,9 @@
 //!   applied   -> fingerprint check -> replay
 //!   exhausted -> AttemptsExhausted
 //!   otherwise -> SAVEPOINT; apply(tx)
-//!       Ok  -> upsert applied row (keeps counted failures) -> COMMIT
-//!       Err -> ROLLBACK TO savepoint; count the attempt, only if not applied -> COMMIT
+//!       Ok  -> upsert applied row (keeps counted failures) -> write hook -> COMMIT
+//!       Err -> ROLLBACK TO savepoint; count the attempt, only if not applied
+//!              -> write hook -> COMMIT
 //! COMMIT error -> re-read the whole row (I9): ours -> applied; another's -> replay;
 //!                 absent -> CommitFailed (safe to retry); re-read error -> CommitUnknown
 //! ```
@@ -149,6 +150,9 @@ where
                 last_error: existing.and_then(|r| r.last_error),
             };
             write_applied(&tx, key, &ours, had_row)?;
+            if let Some(hook) = &opts.on_write {
+                hook(&tx).map_err(|e| busy_or(key, e))?;
+            }
             return match commit(tx, opts) {
                 Ok(()) => Ok(outcome_of(key, &ours)),
                 Err(commit_err) => settle(conn, key, &ours, opts, commit_err),
@@ -166,9 +170,12 @@ where
     };
     tx.execute_batch("ROLLBACK TO idem_apply; RELEASE idem_apply")?;
     count_failure(&tx, key, round_i, &attempt, now, &failure)?;
-    // If this COMMIT fails the count is lost, which I5 allows; the caller still learns why
-    // its attempt failed, and nothing of apply's was kept either way.
-    let _ = tx.commit();
+    // If the write hook or this COMMIT fails the count is lost, which I5 allows; the caller
+    // still learns why its attempt failed, and nothing of apply's was kept either way.
+    let hooked = opts.on_write.as_ref().is_none_or(|hook| hook(&tx).is_ok());
+    if hooked {
+        let _ = tx.commit();
+    }
     Err(failure)
 }
 

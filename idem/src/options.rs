@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::effect::WriteHook;
 use crate::failpoint::Failpoints;
 use crate::{Clock, Error, SystemClock};
 
@@ -17,7 +18,7 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
 ///     .max_result_bytes(64 * 1024);
 /// # let _ = opts;
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Options {
     pub(crate) fingerprint: Option<Vec<u8>>,
     pub(crate) max_attempts: Option<u32>,
@@ -25,6 +26,21 @@ pub struct Options {
     pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     pub(crate) attempt_id: Option<[u8; 16]>,
+    pub(crate) on_write: Option<WriteHook>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("fingerprint", &self.fingerprint)
+            .field("max_attempts", &self.max_attempts)
+            .field("max_result_bytes", &self.max_result_bytes)
+            .field("clock", &self.clock)
+            .field("failpoints", &self.failpoints)
+            .field("attempt_id", &self.attempt_id)
+            .field("on_write", &self.on_write.is_some())
+            .finish()
+    }
 }
 
 impl Default for Options {
@@ -36,6 +52,7 @@ impl Default for Options {
             clock: None,
             failpoints: None,
             attempt_id: None,
+            on_write: None,
         }
     }
 }
@@ -89,6 +106,17 @@ impl Options {
     /// share an id; the I9 re-read still compares the whole row, not the id alone.
     pub fn attempt_id(mut self, id: [u8; 16]) -> Self {
         self.attempt_id = Some(id);
+        self
+    }
+
+    /// A write run inside the dedup transaction just before its COMMIT, whenever that
+    /// transaction commits a change: the applied row, or a counted failed attempt (I1, I5).
+    /// It commits atomically with them; an error from it rolls the transaction back (an
+    /// applied run then fails as [`Error::Sqlite`] or [`Error::Busy`]; a failure count is
+    /// lost, which I5 allows). The same hook shape as [`crate::effect::Options::on_write`]:
+    /// the org layer raises its commit sequence here, for `once` and effects alike (I6).
+    pub fn on_write(mut self, hook: WriteHook) -> Self {
+        self.on_write = Some(hook);
         self
     }
 

@@ -112,9 +112,7 @@ pub(crate) struct Acks {
 
 impl Acks {
     pub fn lock(&self) -> MutexGuard<'_, AckState> {
-        // A panic while holding this lock cannot leave the state half-written: every critical
-        // section only pushes, drains or assigns.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     pub fn stop_error(&self, stop: Stop) -> Error {

@@ -19,7 +19,7 @@
 //! - **Memory.** [`crate::Settings::memory_budget_bytes`] is split evenly across the
 //!   active-org limit (a parked org has no caches): half of an org's share is its SQLite
 //!   page cache (`PRAGMA cache_size`). The other half of the budget is the shippers' caches
-//!   of shipped pages, shared by the orgs active *now* (`crate::park::Active`): each gets
+//!   of shipped pages, shared by the orgs active *now* (`crate::active::Active`): each gets
 //!   `ship_pages_total / active` pages, at least its share at the active limit and at most
 //!   `ShipPolicy::delta_cache_pages`, read at every ship; so a lone busy org keeps the
 //!   configured cache (pages patched against their last content, about half the bytes of

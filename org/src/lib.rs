@@ -58,15 +58,20 @@
 //! from other rejections; [`Error::idem`] gives the dedup transaction's own error.
 //!
 //! # Modules
-//! `writer` (an org's writer: its jobs and connection), `pool` (the writer threads shared by
-//! every org), `budget` (open-org and active-org limits and caches from settings and the
-//! open-files limit), `park` (parking idle orgs, unparking after proving the file), `commit`
-//! (the commit sequence), `ack` (waiters:
-//! ship-before-ack with group commit), `shipper` (the task driving `idem_replica::Shipper`),
-//! `open` (claim, hydrate, open, release), `registry`, `effect` (external effects).
+//! `tenure` (an org's tenure from claim to end: its state, the shipper lock, claim → resume
+//! or hydrate → open, release, and the one table of every way an org ends), `writer` (an
+//! org's writer: `job` its job vocabulary, `run` how every job runs), `pool` (the writer
+//! threads shared by every org), `budget` (open-org and active-org limits and caches from
+//! settings and the open-files limit), `active` (the registry's active set), `park`
+//! (parking idle orgs, unparking after proving the file), `commit` (the commit sequence),
+//! `ack` (waiters: ship-before-ack with group commit), `ship` (one ship or confirmation),
+//! `shipper` (the task driving `idem_replica::Shipper`), `registry`, `effect` (external
+//! effects), `sync` (the poison-tolerant lock helper); `testing` (feature `test-util`)
+//! what only tests use.
 #![forbid(unsafe_code)]
 
 mod ack;
+mod active;
 mod budget;
 mod clock;
 mod commit;
@@ -76,14 +81,18 @@ mod error;
 pub mod http;
 mod local;
 pub mod metrics;
-mod open;
 mod org;
 mod park;
 mod pool;
 mod prepare;
 mod registry;
 mod settings;
+mod ship;
 mod shipper;
+mod sync;
+mod tenure;
+#[cfg(feature = "test-util")]
+pub mod testing;
 mod writer;
 
 // The crates this one's signatures use, at the versions it is built against: an embedder
@@ -97,7 +106,7 @@ pub use budget::{FDS_PER_ORG, FDS_PER_PARKED_ORG, MIN_ORG_BYTES, RESERVED_FDS};
 pub use clock::replica_clock;
 pub use effect::OpenEffects;
 pub use error::{Error, ErrorKind};
-pub use local::{home_id, open_claims};
+pub use local::home_id;
 pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};

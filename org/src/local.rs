@@ -215,20 +215,6 @@ fn remove_hydrate_temps(paths: &[PathBuf], db: &Path) {
     }
 }
 
-/// Count of claim lock files under a data directory, not counting released claims' files
-/// kept for reuse (for tests of bounded open files).
-pub fn open_claims(data_dir: &Path) -> usize {
-    let Ok(orgs) = std::fs::read_dir(data_dir.join("orgs")) else {
-        return 0;
-    };
-    orgs.flatten()
-        .filter_map(|o| std::fs::read_dir(o.path()).ok())
-        .flat_map(|d| d.flatten())
-        .filter(|e| e.path().extension().is_some_and(|x| x == "lock"))
-        .filter(|e| !e.path().with_extension("cache").exists())
-        .count()
-}
-
 /// The data directory's identity and exclusive lock, which prove a restart (DESIGN's writer
 /// identity): `<data>/home.id` holds a random id made once, and `<data>/home.lock` is held by
 /// the process working in the directory. A process that holds the lock knows every earlier
@@ -257,7 +243,7 @@ impl Home {
     /// True when this process holds the data directory's lock (tried again if not yet held:
     /// the process that held it may have died since).
     pub fn locked(&self) -> bool {
-        let mut held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = crate::sync::lock(&self.lock);
         if held.is_none()
             && let Ok(f) = OpenOptions::new()
                 .create(true)

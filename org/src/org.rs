@@ -1,19 +1,19 @@
 //! One acquired org: the request API over its writer and its acknowledgements.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, UNIX_EPOCH};
 
 use idem::{BoxError, Options, Outcome, Record};
-use idem_replica::{OrgId, Replica, Shipper};
+use idem_replica::OrgId;
 use rusqlite::{Connection, Transaction};
 use tokio::sync::oneshot;
 
-use crate::ack::{Acks, Stop};
+use crate::ack::Stop;
 use crate::commit::Answer;
-use crate::local::LocalFiles;
-use crate::writer::{ApplyFn, Job, ReadFn, Refused, Writer};
-use crate::{Error, ErrorKind, Settings};
+use crate::tenure::state::{InFlight, Inner, TICK};
+use crate::writer::{ApplyFn, Job, ReadFn, Refused};
+use crate::{Error, ErrorKind};
 
 /// A handle on an acquired org: this process is its one writer for one round. Cheap to clone.
 ///
@@ -61,60 +61,6 @@ pub struct OrgStats {
     pub parks: u64,
     /// Times a parked org was reopened, its file proven to be the chain's tip.
     pub unparks: u64,
-}
-
-pub(crate) struct Inner {
-    pub(crate) acks: Arc<Acks>,
-    pub(crate) replica: Replica,
-    pub(crate) settings: Settings,
-    /// The claim and the chain: whoever holds this lock is the one publishing.
-    pub(crate) shipper: tokio::sync::Mutex<Shipper>,
-    pub(crate) writer: Arc<Writer>,
-    /// The data directory's lock, held while any org of it serves (not only while its
-    /// registry lives): it is what tells a restart that this process is gone.
-    pub(crate) _home: Arc<crate::local::Home>,
-    pub(crate) files: Mutex<Option<LocalFiles>>,
-    pub(crate) inflight: AtomicUsize,
-    pub(crate) last_used: AtomicU64,
-    /// Unique per handle: this org's key in `active`.
-    pub(crate) serial: u64,
-    /// The registry's orgs that hold a connection (`crate::park`).
-    pub(crate) active: Arc<crate::park::Active>,
-    /// True once the writer is closed and the files discarded (`Inner::close`).
-    pub(crate) closed: tokio::sync::watch::Sender<bool>,
-    /// This handle as the holder of effect reservations (`crate::effect`).
-    pub(crate) effects: Arc<crate::effect::Holder>,
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-pub(crate) static TICK: AtomicU64 = AtomicU64::new(0);
-
-impl Inner {
-    /// Requests queued or running on the writer, or waiting for a ship or confirmation.
-    pub(crate) fn busy(&self) -> usize {
-        self.inflight.load(Ordering::SeqCst) + self.acks.lock().waiters.len()
-    }
-}
-
-/// Decrements the in-flight count when a request ends, however it ends.
-pub(crate) struct InFlight<'a>(&'a AtomicUsize);
-
-impl<'a> InFlight<'a> {
-    /// Counts one request in flight on `inner` until dropped: an org with any is never
-    /// evicted or parked.
-    pub(crate) fn new(inner: &'a Inner) -> Self {
-        inner.inflight.fetch_add(1, Ordering::SeqCst);
-        InFlight(&inner.inflight)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 impl Org {
@@ -298,18 +244,7 @@ impl Org {
         .await
     }
 
-    /// The database image as the writer connection sees it (`sqlite3_serialize`), once it
-    /// is shipped and confirmed like [`Org::read`]: for tests that compare it with a restore.
-    ///
-    /// # Errors
-    /// As [`Org::read`].
-    #[doc(hidden)]
-    pub async fn image(&self) -> Result<Vec<u8>, Error> {
-        self.read_mut(|conn| Ok(conn.serialize(rusqlite::MAIN_DB)?.to_vec()))
-            .await
-    }
-
-    async fn read_mut<T, F>(&self, read: F) -> Result<T, Error>
+    pub(crate) async fn read_mut<T, F>(&self, read: F) -> Result<T, Error>
     where
         F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
         T: Send + 'static,
@@ -382,7 +317,7 @@ impl Org {
     /// with the next request that commits. For a fresh base after a bulk load, and for
     /// benchmarks that measure what a full snapshot uploads.
     pub async fn full_snapshot_next(&self) {
-        self.inner.shipper.lock().await.full_next();
+        self.inner.publishing().await.full_next();
     }
 
     /// Waits until a ship covering commit `commit_seq` is published (I6).
@@ -426,7 +361,7 @@ impl Org {
         }
         if unparked {
             // While the job runs: park others beyond the registry's active-org limit.
-            inner.active.enforce(inner.serial).await;
+            crate::park::enforce(&inner.active, inner.serial).await;
         }
         let org = inner.acks.org.clone();
         match rx.await {

@@ -20,102 +20,26 @@
 //! Both run under the org's shipper lock, and the writer's queue hands requests back while
 //! the org is parked (see `Writer::park`), so a park never races a capture, a ship or a
 //! request, and no request runs on a file before it is proven. Which orgs park is the
-//! registry's [`Active`] set: beyond its limit the least recently used idle active org
+//! registry's active set (`crate::active`): beyond its limit the least recently used idle active org
 //! parks.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-
-use idem_replica::Shipper;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::Error;
-use crate::org::{Inner, lock};
+use crate::tenure::end::{End, Step, end};
+use crate::tenure::publishing::Publishing;
+use crate::tenure::state::{ActiveOrgs, Inner};
 
-/// Serial numbers of open org handles: the key of [`Active`] (one org id may have a
-/// closing handle and a new one at once).
-pub(crate) static SERIAL: AtomicU64 = AtomicU64::new(0);
-
-/// The orgs of a registry that hold a connection, and how many may: beyond `limit` the
-/// least recently used idle ones park.
-pub(crate) struct Active {
-    limit: usize,
-    orgs: Mutex<HashMap<u64, Weak<Inner>>>,
-    /// The shipped-page caches' half of the memory budget, in pages, shared by the orgs
-    /// active now, never below `cache_floor` (an org's share at the active limit).
-    cache_pages: usize,
-    cache_floor: usize,
-    /// `cache_pages / active orgs`: each active org's shipper bounds its cache by it at every
-    /// ship (`Shipper::share_cache_limit`).
-    cache_limit: Arc<AtomicUsize>,
-}
-
-impl Active {
-    /// A set that keeps at most `limit` orgs active (at least one), whose shipped-page
-    /// caches share `cache_pages` pages, at least `cache_floor` each.
-    pub(crate) fn new(limit: usize, cache_pages: usize, cache_floor: usize) -> Arc<Active> {
-        Arc::new(Active {
-            limit: limit.max(1),
-            orgs: Mutex::new(HashMap::new()),
-            cache_pages,
-            cache_floor,
-            cache_limit: Arc::new(AtomicUsize::new(cache_pages.max(cache_floor))),
-        })
-    }
-
-    /// Orgs holding a connection now.
-    pub(crate) fn len(&self) -> usize {
-        lock(&self.orgs).len()
-    }
-
-    /// The per-org bound on shipped-page caches, updated as orgs activate and park.
-    pub(crate) fn cache_limit(&self) -> Arc<AtomicUsize> {
-        self.cache_limit.clone()
-    }
-
-    fn share(&self, active: usize) {
-        let each = (self.cache_pages / active.max(1)).max(self.cache_floor);
-        self.cache_limit.store(each, Ordering::Relaxed);
-    }
-
-    pub(crate) fn insert(&self, inner: &Arc<Inner>) {
-        let mut orgs = lock(&self.orgs);
-        orgs.insert(inner.serial, Arc::downgrade(inner));
-        self.share(orgs.len());
-    }
-
-    pub(crate) fn remove(&self, serial: u64) {
-        let mut orgs = lock(&self.orgs);
-        orgs.remove(&serial);
-        self.share(orgs.len());
-    }
-
-    /// Parks the least recently used idle active orgs beyond the limit, never `keep` (the
-    /// org a request is about to use). An org with work queued, running or waiting for its
-    /// ship is never parked. The caller must hold no org's shipper lock: a park takes its
-    /// victim's (waiting for a ship that is just ending), and holding one while waiting for
-    /// another could deadlock two orgs parking each other.
-    pub(crate) async fn enforce(&self, keep: u64) {
-        let victims: Vec<Arc<Inner>> = {
-            let orgs = lock(&self.orgs);
-            let excess = orgs.len().saturating_sub(self.limit);
-            if excess == 0 {
-                return;
-            }
-            let mut idle: Vec<Arc<Inner>> = orgs
-                .iter()
-                .filter(|(serial, _)| **serial != keep)
-                .filter_map(|(_, w)| w.upgrade())
-                .filter(|i| i.busy() == 0)
-                .collect();
-            idle.sort_by_key(|i| i.last_used.load(Ordering::Relaxed));
-            idle.truncate(excess);
-            idle
-        };
-        for inner in victims {
-            if let Err(e) = park(&inner).await {
-                tracing::debug!(org = %inner.acks.org, error = %e, "park failed");
-            }
+/// Parks the least recently used idle active orgs beyond the registry's limit, never `keep`
+/// (the org a request is about to use). An org with work queued, running or waiting for its
+/// ship is never parked. The caller must hold no org's shipper lock: a park takes its
+/// victim's (waiting for a ship that is just ending), and holding one while waiting for
+/// another could deadlock two orgs parking each other.
+pub(crate) async fn enforce(active: &ActiveOrgs, keep: u64) {
+    for inner in active.beyond_limit(keep) {
+        if let Err(e) = park(&inner).await {
+            tracing::debug!(org = %inner.acks.org, error = %e, "park failed");
         }
     }
 }
@@ -129,7 +53,7 @@ impl Active {
 pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
     // A ship, a confirmation or an unpark may hold it: wait for it to end (the caller holds
     // no shipper lock, so two orgs never wait for each other), then look again.
-    let mut shipper = inner.shipper.lock().await;
+    let mut shipper = inner.publishing().await;
     if !idle(inner) {
         return Ok(false);
     }
@@ -139,7 +63,7 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
         // the tip, as before a release.
         let differs = shipper.inherited_unshipped().await.unwrap_or(true);
         if (differs || shipper.claim().chain_tip().is_none())
-            && let Err(e) = crate::shipper::ship_once(inner, &mut shipper).await
+            && let Err(e) = crate::ship::ship_once(inner, &mut shipper).await
         {
             return stop_after(inner, &mut shipper, e).await.map(|()| false);
         }
@@ -159,7 +83,7 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
             Ok(true)
         }
         Ok(false) => Ok(false),
-        Err(reason) => Err(poison(inner, &mut shipper, &reason).await),
+        Err(reason) => Err(poison(inner, &mut shipper, &reason, Step::Park).await),
     }
 }
 
@@ -174,13 +98,13 @@ fn idle(inner: &Inner) -> bool {
 
 /// Unparks `inner` if it is parked, before a request is queued: waits for the shipper
 /// lock (a park in progress finishes first), then [`unpark_locked`]. True when it
-/// unparked: the caller then parks others beyond the active limit ([`Active::enforce`],
+/// unparked: the caller then parks others beyond the active limit ([`enforce`],
 /// once its own job is queued and the shipper lock released).
 ///
 /// # Errors
 /// As [`unpark_locked`].
 pub(crate) async fn unpark(inner: &Arc<Inner>) -> Result<bool, Error> {
-    let mut shipper = inner.shipper.lock().await;
+    let mut shipper = inner.publishing().await;
     unpark_locked(inner, &mut shipper).await
 }
 
@@ -194,7 +118,7 @@ pub(crate) async fn unpark(inner: &Arc<Inner>) -> Result<bool, Error> {
 /// violation (nothing answered, claim released, files deleted; the next acquire hydrates).
 pub(crate) async fn unpark_locked(
     inner: &Arc<Inner>,
-    shipper: &mut Shipper,
+    shipper: &mut Publishing<'_>,
 ) -> Result<bool, Error> {
     if let Some(stop) = inner.acks.lock().stop.clone() {
         return Err(inner.acks.stop_error(stop));
@@ -215,34 +139,26 @@ pub(crate) async fn unpark_locked(
             tracing::debug!(org = %inner.acks.org, round = inner.acks.round, "unparked");
             Ok(true)
         }
-        Err(reason) => Err(poison(inner, shipper, &reason).await),
+        Err(reason) => Err(poison(inner, shipper, &reason, Step::Unpark).await),
     }
 }
 
-/// Stops the org because its files were found changed (I13) and ends it as the shipper
-/// task does: release the claim (a successor claims at once), close, delete the files.
-async fn poison(inner: &Inner, shipper: &mut Shipper, reason: &str) -> Error {
+/// Stops the org because its files were found changed (I13) at `at`, and reports the end
+/// ([`End::Poisoned`]: claim released, closed, files deleted).
+async fn poison(inner: &Inner, shipper: &mut Publishing<'_>, reason: &str, at: Step) -> Error {
     let err = inner.acks.poison(reason);
-    if let Err(e) = shipper.release().await {
-        tracing::warn!(org = %inner.acks.org, round = inner.acks.round, error = %e, "release after poisoning failed");
-    }
-    inner.close().await;
+    let _ = end(inner, shipper, End::Poisoned { at }).await;
     err
 }
 
-/// After a ship a park needed failed: a stopped org is ended as the shipper task ends it
-/// (poisoned: claim released; claim lost: nothing more published), then closed; any other
-/// failure leaves it serving.
-async fn stop_after(inner: &Inner, shipper: &mut Shipper, e: Error) -> Result<(), Error> {
-    match e {
-        Error::Poisoned { .. } => {
-            if let Err(e) = shipper.release().await {
-                tracing::warn!(org = %inner.acks.org, round = inner.acks.round, error = %e, "release after poisoning failed");
-            }
+/// After a ship a park needed failed: a stopped org's end is reported as the shipper task
+/// reports it; any other failure leaves it serving.
+async fn stop_after(inner: &Inner, shipper: &mut Publishing<'_>, e: Error) -> Result<(), Error> {
+    match End::after(&e, Step::ParkShip) {
+        Some(how) => {
+            let _ = end(inner, shipper, how).await;
+            Err(e)
         }
-        Error::Fenced { .. } | Error::ClaimLost { .. } => {}
-        _ => return Ok(()),
+        None => Ok(()),
     }
-    inner.close().await;
-    Err(e)
 }

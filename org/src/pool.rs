@@ -25,7 +25,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::sync::lock;
 
 /// Jobs a worker runs for one org before it moves on to the next scheduled org.
 pub(crate) const BATCH: usize = 16;
@@ -62,10 +64,6 @@ struct State {
     workers: usize,
     idle: usize,
     stopping: bool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Pool {
@@ -156,7 +154,7 @@ fn work(shared: &Shared) {
                     return;
                 }
                 st.idle += 1;
-                st = shared.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+                st = crate::sync::wait(&shared.ready, st);
                 st.idle -= 1;
             }
         };

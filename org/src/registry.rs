@@ -12,6 +12,7 @@ use tokio::sync::OnceCell;
 
 use crate::budget::Budget;
 use crate::pool::Pool;
+use crate::sync::lock;
 use crate::writer::InitFn;
 use crate::{Error, ErrorKind, Org, Settings};
 
@@ -109,7 +110,7 @@ impl RegistryBuilder {
         // The shipped-page caches share their half of the budget among the orgs active now
         // (`ship.delta_cache_pages` stays each one's ceiling; `budget.ship_cache_pages`,
         // the share at the active limit, is the floor).
-        let active = crate::park::Active::new(
+        let active = crate::tenure::state::ActiveOrgs::new(
             budget.active_orgs,
             budget.ship_pages_total,
             budget.ship_cache_pages,
@@ -149,7 +150,7 @@ struct RegistryInner {
     settings: Settings,
     budget: Budget,
     /// The orgs holding a connection; beyond `budget.active_orgs` idle ones park.
-    active: Arc<crate::park::Active>,
+    active: Arc<crate::tenure::state::ActiveOrgs>,
     /// The writer threads every org of this registry runs on.
     pool: Pool,
     clock: Arc<dyn idem::Clock>,
@@ -266,7 +267,7 @@ impl Registry {
                         return Err(Error::ShuttingDown { org: id.clone() });
                     }
                     Org::open(
-                        crate::open::Opening {
+                        crate::tenure::open::Opening {
                             replica: inner.replica.clone(),
                             data_dir: &inner.data_dir,
                             writer_id: &inner.writer_id,
@@ -310,7 +311,7 @@ impl Registry {
             if handle.is_serving() {
                 self.evict_beyond_limit(id).await;
                 // The org is (or is about to be, at its request) active: park others.
-                self.inner.active.enforce(handle.inner().serial).await;
+                crate::park::enforce(&self.inner.active, handle.inner().serial).await;
                 return Ok(handle);
             }
             // A release of this org (an eviction) may still be shipping: claiming now would
@@ -518,8 +519,4 @@ impl Registry {
             self.forget(&id, &slot);
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -1,7 +1,7 @@
 //! Every answer that depends on stored state waits for the same confirmation as a replay
 //! (I6, I7), an active writer keeps its lease, and writer ids cannot collide.
 //!
-//! Regression (found by an independent history checker): a fenced writer answered 422
+//! Regression (I6, I7): a fenced writer answered 422
 //! "applied with a different request fingerprint" from a commit its failed ship never
 //! published, while its successor went on to apply the other payload; a single writer
 //! answered 422 from a commit whose ship then failed, or 4 ms before it was published; a
@@ -241,7 +241,7 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
     Ok(())
 }
 
-/// Regression (review): a failed attempt is counted in a commit that did not bump the commit
+/// Regression (I5, I6): a failed attempt is counted in a commit that did not bump the commit
 /// counter, so "attempts exhausted" was answered from a count the store never held; a
 /// successor would have run the key again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,7 +284,7 @@ async fn attempts_exhausted_is_answered_only_once_the_count_is_shipped() -> R {
     Ok(())
 }
 
-/// Regression (review): a read whose query failed ("no such row") was answered at once, even
+/// Regression (I6, I7): a read whose query failed ("no such row") was answered at once, even
 /// by a fenced writer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_writer_answers_no_read_error_either() -> R {

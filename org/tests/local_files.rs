@@ -53,10 +53,10 @@ async fn stale_or_ahead_local_files_are_replaced_by_hydrate() -> R {
         !effects.contains_key("unshipped"),
         "unshipped local state is discarded"
     );
-    assert_eq!(idem_org::open_claims(&data), 1);
+    assert_eq!(idem_org::testing::open_claims(&data), 1);
     b.shutdown().await;
     assert_eq!(
-        idem_org::open_claims(&data),
+        idem_org::testing::open_claims(&data),
         0,
         "release deletes the local files"
     );
@@ -134,7 +134,7 @@ async fn two_thousand_orgs_with_a_low_open_limit_stay_bounded_and_correct() -> R
             .once(&idem_replica::OrgId::new(&org)?, "k", effect(&org, "k"))
             .await?;
         assert!(out.applied);
-        peak = peak.max(idem_org::open_claims(&data));
+        peak = peak.max(idem_org::testing::open_claims(&data));
     }
     assert!(peak <= 17, "local claims peaked at {peak}");
     assert!(reg.open_orgs().len() <= 16);

@@ -268,7 +268,7 @@ async fn a_database_renamed_over_poisons_the_org() -> R {
     .await
 }
 
-/// Regression (review): an answer that ships nothing (a replay, a read) was confirmed without
+/// Regression (I13): an answer that ships nothing (a replay, a read) was confirmed without
 /// looking at the files, so a database overwritten in place could answer from the old copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_after_the_database_was_overwritten_poisons_the_org() -> R {

@@ -106,7 +106,7 @@ async fn a_hydrated_file_whose_commit_sequence_differs_from_its_entry_is_not_ser
     );
     assert_eq!(err.kind(), ErrorKind::Corrupt);
     assert_eq!(
-        idem_org::open_claims(dir.path()),
+        idem_org::testing::open_claims(dir.path()),
         0,
         "the refused file was removed"
     );

@@ -1,8 +1,8 @@
 //! Regression (I6, I7): a fenced writer that has not tried to ship yet must not answer
-//! replays or reads from its local file. Found by an adversarial review: replays and
-//! `applied` returned Ok as soon as the key's commit was shipped, with no check that the
-//! writer still owned the org, so a zombie reported a key its successor acknowledged as
-//! absent, and a writer fenced before its first ship acknowledged replays.
+//! replays or reads from its local file. Replays and `applied` returned Ok as soon as the
+//! key's commit was shipped, with no check that the writer still owned the org, so a zombie
+//! reported a key its successor acknowledged as absent, and a writer fenced before its first
+//! ship acknowledged replays.
 
 mod common;
 

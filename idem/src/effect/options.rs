@@ -17,10 +17,11 @@ pub const DEFAULT_LEASE_MS: u64 = 60_000;
 /// ([`Options::clock`]). See [`Options::lapse`].
 pub type LapseFn = Arc<dyn Fn(&Effect) -> u64 + Send + Sync>;
 
-/// A write run inside every effect transition's transaction, before its COMMIT, so it commits
-/// atomically with the transition (the org layer bumps its commit counter here, which is how
-/// a transition is covered by the ship that acknowledges it, I6). Not a failpoint: production
-/// code sets it.
+/// A write run inside a write transaction just before its COMMIT, so it commits atomically
+/// with it: every effect transition ([`Options::on_write`]) and every dedup transaction that
+/// commits ([`crate::Options::on_write`]). The org layer bumps its commit counter here, which
+/// is how a write is covered by the ship that acknowledges it (I6). Not a failpoint:
+/// production code sets it.
 pub type WriteHook = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
 
 /// Settings of the effect calls: a small builder.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use idem::effect::{self, Effect, State};
 use tokio::sync::{OwnedMutexGuard, watch};
 
-use crate::org::lock;
+use crate::sync::lock;
 
 /// The effect side of one org handle (shared by its clones and its writer's jobs).
 pub(crate) struct Holder {
@@ -145,8 +145,8 @@ impl Holder {
     }
 
     /// `opts` as every effect call of this handle runs it: this handle named as holder, its
-    /// lapse rule, the registry clock unless a test set one, and the commit-counter bump in
-    /// every transition's transaction (I6).
+    /// lapse rule, and the registry clock unless a test set one. The writer adds the
+    /// commit-counter bump when it runs the call (`writer::run`, I6).
     pub(crate) fn options(self: &Arc<Self>, opts: effect::Options) -> effect::Options {
         let rule = Arc::downgrade(self);
         let opts = opts
@@ -154,8 +154,7 @@ impl Holder {
             .lapse(Arc::new(move |row: &Effect| match rule.upgrade() {
                 Some(holder) => holder.lapses_at(row),
                 None => row.lease_until_ms,
-            }))
-            .on_write(Arc::new(|conn| crate::commit::bump(conn).map(|_| ())));
+            }));
         if opts.has_clock() {
             opts
         } else {

@@ -17,20 +17,16 @@
 //! `protocol` (the task), `job` (the writer-thread side), `gauge` (open effects in `/metrics`).
 
 mod gauge;
-mod holder;
-mod job;
+pub(crate) mod holder;
 mod protocol;
 
 use idem::effect::{self, Effect, Resolution, State, Transition};
 
 pub use gauge::OpenEffects;
-pub(crate) use holder::Holder;
-use job::Work;
-pub(crate) use job::{EffectJob, run_job};
 use protocol::Executor;
 
 use crate::commit::Answer;
-use crate::writer::Job;
+use crate::writer::job::{EffectJob, Job, Reply, Work};
 use crate::{Error, Org};
 
 impl Org {
@@ -188,7 +184,7 @@ impl Org {
     /// Runs one effect job of this handle on its writer (`work` gets the reply channel).
     pub(crate) async fn effect_job<T>(
         &self,
-        work: impl FnOnce(crate::writer::Reply<T>) -> Work,
+        work: impl FnOnce(Reply<T>) -> Work,
     ) -> Result<Answer<T>, Error> {
         let holder = self.inner().effects.clone();
         self.call(|reply| {

@@ -20,9 +20,9 @@ use std::pin::Pin;
 use idem::BoxError;
 use idem::effect::{self, Outcome, Reservation, Reserved, Settlement, State};
 
-use super::job::Work;
 use crate::commit::Answer;
-use crate::org::InFlight;
+use crate::tenure::state::InFlight;
+use crate::writer::job::Work;
 use crate::{Error, Org};
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<Vec<u8>, effect::Error>> + Send>>;

@@ -62,6 +62,7 @@ pub use status::{Refusal, error_response, json_error};
 pub use stored::StoredResponse;
 
 use crate::Registry;
+use crate::sync::lock;
 
 /// How a request is fingerprinted: the bytes returned are hashed and stored with the key; a
 /// later request under the key with other bytes gets 422 (I4).
@@ -191,10 +192,6 @@ impl Idempotency {
 
 fn counted(outcome: &'static str) {
     crate::metrics::record_request(outcome);
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Removes a key from the in-flight set when its request ends, however it ends.

@@ -3,91 +3,32 @@
 //! ([`crate::pool`]): one at a time per org, in the order queued.
 //!
 //! Every write transaction also raises the commit sequence in the same transaction
-//! ([`crate::commit`]), and every job raises the in-memory [`CommitSeq`] to the database's
+//! ([`crate::commit`]; for `once` and effects through idem's write hook, set in one place by
+//! `run`), and every job raises the in-memory [`CommitSeq`] to the database's
 //! before it replies, so an answer names exactly the commits it may depend on (I6).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use idem::{BoxError, Options, Outcome, Record};
 use idem_replica::sqlite::{
     self, CaptureError, CaptureRequest, Captured, OwnError, Owned, OwnedFiles,
 };
-use rusqlite::{Connection, Transaction};
+use rusqlite::Connection;
 use tokio::sync::oneshot;
 
-use crate::commit::{Answer, CommitSeq};
+use crate::commit::CommitSeq;
 use crate::pool::{Pool, Scheduled, Task};
+use crate::sync::lock;
 
+pub(crate) mod job;
 mod run;
 
-/// The boxed `apply` closure of a request.
-pub(crate) type ApplyFn =
-    Box<dyn FnOnce(&Transaction<'_>) -> Result<Vec<u8>, BoxError> + Send + 'static>;
+pub(crate) use job::{ApplyFn, Job, ParkRefused, ReadFn, Reply};
 
 /// A hook run on the writer connection when an org is opened (application schema).
 pub type InitFn = Arc<dyn Fn(&Connection) -> rusqlite::Result<()> + Send + Sync>;
-
-/// Where a job sends its answer.
-pub(crate) type Reply<T> = oneshot::Sender<Result<Answer<T>, idem::Error>>;
-
-/// A boxed read: runs on the writer connection between two jobs and sends its own typed
-/// result (a panic drops the sender). A transaction it leaves open is rolled back.
-pub(crate) type ReadFn = Box<dyn FnOnce(&mut Connection) + Send + 'static>;
-
-pub(crate) enum Job {
-    Once {
-        key: String,
-        opts: Options,
-        apply: ApplyFn,
-        reply: Reply<Outcome>,
-    },
-    Applied {
-        key: String,
-        reply: Reply<Option<Record>>,
-    },
-    Prune {
-        cutoff: SystemTime,
-        reply: Reply<u64>,
-    },
-    /// `VACUUM` the database, then raise the commit sequence.
-    Vacuum { reply: Reply<()> },
-    /// External-effect work (`crate::effect`).
-    Effect(crate::effect::EffectJob),
-    /// Copy what the next ship publishes, between two transactions.
-    Capture {
-        request: CaptureRequest,
-        reply: oneshot::Sender<Result<Captured, CaptureError>>,
-    },
-    /// A read on the writer connection (`Org::read`).
-    Read { read: ReadFn, reply: Reply<()> },
-    /// Answers once every job queued before it has run: the drain before a release.
-    Drain { reply: oneshot::Sender<()> },
-    /// Parks the writer (`crate::park`): when the database still holds commit `shipped`,
-    /// checkpoints every frame into the file and closes the connection (before its
-    /// descriptors, I13).
-    Park {
-        shipped: u64,
-        reply: oneshot::Sender<Result<(), ParkRefused>>,
-    },
-    /// Reopens a parked writer's connection (`crate::park`) and answers with the
-    /// descriptors the shipper checks the file through before anything is served.
-    Unpark {
-        reply: oneshot::Sender<Result<Arc<OwnedFiles>, String>>,
-    },
-}
-
-/// Why a [`Job::Park`] left the writer open.
-#[derive(Debug)]
-pub(crate) enum ParkRefused {
-    /// Something committed since the caller looked, or the checkpoint could not empty the
-    /// WAL: the connection stays open and serves on.
-    Busy(String),
-    /// The files were changed outside the writer (I13): the org must stop.
-    Foreign(String),
-}
 
 /// Why the writer connection could not be opened.
 #[derive(Debug)]
@@ -190,10 +131,6 @@ pub(crate) enum Refused {
     Closed,
     /// The writer is parked: the job is handed back to be queued after an unpark.
     Parked(Box<Job>),
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Writer {

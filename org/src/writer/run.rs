@@ -1,17 +1,20 @@
-//! Running a writer's jobs on its connection: one job at a time, each settling the commit
+//! Running every writer job ([`super::job`]) on its connection: one job at a time, each settling the commit
 //! sequence before it replies (I6); parking closes the connection and unparking reopens it
 //! the way it was opened.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use idem::BoxError;
+use idem::effect::{self, State, WriteHook};
 use idem_replica::sqlite::{self, CaptureError, Owned, OwnedFiles, ReopenError};
 use rusqlite::Connection;
 
 use crate::commit::{self, Answer, CommitSeq};
 
-use super::{Job, ParkRefused, Reopen, Runner, WriterCtx, prepare};
+use super::job::{EffectJob, Job, ParkRefused, Work};
+use super::{Reopen, Runner, WriterCtx, prepare};
+use crate::effect::holder::Holder;
+use crate::sync::lock;
 
 impl Reopen {
     /// Reopens the closed database ([`sqlite::reopen_exclusive`]: never creates it, refuses
@@ -45,11 +48,12 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// After a job: when it committed something without raising the sequence (a failed attempt
-/// counted, a prune), commits one bump, so that state ships before any answer that read it;
-/// then raises `seq` to the database's, before the job's reply. `total_changes` also counts
-/// rolled-back writes, so this may bump once too often — a page more in a ship, never a
-/// commit missed. Returns the sequence the reply carries: every commit so far.
+/// After a job: when it committed something without raising the sequence (a prune, which
+/// takes no write hook; a failed attempt whose hook failed), commits one bump, so that state
+/// ships before any answer that read it; then raises `seq` to the database's, before the job's
+/// reply. `total_changes` also counts rolled-back writes, so this may bump once too often — a
+/// page more in a ship, never a commit missed. Returns the sequence the reply carries: every
+/// commit so far.
 fn settle(conn: &mut Connection, seq: &CommitSeq, changes_before: u64, seq_before: u64) -> u64 {
     let now = commit::read(conn).unwrap_or(0);
     if conn.total_changes() != changes_before && now <= seq_before {
@@ -68,6 +72,14 @@ fn settle(conn: &mut Connection, seq: &CommitSeq, changes_before: u64, seq_befor
         }
     }
     seq.raise(now)
+}
+
+/// The one way a job's transaction raises the commit sequence: idem's write hook, run inside
+/// the dedup transaction or the effect transition just before its COMMIT, so the bump commits
+/// with the write it covers (I6). Set here, by the writer that owns the sequence, on every
+/// `once` and effect call's options.
+fn bump_hook() -> WriteHook {
+    Arc::new(|conn| commit::bump(conn).map(|_| ()))
 }
 
 fn answer<T>(out: Result<T, idem::Error>, commit_seq: u64) -> Result<Answer<T>, idem::Error> {
@@ -148,15 +160,11 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
             apply,
             reply,
         } => {
-            let opts = opts.clock(clock.clone());
+            let opts = opts.clock(clock.clone()).on_write(bump_hook());
             // A panic in apply rolls its transaction back (the Transaction is dropped while
             // unwinding); catching it keeps the org's writer alive for other requests.
             let out = catch_unwind(AssertUnwindSafe(|| {
-                idem::once_with(conn, &key, round, &opts, |tx| {
-                    let result = apply(tx)?;
-                    commit::bump(tx)?;
-                    Ok::<_, BoxError>(result)
-                })
+                idem::once_with(conn, &key, round, &opts, apply)
             }))
             .unwrap_or_else(|_| {
                 Err(idem::Error::Apply {
@@ -191,7 +199,7 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
                 .map_err(idem::Error::from);
             let _ = reply.send(out);
         }
-        Job::Effect(job) => crate::effect::run_job(conn, seq, job),
+        Job::Effect(job) => run_effect(conn, seq, job),
         Job::Capture { request, reply } => {
             // The capture labels what the pages hold with the database's own sequence (it
             // reads the counter from the connection), and the shipper checks the pages agree.
@@ -213,4 +221,92 @@ fn run_on(owned: &mut Owned, ctx: &WriterCtx, job: Job) {
         // Handled by `Runner::run`.
         Job::Drain { .. } | Job::Park { .. } | Job::Unpark { .. } => {}
     }
+}
+
+/// Runs one effect job on the writer connection. The reply carries the commit sequence the
+/// caller must see shipped: every commit so far (the writer thread is the only writer, so this
+/// covers the job's own transition and, for a replay, the commit that settled the key). It is
+/// raised before every reply, an error's included: a transition may commit and then refuse
+/// (a lapsed reservation turned AMBIGUOUS, a result recorded without being kept). After every
+/// write the open rows the gauge counts are reloaded (an index read of the open rows only).
+fn run_effect(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
+    fn answered<T>(
+        conn: &Connection,
+        seq: &CommitSeq,
+        out: Result<T, idem::Error>,
+    ) -> Result<Answer<T>, idem::Error> {
+        let commit_seq = seq.raise(commit::read(conn).unwrap_or(0));
+        out.map(|value| Answer { value, commit_seq })
+    }
+    let EffectJob { holder, work } = job;
+    let wrote = matches!(
+        work,
+        Work::Reserve { .. } | Work::Settle { .. } | Work::Resolve { .. }
+    );
+    match work {
+        Work::Reserve { key, opts, reply } => {
+            let out = effect::reserve(conn, &key, &opts.on_write(bump_hook()));
+            refresh(conn, &holder, wrote);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Settle {
+            reservation,
+            settlement,
+            opts,
+            reply,
+        } => {
+            let opts = opts.on_write(bump_hook());
+            let out = effect::settle(conn, &reservation, settlement, &opts);
+            refresh(conn, &holder, wrote);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Resolve {
+            key,
+            resolution,
+            by,
+            opts,
+            reply,
+        } => {
+            let opts = opts.on_write(bump_hook());
+            let at = opts.now();
+            let out = effect::resolve_with(conn, &key, resolution, &by, at, &opts);
+            refresh(conn, &holder, wrote);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Read {
+            key,
+            state,
+            opts,
+            reply,
+        } => {
+            let out = match key {
+                Some(k) => effect::get_with(conn, &k, &opts).map(|r| r.into_iter().collect()),
+                None => effect::list_with(conn, state, &opts),
+            };
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::History { key, reply } => {
+            let out = effect::history(conn, &key);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+        Work::Tally { reply } => {
+            let out = tally(conn, &holder);
+            let _ = reply.send(answered(conn, seq, out));
+        }
+    }
+}
+
+/// After a write: reloads the open rows, logging (never failing the job) when it cannot.
+fn refresh(conn: &Connection, holder: &Holder, wrote: bool) {
+    if wrote && let Err(e) = tally(conn, holder) {
+        tracing::warn!(error = %e, "could not reload the open effects the gauge counts");
+    }
+}
+
+/// Reloads `holder`'s open rows from the database (RESERVED and AMBIGUOUS, as stored).
+fn tally(conn: &Connection, holder: &Holder) -> Result<(), idem::Error> {
+    let mut open = effect::list(conn, Some(State::Reserved))?;
+    open.extend(effect::list(conn, Some(State::Ambiguous))?);
+    *lock(&holder.open) = open;
+    Ok(())
 }

@@ -1,5 +1,5 @@
-//! An org's lifecycle: claim, hydrate and open (I8); release at a handoff; close and discard
-//! when fenced or poisoned.
+//! The start of an org's tenure: claim, then resume the file this host kept or hydrate, then
+//! open the writer (I8).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -8,10 +8,11 @@ use std::time::Duration;
 use idem_replica::sqlite::{OwnError, Owned};
 use idem_replica::{Claim, OrgId, Replica, Shipper};
 
-use crate::ack::{AckState, Acks, Counters, Stop};
+use super::publishing::ShipperLock;
+use super::state::{ActiveOrgs, Inner, SERIAL, TICK};
+use crate::ack::{AckState, Acks, Counters};
 use crate::commit::{self, CommitSeq};
 use crate::local::LocalFiles;
-use crate::org::{Inner, TICK, lock};
 use crate::pool::Pool;
 use crate::writer::{self, InitFn, OpenError, Writer, WriterCtx};
 use crate::{Error, Org, Settings};
@@ -30,7 +31,7 @@ pub(crate) struct Opening<'a> {
     /// SQLite page cache of the writer connection, in KiB.
     pub cache_kib: u64,
     /// The registry's orgs holding a connection; the new org joins it.
-    pub active: &'a Arc<crate::park::Active>,
+    pub active: &'a Arc<ActiveOrgs>,
 }
 
 impl Org {
@@ -101,7 +102,7 @@ impl Org {
             counters: Counters::default(),
         });
         let owned_files = owned.files().clone();
-        let effects = Arc::new(crate::effect::Holder::new(
+        let effects = Arc::new(crate::effect::holder::Holder::new(
             writer_id,
             replica.instance(),
             claim.round(),
@@ -132,13 +133,13 @@ impl Org {
             acks,
             replica,
             settings,
-            shipper: tokio::sync::Mutex::new(shipper),
+            shipper: ShipperLock::new(shipper),
             writer,
             _home: home.clone(),
             files: Mutex::new(Some(files)),
             inflight: AtomicUsize::new(0),
             last_used: AtomicU64::new(TICK.fetch_add(1, Ordering::Relaxed)),
-            serial: crate::park::SERIAL.fetch_add(1, Ordering::Relaxed),
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
             active: active.clone(),
             closed: tokio::sync::watch::channel(false).0,
             effects,
@@ -148,101 +149,6 @@ impl Org {
         let org = Org::from_inner(inner);
         org.load_effect_tally().await;
         Ok(org)
-    }
-
-    /// Graceful handoff: refuses new requests, lets queued ones commit (a drain), ships what
-    /// is unshipped, publishes a Release entry (so the next claim proceeds at once), closes
-    /// the database, and keeps its file for a later acquire on this host
-    /// ([`Settings::reuse_released_files`]; the next acquire uses it only if the store
-    /// proves it current) or deletes the local files.
-    ///
-    /// # Errors
-    /// The final ship's or the release's error; the handle is closed either way.
-    pub async fn release(&self) -> Result<(), Error> {
-        let span = tracing::info_span!(
-            "release",
-            org = %self.inner().acks.org,
-            round = self.inner().acks.round,
-        );
-        tracing::Instrument::instrument(self.release_traced(), span).await
-    }
-
-    async fn release_traced(&self) -> Result<(), Error> {
-        let inner = self.inner();
-        // Effect protocols running here settle first (a successor could only find their
-        // reservations in progress, then AMBIGUOUS); a hung executor holds the release no
-        // longer than its lease.
-        let unsettled = inner.effects.wait_idle().await;
-        if unsettled > 0 {
-            tracing::warn!(org = %inner.acks.org, round = inner.acks.round, unsettled, "releasing with effect executors still running past their leases");
-        }
-        let keep = inner.settings.reuse_released_files;
-        let mut kept = None;
-        let result = {
-            // Wait for a ship in flight first.
-            let mut shipper = inner.shipper.lock().await;
-            let drained = inner.writer.drain().await;
-            let stopped = inner.acks.lock().stop.clone();
-            let result = match stopped {
-                Some(stop) => Err(inner.acks.stop_error(stop)),
-                None if !drained => Err(inner.acks.stop_error(Stop::Closed)),
-                None => {
-                    let unshipped = inner.acks.commit_seq.get() > inner.acks.lock().shipped;
-                    // A continued chain whose file differs from its tip (SQLite's switch to
-                    // WAL mode rewrote page 1) ships once, so the kept file is the published
-                    // position. A failed check ships too: the ship's capture repeats it
-                    // and reports what it finds.
-                    let differs = keep && shipper.inherited_unshipped().await.unwrap_or(true);
-                    let shipped = if unshipped || differs {
-                        crate::shipper::ship_once(inner, &mut shipper).await
-                    } else {
-                        Ok(())
-                    };
-                    match shipped {
-                        Ok(()) => shipper
-                            .release()
-                            .await
-                            .map_err(|e| Error::replica(&inner.acks.org, e)),
-                        Err(e) => Err(e),
-                    }
-                }
-            };
-            if result.is_ok() && keep {
-                kept = shipper.resume_point();
-            }
-            // Stop while still holding the shipper, so a shipper task waiting for it finds the
-            // org closed instead of shipping on a released claim.
-            inner.acks.stop(Stop::Closed);
-            result
-        };
-        inner.close_keeping(kept.as_ref()).await;
-        tracing::info!(org = %inner.acks.org, round = inner.acks.round, ok = result.is_ok(), "released");
-        result
-    }
-}
-
-impl Inner {
-    /// Closes the writer (queued jobs finish; the connection closes before its descriptors)
-    /// and deletes the local files.
-    pub(crate) async fn close(&self) {
-        self.close_keeping(None).await;
-    }
-
-    /// [`Inner::close`], keeping the closed database file for a later acquire on this host
-    /// when `kept` names the released position it holds (after a clean release only).
-    pub(crate) async fn close_keeping(&self, kept: Option<&idem_replica::ResumePoint>) {
-        self.writer.close().await;
-        self.active.remove(self.serial);
-        let files = lock(&self.files).take();
-        if let Some(files) = files {
-            match kept {
-                Some(point) => files.keep(point),
-                None => files.remove(),
-            }
-            // Once per org: the files are taken once.
-            metrics::gauge!(crate::metrics::OPEN_ORGS).decrement(1.0);
-        }
-        self.closed.send_replace(true);
     }
 }
 
