@@ -55,7 +55,6 @@
 
 #![forbid(unsafe_code)]
 
-mod clock;
 pub mod effect;
 mod error;
 pub mod failpoint;
@@ -67,8 +66,8 @@ mod record;
 mod schema;
 mod stats;
 
-pub use clock::{Clock, ManualClock, SystemClock, system_time_ms};
 pub use error::{BoxError, Error, ErrorKind};
+pub use idem_base::clock::{Clock, ManualClock, SystemClock, system_time_ms};
 pub use key::{MAX_KEY_BYTES, validate_key};
 pub use once::{once, once_with};
 pub use options::{DEFAULT_MAX_RESULT_BYTES, Options, Outcome};

@@ -242,7 +242,8 @@ fn count_failure(
     now: i64,
     failure: &Error,
 ) -> Result<(), Error> {
-    let text = error_chain(failure);
+    // Every message of the chain, as stored in `last_error`.
+    let text = idem_base::ErrorChain::every(failure).to_string();
     tx.prepare_cached(
         "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, fingerprint, \
          attempts, last_error) VALUES (?1, 0, ?2, ?3, ?4, NULL, NULL, 1, ?5)
@@ -335,16 +336,4 @@ fn random_attempt_id() -> Result<Vec<u8>, Error> {
         id.extend_from_slice(&n.to_be_bytes());
         Ok(id)
     })
-}
-
-/// The error and its sources joined, as stored in `last_error`.
-fn error_chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

@@ -120,7 +120,7 @@ fn sigkill_at_random_moments_never_splits_key_and_effect() -> R {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let mut seed = u64::from(std::process::id()) | 1;
+    let mut rng = idem_base::SeededRng::new(u64::from(std::process::id()));
     for _ in 0..kills {
         let mut child = spawn_child("crash", &db)?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -133,11 +133,8 @@ fn sigkill_at_random_moments_never_splits_key_and_effect() -> R {
             .ok_or("child exited before ready")?
             .ends_with("ready")
         {}
-        // xorshift: the kill lands anywhere from before the first commit to mid-loop.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        std::thread::sleep(Duration::from_micros(seed % 15_000));
+        // The kill lands anywhere from before the first commit to mid-loop.
+        std::thread::sleep(Duration::from_micros(rng.below(15_000)));
         child.kill()?; // SIGKILL
         child.wait()?;
         check_exactly_once(&open(&db)?)?;

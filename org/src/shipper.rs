@@ -34,7 +34,7 @@ async fn ship_traced(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> 
     let acks = &inner.acks;
     let start = acks.lock().begin();
     let covering = acks.commit_seq.get();
-    let began = std::time::Instant::now();
+    let began = idem_base::Stopwatch::start();
     let report = match shipper.ship(&*inner.writer).await {
         Ok(r) => r,
         Err(e) => return Err(acks.failed(start, covering, e)),
@@ -89,7 +89,8 @@ async fn confirm_once(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error>
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut ships_since_retain = 0u64;
     let retain_interval = Duration::from_millis(inner.settings.retain_interval_ms);
-    let mut last_retain = tokio::time::Instant::now();
+    // Paces retention only (at most one run per interval); decides nothing a test controls.
+    let mut last_retain = idem_base::Stopwatch::start();
     loop {
         loop {
             if inner.acks.lock().stop.is_some() {
@@ -148,7 +149,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                     && last_retain.elapsed() >= retain_interval
                 {
                     ships_since_retain = 0;
-                    last_retain = tokio::time::Instant::now();
+                    last_retain.restart();
                     match inner
                         .replica
                         .retain(&inner.acks.org, &inner.settings.retention)

@@ -107,6 +107,7 @@ pub use delta::Delta;
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use hydrate::{Hydrated, RestoreProgress};
+pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use lease::{Hold, Lease, ProcessLease};
 pub use log::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
@@ -117,8 +118,8 @@ pub use replica::Replica;
 pub use resume::{ResumePoint, Resumed};
 pub use retention::RetentionReport;
 pub use settings::{
-    Clock, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, ManualClock, Retention,
-    Settings, SystemClock, max_holder_term_ms,
+    MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention, Settings,
+    max_holder_term_ms,
 };
 pub use ship::Shipped;
 pub use shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};

@@ -113,7 +113,7 @@ impl Shipper {
         files: Arc<OwnedFiles>,
         policy: ShipPolicy,
     ) -> Shipper {
-        let mut chain = Chain::new();
+        let mut chain = Chain::new(replica.inner.clock.monotonic_ms());
         // A claim that hydrated a chain (or reused a file holding its tip) continues it.
         if let (Some(tip), Some(inherited)) = (&claim.tip, &claim.inherited) {
             let age_ms = replica
@@ -122,7 +122,8 @@ impl Shipper {
                 .now_ms()
                 .saturating_sub(inherited.snapshot_at_ms);
             let (page_size, pages) = (tip.hashes.page_size(), tip.hashes.pages() as u32);
-            chain.inherit(page_size, pages, inherited, age_ms);
+            let now = replica.inner.clock.monotonic_ms();
+            chain.inherit(page_size, pages, inherited, age_ms, now);
         }
         Shipper {
             replica,
@@ -292,7 +293,13 @@ impl Shipper {
     /// claim is lost: [`Error::is_claim_lost`]); a store or local error (nothing acknowledged; the next ship retries, with
     /// the pages captured so far still pending).
     pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
-        if self.full_requested || self.chain.wants_full(&self.claim, &self.policy) {
+        if self.full_requested
+            || self.chain.wants_full(
+                &self.claim,
+                &self.policy,
+                self.replica.inner.clock.monotonic_ms(),
+            )
+        {
             let shipped = self.ship_full(source).await;
             self.full_requested &= shipped.is_err();
             return shipped;
@@ -396,6 +403,7 @@ impl Shipper {
             db_pages,
             shipped.compressed_bytes,
             self.replica.inner.clock.now_ms(),
+            self.replica.inner.clock.monotonic_ms(),
         );
         Ok(ShipReport {
             commit_seq: commit,
