@@ -65,6 +65,8 @@ mod prune;
 mod record;
 mod schema;
 mod stats;
+#[cfg(test)]
+mod tests;
 
 pub use error::{BoxError, Error, ErrorKind};
 pub use idem_base::clock::{Clock, ManualClock, SystemClock, system_time_ms};

@@ -17,8 +17,8 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::error::{BoxError, is_busy};
 use crate::failpoint::{self, FailPoint, Write};
-use crate::record::KeyRow;
-use crate::schema::{raise_max_round, state_in_tx};
+use crate::record::{KeyRow, state_in_tx};
+use crate::schema::raise_max_round;
 use crate::{Error, Options, Outcome, key::validate_key};
 
 /// Runs `apply` at most once for `key` and returns its result on every call (I1–I3).
