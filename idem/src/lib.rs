@@ -38,7 +38,8 @@
 //! - [`effect`]: external effects (payments, email, webhooks): [`effect::reserve`] → execute
 //!   → [`effect::settle`], or [`effect::run`] in one call; [`effect::list_with`],
 //!   [`effect::history`], [`effect::resolve`] and [`effect::reconcile`] for AMBIGUOUS ones.
-//! - [`Clock`] ([`SystemClock`], [`ManualClock`] for tests): the one clock of the workspace.
+//! - [`Clock`] ([`SystemClock`], [`ManualClock`] for tests): the one clock of the workspace,
+//!   re-exported from `idem_base` (the same trait `idem_replica::Clock` names).
 //! - [`failpoint`]: named fault-injection points ([`failpoint::FailPoint`]) a test passes per
 //!   call as [`failpoint::Failpoints`].
 //!

@@ -1,5 +1,6 @@
-//! External effects: reserve → execute → settle. Each test names the behaviour it guards and
-//! fails on a version without it.
+//! Guards external effects (reserve → execute → settle) against running an executor twice,
+//! replaying a result that was not stored, and turning an unknown outcome into a retry. Each
+//! test names the failure it guards against.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -255,7 +256,7 @@ fn a_settlement_that_never_lands_is_reissued_only_once() -> R {
     )
     .err()
     .ok_or("false success")?;
-    // The executor ran: the error says so and carries its result (issue 30), with the commit
+    // The executor ran: the error says so and carries its result, with the commit
     // failure as its source.
     match &err {
         Error::EffectNotRecorded { result, source, .. } => {
@@ -453,7 +454,7 @@ fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() ->
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // The late holder's settlement fails its conditional UPDATE and says so, handing back
-    // the result it could not record (issue 30: an operator resolves with it).
+    // the result it could not record (an operator resolves with it).
     let late = effect::settle(
         &mut conn,
         &held,

@@ -1,4 +1,5 @@
-//! Real OS processes: a race of 8 processes on the same keys, and SIGKILL at random moments.
+//! Guards against a key applied twice by 8 real OS processes racing on the same keys, and
+//! against a SIGKILL at a random moment leaving a key row without its writes (or the reverse).
 //!
 //! The test binary re-runs itself as the child (sled's pattern): `child_entry` does nothing
 //! unless `IDEM_CHILD` is set, and the parent starts `current_exe() --exact child_entry`.

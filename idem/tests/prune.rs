@@ -1,4 +1,5 @@
-//! Retention: prune deletes rows strictly before the cutoff, in bounded batches.
+//! Guards retention against prune deleting a row at or after its cutoff, a pruned key that
+//! cannot run again, and a prune that fails on a database without the schema.
 
 mod common;
 
