@@ -2,7 +2,7 @@
 //! ms since the Unix epoch and a monotonic clock for durations and liveness, I15), the
 //! [`Stopwatch`] that measures elapsed time on the host's monotonic clock, the
 //! [`SeededRng`] that seeded test schedules draw from, the [`ErrorChain`] renderer that
-//! joins an error with its sources, and [`lock`], a poison-tolerant `Mutex` lock.
+//! joins an error with its sources, and [`lock()`], a poison-tolerant `Mutex` lock.
 //!
 //! `idem`, `idem-replica` and `idem-org` re-export [`Clock`], [`SystemClock`] and
 //! [`ManualClock`], so one clock value drives every layer. The workspace's `clippy.toml`
@@ -29,10 +29,10 @@
 //! - [`Clock`], [`SystemClock`], [`ManualClock`], [`Stopwatch`]: time ([`clock`]).
 //! - [`SeededRng`]: a reproducible generator for seeded schedules ([`rng`]).
 //! - [`ErrorChain`]: an error and its sources on one line ([`error`]).
-//! - [`lock`]: a `Mutex` guard whether or not a holder panicked ([`mod@lock`]).
+//! - [`lock()`]: a `Mutex` guard whether or not a holder panicked ([`mod@lock`]).
 //!
 //! # Error semantics
-//! Nothing here fails: clocks saturate rather than overflow, and [`lock`] takes the guard of
+//! Nothing here fails: clocks saturate rather than overflow, and [`lock()`] takes the guard of
 //! a poisoned mutex.
 
 #![forbid(unsafe_code)]

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use idem::Error;
 use idem::effect::{self, Reserved, Resolution, Settlement};
 use idem::failpoint::{FailPoint, Failpoints, Write};
+use idem_base::lock;
 use rusqlite::Connection;
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -38,38 +39,26 @@ impl std::fmt::Debug for Script {
 impl Script {
     fn failing(points: &[(FailPoint, u32)]) -> Arc<Self> {
         let s = Script::default();
-        s.fail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(points.iter().copied());
+        lock(&s.fail).extend(points.iter().copied());
         Arc::new(s)
     }
 
     fn seen(&self, point: FailPoint) -> u32 {
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = lock(&self.seen);
         seen.get(&point).copied().unwrap_or(0)
     }
 }
 
 impl Failpoints for Script {
     fn hit(&self, point: FailPoint) -> Result<(), String> {
-        *self
-            .seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(point)
-            .or_insert(0) += 1;
+        *lock(&self.seen).entry(point).or_insert(0) += 1;
         if matches!(point, FailPoint::BeforeReread(_)) {
-            let action = self
-                .before_reread
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let action = lock(&self.before_reread).take();
             if let Some(action) = action {
                 action();
             }
         }
-        let mut fail = self.fail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fail = lock(&self.fail);
         match fail.get_mut(&point) {
             Some(n) if *n > 0 => {
                 *n -= 1;
@@ -197,10 +186,7 @@ fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
     let id = [7u8; 16];
     let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Reserve), 1)]);
     let other_path = path.clone();
-    *script
-        .before_reread
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+    *lock(&script.before_reread) = Some(Box::new(move || {
         let mut other = Connection::open(other_path).expect("open second connection");
         let theirs = effect::Options::new()
             .lease_ms(LEASE)

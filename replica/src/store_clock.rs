@@ -99,13 +99,13 @@ impl Reading {
 impl StoreClock {
     /// The last reading, if younger than [`REMEASURE_AFTER`] at `monotonic_ms`.
     fn fresh(&self, monotonic_ms: u64) -> Option<Reading> {
-        let last = *self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let last = *idem_base::lock(&self.0);
         let max_age = u64::try_from(REMEASURE_AFTER.as_millis()).unwrap_or(u64::MAX);
         last.filter(|r| monotonic_ms.saturating_sub(r.at_ms) < max_age)
     }
 
     fn keep(&self, reading: Reading) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(reading);
+        *idem_base::lock(&self.0) = Some(reading);
     }
 }
 
