@@ -13,7 +13,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use idem_base::Stopwatch;
 
 use common::{TestResult, idem, restore};
 use idem_org::rusqlite;
@@ -85,14 +87,15 @@ impl Writer {
     /// Waits (bounded) for the control file `name` and returns its JSON.
     fn report(&mut self, name: &str, secs: u64) -> TestResult<serde_json::Value> {
         let path = self.ctl.join(name);
-        let deadline = Instant::now() + Duration::from_secs(secs);
+        let waited = Stopwatch::start();
+        let limit = Duration::from_secs(secs);
         while !path.exists() {
             if let Some(status) = self.child.try_wait()? {
                 return Err(
                     format!("the tenant's application exited ({status}) before {name}").into(),
                 );
             }
-            if Instant::now() > deadline {
+            if waited.elapsed() > limit {
                 return Err(
                     format!("no {name} from the tenant's application within {secs} s").into(),
                 );
@@ -124,9 +127,10 @@ fn import(org: &str, from: &Path, store: &str) -> TestResult<serde_json::Value> 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let waited = Stopwatch::start();
+    let limit = Duration::from_secs(90);
     while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
+        if waited.elapsed() > limit {
             let _ = child.kill();
         }
         std::thread::sleep(Duration::from_millis(10));

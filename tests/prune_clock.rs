@@ -40,7 +40,7 @@ fn run_at(offset: &str, args: &[&str]) -> Output {
 }
 
 fn real_now_ms() -> u64 {
-    idem::system_time_ms(std::time::SystemTime::now())
+    idem::Clock::now_ms(&idem::SystemClock)
 }
 
 /// Org `acme` released in a local store: `old-1`, `old-2` applied by a writer whose clock
@@ -55,7 +55,7 @@ fn seeded_store(dir: &Path) -> TestResult<PathBuf> {
             Replica::local_store(&store)?,
             "",
             Settings::default(),
-            idem_org::replica_clock(host.clone()),
+            host.clone(),
             None,
         )
         .await?;

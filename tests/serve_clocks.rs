@@ -9,7 +9,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
+
+use idem_base::{Clock, Stopwatch, SystemClock};
 
 use common::{Server, TestResult, idem, libfaketime, serve_command};
 use serde_json::{Value, json};
@@ -96,10 +98,7 @@ async fn post(
 }
 
 fn real_now_ms() -> u64 {
-    let d = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+    SystemClock.now_ms()
 }
 
 /// The wall-clock expiry the holder of `org` last wrote into its process lease (its own
@@ -126,9 +125,10 @@ async fn holder_keeps(
     org: &str,
     tag: &str,
 ) -> TestResult {
-    let until = Instant::now() + 3 * WATCH;
+    let watch = Stopwatch::start();
+    let until = 3 * WATCH;
     let mut i = 0;
-    while Instant::now() < until {
+    while watch.elapsed() < until {
         i += 1;
         let (s, _) = post(http, &holder.url, org, &format!("{tag}-h{i}")).await?;
         assert_eq!(s, 201, "the live holder lost {org} ({tag}, request {i})");
@@ -158,7 +158,7 @@ async fn moves_within_a_watch(
 ) -> TestResult<Duration> {
     holder.child.kill()?;
     holder.child.wait()?;
-    let killed = Instant::now();
+    let killed = Stopwatch::start();
     let mut i = 0;
     let took = loop {
         i += 1;
@@ -238,7 +238,7 @@ async fn a_replica_an_hour_ahead_never_takes_a_live_holders_org_and_takes_a_dead
         .ok_or("no holder expiry")?;
     let shown = humantime::parse_rfc3339(shown)?;
     assert!(
-        shown > SystemTime::now() + Duration::from_secs(1_800),
+        shown > SystemClock.now() + Duration::from_secs(1_800),
         "{shown:?}"
     );
     holder_keeps(&http, &a, &b, "acme", "live").await?;
@@ -269,7 +269,8 @@ async fn a_replica_whose_clock_steps_back_an_hour_keeps_its_org_and_takes_a_dead
     // A's wall clock steps back an hour (an NTP step): A serves on, and its next renewal
     // shows the step in the store.
     std::fs::write(&spec, "-1h")?;
-    let stepped = Instant::now() + Duration::from_secs(20);
+    let watch = Stopwatch::start();
+    let stepped = Duration::from_secs(20);
     let mut i = 0;
     while holders_written_expiry(&store, "acme")? > real_now_ms() {
         i += 1;
@@ -278,7 +279,7 @@ async fn a_replica_whose_clock_steps_back_an_hour_keeps_its_org_and_takes_a_dead
             201
         );
         assert!(
-            Instant::now() < stepped,
+            watch.elapsed() < stepped,
             "A's wall clock never stepped back"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

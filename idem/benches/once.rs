@@ -13,17 +13,12 @@ use rusqlite::{Connection, TransactionBehavior};
 
 const PRELOAD: usize = 100_000;
 
-struct Keys(u64);
+struct Keys(idem_base::SeededRng);
 impl Keys {
-    /// A UUID-like random key (32 hex chars), from xorshift so runs are repeatable.
+    /// A UUID-like random key (32 hex chars), from a seeded generator so runs are repeatable.
     fn next(&mut self) -> String {
-        let mut word = || {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        };
-        format!("{:016x}{:016x}", word(), word())
+        let (high, low) = (self.0.next_u64(), self.0.next_u64());
+        format!("{high:016x}{low:016x}")
     }
 }
 
@@ -38,7 +33,7 @@ fn setup(dir: &Path, sync: &str) -> (PathBuf, Connection, Keys) {
     ))
     .unwrap();
     idem::ensure_schema(&conn).unwrap();
-    let mut keys = Keys(0x9E37_79B9_7F4A_7C15);
+    let mut keys = Keys(idem_base::SeededRng::new(0x9E37_79B9_7F4A_7C15));
     let tx = conn.transaction().unwrap();
     for _ in 0..PRELOAD {
         let k = keys.next();

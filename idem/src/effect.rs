@@ -67,11 +67,13 @@
 
 mod admin;
 mod history;
+mod judge;
 mod options;
 mod output;
 mod reserve;
 mod row;
 mod settle;
+mod state;
 mod write;
 
 pub use admin::{
@@ -81,5 +83,6 @@ pub use history::{Transition, history};
 pub use options::{DEFAULT_LEASE_MS, LapseFn, Options, WriteHook};
 pub use output::Output;
 pub use reserve::{Reservation, Reserved, reserve};
-pub use row::{Effect, State};
+pub use row::Effect;
 pub use settle::{Error, Outcome, Settlement, run, settle};
+pub use state::State;

@@ -358,6 +358,35 @@ pub(crate) fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// True for "no such table": the schema has not been created in this database yet.
+pub(crate) fn is_missing_table(e: &rusqlite::Error) -> bool {
+    message(e).is_some_and(|m| m.starts_with("no such table"))
+}
+
+/// True for SQLite's "no such column" (a table of an earlier version).
+pub(crate) fn is_missing_column(e: &rusqlite::Error) -> bool {
+    message(e).is_some_and(|m| m.starts_with("no such column"))
+}
+
+/// SQLite's message, however rusqlite reports it (a statement that fails to prepare comes
+/// back as `SqlInputError` with the SQL and the offset).
+fn message(e: &rusqlite::Error) -> Option<&str> {
+    match e {
+        rusqlite::Error::SqliteFailure(_, Some(msg)) => Some(msg),
+        rusqlite::Error::SqlInputError { msg, .. } => Some(msg),
+        _ => None,
+    }
+}
+
+/// Reads a key row if present, `Ok(None)` also when the schema does not exist yet.
+pub(crate) fn optional_missing<T>(r: rusqlite::Result<Option<T>>) -> Result<Option<T>, Error> {
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) if is_missing_table(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 #[cfg(test)]
 mod message_tests {
     use super::Error;

@@ -38,7 +38,8 @@
 //! - [`effect`]: external effects (payments, email, webhooks): [`effect::reserve`] → execute
 //!   → [`effect::settle`], or [`effect::run`] in one call; [`effect::list_with`],
 //!   [`effect::history`], [`effect::resolve`] and [`effect::reconcile`] for AMBIGUOUS ones.
-//! - [`Clock`] ([`SystemClock`], [`ManualClock`] for tests): the one clock of the workspace.
+//! - [`Clock`] ([`SystemClock`], [`ManualClock`] for tests): the one clock of the workspace,
+//!   re-exported from `idem_base` (the same trait `idem_replica::Clock` names).
 //! - [`failpoint`]: named fault-injection points ([`failpoint::FailPoint`]) a test passes per
 //!   call as [`failpoint::Failpoints`].
 //!
@@ -55,7 +56,6 @@
 
 #![forbid(unsafe_code)]
 
-mod clock;
 pub mod effect;
 mod error;
 pub mod failpoint;
@@ -66,9 +66,11 @@ mod prune;
 mod record;
 mod schema;
 mod stats;
+#[cfg(test)]
+mod tests;
 
-pub use clock::{Clock, ManualClock, SystemClock, system_time_ms};
 pub use error::{BoxError, Error, ErrorKind};
+pub use idem_base::clock::{Clock, ManualClock, SystemClock, system_time_ms};
 pub use key::{MAX_KEY_BYTES, validate_key};
 pub use once::{once, once_with};
 pub use options::{DEFAULT_MAX_RESULT_BYTES, Options, Outcome};

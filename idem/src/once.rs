@@ -18,8 +18,8 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use crate::error::{BoxError, is_busy};
 use crate::failpoint::{self, FailPoint, Write};
-use crate::record::KeyRow;
-use crate::schema::{raise_max_round, state_in_tx};
+use crate::record::{KeyRow, state_in_tx};
+use crate::schema::raise_max_round;
 use crate::{Error, Options, Outcome, key::validate_key};
 
 /// Runs `apply` at most once for `key` and returns its result on every call (I1–I3).
@@ -249,7 +249,8 @@ fn count_failure(
     now: i64,
     failure: &Error,
 ) -> Result<(), Error> {
-    let text = error_chain(failure);
+    // Every message of the chain, as stored in `last_error`.
+    let text = idem_base::ErrorChain::every(failure).to_string();
     tx.prepare_cached(
         "INSERT INTO idem_keys (key, applied, round, attempt, at_ms, result, fingerprint, \
          attempts, last_error) VALUES (?1, 0, ?2, ?3, ?4, NULL, NULL, 1, ?5)
@@ -342,16 +343,4 @@ fn random_attempt_id() -> Result<Vec<u8>, Error> {
         id.extend_from_slice(&n.to_be_bytes());
         Ok(id)
     })
-}
-
-/// The error and its sources joined, as stored in `last_error`.
-fn error_chain(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }

@@ -4,8 +4,8 @@ use std::time::SystemTime;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use crate::schema::optional_missing;
-use crate::{Error, clock::system_time_ms, key::validate_key};
+use crate::error::optional_missing;
+use crate::{Error, key::validate_key, system_time_ms};
 
 /// Rows examined per write transaction of [`prune`], so the write lock is held only briefly.
 pub const PRUNE_BATCH: usize = 1000;

@@ -2,7 +2,8 @@
 
 use rusqlite::{Connection, OptionalExtension, Row};
 
-use crate::schema::optional_missing;
+use crate::error::optional_missing;
+use crate::schema::{self, Meta};
 use crate::{Error, key::validate_key};
 
 /// The stored state of one idempotency key.
@@ -97,6 +98,20 @@ impl KeyRow {
             last_error: self.last_error,
         }
     }
+}
+
+/// Reads, inside the caller's write transaction, the schema version, the highest round and
+/// the key's row; creates the schema first if it is absent.
+///
+/// Two statements rather than one join: a single `(SELECT 1) LEFT JOIN idem_keys ... = ?1`
+/// was re-prepared by SQLite on every bind (measured with `SQLITE_STMTSTATUS_REPREPARE`),
+/// which cost more than the second statement.
+///
+/// # Errors
+/// [`Error::SchemaTooNew`] for a database of a newer idem; [`Error::Sqlite`] otherwise.
+pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<KeyRow>), Error> {
+    let meta = schema::meta_in_tx(conn)?;
+    Ok((meta, KeyRow::read(conn, key)?))
 }
 
 /// Reads the stored record of `key` without writing: `Some` once the key was applied or a

@@ -8,7 +8,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::Error;
-use crate::record::KeyRow;
+use crate::error::is_missing_table;
 
 /// The schema version this library writes and understands.
 pub const SCHEMA_VERSION: i64 = 1;
@@ -144,16 +144,15 @@ fn schema_version(conn: &Connection) -> Result<Option<i64>, Error> {
     }
 }
 
-const SELECT_META: &str = "SELECT (SELECT value FROM idem_meta WHERE name = 'schema_version'), \
+pub(crate) const SELECT_META: &str = "SELECT (SELECT value FROM idem_meta WHERE name = 'schema_version'), \
      (SELECT value FROM idem_meta WHERE name = 'max_round')";
 
-/// Reads, inside the caller's write transaction, the schema version, the highest round and
-/// the key's row; creates the schema first if it is absent.
+/// Reads, inside the caller's write transaction, the schema version and the highest round
+/// that wrote the database; creates the schema first if it is absent.
 ///
-/// Two statements rather than one join: a single `(SELECT 1) LEFT JOIN idem_keys ... = ?1`
-/// was re-prepared by SQLite on every bind (measured with `SQLITE_STMTSTATUS_REPREPARE`),
-/// which cost more than the second statement.
-pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<KeyRow>), Error> {
+/// # Errors
+/// [`Error::SchemaTooNew`] for a database of a newer idem; [`Error::Sqlite`] otherwise.
+pub(crate) fn meta_in_tx(conn: &Connection) -> Result<Meta, Error> {
     let read = || -> rusqlite::Result<(Option<i64>, Option<i64>)> {
         conn.prepare_cached(SELECT_META)?
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
@@ -167,10 +166,9 @@ pub(crate) fn state_in_tx(conn: &Connection, key: &str) -> Result<(Meta, Option<
         Err(e) => return Err(e.into()),
     };
     check_version(version.unwrap_or(SCHEMA_VERSION))?;
-    let meta = Meta {
+    Ok(Meta {
         max_round: u64::try_from(max_round.unwrap_or(0)).unwrap_or(0),
-    };
-    Ok((meta, KeyRow::read(conn, key)?))
+    })
 }
 
 /// Records `round` as the highest round that wrote the database.
@@ -199,35 +197,6 @@ pub fn restart_rounds(conn: &Connection) -> Result<(), Error> {
     Ok(())
 }
 
-/// True for "no such table": the schema has not been created in this database yet.
-pub(crate) fn is_missing_table(e: &rusqlite::Error) -> bool {
-    message(e).is_some_and(|m| m.starts_with("no such table"))
-}
-
-/// True for SQLite's "no such column" (a table of an earlier version).
-pub(crate) fn is_missing_column(e: &rusqlite::Error) -> bool {
-    message(e).is_some_and(|m| m.starts_with("no such column"))
-}
-
-/// SQLite's message, however rusqlite reports it (a statement that fails to prepare comes
-/// back as `SqlInputError` with the SQL and the offset).
-fn message(e: &rusqlite::Error) -> Option<&str> {
-    match e {
-        rusqlite::Error::SqliteFailure(_, Some(msg)) => Some(msg),
-        rusqlite::Error::SqlInputError { msg, .. } => Some(msg),
-        _ => None,
-    }
-}
-
-/// Reads a key row if present, `Ok(None)` also when the schema does not exist yet.
-pub(crate) fn optional_missing<T>(r: rusqlite::Result<Option<T>>) -> Result<Option<T>, Error> {
-    match r {
-        Ok(v) => Ok(v),
-        Err(e) if is_missing_table(&e) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,34 +217,6 @@ mod tests {
             }
             other => panic!("expected SchemaTooNew, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn the_write_path_statements_are_prepared_once_and_never_re_prepared() -> Result<(), Error> {
-        // Regression guard: a one-statement LEFT JOIN form of the state read was re-prepared
-        // by SQLite on every call (STAT4 build), about a quarter of once's CPU.
-        let dir = tempfile::tempdir().map_err(|e| Error::Random {
-            reason: e.to_string(),
-        })?;
-        let mut conn = Connection::open(dir.path().join("t.db"))?;
-        conn.execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE e (k TEXT)")?;
-        for i in 0..50 {
-            let key = format!("k{i}");
-            crate::once(&mut conn, &key, 1, |tx| {
-                tx.execute("INSERT INTO e VALUES (?1)", [&key])?;
-                Ok::<_, rusqlite::Error>(vec![])
-            })?;
-        }
-        for sql in [SELECT_META, crate::record::SELECT_ROW] {
-            let stmt = conn.prepare_cached(sql)?;
-            assert_eq!(stmt.get_status(rusqlite::StatementStatus::Run), 50, "{sql}");
-            assert_eq!(
-                stmt.get_status(rusqlite::StatementStatus::RePrepare),
-                0,
-                "{sql}"
-            );
-        }
-        Ok(())
     }
 
     #[test]

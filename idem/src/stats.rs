@@ -3,7 +3,7 @@
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::Error;
-use crate::schema::optional_missing;
+use crate::error::optional_missing;
 
 /// Counts over the idempotency keys of one database, as [`stats`] reads them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -1,4 +1,6 @@
-//! I1: the key row and apply's writes commit together or not at all.
+//! Guards I1 against a key row committed without apply's writes, or apply's writes kept
+//! without the key row: after an error or a panic in `apply`, an oversized result, a failing
+//! dedup write, or an `apply` that ends the transaction itself.
 
 use idem::{Error, ErrorKind, Options};
 use rusqlite::Connection;

@@ -1,4 +1,5 @@
-//! I9: a failed COMMIT is settled by re-reading the whole row, attempt id included.
+//! Guards I9 against guessing the outcome of a failed COMMIT: it is settled by re-reading the
+//! whole row, attempt id included, so another attempt's row is never taken for ours.
 
 mod common;
 

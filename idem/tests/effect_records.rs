@@ -1,6 +1,7 @@
-//! What an effect key's records say (issue 30): a result too large to keep, a settlement that
-//! could not be written, a lapsed reservation seen by readers and resolvers, and the history
-//! of who did what and when. Each test names what it guards and fails without it.
+//! Guards against an effect key's records losing what happened: a result too large to keep
+//! dropped without saying so, a settlement that could not be written lost with its result, a
+//! lapsed reservation shown as still RESERVED to readers and resolvers, and a history that
+//! forgets who did what and when.
 
 mod common;
 

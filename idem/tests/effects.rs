@@ -1,5 +1,6 @@
-//! External effects: reserve → execute → settle. Each test names the behaviour it guards and
-//! fails on a version without it.
+//! Guards external effects (reserve → execute → settle) against running an executor twice,
+//! replaying a result that was not stored, and turning an unknown outcome into a retry. Each
+//! test names the failure it guards against.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use idem::Error;
 use idem::effect::{self, Reserved, Resolution, Settlement};
 use idem::failpoint::{FailPoint, Failpoints, Write};
+use idem_base::lock;
 use rusqlite::Connection;
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
@@ -37,38 +39,26 @@ impl std::fmt::Debug for Script {
 impl Script {
     fn failing(points: &[(FailPoint, u32)]) -> Arc<Self> {
         let s = Script::default();
-        s.fail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(points.iter().copied());
+        lock(&s.fail).extend(points.iter().copied());
         Arc::new(s)
     }
 
     fn seen(&self, point: FailPoint) -> u32 {
-        let seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = lock(&self.seen);
         seen.get(&point).copied().unwrap_or(0)
     }
 }
 
 impl Failpoints for Script {
     fn hit(&self, point: FailPoint) -> Result<(), String> {
-        *self
-            .seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(point)
-            .or_insert(0) += 1;
+        *lock(&self.seen).entry(point).or_insert(0) += 1;
         if matches!(point, FailPoint::BeforeReread(_)) {
-            let action = self
-                .before_reread
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let action = lock(&self.before_reread).take();
             if let Some(action) = action {
                 action();
             }
         }
-        let mut fail = self.fail.lock().unwrap_or_else(|p| p.into_inner());
+        let mut fail = lock(&self.fail);
         match fail.get_mut(&point) {
             Some(n) if *n > 0 => {
                 *n -= 1;
@@ -196,10 +186,7 @@ fn a_row_with_our_attempt_id_but_other_columns_is_not_ours() -> R {
     let id = [7u8; 16];
     let script = Script::failing(&[(FailPoint::BeforeCommit(Write::Reserve), 1)]);
     let other_path = path.clone();
-    *script
-        .before_reread
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+    *lock(&script.before_reread) = Some(Box::new(move || {
         let mut other = Connection::open(other_path).expect("open second connection");
         let theirs = effect::Options::new()
             .lease_ms(LEASE)
@@ -255,7 +242,7 @@ fn a_settlement_that_never_lands_is_reissued_only_once() -> R {
     )
     .err()
     .ok_or("false success")?;
-    // The executor ran: the error says so and carries its result (issue 30), with the commit
+    // The executor ran: the error says so and carries its result, with the commit
     // failure as its source.
     match &err {
         Error::EffectNotRecorded { result, source, .. } => {
@@ -453,7 +440,7 @@ fn a_live_lease_is_in_progress_and_a_lapsed_one_turns_ambiguous_never_rerun() ->
     assert!(matches!(err, Error::EffectAmbiguous { .. }), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // The late holder's settlement fails its conditional UPDATE and says so, handing back
-    // the result it could not record (issue 30: an operator resolves with it).
+    // the result it could not record (an operator resolves with it).
     let late = effect::settle(
         &mut conn,
         &held,

@@ -1,4 +1,5 @@
-//! External effects across real OS processes: a race for one key, and SIGKILL mid-executor.
+//! Guards external effects across real OS processes against two processes executing one key
+//! in a race, and against a SIGKILL mid-executor leaving the key anything but AMBIGUOUS.
 //!
 //! The test binary re-runs itself as the child (`--exact effect_child --nocapture`); the child
 //! does nothing unless `IDEM_EFFECT_CHILD` is set. libtest prints "test effect_child ... "

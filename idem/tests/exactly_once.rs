@@ -1,4 +1,5 @@
-//! I2–I4: at most once, byte-identical replay, fingerprints, strict mode, keys and rounds.
+//! Guards I2–I4 against a key applied twice, a replay that differs from the stored result by
+//! a byte, a different fingerprint accepted, and bad keys or stale rounds let through.
 
 use idem::{Error, ErrorKind, Options};
 use rusqlite::{Connection, Transaction};

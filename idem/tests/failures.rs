@@ -1,4 +1,5 @@
-//! I5: failure bookkeeping never overwrites success; attempt limits.
+//! Guards I5 against failure bookkeeping overwriting an applied key or blocking a later
+//! success, and against attempt limits that count wrongly.
 
 mod common;
 

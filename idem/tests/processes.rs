@@ -1,4 +1,5 @@
-//! Real OS processes: a race of 8 processes on the same keys, and SIGKILL at random moments.
+//! Guards against a key applied twice by 8 real OS processes racing on the same keys, and
+//! against a SIGKILL at a random moment leaving a key row without its writes (or the reverse).
 //!
 //! The test binary re-runs itself as the child (sled's pattern): `child_entry` does nothing
 //! unless `IDEM_CHILD` is set, and the parent starts `current_exe() --exact child_entry`.
@@ -120,7 +121,7 @@ fn sigkill_at_random_moments_never_splits_key_and_effect() -> R {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let mut seed = u64::from(std::process::id()) | 1;
+    let mut rng = idem_base::SeededRng::new(u64::from(std::process::id()));
     for _ in 0..kills {
         let mut child = spawn_child("crash", &db)?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -133,11 +134,8 @@ fn sigkill_at_random_moments_never_splits_key_and_effect() -> R {
             .ok_or("child exited before ready")?
             .ends_with("ready")
         {}
-        // xorshift: the kill lands anywhere from before the first commit to mid-loop.
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        std::thread::sleep(Duration::from_micros(seed % 15_000));
+        // The kill lands anywhere from before the first commit to mid-loop.
+        std::thread::sleep(Duration::from_micros(rng.below(15_000)));
         child.kill()?; // SIGKILL
         child.wait()?;
         check_exactly_once(&open(&db)?)?;

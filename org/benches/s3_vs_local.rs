@@ -8,7 +8,9 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use idem_base::{Clock, Stopwatch, SystemClock};
 
 use idem_org::{Registry, Settings};
 use idem_replica::{OrgId, Replica, conformance};
@@ -19,7 +21,8 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 }
 
 fn unique(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
+    let nanos = SystemClock
+        .now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
@@ -37,7 +40,7 @@ async fn ships(store: Arc<dyn ObjectStore>, n: usize) -> Ships {
     let mut bytes = 0;
     for _ in 0..n {
         let snap = conformance::test_snapshot(200).unwrap();
-        let start = Instant::now();
+        let start = Stopwatch::start();
         let s = r.ship(&mut claim, snap).await.unwrap();
         lat.push(start.elapsed());
         bytes = s.compressed_bytes;
@@ -81,19 +84,19 @@ async fn acks(store: Arc<dyn ObjectStore>, clients: usize, secs: f64) -> (f64, D
         .acquire(&idem_replica::OrgId::new("acme").unwrap())
         .await
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs_f64(secs);
-    let started = Instant::now();
+    let run_for = Duration::from_secs_f64(secs);
+    let started = Stopwatch::start();
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
             let org = org.clone();
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut i = 0u64;
-                while Instant::now() < deadline {
+                while started.elapsed() < run_for {
                     let key = format!("{c}-{i}");
                     i += 1;
                     let k2 = key.clone();
-                    let start = Instant::now();
+                    let start = Stopwatch::start();
                     org.once(&key, move |tx| {
                         tx.execute("INSERT INTO t VALUES (?1, zeroblob(100))", [&k2])?;
                         Ok::<_, rusqlite::Error>(vec![])

@@ -332,19 +332,3 @@ impl Error {
         }
     }
 }
-
-/// An error and its sources, `: `-separated, each text once (a source whose text the message
-/// already holds is not repeated): for log lines and stored reasons.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
-}

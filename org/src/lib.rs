@@ -73,7 +73,6 @@
 mod ack;
 mod active;
 mod budget;
-mod clock;
 mod commit;
 mod effect;
 mod error;
@@ -103,7 +102,6 @@ pub use object_store;
 pub use rusqlite;
 
 pub use budget::{FDS_PER_ORG, FDS_PER_PARKED_ORG, MIN_ORG_BYTES, RESERVED_FDS};
-pub use clock::replica_clock;
 pub use effect::OpenEffects;
 pub use error::{Error, ErrorKind};
 pub use local::home_id;

@@ -174,7 +174,7 @@ impl Org {
         F: FnOnce(&Transaction<'_>) -> Result<Vec<u8>, E> + Send + 'static,
         E: Into<BoxError>,
     {
-        let began = std::time::Instant::now();
+        let began = idem_base::Stopwatch::start();
         let apply: ApplyFn = Box::new(move |tx| apply(tx).map_err(Into::into));
         let Answer {
             value: out,

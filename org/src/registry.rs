@@ -42,9 +42,9 @@ impl RegistryBuilder {
     }
 
     /// The one clock of the stack (default: the system clock): it stamps `applied_at` of keys
-    /// and effect rows and judges effect leases. Open the replica with
-    /// [`crate::replica_clock`] of the same clock, so its leases and retention read the same
-    /// time (tests inject an `idem::ManualClock`).
+    /// and effect rows and judges effect leases. Open the replica
+    /// ([`idem_replica::Replica::open_with`]) with the same clock, so its leases and retention
+    /// read the same time (tests inject an `idem::ManualClock`, which is `idem_base`'s).
     pub fn clock(mut self, clock: Arc<dyn idem::Clock>) -> Self {
         self.clock = clock;
         self

@@ -30,7 +30,7 @@ async fn ship_traced(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> 
     let acks = &inner.acks;
     let start = acks.lock().begin();
     let covering = acks.commit_seq.get();
-    let began = std::time::Instant::now();
+    let began = idem_base::Stopwatch::start();
     let report = match shipper.ship(&*inner.writer).await {
         Ok(r) => r,
         Err(e) => return Err(acks.failed(start, covering, e)),

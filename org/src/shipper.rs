@@ -17,7 +17,7 @@ use crate::tenure::state::Inner;
 pub(crate) async fn run(inner: Arc<Inner>) {
     let mut ships_since_retain = 0u64;
     let retain_interval = Duration::from_millis(inner.settings.retain_interval_ms);
-    let mut last_retain = tokio::time::Instant::now();
+    let mut last_retain = idem_base::Stopwatch::start();
     loop {
         loop {
             if inner.acks.lock().stop.is_some() {
@@ -70,7 +70,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                 && last_retain.elapsed() >= retain_interval
             {
                 ships_since_retain = 0;
-                last_retain = tokio::time::Instant::now();
+                last_retain.restart();
                 match inner
                     .replica
                     .retain(&inner.acks.org, &inner.settings.retention)

@@ -12,24 +12,12 @@ use std::sync::Arc;
 
 use common::outside::{all_locked, outside};
 use common::{BoxErr, R};
+// Deterministic per seed (printed on failure), so a failing seed replays.
+use idem_base::SeededRng as Rng;
 use idem_org::{Registry, Settings};
 use idem_replica::Replica;
 use idem_replica::fault::{Fault, FaultStore, Op};
 use object_store::ObjectStore;
-
-/// xorshift64*: deterministic per seed, printed on failure.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// The database as the writer connection sees it, page 1 in canonical (rollback) form.
 async fn image(org: &idem_org::Org) -> Result<Vec<u8>, BoxErr> {
@@ -138,7 +126,7 @@ async fn every_restore_equals_the_writer_byte_for_byte() -> R {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x9e37_79b9_7f4a_7c15u64);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
     let mut reg = open(dir.path(), "w0").await?;
@@ -210,7 +198,7 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x1234_5678_9abc_def1u64);
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let dir = tempfile::tempdir()?;
     let store = Arc::new(FaultStore::new(Replica::local_store(
         &dir.path().join("store"),

@@ -17,6 +17,10 @@ impl idem::Clock for At {
     fn now_ms(&self) -> u64 {
         self.0.load(Ordering::SeqCst)
     }
+
+    fn monotonic_ms(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// The state of `key` in the newest published snapshot of `org`.
@@ -183,7 +187,7 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
             if matches!(**source, idem::Error::EffectInProgress { .. })),
         "B trusted A's clock: {err:?}"
     );
-    let term_after_claim = idem::system_time_ms(std::time::SystemTime::now()) + 60_000;
+    let term_after_claim = idem::Clock::now_ms(&idem::SystemClock) + 60_000;
     for _ in 0..2 {
         let err = try_b(term_after_claim)
             .await

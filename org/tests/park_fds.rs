@@ -153,7 +153,7 @@ fn thousands_of_open_orgs_fit_in_the_descriptor_limit_by_parking_idle_ones() -> 
         );
         let (threads_before, fds_before) = (proc_entries("task")?, proc_entries("fd")?);
         let rss_before = status_kib("VmRSS:").unwrap_or(0);
-        let began = std::time::Instant::now();
+        let began = idem_base::Stopwatch::start();
         let opened: Vec<Result<(), BoxErr>> = futures::stream::iter(0..orgs)
             .map(|i| {
                 let reg = reg.clone();

@@ -30,7 +30,7 @@ async fn open(dir: &std::path::Path, clock: &Arc<idem::ManualClock>) -> Result<R
         store,
         "",
         idem_replica::Settings::default(),
-        idem_org::replica_clock(host.clone()),
+        host.clone(),
         None,
     )
     .await?;

@@ -3,8 +3,8 @@
 //! `IDEM_BENCH_MB=10,100 cargo bench -p idem-replica --bench ship` (default `1` for a smoke run).
 #![allow(clippy::unwrap_used, missing_docs)]
 
+use idem_base::Stopwatch;
 use std::sync::Arc;
-use std::time::Instant;
 
 use idem_replica::{OrgId, Replica, Settings, Snapshot};
 use object_store::ObjectStore;
@@ -61,11 +61,11 @@ async fn run(
         .unwrap();
     let org = OrgId::new(&format!("bench-{name}")).unwrap();
     let mut claim = r.claim(&org, "bench", true).await.unwrap();
-    let t = Instant::now();
+    let t = Stopwatch::start();
     let shipped = r.ship(&mut claim, snap.clone()).await.unwrap();
     let ship_s = t.elapsed().as_secs_f64();
     let dest = tmp.join(format!("{name}.db"));
-    let t = Instant::now();
+    let t = Stopwatch::start();
     r.restore(&org, None, &dest).await.unwrap();
     let hydrate_s = t.elapsed().as_secs_f64();
     (ship_s, hydrate_s, shipped.compressed_bytes)
@@ -91,10 +91,10 @@ fn main() {
     for mb in sizes {
         let snap = build_db(mb);
         let len = snap.len();
-        let t = Instant::now();
+        let t = Stopwatch::start();
         let z = zstd::bulk::compress(snap.bytes(), 3).unwrap();
         let c_s = t.elapsed().as_secs_f64();
-        let t = Instant::now();
+        let t = Stopwatch::start();
         let back = zstd::bulk::decompress(&z, len).unwrap();
         let d_s = t.elapsed().as_secs_f64();
         assert_eq!(back.len(), len);

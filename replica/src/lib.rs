@@ -107,6 +107,7 @@ pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use fence::claim::Claim;
 pub use fence::lease::{Hold, Lease, ProcessLease};
+pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use format::blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
@@ -122,8 +123,8 @@ pub use rebuild::resume::{ResumePoint, Resumed};
 pub use replica::Replica;
 pub use retention::RetentionReport;
 pub use settings::{
-    Clock, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, ManualClock, Retention,
-    Settings, SystemClock, max_holder_term_ms,
+    MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention, Settings,
+    max_holder_term_ms,
 };
 pub use store_clock::{REMEASURE_AFTER, StoreTime};
 pub use verify::VerifyReport;

@@ -25,7 +25,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
-use tokio::time::Instant;
 use tracing::{debug, info};
 
 use crate::format::layout::new_nonce;
@@ -82,27 +81,31 @@ pub(crate) struct StoreClock(Mutex<Option<Reading>>);
 struct Reading {
     /// The object's Last-Modified, ms since the Unix epoch.
     modified_ms: u64,
-    /// This process's monotonic time when the store's answer arrived.
-    at: Instant,
+    /// The injected clock's monotonic time ([`crate::Clock::monotonic_ms`]) when the store's
+    /// answer arrived.
+    at_ms: u64,
     /// Read from a probe written for the measurement (not the lease, which may read old).
     probed: bool,
 }
 
 impl Reading {
-    fn store_now_ms(&self) -> u64 {
-        let elapsed = u64::try_from(self.at.elapsed().as_millis()).unwrap_or(u64::MAX);
+    /// The store's time now, `monotonic_ms` being the injected clock's monotonic time now.
+    fn store_now_ms(&self, monotonic_ms: u64) -> u64 {
+        let elapsed = monotonic_ms.saturating_sub(self.at_ms);
         self.modified_ms.saturating_add(elapsed)
     }
 }
 
 impl StoreClock {
-    fn fresh(&self) -> Option<Reading> {
-        let last = *self.0.lock().unwrap_or_else(|p| p.into_inner());
-        last.filter(|r| r.at.elapsed() < REMEASURE_AFTER)
+    /// The last reading, if younger than [`REMEASURE_AFTER`] at `monotonic_ms`.
+    fn fresh(&self, monotonic_ms: u64) -> Option<Reading> {
+        let last = *idem_base::lock(&self.0);
+        let max_age = u64::try_from(REMEASURE_AFTER.as_millis()).unwrap_or(u64::MAX);
+        last.filter(|r| monotonic_ms.saturating_sub(r.at_ms) < max_age)
     }
 
     fn keep(&self, reading: Reading) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(reading);
+        *idem_base::lock(&self.0) = Some(reading);
     }
 }
 
@@ -123,7 +126,10 @@ impl Replica {
     /// written; [`Error::ReadOnly`] when a read-only handle would have to write a probe.
     pub async fn store_time(&self, op: &'static str) -> Result<StoreTime, Error> {
         let bound = self.inner.settings.max_clock_skew_ms;
-        let cached = self.inner.store_clock.fresh();
+        let cached = self
+            .inner
+            .store_clock
+            .fresh(self.inner.clock.monotonic_ms());
         if let Some(r) = cached {
             let t = self.beside_host(&r);
             if t.within(bound) {
@@ -156,7 +162,7 @@ impl Replica {
     fn beside_host(&self, reading: &Reading) -> StoreTime {
         StoreTime {
             host_ms: self.inner.clock.now_ms(),
-            store_ms: reading.store_now_ms(),
+            store_ms: reading.store_now_ms(self.inner.clock.monotonic_ms()),
         }
     }
 
@@ -222,11 +228,11 @@ impl Replica {
             .head(path)
             .await
             .map_err(|e| Error::store("head", path, e))?;
-        let at = Instant::now();
+        let at_ms = self.inner.clock.monotonic_ms();
         let modified_ms = u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
         let reading = Reading {
             modified_ms,
-            at,
+            at_ms,
             probed,
         };
         let skew = self.beside_host(&reading).skew_ms();

@@ -1,9 +1,9 @@
 //! `idem check-store URL`: is this store safe and usable for idem?
 
 use std::process::ExitCode;
-use std::time::Instant;
 
 use futures::TryStreamExt;
+use idem_base::Stopwatch;
 use idem_org::object_store::ObjectStoreExt;
 use idem_org::replica::{OrgId, Settings, Snapshot};
 use idem_org::{object_store, replica, rusqlite};
@@ -37,14 +37,14 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
         local_root: url.local_root.clone(),
         hint: url.hint.clone(),
     };
-    let t0 = Instant::now();
+    let t0 = Stopwatch::start();
     let replica = scratch.open(Settings::default()).await?;
     let probe_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let org = OrgId::new("check").map_err(|e| e.to_string())?;
     let step =
         |what: &'static str| move |e: replica::Error| format!("{what}: {}", crate::chain(&e));
 
-    let t1 = Instant::now();
+    let t1 = Stopwatch::start();
     let result = async {
         let mut claim = replica
             .claim(&org, "idem-check-a", false)

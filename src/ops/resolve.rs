@@ -165,7 +165,7 @@ async fn resolve_waiting(
         },
         Ok(_) => return first.map_err(|e| crate::chain(&e)),
     };
-    let now = idem_org::idem::system_time_ms(std::time::SystemTime::now());
+    let now = idem_base::Clock::now_ms(&idem_base::SystemClock);
     let wait = until.saturating_sub(now).saturating_add(1);
     errln!(
         "idem: effect {key:?} was reserved by another writer: waiting {} ms (one lease term after \

@@ -118,8 +118,8 @@ fn hold_until_go(dir: &std::path::Path, key: &str) {
     }
     let _ = std::fs::write(dir.join(format!("{key}.held")), b"");
     let go = dir.join(format!("{key}.go"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !go.exists() && std::time::Instant::now() < deadline {
+    let waited = idem_base::Stopwatch::start();
+    while !go.exists() && waited.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -4,7 +4,9 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use idem_base::Stopwatch;
 
 /// Result type of the tests.
 pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
@@ -100,12 +102,13 @@ impl Server {
     ) -> TestResult<std::process::ExitStatus> {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
         nix::sys::signal::kill(pid, sig)?;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let waited = Stopwatch::start();
+        let limit = Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait()? {
                 return Ok(status);
             }
-            if Instant::now() > deadline {
+            if waited.elapsed() > limit {
                 return Err(format!("server did not exit within 30 s of {sig}").into());
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -127,8 +130,9 @@ pub fn serve_command(store: &Path, data: &Path, args: &[&str]) -> Command {
 
 /// Polls `cond` until it holds or `secs` pass.
 pub fn wait_until(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
+    let waited = Stopwatch::start();
+    let limit = Duration::from_secs(secs);
+    while waited.elapsed() < limit {
         if cond() {
             return true;
         }

@@ -11,8 +11,9 @@ use rusqlite::Connection;
 
 use super::row::{State, to_i64, to_u64};
 use crate::Error;
+use crate::error::{is_missing_column, is_missing_table};
 use crate::key::validate_key;
-use crate::schema::{MIGRATE_EFFECTS, is_missing_column, is_missing_table};
+use crate::schema::MIGRATE_EFFECTS;
 
 /// One recorded transition of an effect key.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,71 +1,13 @@
 //! The stored row of an effect key (`idem_effects`) and the statements that read and move it.
 
-use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+use rusqlite::types::ToSql;
 use rusqlite::{Connection, OptionalExtension, Row};
 
 use crate::Error;
-use crate::schema::{CREATE_EFFECTS, is_missing_table};
+use crate::error::is_missing_table;
+use crate::schema::CREATE_EFFECTS;
 
-/// The state of an effect key, stored in `idem_effects.state` as its [`State::as_str`] name.
-///
-/// Each word means one thing: COMMITTED = executed, FAILED = proved not executed, AMBIGUOUS =
-/// outcome unknown.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum State {
-    /// An attempt holds the key until its lease expires; its executor may be running.
-    Reserved,
-    /// The executor executed and its result is stored; every later call replays it.
-    Committed,
-    /// The executor proved it did not execute (or an operator resolved it so); the only state
-    /// that may be reserved again.
-    Failed,
-    /// Nobody knows whether the executor ran (an error that proves nothing, a panic, a lapsed
-    /// lease). No retry clears it: an operator or a reconcile hook resolves it.
-    Ambiguous,
-}
-
-impl State {
-    /// The stored (and printed) name: `reserved`, `committed`, `failed`, `ambiguous`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            State::Reserved => "reserved",
-            State::Committed => "committed",
-            State::Failed => "failed",
-            State::Ambiguous => "ambiguous",
-        }
-    }
-
-    /// Parses a name as printed by [`State::as_str`] (case-insensitive).
-    pub fn parse(s: &str) -> Option<Self> {
-        [
-            State::Reserved,
-            State::Committed,
-            State::Failed,
-            State::Ambiguous,
-        ]
-        .into_iter()
-        .find(|st| st.as_str().eq_ignore_ascii_case(s))
-    }
-}
-
-impl std::fmt::Display for State {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl ToSql for State {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::from(self.as_str()))
-    }
-}
-
-impl FromSql for State {
-    fn column_result(value: ValueRef<'_>) -> FromSqlResult<Self> {
-        let text = value.as_str()?;
-        State::parse(text).ok_or_else(|| FromSqlError::Other(text.into()))
-    }
-}
+pub(crate) use super::state::State;
 
 /// The whole stored row of an effect key. Two values are equal only when every column is: the
 /// commit-unknown re-read compares rows this way, never by attempt id alone (I9).
@@ -116,26 +58,6 @@ impl Effect {
     /// True for a COMMITTED row whose result was not kept (see [`Effect::result`]).
     pub fn result_not_kept(&self) -> bool {
         self.state == State::Committed && self.result.is_none()
-    }
-
-    /// The row as `opts` sees it now: a RESERVED row whose lease lapsed
-    /// ([`super::Options::is_lapsed`]) reads as AMBIGUOUS, with why in `error` — exactly the
-    /// row a contender would write — so every reader and command treats it alike. Any other
-    /// row is returned as stored.
-    pub fn as_judged(&self, opts: &super::Options) -> Effect {
-        self.judged_at(opts, opts.now())
-    }
-
-    /// [`Effect::as_judged`] at `now_ms` (ms of the caller's clock).
-    pub fn judged_at(&self, opts: &super::Options, now_ms: u64) -> Effect {
-        if !opts.is_lapsed_at(self, now_ms) {
-            return self.clone();
-        }
-        Effect {
-            state: State::Ambiguous,
-            error: Some(lapse_reason(self, opts.lapses_at(self))),
-            ..self.clone()
-        }
     }
 }
 

@@ -20,6 +20,7 @@ use super::row::{self, Effect, State};
 use super::write::{BUSY_RETRIES, Ended, begin, busy, commit, reread};
 use crate::error::BoxError;
 use crate::failpoint::Write;
+use idem_base::ErrorChain;
 
 /// How an attempt's executor ended, as [`settle`] records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,8 +62,8 @@ impl Error {
     /// [`Settlement::Ambiguous`], with the error and its sources as the stored text.
     pub fn settlement(&self) -> Settlement {
         match self {
-            Error::NotExecuted(e) => Settlement::NotExecuted(chain(&**e)),
-            Error::Ambiguous(e) => Settlement::Ambiguous(chain(&**e)),
+            Error::NotExecuted(e) => Settlement::NotExecuted(ErrorChain::new(&**e).to_string()),
+            Error::Ambiguous(e) => Settlement::Ambiguous(ErrorChain::new(&**e).to_string()),
         }
     }
 }
@@ -347,20 +348,4 @@ pub(crate) fn finish(
         }),
         _ => Err(ambiguous(&row)),
     }
-}
-
-/// The error and its sources, `: `-separated; a source whose text the message already holds
-/// is not repeated (some errors print their source in their own message too).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let more = s.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = s.source();
-    }
-    text
 }

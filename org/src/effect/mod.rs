@@ -222,7 +222,7 @@ impl Org {
     pub(crate) async fn load_effect_tally(&self) {
         let loaded = self.effect_job(|reply| Work::Tally { reply }).await;
         if let Err(e) = loaded {
-            tracing::warn!(org = %self.id(), error = %crate::error::chain(&e), "could not count the open effects");
+            tracing::warn!(org = %self.id(), error = %idem_base::ErrorChain::new(&e), "could not count the open effects");
         }
     }
 }

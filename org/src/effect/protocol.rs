@@ -100,12 +100,12 @@ async fn reserve(
             Err(e) => {
                 let why = format!(
                     "its reservation was not acknowledged: {}",
-                    crate::error::chain(&e)
+                    idem_base::ErrorChain::new(&e)
                 );
                 let settled =
                     write_settlement(org, r, Settlement::NotExecuted(why), opts.clone()).await;
                 if let Err(s) = settled {
-                    tracing::debug!(error = %crate::error::chain(&s), "could not record an unexecuted reservation");
+                    tracing::debug!(error = %idem_base::ErrorChain::new(&s), "could not record an unexecuted reservation");
                 }
                 Err(e)
             }
@@ -248,7 +248,7 @@ fn unacknowledged(org: &Org, key: &str, attempt: &str, result: Vec<u8>, e: Error
         attempt,
         bytes = result.len(),
         result = %shown(&result),
-        error = %crate::error::chain(&source),
+        error = %idem_base::ErrorChain::new(&source),
         "effect executed but its settlement is not acknowledged: resolve the key with this result"
     );
     Error::EffectUnacknowledged {

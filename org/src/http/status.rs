@@ -74,8 +74,7 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
 /// rounded up, this replica still has to see the lease unchanged before it may claim).
 pub fn error_response(e: &Error) -> Response {
     if let Some(addr) = e.holder_addr() {
-        let body =
-            serde_json::json!({ "error": crate::error::chain(e), "kind": "retry", "holder": addr });
+        let body = serde_json::json!({ "error": idem_base::ErrorChain::new(e).to_string(), "kind": "retry", "holder": addr });
         // A held lease always knows its end: `with_retry_after` sets the header.
         let resp = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
         return with_retry_after(resp, e);
@@ -97,7 +96,7 @@ fn with_retry_after(mut resp: Response, e: &Error) -> Response {
 }
 
 fn table_response(e: &Error) -> Response {
-    let msg = crate::error::chain(e);
+    let msg = idem_base::ErrorChain::new(e).to_string();
     if e.is_fingerprint_mismatch() {
         return json_error(StatusCode::UNPROCESSABLE_ENTITY, "mismatch", msg);
     }

@@ -62,7 +62,7 @@ impl Org {
             active,
         } = opening;
         crate::local::prepare(data_dir, &org)?;
-        let began = std::time::Instant::now();
+        let began = idem_base::Stopwatch::start();
         let mut claim = replica
             .claim_from(
                 &org,

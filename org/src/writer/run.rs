@@ -22,7 +22,7 @@ impl Reopen {
     fn open(&self) -> Result<Owned, String> {
         let conn = sqlite::reopen_exclusive(&self.path, self.busy).map_err(|e| match e {
             ReopenError::Foreign(f) => f.to_string(),
-            e => format!("{e}: {}", error_chain(&e)),
+            e => idem_base::ErrorChain::every(&e).to_string(),
         })?;
         prepare(
             conn,
@@ -33,19 +33,6 @@ impl Reopen {
         )
         .map_err(|e| format!("reopening the writer: {e:?}"))
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = String::new();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(&s.to_string());
-        source = s.source();
-        if source.is_some() {
-            out.push_str(": ");
-        }
-    }
-    out
 }
 
 /// After a job: when it committed something without raising the sequence (a prune, which

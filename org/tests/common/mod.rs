@@ -119,9 +119,9 @@ pub async fn published(
 
 /// Polls `cond` until it holds, failing after 20 s. Waits for a state, never orders events.
 pub async fn until(mut cond: impl FnMut() -> bool) -> R {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let waited = idem_base::Stopwatch::start();
     while !cond() {
-        if std::time::Instant::now() > deadline {
+        if waited.elapsed() > std::time::Duration::from_secs(20) {
             return Err("condition not reached within 20 s".into());
         }
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;

@@ -269,9 +269,11 @@ impl Replica {
                 tokio::spawn(async move {
                     // A fixed schedule (not a sleep after each write) so a slow write does
                     // not stretch the period; missed ticks are not made up in a burst.
-                    let mut ticks =
-                        tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                    let mut ticks = tokio::time::interval(every);
                     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+                    // The first tick is one period from now, not at once: the lease was just
+                    // written.
+                    ticks.reset();
                     loop {
                         ticks.tick().await;
                         let Some(inner) = weak.upgrade() else {

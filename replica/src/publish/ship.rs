@@ -179,7 +179,7 @@ impl Replica {
         commit: u64,
     ) -> Result<Shipped, Error> {
         let org = claim.org().clone();
-        let started = std::time::Instant::now();
+        let started = idem_base::Stopwatch::start();
         let (seq, round) = (claim.next_seq(), claim.round());
         self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
         let reuse = claim.reuse().cloned();
@@ -212,7 +212,7 @@ impl Replica {
         let uploaded_bytes = streamed.uploaded_bytes + manifest_len;
         info!(%org, round, seq, bytes = manifest.bytes(), uploaded_bytes,
               segments = manifest.segments.len(), reused = streamed.reused,
-              elapsed_ms = started.elapsed().as_millis() as u64, "shipped snapshot");
+              elapsed_ms = started.elapsed_ms(), "shipped snapshot");
         let tip = Tip {
             seq,
             hashes: Arc::new(streamed.hashes),
@@ -371,7 +371,7 @@ impl Replica {
         body: impl FnOnce(Stored) -> EntryBody,
     ) -> Result<Shipped, Error> {
         let org = claim.org().clone();
-        let started = std::time::Instant::now();
+        let started = idem_base::Stopwatch::start();
         let compressed_bytes = packed.blob.len() as u64;
         // The failpoints around the upload fire for an inline body too, so the seams of
         // kill and pause tests stay where they are (nothing is uploaded between them).
@@ -406,7 +406,7 @@ impl Replica {
         self.publish_for_claim(claim, &entry).await?;
         self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
         info!(%org, round = claim.round(), seq, kind = entry.kind_name(), bytes = packed.bytes,
-              compressed_bytes, inline = entry.is_inline(), elapsed_ms = started.elapsed().as_millis() as u64, "shipped");
+              compressed_bytes, inline = entry.is_inline(), elapsed_ms = started.elapsed_ms(), "shipped");
         Ok(Shipped {
             seq,
             delta: entry.is_delta(),

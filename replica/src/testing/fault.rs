@@ -1,7 +1,7 @@
 //! Fault injection for tests of every layer (test support, behind the `test-util` feature):
 //! a fault-injecting [`ObjectStore`] wrapper, [`PauseAt`], failpoints that hold an
 //! operation between two protocol steps so a test orders it against another, and
-//! [`SeededRng`], which seeded schedules draw their steps from.
+//! [`SeededRng`] (`idem_base`'s, re-exported), which seeded schedules draw their steps from.
 //!
 //! Rules match an operation and a path substring and fire on the Nth matching call:
 //! fail before the call reaches the store, apply it and then fail ("landed but error"),
@@ -33,6 +33,8 @@ use object_store::{
 };
 
 use crate::{FailPoint, Failpoints, OrgId};
+
+pub use idem_base::rng::SeededRng;
 
 /// Which kind of call a rule matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -398,31 +400,5 @@ impl Failpoints for PauseAt {
             let _ = rx.await;
         }
         Ok(())
-    }
-}
-
-/// xorshift64*: a small seedable generator for seeded schedules, so a failing seed replays
-/// exactly.
-///
-/// ```
-/// # use idem_replica::fault::SeededRng;
-/// let (mut a, mut b) = (SeededRng::new(7), SeededRng::new(7));
-/// assert_eq!(a.below(1000), b.below(1000));
-/// ```
-#[derive(Debug, Clone)]
-pub struct SeededRng(u64);
-
-impl SeededRng {
-    /// A generator for `seed` (any value, 0 included).
-    pub fn new(seed: u64) -> Self {
-        SeededRng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-
-    /// The next number in `0..n` (`n` at least 1).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n.max(1)
     }
 }

@@ -1,7 +1,9 @@
 //! The `--timeout` of reading the tenant's file, on an injectable monotonic clock so tests
 //! can run a copy out of time deterministically.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use idem_base::Stopwatch;
 
 /// A monotonic time source.
 pub(crate) trait Clock {
@@ -12,12 +14,12 @@ pub(crate) trait Clock {
 }
 
 /// The process's monotonic clock.
-pub(crate) struct Monotonic(Instant);
+pub(crate) struct Monotonic(Stopwatch);
 
 impl Monotonic {
     /// A clock starting now.
     pub(crate) fn start() -> Self {
-        Monotonic(Instant::now())
+        Monotonic(Stopwatch::start())
     }
 }
 

@@ -111,7 +111,7 @@ impl Shipper {
         files: Arc<OwnedFiles>,
         policy: ShipPolicy,
     ) -> Shipper {
-        let mut chain = ShipState::new();
+        let mut chain = ShipState::new(replica.inner.clock.monotonic_ms());
         // A claim that hydrated a chain (or reused a file holding its tip) continues it.
         if let Some((tip, inherited)) = claim.inherited() {
             let age_ms = replica
@@ -120,7 +120,8 @@ impl Shipper {
                 .now_ms()
                 .saturating_sub(inherited.snapshot_at_ms);
             let (page_size, pages) = (tip.hashes.page_size(), tip.hashes.pages() as u32);
-            chain.inherit(page_size, pages, inherited, age_ms);
+            let now = replica.inner.clock.monotonic_ms();
+            chain.inherit(page_size, pages, inherited, age_ms, now);
         }
         Shipper {
             replica,
@@ -290,7 +291,13 @@ impl Shipper {
     /// claim is lost: [`Error::is_claim_lost`]); a store or local error (nothing acknowledged; the next ship retries, with
     /// the pages captured so far still pending).
     pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
-        if self.full_requested || self.chain.wants_full(&self.claim, &self.policy) {
+        if self.full_requested
+            || self.chain.wants_full(
+                &self.claim,
+                &self.policy,
+                self.replica.inner.clock.monotonic_ms(),
+            )
+        {
             let shipped = self.ship_full(source).await;
             self.full_requested &= shipped.is_err();
             return shipped;
@@ -394,6 +401,7 @@ impl Shipper {
             db_pages,
             shipped.compressed_bytes,
             self.replica.inner.clock.now_ms(),
+            self.replica.inner.clock.monotonic_ms(),
         );
         Ok(ShipReport {
             commit_seq: commit,

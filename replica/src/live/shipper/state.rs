@@ -1,7 +1,6 @@
 //! What a shipper remembers of its chain between ships.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::Instant;
 
 use super::policy::{COMPACTION_FLOOR, ShipPolicy};
 use crate::Claim;
@@ -31,7 +30,10 @@ pub(super) struct ShipState {
     full_bytes: u64,
     since_full_bytes: u64,
     since_full_deltas: u64,
-    full_at: Instant,
+    /// When the chain's snapshot was shipped or taken over, on the replica's injected
+    /// clock's monotonic time ([`crate::Clock::monotonic_ms`]), so a manual clock drives
+    /// [`ShipPolicy::snapshot_interval_ms`].
+    full_at_monotonic_ms: u64,
     /// Age of the chain's snapshot when this shipper took the chain over, in ms (0 for a
     /// snapshot it shipped): [`ShipPolicy::snapshot_interval_ms`] counts from the snapshot.
     full_age_ms: u64,
@@ -63,7 +65,8 @@ pub(super) struct ShipState {
 }
 
 impl ShipState {
-    pub(super) fn new() -> ShipState {
+    /// An empty ship state, `monotonic_ms` being the injected clock's monotonic time now.
+    pub(super) fn new(monotonic_ms: u64) -> ShipState {
         ShipState {
             wal: WalState::Lost,
             page_size: 0,
@@ -72,7 +75,7 @@ impl ShipState {
             full_bytes: 0,
             since_full_bytes: 0,
             since_full_deltas: 0,
-            full_at: Instant::now(),
+            full_at_monotonic_ms: monotonic_ms,
             full_age_ms: 0,
             full_at_ms: 0,
             own_snapshot: false,
@@ -86,21 +89,26 @@ impl ShipState {
         }
     }
 
-    pub(super) fn wants_full(&self, claim: &Claim, p: &ShipPolicy) -> bool {
+    /// Whether the next ship must be a full snapshot, `monotonic_ms` being the injected
+    /// clock's monotonic time now.
+    pub(super) fn wants_full(&self, claim: &Claim, p: &ShipPolicy, monotonic_ms: u64) -> bool {
         claim.chain_tip().is_none()
             || self.wal == WalState::Lost
             || self.since_full_bytes.saturating_mul(100)
                 > self.full_bytes.saturating_mul(p.delta_budget_percent)
             || self.since_full_deltas >= p.max_deltas
             || (p.snapshot_interval_ms > 0
-                && (self.full_at.elapsed().as_millis() as u64).saturating_add(self.full_age_ms)
+                && monotonic_ms
+                    .saturating_sub(self.full_at_monotonic_ms)
+                    .saturating_add(self.full_age_ms)
                     >= p.snapshot_interval_ms)
     }
 
     /// Takes over a chain the claim continues: a database of `db_pages` pages of `page_size`
     /// bytes at the chain's tip, installed with an empty WAL, holding commit `commit`; the
     /// budget counters start from what the chain already weighs (`inherited`), and its
-    /// snapshot is `age_ms` old, so the bounds on what a hydrate reads hold across rounds.
+    /// snapshot is `age_ms` old at `monotonic_ms` (the injected clock's monotonic time), so
+    /// the bounds on what a hydrate reads hold across rounds.
     ///
     /// The next delta reads the WAL from its start, after taking every page of the file
     /// that differs from the tip: SQLite's switch of the installed file to WAL mode rewrites
@@ -111,6 +119,7 @@ impl ShipState {
         db_pages: u32,
         inherited: &Inherited,
         age_ms: u64,
+        monotonic_ms: u64,
     ) {
         self.restart();
         self.wal = WalState::Fresh;
@@ -120,7 +129,7 @@ impl ShipState {
         self.full_pages = inherited.snapshot_pages;
         self.since_full_bytes = inherited.delta_bytes;
         self.since_full_deltas = inherited.deltas;
-        self.full_at = Instant::now();
+        self.full_at_monotonic_ms = monotonic_ms;
         self.full_age_ms = age_ms;
         self.full_at_ms = inherited.snapshot_at_ms;
         self.own_snapshot = false;
@@ -174,6 +183,7 @@ impl ShipState {
         db_pages: u32,
         bytes: u64,
         at_ms: u64,
+        monotonic_ms: u64,
     ) {
         self.wal = wal;
         self.own_snapshot = true;
@@ -188,7 +198,7 @@ impl ShipState {
         self.window_deltas = 0;
         self.window_bytes = 0;
         self.full_pages = u64::from(db_pages);
-        self.full_at = Instant::now();
+        self.full_at_monotonic_ms = monotonic_ms;
     }
 
     /// Takes a delta capture's committed frames into the pending pages and moves the WAL

@@ -59,17 +59,10 @@ fn a_delta_that_grows_without_carrying_the_pages_is_refused() -> Result<(), Erro
     Ok(())
 }
 
-/// Deterministic pseudo-random bytes (xorshift), so pages do not compress on their own.
+/// Deterministic pseudo-random bytes, so pages do not compress on their own.
 fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    let mut rng = idem_base::SeededRng::new(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 /// A canonical 3-page image of noise.

@@ -67,7 +67,7 @@ pub fn s3_store() -> Arc<dyn ObjectStore> {
 /// id, the time in ns and a per-process counter.
 pub fn unique_prefix(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
+    let nanos = idem_base::Clock::now(&idem_base::SystemClock)
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
