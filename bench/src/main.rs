@@ -3,6 +3,12 @@
 //! Every row is measured in this process run, so ratios compare like with like on a noisy
 //! shared machine. `--quick` shrinks every size for a CI smoke run. P8 runs each operation
 //! as a child process of this binary; `--child` is that child's entry point.
+#![forbid(unsafe_code)]
+// Output goes through `outln!` and `errln!`: `println!` and `eprintln!` panic on a failed write.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+#[macro_use]
+extern crate idem_cli;
 
 mod dedup;
 mod group;
@@ -19,10 +25,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
+use clap::Parser;
+use idem_cli::{PEAK_RSS_ENV, PEAK_RSS_LINE, chain, store};
 
 /// `idem bench`.
-#[derive(Debug, Args)]
+#[derive(Debug, Parser)]
+#[command(name = "idem-bench", version)]
 pub struct BenchArgs {
     /// Tiny sizes and short rows: checks the command works (CI smoke run).
     #[arg(long)]
@@ -83,6 +91,13 @@ impl BenchArgs {
 
 /// A bench failure, rendered as one line.
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn main() -> ExitCode {
+    if let Some(code) = idem_cli::run_as_idem() {
+        return code;
+    }
+    idem_cli::main_with("idem-bench", "warn", run(BenchArgs::parse()))
+}
 
 /// Runs the selected parts and prints their tables.
 ///
