@@ -1,4 +1,4 @@
-//! `idem demo`: the rolling-upgrade demo over real OS processes.
+//! `idem-demo`: the rolling-upgrade demo over real OS processes.
 //!
 //! Replica A serves; clients send transfers. A third of the way in, replica B starts, the
 //! clients are routed to it and A gets SIGTERM (it releases every org). Two thirds in,
@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use client::Shared;
 use replica::ReplicaProc;
 
-/// `idem demo` options.
+/// `idem-demo` options.
 #[derive(Debug, Parser)]
 #[command(name = "idem-demo", version)]
 pub struct DemoArgs {
@@ -116,7 +116,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let requests = client::workload(a.orgs, a.requests, a.accounts, a.seed);
     if !a.json {
         errln!(
-            "idem demo: {} orgs, {} requests, {} clients; store {}",
+            "idem-demo: {} orgs, {} requests, {} clients; store {}",
             a.orgs,
             a.requests,
             a.clients,
