@@ -1,13 +1,18 @@
-//! `idem`: the command-line tool of idem — the HTTP ledger server and the operator commands,
-//! plus a rolling-upgrade demo and a benchmark harness.
+//! `idem_cli`: the command line of idem as a library — the HTTP ledger server and the operator
+//! commands — under the thin `idem` binary (`src/bin/idem.rs`), and what the tools beside the
+//! product (`idem-demo`, `idem-bench`, their own crates) need from it.
 //!
-//! Layout: the product is `cli` (the command list), `serve/` (the request path, through
-//! `idem-org` only), `ops/` (operator commands that read the replica log directly, like
-//! `litestream restore`) and `store/` (store URLs, restoring an org's published state), which
-//! both use. `demo/` (`idem demo`) and `bench/` (`idem bench`) are tools beside the product:
-//! each is reached through one entry point (`Args` + `run`) and nothing in the product uses
-//! them. The binary depends on `idem-org` alone and reaches idem, the replica and SQLite
-//! through its re-exports.
+//! Layout: `cli` (the command list), `serve/` (the request path, through `idem-org` only),
+//! `ledger` (the application `idem serve` runs and the demo audits), `ops/` (operator commands
+//! that read the replica log directly, like `litestream restore`) and `store/` (store URLs,
+//! restoring an org's published state), which both use. Nothing here uses the tools. The
+//! library depends on `idem-org` alone and reaches idem, the replica and SQLite through its
+//! re-exports.
+//!
+//! Entry points: [`main_from`] runs the command line on given arguments; [`main_with`] is the
+//! process setup every binary of the workspace shares; a tool whose first argument is
+//! [`AS_IDEM`] runs as the `idem` command line ([`run_as_idem`], [`own_idem_command`]), which
+//! is how the tools start servers and operator commands as child processes.
 //!
 //! Every failure ends as one line on stderr and a non-zero exit code; nothing panics on
 //! user or environment input. Output goes through `out` (a closed stdout ends a command

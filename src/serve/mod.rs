@@ -181,7 +181,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    // The first stdout line is the contract with `idem demo` and the tests.
+    // The first stdout line is the contract with `idem-demo` and the tests.
     outln!("listening on http://{addr}");
     tracing::info!(%addr, writer = %writer, "serving");
     let pruner = a
