@@ -15,9 +15,6 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Rolling-upgrade demo: replica processes, a SIGTERM handoff, a SIGKILL takeover, then an
-    /// exactly-once audit of the store.
-    Demo(crate::demo::DemoArgs),
     /// Serve the ledger over HTTP (POST /orgs/{org}/transfers with Idempotency-Key).
     Serve(crate::serve::ServeArgs),
     /// Delete idempotency keys older than a cutoff in every (or the given) org; for cron.
@@ -41,8 +38,6 @@ enum Command {
     Effects(crate::ops::EffectsArgs),
     /// Resolve an AMBIGUOUS external effect as executed (with its result) or not executed.
     Resolve(crate::ops::ResolveArgs),
-    /// Benchmarks side by side in one run (P1-P9 of BENCHMARKS.md); `--quick` for a smoke run.
-    Bench(crate::bench::BenchArgs),
 }
 
 impl Cli {
@@ -60,7 +55,6 @@ impl Cli {
     /// One line describing the failure.
     pub async fn run(self) -> Result<ExitCode, String> {
         match self.command {
-            Command::Demo(a) => crate::demo::run(a).await,
             Command::Serve(a) => crate::serve::run(a).await.map(|()| ExitCode::SUCCESS),
             Command::Prune(a) => crate::ops::prune(a).await,
             Command::Inspect(a) => crate::ops::inspect(a).await,
@@ -71,7 +65,6 @@ impl Cli {
             Command::CheckStore(a) => crate::ops::check_store(a).await,
             Command::Effects(a) => crate::ops::effects(a).await,
             Command::Resolve(a) => crate::ops::resolve(a).await,
-            Command::Bench(a) => crate::bench::run(a).await,
         }
     }
 }

@@ -25,7 +25,7 @@ const FAILED: u8 = 2;
 
 /// Writes one line (`args` and a newline) to stdout, unless stdout is closed or failed.
 /// Used through `outln!`.
-pub(crate) fn line(args: fmt::Arguments<'_>) {
+pub fn line(args: fmt::Arguments<'_>) {
     if STDOUT.load(Ordering::Relaxed) != OPEN {
         return;
     }
@@ -45,7 +45,7 @@ pub(crate) fn line(args: fmt::Arguments<'_>) {
 /// Writes one line to stderr, behind the log lines queued before it (`crate::log`: never
 /// blocked by a stalled reader), or directly before logging starts; a failed write drops it.
 /// Used through `errln!`.
-pub(crate) fn err_line(args: fmt::Arguments<'_>) {
+pub fn err_line(args: fmt::Arguments<'_>) {
     let mut line = args.to_string().into_bytes();
     line.push(b'\n');
     if !crate::log::line(&line) {
@@ -60,6 +60,7 @@ pub(crate) fn stdout_failed() -> bool {
 }
 
 /// `println!` that never panics: one line to stdout through [`line`](fn@line).
+#[macro_export]
 macro_rules! outln {
     () => {
         $crate::out::line(format_args!(""))
@@ -70,6 +71,7 @@ macro_rules! outln {
 }
 
 /// `eprintln!` that never panics: one line to stderr through [`err_line`](fn@err_line).
+#[macro_export]
 macro_rules! errln {
     ($($arg:tt)*) => {
         $crate::out::err_line(format_args!($($arg)*))

@@ -6,6 +6,7 @@ mod import;
 mod prune;
 mod read;
 mod resolve;
+mod scratch;
 
 use std::path::PathBuf;
 use std::time::Duration;

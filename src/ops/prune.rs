@@ -7,6 +7,7 @@ use std::time::Duration;
 use idem_org::{Registry, replica};
 use serde_json::json;
 
+use super::scratch::Scratch;
 use super::{PruneArgs, org_id};
 
 /// Prunes every (or each given) org: acquire (respecting live leases unless `--force`),
@@ -36,27 +37,12 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     } else {
         a.orgs.iter().map(|o| org_id(o)).collect::<Result<_, _>>()?
     };
-    let scratch = match &a.data {
-        Some(_) => None,
-        None => Some(tempfile::tempdir().map_err(|e| format!("cannot create a temp dir: {e}"))?),
-    };
-    let data = a
-        .data
-        .clone()
-        .or_else(|| scratch.as_ref().map(|t| t.path().to_owned()))
-        .ok_or("no data directory")?;
     let writer = a
         .writer
         .clone()
         .unwrap_or_else(|| format!("idem-prune-{}", std::process::id()));
-    let registry = Registry::builder(&data, replica.clone(), writer)
-        .settings(idem_org::Settings {
-            force_claim: a.force,
-            max_open_orgs: 1,
-            ..idem_org::Settings::default()
-        })
-        .build()
-        .map_err(|e| crate::chain(&e))?;
+    let scratch = Scratch::open(a.data.as_deref(), replica.clone(), writer, a.force)?;
+    let registry = &scratch.registry;
     let bar = if std::io::stderr().is_terminal() && !a.json {
         indicatif::ProgressBar::new(orgs.len() as u64)
     } else {
@@ -66,7 +52,7 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
     let (mut deleted, mut results) = (0u64, Vec::new());
     for org in &orgs {
         bar.set_message(org.to_string());
-        let r = prune_one(&registry, &replica, org, a.older_than, named).await;
+        let r = prune_one(registry, &replica, org, a.older_than, named).await;
         if let Ok(Pruned::Deleted(n)) = r {
             deleted += n;
         }

@@ -20,11 +20,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
+use idem_org::Error;
 use idem_org::idem::effect::{self, Effect, Resolution};
-use idem_org::{Error, Registry};
 use serde_json::json;
 
 use super::effects::effect_json;
+use super::scratch::Scratch;
 use super::{history, open, org_id, print_json, rfc3339};
 
 /// `idem resolve`.
@@ -116,27 +117,13 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
         }
         effect::State::Ambiguous => {}
     }
-    let scratch = match &a.data {
-        Some(_) => None,
-        None => Some(tempfile::tempdir().map_err(|e| format!("cannot create a temp dir: {e}"))?),
-    };
-    let data = a
-        .data
-        .clone()
-        .or_else(|| scratch.as_ref().map(|t| t.path().to_owned()))
-        .ok_or("no data directory")?;
-    let registry = Registry::builder(
-        &data,
+    let scratch = Scratch::open(
+        a.data.as_deref(),
         replica,
         format!("idem-resolve-{}", std::process::id()),
-    )
-    .settings(idem_org::Settings {
-        force_claim: a.force,
-        max_open_orgs: 1,
-        ..idem_org::Settings::default()
-    })
-    .build()
-    .map_err(|e| crate::chain(&e))?;
+        a.force,
+    )?;
+    let registry = &scratch.registry;
     let handle = registry
         .acquire(&org)
         .await

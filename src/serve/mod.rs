@@ -34,7 +34,6 @@
 
 mod effects;
 mod http;
-pub(crate) mod ledger;
 mod metrics;
 mod routes;
 
@@ -44,6 +43,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+
+use crate::ledger;
 use idem_org::{Registry, replica};
 
 /// `idem serve`.
@@ -113,7 +114,7 @@ pub struct ServeArgs {
 ///
 /// # Errors
 /// Not a number, or below the minimum: the message clap prints.
-pub(crate) fn lease_ms_arg(s: &str) -> Result<u64, String> {
+pub fn lease_ms_arg(s: &str) -> Result<u64, String> {
     let ms: u64 = s
         .parse()
         .map_err(|e| format!("{s:?} is not a number of ms: {e}"))?;
@@ -180,7 +181,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("cannot read the bound address: {e}"))?;
-    // The first stdout line is the contract with `idem demo` and the tests.
+    // The first stdout line is the contract with `idem-demo` and the tests.
     outln!("listening on http://{addr}");
     tracing::info!(%addr, writer = %writer, "serving");
     let pruner = a

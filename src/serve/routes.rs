@@ -21,7 +21,7 @@ use idem_org::http::{
 };
 use idem_org::replica::OrgId;
 
-use super::ledger::{self, ApplyError, Transfer};
+use crate::ledger::{self, ApplyError, Transfer};
 
 /// The routes of `idem serve` over `registry`.
 pub(super) fn router(registry: Registry, metrics: Option<super::Metrics>) -> Router {

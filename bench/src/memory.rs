@@ -1,16 +1,17 @@
 //! P8: peak resident memory of ship, hydrate, restore and verify of one large org, each run
 //! as a child process of this binary on a local-directory store, so each figure is one
-//! operation's whole process.
+//! operation's whole process. The `idem` commands run as `idem-bench idem …`: the same
+//! library code as the `idem` binary (`idem_cli::AS_IDEM`), with no second binary to find.
 //!
 //! The peak is measured, not estimated: the child runs with `IDEM_REPORT_PEAK_RSS=1` and
 //! prints the kernel's high-water mark of its resident set (`VmHWM` of `/proc/self/status`)
-//! as it exits (`src/main.rs`); this parses that line. The rows:
+//! as it exits (`idem_cli::main_with`); this parses that line. The rows:
 //!
 //! - ship: `idem import ORG --from FILE --store URL` (the file becomes the org's first full
 //!   snapshot);
-//!   When import cannot ship the size at all, `idem bench --child ship` ships it instead: a
+//!   When import cannot ship the size at all, `idem-bench --child ship` ships it instead: a
 //!   registry's org filled by one request ships it as its first full snapshot;
-//! - hydrate: `idem bench --child hydrate`: a registry acquires the org (claim + hydrate +
+//! - hydrate: `idem-bench --child hydrate`: a registry acquires the org (claim + hydrate +
 //!   open) and shuts down;
 //! - restore: `idem restore ORG --store URL --to OUT`;
 //! - verify: `idem verify ORG --store URL`.
@@ -21,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use idem_org::replica::{OrgId, Replica};
 use idem_org::{Registry, replica, rusqlite};
+
+use idem_cli::AS_IDEM;
 
 use super::BenchResult;
 use super::growth::ROW;
@@ -92,6 +95,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         let imported = row(
             "ship (`idem import`)",
             vec![
+                os(AS_IDEM),
                 os("import"),
                 os(ORG),
                 os("--from"),
@@ -105,9 +109,8 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         // org ships it from a registry (its first full snapshot), measured the same way.
         if !imported
             && !row(
-                "ship (org's first full snapshot, `bench --child ship`)",
+                "ship (org's first full snapshot, `idem-bench --child ship`)",
                 vec![
-                    os("bench"),
                     os("--child"),
                     os("ship"),
                     os("--store"),
@@ -129,7 +132,6 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         row(
             "hydrate (registry acquire)",
             vec![
-                os("bench"),
                 os("--child"),
                 os("hydrate"),
                 os("--store"),
@@ -145,6 +147,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         row(
             "restore (`idem restore`)",
             vec![
+                os(AS_IDEM),
                 os("restore"),
                 os(ORG),
                 os("--store"),
@@ -156,7 +159,7 @@ pub async fn run(dir: &Path, sizes: &[u64]) -> BenchResult<()> {
         let _ = std::fs::remove_file(&out);
         row(
             "verify (`idem verify`)",
-            vec![os("verify"), os(ORG), os("--store"), os(&url)],
+            vec![os(AS_IDEM), os("verify"), os(ORG), os("--store"), os(&url)],
         );
         let _ = std::fs::remove_dir_all(&work);
     }
@@ -185,7 +188,7 @@ fn fill(conn: &rusqlite::Connection, mb: u64) -> rusqlite::Result<usize> {
     )
 }
 
-/// Runs `idem ARGS` with the peak-RSS report on; its peak in KiB and its wall time.
+/// Runs this binary with `args` (`idem …` or `--child …`) and the peak-RSS report on; its peak in KiB and its wall time.
 fn child(exe: &Path, args: &[std::ffi::OsString]) -> BenchResult<(u64, Duration)> {
     let began = Instant::now();
     let out = Command::new(exe)
@@ -229,7 +232,7 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// `idem bench --child hydrate`: acquires `org` through a registry over the local-directory
+/// `idem-bench --child hydrate`: acquires `org` through a registry over the local-directory
 /// store `store` with its data in `data` (claim, hydrate, open), then shuts down.
 ///
 /// # Errors
@@ -256,7 +259,7 @@ pub async fn hydrate_child(store: &Path, org: &str, data: &Path) -> BenchResult<
     Ok(())
 }
 
-/// `idem bench --child ship`: a registry acquires the new org `org`, one request fills it
+/// `idem-bench --child ship`: a registry acquires the new org `org`, one request fills it
 /// with about `mb` MiB of 1 KB rows, and its ship (the claim's first, a full snapshot)
 /// publishes them; then it shuts down.
 ///

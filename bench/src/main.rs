@@ -1,8 +1,14 @@
-//! `idem bench`: the side-by-side benchmark table (P1–P9 of BENCHMARKS.md), in one run.
+//! `idem-bench`: the side-by-side benchmark table (P1–P9 of BENCHMARKS.md), in one run.
 //!
 //! Every row is measured in this process run, so ratios compare like with like on a noisy
 //! shared machine. `--quick` shrinks every size for a CI smoke run. P8 runs each operation
 //! as a child process of this binary; `--child` is that child's entry point.
+#![forbid(unsafe_code)]
+// Output goes through `outln!` and `errln!`: `println!` and `eprintln!` panic on a failed write.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+#[macro_use]
+extern crate idem_cli;
 
 mod dedup;
 mod group;
@@ -19,10 +25,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Args;
+use clap::Parser;
+use idem_cli::{PEAK_RSS_ENV, PEAK_RSS_LINE, chain, store};
 
-/// `idem bench`.
-#[derive(Debug, Args)]
+/// `idem-bench`.
+#[derive(Debug, Parser)]
+#[command(name = "idem-bench", version)]
 pub struct BenchArgs {
     /// Tiny sizes and short rows: checks the command works (CI smoke run).
     #[arg(long)]
@@ -84,6 +92,13 @@ impl BenchArgs {
 /// A bench failure, rendered as one line.
 pub(crate) type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+fn main() -> ExitCode {
+    if let Some(code) = idem_cli::run_as_idem() {
+        return code;
+    }
+    idem_cli::main_with("idem-bench", "warn", run(BenchArgs::parse()))
+}
+
 /// Runs the selected parts and prints their tables.
 ///
 /// # Errors
@@ -96,7 +111,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     let dir = args.dir.clone().unwrap_or_else(|| tmp.path().to_owned());
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     outln!(
-        "idem bench: {} cores, quick={}, {:.1} s per throughput row; dir {}",
+        "idem-bench: {} cores, quick={}, {:.1} s per throughput row; dir {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.quick,
         args.row_time().as_secs_f64(),
@@ -182,7 +197,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `idem bench --child OP`: one operation of P8, in its own process.
+/// `idem-bench --child OP`: one operation of P8, in its own process.
 async fn run_child(child: &str, args: &BenchArgs) -> Result<ExitCode, String> {
     let (Some(store), Some(org), Some(dir)) = (&args.store, &args.org, &args.dir) else {
         return Err("--child needs --store, --org and --dir".into());

@@ -1,4 +1,7 @@
-//! A replica of the demo: this very binary re-run as `idem serve` in its own OS process.
+//! A replica of the demo: this very binary re-run as `idem serve` in its own OS process
+//! (`idem-demo idem serve …`, dispatched to the `idem_cli` library): each replica runs exactly
+//! the serve code the demo was built with, and `cargo run -p idem-demo` needs no other binary
+//! built or found on PATH.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -32,11 +35,12 @@ impl ReplicaProc {
         dir: &Path,
         lease_ms: u64,
     ) -> Result<ReplicaProc, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
         let log_path = dir.join(format!("replica-{}.log", name.to_lowercase()));
         let log = std::fs::File::create(&log_path)
             .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
-        let mut child = Command::new(exe)
+        let serve =
+            idem_cli::own_idem_command().map_err(|e| format!("cannot find own binary: {e}"))?;
+        let mut child = Command::from(serve)
             .arg("serve")
             .arg("--store")
             .arg(store)

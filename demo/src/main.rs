@@ -1,9 +1,15 @@
-//! `idem demo`: the rolling-upgrade demo over real OS processes.
+//! `idem-demo`: the rolling-upgrade demo over real OS processes.
 //!
 //! Replica A serves; clients send transfers. A third of the way in, replica B starts, the
 //! clients are routed to it and A gets SIGTERM (it releases every org). Two thirds in,
 //! replica C starts, the clients move to it and B is killed with SIGKILL (C waits out B's
 //! lease). Then the store is audited: every acknowledged request applied exactly once.
+#![forbid(unsafe_code)]
+// Output goes through `outln!` and `errln!`: `println!` and `eprintln!` panic on a failed write.
+#![deny(clippy::print_stdout, clippy::print_stderr)]
+
+#[macro_use]
+extern crate idem_cli;
 
 mod audit;
 mod client;
@@ -17,15 +23,17 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use clap::Args;
+use clap::Parser;
+use idem_cli::{chain, ledger, store};
 use idem_org::replica as idem_replica;
 use tokio::sync::watch;
 
 use client::Shared;
 use replica::ReplicaProc;
 
-/// `idem demo` options.
-#[derive(Debug, Args)]
+/// `idem-demo` options.
+#[derive(Debug, Parser)]
+#[command(name = "idem-demo", version)]
 pub struct DemoArgs {
     /// Number of orgs (tenants): hundreds by default, each moved through both handoffs.
     #[arg(long, default_value_t = 300)]
@@ -41,7 +49,7 @@ pub struct DemoArgs {
     accounts: usize,
     /// Advisory lease of each replica in ms: a successor claims a SIGKILLed replica's orgs
     /// once it has seen its lease unrenewed this long plus a tenth.
-    #[arg(long, default_value_t = 2_000, value_parser = crate::serve::lease_ms_arg)]
+    #[arg(long, default_value_t = 2_000, value_parser = idem_cli::lease_ms_arg)]
     lease_ms: u64,
     /// Workload seed.
     #[arg(long, default_value_t = 7)]
@@ -63,6 +71,13 @@ pub struct Handoff {
     pub at_ms: f64,
     /// Longest gap between acks of one org across the event, ms.
     pub max_org_gap_ms: f64,
+}
+
+fn main() -> ExitCode {
+    if let Some(code) = idem_cli::run_as_idem() {
+        return code;
+    }
+    idem_cli::main_with("idem-demo", "warn", run(DemoArgs::parse()))
 }
 
 /// Runs the demo; exit code 1 on any violation.
@@ -101,7 +116,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let requests = client::workload(a.orgs, a.requests, a.accounts, a.seed);
     if !a.json {
         errln!(
-            "idem demo: {} orgs, {} requests, {} clients; store {}",
+            "idem-demo: {} orgs, {} requests, {} clients; store {}",
             a.orgs,
             a.requests,
             a.clients,

@@ -1,16 +1,20 @@
 //! The demo itself, with small sizes: replica processes, a SIGTERM handoff, a SIGKILL
 //! takeover, and the exactly-once audit of the store must pass.
 
-mod common;
+use std::process::Command;
 
-use common::TestResult;
+type TestResult<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// The binary under test.
+fn demo() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_idem-demo"))
+}
 
 #[test]
 fn demo_passes_its_exactly_once_audit() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let out = common::idem()
+    let out = demo()
         .args([
-            "demo",
             "--orgs",
             "3",
             "--requests",
@@ -37,5 +41,32 @@ fn demo_passes_its_exactly_once_audit() -> TestResult {
     for (_, round) in summary["final_rounds"].as_object().ok_or("no rounds")? {
         assert!(round.as_u64().unwrap_or(0) >= 3, "{summary}");
     }
+    Ok(())
+}
+
+#[test]
+fn demo_has_help() -> TestResult {
+    let out = demo().arg("--help").output()?;
+    assert!(out.status.success(), "--help");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"));
+    Ok(())
+}
+
+/// Regression: `--dir` on a used directory audited the previous run's store (53 false
+/// violations).
+#[test]
+fn demo_refuses_a_used_dir() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("left-over"), b"")?;
+    let out = demo().arg("--dir").arg(dir.path()).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(!err.contains("RUST_BACKTRACE"), "backtrace hint: {err}");
+    assert!(err.lines().any(|l| !l.trim().is_empty()), "no error line");
+    assert!(
+        err.contains("not empty"),
+        "stderr {err:?} lacks \"not empty\""
+    );
     Ok(())
 }

@@ -6,7 +6,7 @@ use idem_org::replica::{LogEntry, OrgId, Replica};
 use idem_org::{idem, rusqlite};
 
 use super::client::Request;
-use crate::serve::ledger::Receipt;
+use crate::ledger::Receipt;
 
 /// What the audit found.
 #[derive(Debug, Default)]
@@ -136,7 +136,7 @@ async fn audit_org(
             applied_keys - effects_with_keys
         ));
     }
-    let actual: BTreeMap<String, i64> = crate::serve::ledger::balances(&conn)
+    let actual: BTreeMap<String, i64> = crate::ledger::balances(&conn)
         .map_err(q)?
         .into_iter()
         .collect();

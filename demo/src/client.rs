@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use tokio::sync::watch;
 
-use crate::serve::ledger::Transfer;
+use crate::ledger::Transfer;
 
 /// One request of the workload.
 #[derive(Debug, Clone)]
