@@ -20,7 +20,7 @@ pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Waits on `cv` with `guard`, taking the guard back as [`lock`] does when the mutex was
 /// poisoned meanwhile.
-pub fn wait<'a, T: ?Sized>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+pub fn wait<'a, T>(cv: &Condvar, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
     cv.wait(guard).unwrap_or_else(PoisonError::into_inner)
 }
 

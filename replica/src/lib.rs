@@ -107,12 +107,12 @@ pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use fence::claim::Claim;
 pub use fence::lease::{Hold, Lease, ProcessLease};
-pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use format::blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
     LogEntry, MANIFEST_ENTRY_VERSION, Stored,
 };
+pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use live::shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use org_id::OrgId;
 pub use publish::delta::Delta;
