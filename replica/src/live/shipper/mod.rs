@@ -36,7 +36,7 @@ use crate::publish::source::{OwnedSource, PageSource};
 use crate::{Claim, Delta, Error, OrgId, Replica};
 
 /// Where a [`Shipper`] gets its captures: the thread that owns the writer connection, which
-/// runs [`sqlite::Owned::capture`] between two transactions.
+/// runs [`crate::sqlite::Owned::capture`] between two transactions.
 #[async_trait::async_trait]
 pub trait CaptureSource: Send + Sync {
     /// Captures per `request` with the database's current commit sequence.
@@ -171,7 +171,7 @@ impl Shipper {
     }
 
     /// Lets go of the writer's descriptors and the cache of shipped pages: the writer has
-    /// closed its connection after [`sqlite::Owned::checkpoint_to_file`], so the database
+    /// closed its connection after [`crate::sqlite::Owned::checkpoint_to_file`], so the database
     /// file holds exactly the chain's tip and no WAL remains (I14: a parked org keeps no
     /// descriptor of its database and no page cache). Call only once the connection is
     /// closed: these may be the last descriptors of its files, and closing one while
@@ -182,8 +182,8 @@ impl Shipper {
         self.chain.published = std::collections::HashMap::new();
     }
 
-    /// Takes the descriptors of a reopened writer ([`sqlite::reopen_exclusive`], then
-    /// [`sqlite::Owned::take`]) after proving, before anything is served from it, that the
+    /// Takes the descriptors of a reopened writer ([`crate::sqlite::reopen_exclusive`], then
+    /// [`crate::sqlite::Owned::take`]) after proving, before anything is served from it, that the
     /// database file is still exactly the chain's tip: every page's hash (page 1 in
     /// canonical form, as [`Replica::resume`] and the first delta of a continued chain
     /// compare them) equals the tip's and the file has the tip's size. Reads the file once
