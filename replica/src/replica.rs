@@ -1,7 +1,7 @@
-//! The store handle: opening it (with the create-only probe), the injected clock and
-//! failpoints, and plain object reads. The protocol lives in the layer folders beside it:
-//! `fence/` (claim, log, lease), `publish/` (ship), `rebuild/` (hydrate, resume),
-//! `retention/`, and `verify.rs`.
+//! The top handle: opening it (with the create-only probe) and the layers it holds — the
+//! shared store handle (`store.rs`) and the org logs (`fence/log/`); the layers never hold
+//! it. The other protocol steps live in the layer folders beside it: `fence/` (claim,
+//! lease), `publish/` (ship), `rebuild/` (hydrate, resume), `retention/`, and `verify.rs`.
 
 use std::sync::Arc;
 
@@ -9,8 +9,10 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
+use crate::fence::log::Log;
 use crate::format::layout::{Layout, new_nonce};
-use crate::{Clock, Error, FailPoint, Failpoints, OrgId, Settings, SystemClock};
+use crate::store::Store;
+use crate::{Clock, Error, FailPoint, Failpoints, LogEntry, OrgId, Settings, SystemClock};
 
 /// Handle on a fenced snapshot store; cheap to clone.
 #[derive(Clone, Debug)]
@@ -20,26 +22,21 @@ pub struct Replica {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn ObjectStore>,
-    /// What `store` (a [`crate::CountedStore`]) has counted.
-    pub(crate) requests: Arc<crate::counted::Counts>,
-    pub(crate) layout: Layout,
+    /// The shared store handle every layer holds a clone of.
+    pub(crate) store: Store,
+    /// The org logs (`fence/log/`), the only reader and writer of `orgs/<org>/log/`.
+    pub(crate) log: Log,
     pub(crate) settings: Settings,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
     /// This process's instance: written into every lease it holds, so a claim tells another
     /// live process with the same writer id from itself.
     pub(crate) instance: String,
-    /// Opened with [`Replica::open_read_only`]: claims and retention are refused.
-    pub(crate) read_only: bool,
     /// Set once this process's lease was first written and its renewal task started.
     pub(crate) process_lease: tokio::sync::OnceCell<()>,
     /// Writes of this process's lease so far: each renewal carries the next count.
     pub(crate) renewals: std::sync::atomic::AtomicU64,
     /// Other writers' liveness objects as this handle saw them (I15, bounded).
     pub(crate) watch: crate::fence::lease::Watch,
-    /// Entries published or read by retention, so retention reads only new ones.
-    pub(crate) known: crate::fence::log::known::Known,
     /// Segment names of manifests retention read, so it reads each one once.
     pub(crate) segment_refs: crate::retention::refs::SegmentRefs,
     /// The last measurement of the store's clock (`store_clock.rs`).
@@ -139,19 +136,27 @@ impl Replica {
             }
             Err(source) => return Err(Error::store("put", &probe, source)),
         }
+        let store = Store {
+            object: store,
+            requests,
+            layout,
+            failpoints,
+            read_only: false,
+        };
+        Replica::assemble(store, settings, clock)
+    }
+
+    /// The top handle over `store`: every layer gets its clone of the store handle.
+    fn assemble(store: Store, settings: Settings, clock: Arc<dyn Clock>) -> Result<Replica, Error> {
         Ok(Replica {
             inner: Arc::new(Inner {
-                known: crate::fence::log::known::Known::new(settings.known_entries),
+                log: Log::new(store.clone(), &settings),
                 segment_refs: Default::default(),
                 store_clock: Default::default(),
                 store,
-                requests,
-                layout,
                 settings,
                 clock,
-                failpoints,
                 instance: new_nonce()?,
-                read_only: false,
                 process_lease: tokio::sync::OnceCell::new(),
                 renewals: Default::default(),
                 watch: Default::default(),
@@ -172,31 +177,22 @@ impl Replica {
     ) -> Result<Replica, Error> {
         settings.check()?;
         let counted = crate::CountedStore::new(store);
-        Ok(Replica {
-            inner: Arc::new(Inner {
-                known: crate::fence::log::known::Known::new(settings.known_entries),
-                segment_refs: Default::default(),
-                store_clock: Default::default(),
-                requests: counted.counts(),
-                store: Arc::new(counted),
-                layout: Layout::new(prefix),
-                settings,
-                clock: Arc::new(SystemClock),
-                failpoints: None,
-                instance: new_nonce()?,
-                read_only: true,
-                process_lease: tokio::sync::OnceCell::new(),
-                renewals: Default::default(),
-                watch: Default::default(),
-            }),
-        })
+        let store = Store {
+            requests: counted.counts(),
+            object: Arc::new(counted),
+            layout: Layout::new(prefix),
+            failpoints: None,
+            read_only: true,
+        };
+        Replica::assemble(store, settings, Arc::new(SystemClock))
     }
 
+    /// Refuses `op` on a read-only handle.
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] when opened with [`Replica::open_read_only`].
     pub(crate) fn writable(&self, op: &'static str) -> Result<(), Error> {
-        if self.inner.read_only {
-            return Err(Error::ReadOnly { op });
-        }
-        Ok(())
+        self.inner.store.writable(op)
     }
 
     /// This handle's process instance (32 hex digits, random per opened [`Replica`]): what
@@ -212,13 +208,13 @@ impl Replica {
 
     /// The underlying store (wrapped in a [`crate::CountedStore`]).
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner.store
+        &self.inner.store.object
     }
 
     /// Store requests made through this handle since it was opened, by op: what ships,
     /// confirmations, claims and idle orgs cost (I14).
     pub fn store_requests(&self) -> crate::StoreRequests {
-        self.inner.requests.snapshot()
+        self.inner.store.requests.snapshot()
     }
 
     /// Calls the injected failpoints, if any, at `point` for `org`.
@@ -226,14 +222,7 @@ impl Replica {
     /// # Errors
     /// [`Error::Injected`] when the failpoint says so.
     pub(crate) async fn failpoint(&self, point: FailPoint, org: &OrgId) -> Result<(), Error> {
-        match &self.inner.failpoints {
-            Some(fp) => fp.hit(point, org).await.map_err(|message| Error::Injected {
-                point,
-                org: org.to_string(),
-                message,
-            }),
-            None => Ok(()),
-        }
+        self.inner.store.failpoint(point, org).await
     }
 
     /// The bytes of the object at `path`; `None` when it does not exist.
@@ -241,16 +230,16 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`].
     pub(crate) async fn get_bytes(&self, path: &Path) -> Result<Option<Bytes>, Error> {
-        let got = match self.inner.store.get(path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(Error::store("get", path, e)),
-        };
-        match got.bytes().await {
-            Ok(b) => Ok(Some(b)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Error::store("get", path, e)),
-        }
+        self.inner.store.get_bytes(path).await
+    }
+
+    /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading
+    /// (retention) are skipped.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
+    pub async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        self.inner.log.history(org).await
     }
 
     /// Orgs present in the store (those with any object under `orgs/<org>/`), sorted.
@@ -258,10 +247,11 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`]. Directory names that are not valid org ids are skipped.
     pub async fn orgs(&self) -> Result<Vec<OrgId>, Error> {
-        let dir = self.inner.layout.orgs();
+        let dir = self.inner.store.layout.orgs();
         let list = self
             .inner
             .store
+            .object
             .list_with_delimiter(Some(&dir))
             .await
             .map_err(|e| Error::store("list", &dir, e))?;

@@ -192,7 +192,7 @@ impl Replica {
     /// The Last-Modified of this process's lease; `None` when it is not in the store (its
     /// first write failed, and the renewal task retries).
     async fn read_lease_time(&self) -> Result<Option<Reading>, Error> {
-        let path = self.inner.layout.process(&self.inner.instance);
+        let path = self.inner.store.layout.process(&self.inner.instance);
         match self.head_time(&path, false).await {
             Ok(r) => Ok(Some(r)),
             Err(Error::Store {
@@ -206,16 +206,17 @@ impl Replica {
     /// Writes a probe object, reads its Last-Modified, deletes it.
     async fn read_probe_time(&self) -> Result<Reading, Error> {
         self.writable("clock check")?;
-        let path = self.inner.layout.probe(&new_nonce()?);
+        let path = self.inner.store.layout.probe(&new_nonce()?);
         let body = PutPayload::from(Bytes::from_static(b"idem clock probe"));
         self.inner
             .store
+            .object
             .put(&path, body)
             .await
             .map_err(|e| Error::store("put", &path, e))?;
         let read = self.head_time(&path, true).await;
         // A probe left behind (the delete failed) is a few bytes no reader looks at.
-        if let Err(e) = self.inner.store.delete(&path).await {
+        if let Err(e) = self.inner.store.object.delete(&path).await {
             debug!(%path, error = %e, "could not delete the clock probe");
         }
         read
@@ -225,6 +226,7 @@ impl Replica {
         let meta = self
             .inner
             .store
+            .object
             .head(path)
             .await
             .map_err(|e| Error::store("head", path, e))?;

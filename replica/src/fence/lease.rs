@@ -185,7 +185,7 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
     pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
-        let path = self.inner.layout.lease(org);
+        let path = self.inner.store.layout.lease(org);
         match self.get_bytes(&path).await? {
             Some(b) => Lease::decode(path.as_ref(), &b).map(Some),
             None => Ok(None),
@@ -201,7 +201,7 @@ impl Replica {
         if !valid_instance(instance) {
             return Ok(None);
         }
-        let path = self.inner.layout.process(instance);
+        let path = self.inner.store.layout.process(instance);
         let bytes = self.get_bytes(&path).await?;
         Ok(bytes.and_then(|b| parse_process_lease(path.as_ref(), instance, &b)))
     }
@@ -221,9 +221,9 @@ impl Replica {
     /// [`Error::Store`].
     pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
         let path = if !lease.process {
-            self.inner.layout.lease(org)
+            self.inner.store.layout.lease(org)
         } else if valid_instance(&lease.instance) {
-            self.inner.layout.process(&lease.instance)
+            self.inner.store.layout.process(&lease.instance)
         } else {
             return Ok(Hold {
                 wait_ms: 0,
@@ -310,7 +310,7 @@ impl Replica {
             term_ms: self.inner.settings.lease_ms,
             addr: self.inner.settings.advertise.clone(),
         };
-        let path = self.inner.layout.process(&lease.instance);
+        let path = self.inner.store.layout.process(&lease.instance);
         let body = match serde_json::to_vec(&ProcessWire {
             v: ENTRY_VERSION,
             lease,
@@ -318,7 +318,13 @@ impl Replica {
             Ok(b) => b,
             Err(_) => return false,
         };
-        match self.inner.store.put(&path, PutPayload::from(body)).await {
+        match self
+            .inner
+            .store
+            .object
+            .put(&path, PutPayload::from(body))
+            .await
+        {
             Ok(_) => {
                 metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
                 true
@@ -333,12 +339,18 @@ impl Replica {
     /// Writes the advisory lease; false (logged, never fatal) when the write fails: the log
     /// fences, not the lease.
     pub(crate) async fn put_lease(&self, org: &OrgId, lease: &Lease) -> bool {
-        let path = self.inner.layout.lease(org);
+        let path = self.inner.store.layout.lease(org);
         let body = match lease.encode() {
             Ok(b) => b,
             Err(_) => return false,
         };
-        match self.inner.store.put(&path, PutPayload::from(body)).await {
+        match self
+            .inner
+            .store
+            .object
+            .put(&path, PutPayload::from(body))
+            .await
+        {
             Ok(_) => true,
             Err(e) => {
                 warn!(%org, round = lease.round, error = %e, "could not write lease");

@@ -99,7 +99,7 @@ impl Replica {
                 return Ok(None);
             }
             seq -= 1;
-            entry = self.read_entry(org, seq).await?;
+            entry = self.inner.log.read_entry(org, seq).await?;
         }
     }
 }
