@@ -9,10 +9,14 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
+use crate::fence::lease::Leases;
 use crate::fence::log::Log;
 use crate::format::layout::{Layout, new_nonce};
 use crate::store::Store;
-use crate::{Clock, Error, FailPoint, Failpoints, LogEntry, OrgId, Settings, SystemClock};
+use crate::{
+    Clock, Error, FailPoint, Failpoints, Hold, Lease, LogEntry, OrgId, ProcessLease, Settings,
+    SystemClock,
+};
 
 /// Handle on a fenced snapshot store; cheap to clone.
 #[derive(Clone, Debug)]
@@ -26,17 +30,11 @@ pub(crate) struct Inner {
     pub(crate) store: Store,
     /// The org logs (`fence/log/`), the only reader and writer of `orgs/<org>/log/`.
     pub(crate) log: Log,
+    /// The lease objects and this process's instance and renewals (`fence/lease.rs`);
+    /// shared with the renewal task, which holds it weakly.
+    pub(crate) leases: Arc<Leases>,
     pub(crate) settings: Settings,
     pub(crate) clock: Arc<dyn Clock>,
-    /// This process's instance: written into every lease it holds, so a claim tells another
-    /// live process with the same writer id from itself.
-    pub(crate) instance: String,
-    /// Set once this process's lease was first written and its renewal task started.
-    pub(crate) process_lease: tokio::sync::OnceCell<()>,
-    /// Writes of this process's lease so far: each renewal carries the next count.
-    pub(crate) renewals: std::sync::atomic::AtomicU64,
-    /// Other writers' liveness objects as this handle saw them (I15, bounded).
-    pub(crate) watch: crate::fence::lease::Watch,
     /// Segment names of manifests retention read, so it reads each one once.
     pub(crate) segment_refs: crate::retention::refs::SegmentRefs,
     /// The last measurement of the store's clock (`store_clock.rs`).
@@ -151,15 +149,17 @@ impl Replica {
         Ok(Replica {
             inner: Arc::new(Inner {
                 log: Log::new(store.clone(), &settings),
+                leases: Arc::new(Leases::new(
+                    store.clone(),
+                    clock.clone(),
+                    new_nonce()?,
+                    &settings,
+                )),
                 segment_refs: Default::default(),
                 store_clock: Default::default(),
                 store,
                 settings,
                 clock,
-                instance: new_nonce()?,
-                process_lease: tokio::sync::OnceCell::new(),
-                renewals: Default::default(),
-                watch: Default::default(),
             }),
         })
     }
@@ -198,7 +198,7 @@ impl Replica {
     /// This handle's process instance (32 hex digits, random per opened [`Replica`]): what
     /// its leases name, so another process tells it from a live one with the same writer id.
     pub fn instance(&self) -> &str {
-        &self.inner.instance
+        self.inner.leases.instance()
     }
 
     /// The settings in use.
@@ -240,6 +240,40 @@ impl Replica {
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
     pub async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
         self.inner.log.history(org).await
+    }
+
+    /// The advisory lease of `org`, if any.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
+    pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
+        self.inner.leases.lease(org).await
+    }
+
+    /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
+    /// and taken as absent.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn process_lease(&self, instance: &str) -> Result<Option<ProcessLease>, Error> {
+        self.inner.leases.process_lease(instance).await
+    }
+
+    /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
+    /// reads the object that proves the holder alive — its process lease, or for a lease of
+    /// an older version the org lease itself — and compares it with what this handle saw
+    /// before. The holder is taken for dead once that object was seen unchanged (absent
+    /// counts as a state) for the holder's term (`lease.term_ms`, at most
+    /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, else this handle's
+    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
+    /// waits a whole watch, and a process lease already watched for another org's sake
+    /// answers at once. A lease naming an instance this crate could not have made names no
+    /// object and proves nothing. Never reads a wall clock. One GET.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
+        self.inner.leases.lease_hold(org, lease).await
     }
 
     /// Orgs present in the store (those with any object under `orgs/<org>/`), sorted.

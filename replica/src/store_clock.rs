@@ -140,7 +140,7 @@ impl Replica {
             }
         }
         // A lease reading that disagreed is not read again: its renewal may have stalled.
-        let try_lease = cached.is_none() && self.inner.process_lease.initialized();
+        let try_lease = cached.is_none() && self.inner.leases.started();
         if try_lease && let Some(r) = self.read_lease_time().await? {
             let t = self.beside_host(&r);
             if t.within(bound) {
@@ -192,7 +192,11 @@ impl Replica {
     /// The Last-Modified of this process's lease; `None` when it is not in the store (its
     /// first write failed, and the renewal task retries).
     async fn read_lease_time(&self) -> Result<Option<Reading>, Error> {
-        let path = self.inner.store.layout.process(&self.inner.instance);
+        let path = self
+            .inner
+            .store
+            .layout
+            .process(self.inner.leases.instance());
         match self.head_time(&path, false).await {
             Ok(r) => Ok(Some(r)),
             Err(Error::Store {

@@ -289,7 +289,7 @@ impl Replica {
             if !force
                 && let Some(lease) = self.blocking_lease(org, top.as_ref(), writer, home).await?
             {
-                let hold = self.lease_hold(org, &lease).await?;
+                let hold = self.inner.leases.lease_hold(org, &lease).await?;
                 if hold.wait_ms > 0 {
                     return Err(Error::LeaseHeld {
                         org: org.to_string(),
@@ -309,7 +309,7 @@ impl Replica {
                     at_ms: now,
                 },
                 body: EntryBody::Claim(Claimer {
-                    instance: self.inner.instance.clone(),
+                    instance: self.inner.leases.instance().to_owned(),
                     term_ms: self.inner.settings.lease_ms,
                 }),
             };
@@ -338,12 +338,12 @@ impl Replica {
                 .filter(|(_, locked)| *locked)
                 .map(|(id, _)| id.to_owned());
             // The org lease points to the process lease, which must exist first.
-            self.ensure_process_lease().await;
+            self.inner.leases.ensure_process_lease().await;
             let lease = Lease {
                 writer: writer.to_owned(),
                 round,
                 expires_at_ms: now + self.inner.settings.lease_ms,
-                instance: self.inner.instance.clone(),
+                instance: self.inner.leases.instance().to_owned(),
                 home,
                 addr: self.inner.settings.advertise.clone(),
                 process: true,
@@ -352,7 +352,7 @@ impl Replica {
             // Written once per claim, so a transient failure is retried here: a claim without
             // its lease could be claimed away without force while its writer lives.
             for _ in 0..3 {
-                if self.put_lease(org, &lease).await {
+                if self.inner.leases.put_lease(org, &lease).await {
                     break;
                 }
             }
