@@ -13,6 +13,7 @@ use crate::fence::lease::Leases;
 use crate::fence::log::Log;
 use crate::format::layout::{Layout, new_nonce};
 use crate::store::Store;
+use crate::store_clock::{StoreClock, StoreTime};
 use crate::{
     Clock, Error, FailPoint, Failpoints, Hold, Lease, LogEntry, OrgId, ProcessLease, Settings,
     SystemClock,
@@ -37,8 +38,8 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     /// Segment names of manifests retention read, so it reads each one once.
     pub(crate) segment_refs: crate::retention::refs::SegmentRefs,
-    /// The last measurement of the store's clock (`store_clock.rs`).
-    pub(crate) store_clock: crate::store_clock::StoreClock,
+    /// The store's clock as this handle measures it (`store_clock.rs`).
+    pub(crate) store_clock: StoreClock,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -146,17 +147,23 @@ impl Replica {
 
     /// The top handle over `store`: every layer gets its clone of the store handle.
     fn assemble(store: Store, settings: Settings, clock: Arc<dyn Clock>) -> Result<Replica, Error> {
+        let leases = Arc::new(Leases::new(
+            store.clone(),
+            clock.clone(),
+            new_nonce()?,
+            &settings,
+        ));
         Ok(Replica {
             inner: Arc::new(Inner {
                 log: Log::new(store.clone(), &settings),
-                leases: Arc::new(Leases::new(
+                store_clock: StoreClock::new(
                     store.clone(),
                     clock.clone(),
-                    new_nonce()?,
+                    leases.clone(),
                     &settings,
-                )),
+                ),
+                leases,
                 segment_refs: Default::default(),
-                store_clock: Default::default(),
                 store,
                 settings,
                 clock,
@@ -274,6 +281,24 @@ impl Replica {
     /// [`Error::Store`].
     pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
         self.inner.leases.lease_hold(org, lease).await
+    }
+
+    /// This host's clock beside the store's, checked: `Ok` only when they agree within
+    /// [`crate::Settings::max_clock_skew_ms`]. `op` names the decision that asks (`prune`,
+    /// `retention`) in the error, the log line and the metric. Use [`StoreTime::now_ms`] (or
+    /// move a cutoff back by [`StoreTime::ahead_ms`]) so that nothing is deleted younger than
+    /// its window by the store's clock either (I15).
+    ///
+    /// Costs no request while a measurement younger than [`crate::REMEASURE_AFTER`] answers,
+    /// else one HEAD of this process's lease, or a probe object's PUT, HEAD and DELETE when this
+    /// handle holds no lease or the lease disagrees.
+    ///
+    /// # Errors
+    /// [`Error::ClockSkew`] when the clocks disagree by more than the bound (counted in
+    /// `idem_clock_refusals_total{op}`); [`Error::Store`] when the store cannot be read or
+    /// written; [`Error::ReadOnly`] when a read-only handle would have to write a probe.
+    pub async fn store_time(&self, op: &'static str) -> Result<StoreTime, Error> {
+        self.inner.store_clock.store_time(op).await
     }
 
     /// Orgs present in the store (those with any object under `orgs/<org>/`), sorted.

@@ -312,8 +312,9 @@ impl Leases {
     /// Makes sure this process's lease exists before a claim points to it: written at the
     /// first claim, then renewed by a task every `lease_ms / 3` while this handle (any clone)
     /// lives: the task holds the leases weakly and ends once the handle is dropped. The task
-    /// starts even when that first write fails, and its next tick retries; meanwhile a claimant sees the process lease absent, which must last a whole watch
-    /// before it counts as silence.
+    /// starts even when that first write fails, and its next tick retries; meanwhile a
+    /// claimant sees the process lease absent, which must last a whole watch before it counts
+    /// as silence.
     pub(crate) async fn ensure_process_lease(self: &Arc<Self>) {
         self.started
             .get_or_init(|| async {
