@@ -183,7 +183,8 @@ impl Lease {
 /// The lease objects under the prefix — `orgs/<org>/lease.json` and
 /// `processes/<instance>.json` — and this process's side of them: its instance, the renewal
 /// task of its process lease, and what it saw of other writers' (I15). The only code that
-/// reads or writes lease objects.
+/// writes lease objects or reads their bodies (the store clock HEADs this process's lease
+/// for its Last-Modified).
 #[derive(Debug)]
 pub(crate) struct Leases {
     store: Store,

@@ -111,8 +111,7 @@ impl Replica {
         // with a prefix of its chain, never deltas without their snapshot.
         doomed.sort_by_key(|e| (e.is_snapshot(), std::cmp::Reverse(e.seq())));
         for e in &doomed {
-            let path = self.inner.store.layout.log(org, e.seq());
-            self.delete(&path).await?;
+            self.inner.log.delete(org, e.seq()).await?;
             report.deleted_entries.push(e.seq());
         }
         report.deleted_entries.sort_unstable();

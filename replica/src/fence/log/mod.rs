@@ -228,6 +228,19 @@ impl Log {
         Ok(Some(entry))
     }
 
+    /// Deletes the entry of `org` at `seq`; one already gone counts as deleted. Only
+    /// retention calls it, for entries no reader needs (I11).
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub(crate) async fn delete(&self, org: &OrgId, seq: u64) -> Result<(), Error> {
+        let path = self.store.layout.log(org, seq);
+        match self.store.object.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store("delete", &path, e)),
+        }
+    }
+
     /// Drops what this handle remembers of `org`'s entries at `deleted` (retention deleted
     /// them) and of any not in `listed` (gone from the log).
     pub(crate) fn forget(&self, org: &OrgId, deleted: &[u64], listed: &[u64]) {
