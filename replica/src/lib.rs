@@ -90,6 +90,7 @@ mod rebuild;
 mod replica;
 mod retention;
 mod settings;
+mod store;
 mod store_clock;
 #[cfg(feature = "test-util")]
 mod testing;

@@ -1,7 +1,7 @@
-//! The store handle: opening it (with the create-only probe), the injected clock and
-//! failpoints, and plain object reads. The protocol lives in the layer folders beside it:
-//! `fence/` (claim, log, lease), `publish/` (ship), `rebuild/` (hydrate, resume),
-//! `retention/`, and `verify.rs`.
+//! The top handle: opening it (with the create-only probe) and the layers it holds — the
+//! shared store handle (`store.rs`) and the org logs (`fence/log/`); the layers never hold
+//! it. The other protocol steps live in the layer folders beside it: `fence/` (claim,
+//! lease), `publish/` (ship), `rebuild/` (hydrate, resume), `retention/`, and `verify.rs`.
 
 use std::sync::Arc;
 
@@ -9,8 +9,15 @@ use bytes::Bytes;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
+use crate::fence::lease::Leases;
+use crate::fence::log::Log;
 use crate::format::layout::{Layout, new_nonce};
-use crate::{Clock, Error, FailPoint, Failpoints, OrgId, Settings, SystemClock};
+use crate::store::Store;
+use crate::store_clock::{StoreClock, StoreTime};
+use crate::{
+    Clock, Error, FailPoint, Failpoints, Hold, Lease, LogEntry, OrgId, ProcessLease, Settings,
+    SystemClock,
+};
 
 /// Handle on a fenced snapshot store; cheap to clone.
 #[derive(Clone, Debug)]
@@ -20,30 +27,19 @@ pub struct Replica {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
-    pub(crate) store: Arc<dyn ObjectStore>,
-    /// What `store` (a [`crate::CountedStore`]) has counted.
-    pub(crate) requests: Arc<crate::counted::Counts>,
-    pub(crate) layout: Layout,
+    /// The shared store handle every layer holds a clone of.
+    pub(crate) store: Store,
+    /// The org logs (`fence/log/`), the only reader and writer of `orgs/<org>/log/`.
+    pub(crate) log: Log,
+    /// The lease objects and this process's instance and renewals (`fence/lease.rs`);
+    /// shared with the renewal task, which holds it weakly.
+    pub(crate) leases: Arc<Leases>,
     pub(crate) settings: Settings,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) failpoints: Option<Arc<dyn Failpoints>>,
-    /// This process's instance: written into every lease it holds, so a claim tells another
-    /// live process with the same writer id from itself.
-    pub(crate) instance: String,
-    /// Opened with [`Replica::open_read_only`]: claims and retention are refused.
-    pub(crate) read_only: bool,
-    /// Set once this process's lease was first written and its renewal task started.
-    pub(crate) process_lease: tokio::sync::OnceCell<()>,
-    /// Writes of this process's lease so far: each renewal carries the next count.
-    pub(crate) renewals: std::sync::atomic::AtomicU64,
-    /// Other writers' liveness objects as this handle saw them (I15, bounded).
-    pub(crate) watch: crate::fence::lease::Watch,
-    /// Entries published or read by retention, so retention reads only new ones.
-    pub(crate) known: crate::fence::log::known::Known,
     /// Segment names of manifests retention read, so it reads each one once.
     pub(crate) segment_refs: crate::retention::refs::SegmentRefs,
-    /// The last measurement of the store's clock (`store_clock.rs`).
-    pub(crate) store_clock: crate::store_clock::StoreClock,
+    /// The store's clock as this handle measures it (`store_clock.rs`).
+    pub(crate) store_clock: StoreClock,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -139,22 +135,38 @@ impl Replica {
             }
             Err(source) => return Err(Error::store("put", &probe, source)),
         }
+        let store = Store {
+            object: store,
+            requests,
+            layout,
+            failpoints,
+            read_only: false,
+        };
+        Replica::assemble(store, settings, clock)
+    }
+
+    /// The top handle over `store`: every layer gets its clone of the store handle.
+    fn assemble(store: Store, settings: Settings, clock: Arc<dyn Clock>) -> Result<Replica, Error> {
+        let leases = Arc::new(Leases::new(
+            store.clone(),
+            clock.clone(),
+            new_nonce()?,
+            &settings,
+        ));
         Ok(Replica {
             inner: Arc::new(Inner {
-                known: crate::fence::log::known::Known::new(settings.known_entries),
+                log: Log::new(store.clone(), &settings),
+                store_clock: StoreClock::new(
+                    store.clone(),
+                    clock.clone(),
+                    leases.clone(),
+                    &settings,
+                ),
+                leases,
                 segment_refs: Default::default(),
-                store_clock: Default::default(),
                 store,
-                requests,
-                layout,
                 settings,
                 clock,
-                failpoints,
-                instance: new_nonce()?,
-                read_only: false,
-                process_lease: tokio::sync::OnceCell::new(),
-                renewals: Default::default(),
-                watch: Default::default(),
             }),
         })
     }
@@ -172,37 +184,28 @@ impl Replica {
     ) -> Result<Replica, Error> {
         settings.check()?;
         let counted = crate::CountedStore::new(store);
-        Ok(Replica {
-            inner: Arc::new(Inner {
-                known: crate::fence::log::known::Known::new(settings.known_entries),
-                segment_refs: Default::default(),
-                store_clock: Default::default(),
-                requests: counted.counts(),
-                store: Arc::new(counted),
-                layout: Layout::new(prefix),
-                settings,
-                clock: Arc::new(SystemClock),
-                failpoints: None,
-                instance: new_nonce()?,
-                read_only: true,
-                process_lease: tokio::sync::OnceCell::new(),
-                renewals: Default::default(),
-                watch: Default::default(),
-            }),
-        })
+        let store = Store {
+            requests: counted.counts(),
+            object: Arc::new(counted),
+            layout: Layout::new(prefix),
+            failpoints: None,
+            read_only: true,
+        };
+        Replica::assemble(store, settings, Arc::new(SystemClock))
     }
 
+    /// Refuses `op` on a read-only handle.
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] when opened with [`Replica::open_read_only`].
     pub(crate) fn writable(&self, op: &'static str) -> Result<(), Error> {
-        if self.inner.read_only {
-            return Err(Error::ReadOnly { op });
-        }
-        Ok(())
+        self.inner.store.writable(op)
     }
 
     /// This handle's process instance (32 hex digits, random per opened [`Replica`]): what
     /// its leases name, so another process tells it from a live one with the same writer id.
     pub fn instance(&self) -> &str {
-        &self.inner.instance
+        self.inner.leases.instance()
     }
 
     /// The settings in use.
@@ -212,13 +215,13 @@ impl Replica {
 
     /// The underlying store (wrapped in a [`crate::CountedStore`]).
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
-        &self.inner.store
+        &self.inner.store.object
     }
 
     /// Store requests made through this handle since it was opened, by op: what ships,
     /// confirmations, claims and idle orgs cost (I14).
     pub fn store_requests(&self) -> crate::StoreRequests {
-        self.inner.requests.snapshot()
+        self.inner.store.requests.snapshot()
     }
 
     /// Calls the injected failpoints, if any, at `point` for `org`.
@@ -226,14 +229,7 @@ impl Replica {
     /// # Errors
     /// [`Error::Injected`] when the failpoint says so.
     pub(crate) async fn failpoint(&self, point: FailPoint, org: &OrgId) -> Result<(), Error> {
-        match &self.inner.failpoints {
-            Some(fp) => fp.hit(point, org).await.map_err(|message| Error::Injected {
-                point,
-                org: org.to_string(),
-                message,
-            }),
-            None => Ok(()),
-        }
+        self.inner.store.failpoint(point, org).await
     }
 
     /// The bytes of the object at `path`; `None` when it does not exist.
@@ -241,16 +237,68 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`].
     pub(crate) async fn get_bytes(&self, path: &Path) -> Result<Option<Bytes>, Error> {
-        let got = match self.inner.store.get(path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(Error::store("get", path, e)),
-        };
-        match got.bytes().await {
-            Ok(b) => Ok(Some(b)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Error::store("get", path, e)),
-        }
+        self.inner.store.get_bytes(path).await
+    }
+
+    /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading
+    /// (retention) are skipped.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
+    pub async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        self.inner.log.history(org).await
+    }
+
+    /// The advisory lease of `org`, if any.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
+    pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
+        self.inner.leases.lease(org).await
+    }
+
+    /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
+    /// and taken as absent.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn process_lease(&self, instance: &str) -> Result<Option<ProcessLease>, Error> {
+        self.inner.leases.process_lease(instance).await
+    }
+
+    /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
+    /// reads the object that proves the holder alive — its process lease, or for a lease of
+    /// an older version the org lease itself — and compares it with what this handle saw
+    /// before. The holder is taken for dead once that object was seen unchanged (absent
+    /// counts as a state) for the holder's term (`lease.term_ms`, at most
+    /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, else this handle's
+    /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
+    /// waits a whole watch, and a process lease already watched for another org's sake
+    /// answers at once. A lease naming an instance this crate could not have made names no
+    /// object and proves nothing. Never reads a wall clock. One GET.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
+        self.inner.leases.lease_hold(org, lease).await
+    }
+
+    /// This host's clock beside the store's, checked: `Ok` only when they agree within
+    /// [`crate::Settings::max_clock_skew_ms`]. `op` names the decision that asks (`prune`,
+    /// `retention`) in the error, the log line and the metric. Use [`StoreTime::now_ms`] (or
+    /// move a cutoff back by [`StoreTime::ahead_ms`]) so that nothing is deleted younger than
+    /// its window by the store's clock either (I15).
+    ///
+    /// Costs no request while a measurement younger than [`crate::REMEASURE_AFTER`] answers,
+    /// else one HEAD of this process's lease, or a probe object's PUT, HEAD and DELETE when this
+    /// handle holds no lease or the lease disagrees.
+    ///
+    /// # Errors
+    /// [`Error::ClockSkew`] when the clocks disagree by more than the bound (counted in
+    /// `idem_clock_refusals_total{op}`); [`Error::Store`] when the store cannot be read or
+    /// written; [`Error::ReadOnly`] when a read-only handle would have to write a probe.
+    pub async fn store_time(&self, op: &'static str) -> Result<StoreTime, Error> {
+        self.inner.store_clock.store_time(op).await
     }
 
     /// Orgs present in the store (those with any object under `orgs/<org>/`), sorted.
@@ -258,10 +306,11 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`]. Directory names that are not valid org ids are skipped.
     pub async fn orgs(&self) -> Result<Vec<OrgId>, Error> {
-        let dir = self.inner.layout.orgs();
+        let dir = self.inner.store.layout.orgs();
         let list = self
             .inner
             .store
+            .object
             .list_with_delimiter(Some(&dir))
             .await
             .map_err(|e| Error::store("list", &dir, e))?;

@@ -1,8 +1,8 @@
 //! The store's clock (I15): how far this host's clock reads from the store's, measured from
 //! the Last-Modified the store gives an object this process wrote — never from a time another
 //! host wrote. Decisions that delete by wall-clock age (key prune, snapshot retention) ask
-//! [`Replica::store_time`] first; past [`crate::Settings::max_clock_skew_ms`] prune is refused
-//! and retention skips its deletions by age.
+//! [`crate::Replica::store_time`] first; past [`crate::Settings::max_clock_skew_ms`] prune is
+//! refused and retention skips its deletions by age.
 //!
 //! A reading is the object's Last-Modified (the store's time of the write, truncated to whole
 //! seconds by S3: never later than it) plus the time elapsed since the answer arrived on this
@@ -19,7 +19,7 @@
 //! A refusal is decided only by a probe written for it (or one younger than
 //! `REMEASURE_AFTER`): a lease renewal that stalled reads old, and must not refuse by itself.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,9 +27,11 @@ use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
 use tracing::{debug, info};
 
+use crate::fence::lease::Leases;
 use crate::format::layout::new_nonce;
 use crate::metrics::{CLOCK_REFUSALS, CLOCK_SKEW_SECONDS};
-use crate::{Error, Replica};
+use crate::store::Store;
+use crate::{Clock, Error, Settings};
 
 /// How long one measurement answers for, on this process's monotonic clock. It bounds the
 /// store requests a busy process spends on the check (at most one measurement a minute)
@@ -73,9 +75,19 @@ fn signed(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
-/// The last measurement of the store's clock (one per [`Replica`] handle and its clones).
-#[derive(Debug, Default)]
-pub(crate) struct StoreClock(Mutex<Option<Reading>>);
+/// The store's clock as this handle measures it: the probe objects it writes, the HEAD of
+/// this process's lease, and the last measurement (one per [`crate::Replica`] handle and
+/// its clones).
+#[derive(Debug)]
+pub(crate) struct StoreClock {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    /// Whether this process's lease is written and renewed, and its instance.
+    leases: Arc<Leases>,
+    /// [`crate::Settings::max_clock_skew_ms`].
+    max_skew_ms: u64,
+    last: Mutex<Option<Reading>>,
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Reading {
@@ -97,39 +109,41 @@ impl Reading {
 }
 
 impl StoreClock {
+    /// The store's clock over `store`, read with `clock`, judged by `settings`' bound.
+    pub(crate) fn new(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        leases: Arc<Leases>,
+        settings: &Settings,
+    ) -> StoreClock {
+        StoreClock {
+            store,
+            clock,
+            leases,
+            max_skew_ms: settings.max_clock_skew_ms,
+            last: Mutex::new(None),
+        }
+    }
+
     /// The last reading, if younger than [`REMEASURE_AFTER`] at `monotonic_ms`.
     fn fresh(&self, monotonic_ms: u64) -> Option<Reading> {
-        let last = *idem_base::lock(&self.0);
+        let last = *idem_base::lock(&self.last);
         let max_age = u64::try_from(REMEASURE_AFTER.as_millis()).unwrap_or(u64::MAX);
         last.filter(|r| monotonic_ms.saturating_sub(r.at_ms) < max_age)
     }
 
     fn keep(&self, reading: Reading) {
-        *idem_base::lock(&self.0) = Some(reading);
+        *idem_base::lock(&self.last) = Some(reading);
     }
-}
 
-impl Replica {
-    /// This host's clock beside the store's, checked: `Ok` only when they agree within
-    /// [`crate::Settings::max_clock_skew_ms`]. `op` names the decision that asks (`prune`,
-    /// `retention`) in the error, the log line and the metric. Use [`StoreTime::now_ms`] (or
-    /// move a cutoff back by [`StoreTime::ahead_ms`]) so that nothing is deleted younger than
-    /// its window by the store's clock either (I15).
-    ///
-    /// Costs no request while a measurement younger than [`REMEASURE_AFTER`] answers, else one
-    /// HEAD of this process's lease, or a probe object's PUT, HEAD and DELETE when this
-    /// handle holds no lease or the lease disagrees.
+    /// This host's clock beside the store's, checked, for the decision `op` names
+    /// ([`crate::Replica::store_time`]).
     ///
     /// # Errors
-    /// [`Error::ClockSkew`] when the clocks disagree by more than the bound (counted in
-    /// `idem_clock_refusals_total{op}`); [`Error::Store`] when the store cannot be read or
-    /// written; [`Error::ReadOnly`] when a read-only handle would have to write a probe.
-    pub async fn store_time(&self, op: &'static str) -> Result<StoreTime, Error> {
-        let bound = self.inner.settings.max_clock_skew_ms;
-        let cached = self
-            .inner
-            .store_clock
-            .fresh(self.inner.clock.monotonic_ms());
+    /// As [`crate::Replica::store_time`].
+    pub(crate) async fn store_time(&self, op: &'static str) -> Result<StoreTime, Error> {
+        let bound = self.max_skew_ms;
+        let cached = self.fresh(self.clock.monotonic_ms());
         if let Some(r) = cached {
             let t = self.beside_host(&r);
             if t.within(bound) {
@@ -140,16 +154,16 @@ impl Replica {
             }
         }
         // A lease reading that disagreed is not read again: its renewal may have stalled.
-        let try_lease = cached.is_none() && self.inner.process_lease.initialized();
+        let try_lease = cached.is_none() && self.leases.started();
         if try_lease && let Some(r) = self.read_lease_time().await? {
             let t = self.beside_host(&r);
             if t.within(bound) {
-                self.inner.store_clock.keep(r);
+                self.keep(r);
                 return Ok(t);
             }
         }
         let r = self.read_probe_time().await?;
-        self.inner.store_clock.keep(r);
+        self.keep(r);
         let t = self.beside_host(&r);
         if t.within(bound) {
             Ok(t)
@@ -161,8 +175,8 @@ impl Replica {
     /// `reading` beside this host's clock now.
     fn beside_host(&self, reading: &Reading) -> StoreTime {
         StoreTime {
-            host_ms: self.inner.clock.now_ms(),
-            store_ms: reading.store_now_ms(self.inner.clock.monotonic_ms()),
+            host_ms: self.clock.now_ms(),
+            store_ms: reading.store_now_ms(self.clock.monotonic_ms()),
         }
     }
 
@@ -174,7 +188,7 @@ impl Replica {
             op,
             host_ms: t.host_ms,
             store_ms: t.store_ms,
-            max_skew_ms: self.inner.settings.max_clock_skew_ms,
+            max_skew_ms: self.max_skew_ms,
         };
         // Info, not warn: the caller reports the error it returns (one line per run).
         if measured {
@@ -192,7 +206,7 @@ impl Replica {
     /// The Last-Modified of this process's lease; `None` when it is not in the store (its
     /// first write failed, and the renewal task retries).
     async fn read_lease_time(&self) -> Result<Option<Reading>, Error> {
-        let path = self.inner.layout.process(&self.inner.instance);
+        let path = self.store.layout.process(self.leases.instance());
         match self.head_time(&path, false).await {
             Ok(r) => Ok(Some(r)),
             Err(Error::Store {
@@ -205,17 +219,17 @@ impl Replica {
 
     /// Writes a probe object, reads its Last-Modified, deletes it.
     async fn read_probe_time(&self) -> Result<Reading, Error> {
-        self.writable("clock check")?;
-        let path = self.inner.layout.probe(&new_nonce()?);
+        self.store.writable("clock check")?;
+        let path = self.store.layout.probe(&new_nonce()?);
         let body = PutPayload::from(Bytes::from_static(b"idem clock probe"));
-        self.inner
-            .store
+        self.store
+            .object
             .put(&path, body)
             .await
             .map_err(|e| Error::store("put", &path, e))?;
         let read = self.head_time(&path, true).await;
         // A probe left behind (the delete failed) is a few bytes no reader looks at.
-        if let Err(e) = self.inner.store.delete(&path).await {
+        if let Err(e) = self.store.object.delete(&path).await {
             debug!(%path, error = %e, "could not delete the clock probe");
         }
         read
@@ -223,12 +237,12 @@ impl Replica {
 
     async fn head_time(&self, path: &Path, probed: bool) -> Result<Reading, Error> {
         let meta = self
-            .inner
             .store
+            .object
             .head(path)
             .await
             .map_err(|e| Error::store("head", path, e))?;
-        let at_ms = self.inner.clock.monotonic_ms();
+        let at_ms = self.clock.monotonic_ms();
         let modified_ms = u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
         let reading = Reading {
             modified_ms,

@@ -40,7 +40,7 @@ impl Replica {
             attempt += 1;
             let mut retired = false;
             for (seq, _) in &report.failed {
-                if self.read_entry(org, *seq).await?.is_none() {
+                if self.inner.log.read_entry(org, *seq).await?.is_none() {
                     retired = true;
                     break;
                 }

@@ -289,7 +289,7 @@ impl Replica {
             if !force
                 && let Some(lease) = self.blocking_lease(org, top.as_ref(), writer, home).await?
             {
-                let hold = self.lease_hold(org, &lease).await?;
+                let hold = self.inner.leases.lease_hold(org, &lease).await?;
                 if hold.wait_ms > 0 {
                     return Err(Error::LeaseHeld {
                         org: org.to_string(),
@@ -309,11 +309,11 @@ impl Replica {
                     at_ms: now,
                 },
                 body: EntryBody::Claim(Claimer {
-                    instance: self.inner.instance.clone(),
+                    instance: self.inner.leases.instance().to_owned(),
                     term_ms: self.inner.settings.lease_ms,
                 }),
             };
-            match self.publish(org, &entry).await {
+            match self.inner.log.publish(org, &entry).await {
                 Ok(Published::Landed) => {}
                 Ok(Published::Taken(theirs)) => {
                     debug!(%org, seq = head + 1, theirs = theirs.round(), attempt, "claim lost the race");
@@ -324,7 +324,7 @@ impl Replica {
                 Err(e) => return Err(e),
             }
             // A claimer that read a stale head may land in a slot retention freed.
-            if self.max_seq(org).await? > head + 1 {
+            if self.inner.log.max_seq(org).await? > head + 1 {
                 debug!(%org, seq = head + 1, attempt, "claim landed below a newer entry");
                 continue;
             }
@@ -338,12 +338,12 @@ impl Replica {
                 .filter(|(_, locked)| *locked)
                 .map(|(id, _)| id.to_owned());
             // The org lease points to the process lease, which must exist first.
-            self.ensure_process_lease().await;
+            self.inner.leases.ensure_process_lease().await;
             let lease = Lease {
                 writer: writer.to_owned(),
                 round,
                 expires_at_ms: now + self.inner.settings.lease_ms,
-                instance: self.inner.instance.clone(),
+                instance: self.inner.leases.instance().to_owned(),
                 home,
                 addr: self.inner.settings.advertise.clone(),
                 process: true,
@@ -352,7 +352,7 @@ impl Replica {
             // Written once per claim, so a transient failure is retried here: a claim without
             // its lease could be claimed away without force while its writer lives.
             for _ in 0..3 {
-                if self.put_lease(org, &lease).await {
+                if self.inner.leases.put_lease(org, &lease).await {
                     break;
                 }
             }
@@ -422,7 +422,7 @@ impl Replica {
             self.check_no_successor(claim, entry.seq().saturating_sub(1))
                 .await?;
         }
-        match self.publish(&claim.org, entry).await {
+        match self.inner.log.publish(&claim.org, entry).await {
             Ok(Published::Landed) => {
                 claim.next_seq = entry.seq() + 1;
                 // After a refused publish, a put of ours may have landed late in that slot,
@@ -476,10 +476,10 @@ impl Replica {
     /// listed head vanished before it was read (retention never deletes the head, so the log
     /// moved: list again).
     async fn head_entry(&self, org: &OrgId) -> Result<Option<Option<LogEntry>>, Error> {
-        let Some(&seq) = self.log_seqs(org).await?.last() else {
+        let Some(&seq) = self.inner.log.seqs(org).await?.last() else {
             return Ok(Some(None));
         };
-        Ok(self.read_entry(org, seq).await?.map(Some))
+        Ok(self.inner.log.read_entry(org, seq).await?.map(Some))
     }
 
     /// After our create at `seq`, anything above it means a successor owns the org (I11):
@@ -492,7 +492,9 @@ impl Replica {
         seq: u64,
     ) -> Result<(), Error> {
         let above: Vec<u64> = self
-            .log_seqs_after(&claim.org, Some(seq))
+            .inner
+            .log
+            .seqs_after(&claim.org, Some(seq))
             .await?
             .into_iter()
             .filter(|s| *s > seq)
@@ -501,7 +503,7 @@ impl Replica {
             return Ok(());
         };
         claim.unusable = Some("fenced");
-        let theirs = match self.read_entry(&claim.org, top).await {
+        let theirs = match self.inner.log.read_entry(&claim.org, top).await {
             Ok(Some(entry)) => entry.round(),
             // Unreadable or gone (retention): still a successor; report the next round.
             _ => claim.round + 1,

@@ -13,7 +13,7 @@
 mod watch;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,7 +22,8 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::format::entry::ENTRY_VERSION;
-use crate::{Error, OrgId, Replica};
+use crate::store::Store;
+use crate::{Clock, Error, OrgId, Settings};
 
 pub(crate) use watch::Watch;
 
@@ -124,7 +125,7 @@ pub(crate) fn watch_ms(lease_ms: u64) -> u64 {
     lease_ms.saturating_add(lease_ms / 10)
 }
 
-/// What a claim by one [`Replica`] would make of a lease now ([`Replica::lease_hold`]).
+/// What a claim by one [`crate::Replica`] would make of a lease now ([`crate::Replica::lease_hold`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Hold {
@@ -179,14 +180,67 @@ impl Lease {
     }
 }
 
-impl Replica {
+/// The lease objects under the prefix — `orgs/<org>/lease.json` and
+/// `processes/<instance>.json` — and this process's side of them: its instance, the renewal
+/// task of its process lease, and what it saw of other writers' (I15). The only code that
+/// writes lease objects or reads their bodies (the store clock HEADs this process's lease
+/// for its Last-Modified).
+#[derive(Debug)]
+pub(crate) struct Leases {
+    store: Store,
+    clock: Arc<dyn Clock>,
+    /// This process's instance: written into every lease it holds, so a claim tells another
+    /// live process with the same writer id from itself.
+    instance: String,
+    /// This handle's lease term, ms ([`crate::Settings::lease_ms`]).
+    lease_ms: u64,
+    /// Where this process's clients reach it ([`crate::Settings::advertise`]).
+    advertise: Option<String>,
+    /// Set once this process's lease was first written and its renewal task started.
+    started: tokio::sync::OnceCell<()>,
+    /// Writes of this process's lease so far: each renewal carries the next count.
+    renewals: AtomicU64,
+    /// Other writers' liveness objects as this handle saw them (I15, bounded).
+    watch: Watch,
+}
+
+impl Leases {
+    /// The leases over `store` of the process `instance`, with `settings`' term and address.
+    pub(crate) fn new(
+        store: Store,
+        clock: Arc<dyn Clock>,
+        instance: String,
+        settings: &Settings,
+    ) -> Leases {
+        Leases {
+            store,
+            clock,
+            instance,
+            lease_ms: settings.lease_ms,
+            advertise: settings.advertise.clone(),
+            started: tokio::sync::OnceCell::new(),
+            renewals: AtomicU64::new(0),
+            watch: Watch::default(),
+        }
+    }
+
+    /// This process's instance (32 hex digits).
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// True once this process's lease was first written and its renewal task runs.
+    pub(crate) fn started(&self) -> bool {
+        self.started.initialized()
+    }
+
     /// The advisory lease of `org`, if any.
     ///
     /// # Errors
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
-    pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
-        let path = self.inner.layout.lease(org);
-        match self.get_bytes(&path).await? {
+    pub(crate) async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
+        let path = self.store.layout.lease(org);
+        match self.store.get_bytes(&path).await? {
             Some(b) => Lease::decode(path.as_ref(), &b).map(Some),
             None => Ok(None),
         }
@@ -197,12 +251,15 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::Store`].
-    pub async fn process_lease(&self, instance: &str) -> Result<Option<ProcessLease>, Error> {
+    pub(crate) async fn process_lease(
+        &self,
+        instance: &str,
+    ) -> Result<Option<ProcessLease>, Error> {
         if !valid_instance(instance) {
             return Ok(None);
         }
-        let path = self.inner.layout.process(instance);
-        let bytes = self.get_bytes(&path).await?;
+        let path = self.store.layout.process(instance);
+        let bytes = self.store.get_bytes(&path).await?;
         Ok(bytes.and_then(|b| parse_process_lease(path.as_ref(), instance, &b)))
     }
 
@@ -219,22 +276,22 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::Store`].
-    pub async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
+    pub(crate) async fn lease_hold(&self, org: &OrgId, lease: &Lease) -> Result<Hold, Error> {
         let path = if !lease.process {
-            self.inner.layout.lease(org)
+            self.store.layout.lease(org)
         } else if valid_instance(&lease.instance) {
-            self.inner.layout.process(&lease.instance)
+            self.store.layout.process(&lease.instance)
         } else {
             return Ok(Hold {
                 wait_ms: 0,
                 process: None,
             });
         };
-        let clock = &self.inner.clock;
+        let clock = &self.clock;
         let asked_ms = clock.monotonic_ms();
-        let bytes = self.get_bytes(&path).await?;
+        let bytes = self.store.get_bytes(&path).await?;
         let read_ms = clock.monotonic_ms();
-        let own_ms = self.inner.settings.lease_ms;
+        let own_ms = self.lease_ms;
         let term_ms = match lease.term_ms {
             0 => own_ms,
             holders => holders.min(crate::settings::max_holder_term_ms(own_ms)),
@@ -245,7 +302,6 @@ impl Replica {
             _ => None,
         };
         let unchanged_ms = self
-            .inner
             .watch
             .saw(path.as_ref(), bytes, asked_ms, read_ms, watch_ms);
         Ok(Hold {
@@ -256,16 +312,16 @@ impl Replica {
 
     /// Makes sure this process's lease exists before a claim points to it: written at the
     /// first claim, then renewed by a task every `lease_ms / 3` while this handle (any clone)
-    /// lives. The task starts even when that first write fails, and its next tick retries;
-    /// meanwhile a claimant sees the process lease absent, which must last a whole watch
-    /// before it counts as silence.
-    pub(crate) async fn ensure_process_lease(&self) {
-        self.inner
-            .process_lease
+    /// lives: the task holds the leases weakly and ends once the handle is dropped. The task
+    /// starts even when that first write fails, and its next tick retries; meanwhile a
+    /// claimant sees the process lease absent, which must last a whole watch before it counts
+    /// as silence.
+    pub(crate) async fn ensure_process_lease(self: &Arc<Self>) {
+        self.started
             .get_or_init(|| async {
                 self.put_process_lease().await;
-                let weak = Arc::downgrade(&self.inner);
-                let every = Duration::from_millis((self.inner.settings.lease_ms / 3).max(1));
+                let weak = Arc::downgrade(self);
+                let every = Duration::from_millis((self.lease_ms / 3).max(1));
                 tokio::spawn(async move {
                     // A fixed schedule (not a sleep after each write) so a slow write does
                     // not stretch the period; missed ticks are not made up in a burst.
@@ -276,7 +332,7 @@ impl Replica {
                     ticks.reset();
                     loop {
                         ticks.tick().await;
-                        let Some(inner) = weak.upgrade() else {
+                        let Some(leases) = weak.upgrade() else {
                             return;
                         };
                         // Each renewal gets one period: a PUT that hangs must not hold up the
@@ -285,8 +341,7 @@ impl Replica {
                         // every write carries new bytes (`renewals`) and an observer counts
                         // any change as life, whatever order the writes land in, and it only
                         // lands while the process lived to send it.
-                        let replica = Replica { inner };
-                        let renewal = replica.put_process_lease();
+                        let renewal = leases.put_process_lease();
                         if tokio::time::timeout(every, renewal).await.is_err() {
                             warn!("a process lease renewal took a whole period: abandoned");
                         }
@@ -300,17 +355,13 @@ impl Replica {
     /// fails.
     async fn put_process_lease(&self) -> bool {
         let lease = ProcessLease {
-            instance: self.inner.instance.clone(),
-            expires_at_ms: self
-                .inner
-                .clock
-                .now_ms()
-                .saturating_add(self.inner.settings.lease_ms),
-            renewals: self.inner.renewals.fetch_add(1, Ordering::Relaxed),
-            term_ms: self.inner.settings.lease_ms,
-            addr: self.inner.settings.advertise.clone(),
+            instance: self.instance.clone(),
+            expires_at_ms: self.clock.now_ms().saturating_add(self.lease_ms),
+            renewals: self.renewals.fetch_add(1, Ordering::Relaxed),
+            term_ms: self.lease_ms,
+            addr: self.advertise.clone(),
         };
-        let path = self.inner.layout.process(&lease.instance);
+        let path = self.store.layout.process(&lease.instance);
         let body = match serde_json::to_vec(&ProcessWire {
             v: ENTRY_VERSION,
             lease,
@@ -318,7 +369,7 @@ impl Replica {
             Ok(b) => b,
             Err(_) => return false,
         };
-        match self.inner.store.put(&path, PutPayload::from(body)).await {
+        match self.store.object.put(&path, PutPayload::from(body)).await {
             Ok(_) => {
                 metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
                 true
@@ -333,12 +384,12 @@ impl Replica {
     /// Writes the advisory lease; false (logged, never fatal) when the write fails: the log
     /// fences, not the lease.
     pub(crate) async fn put_lease(&self, org: &OrgId, lease: &Lease) -> bool {
-        let path = self.inner.layout.lease(org);
+        let path = self.store.layout.lease(org);
         let body = match lease.encode() {
             Ok(b) => b,
             Err(_) => return false,
         };
-        match self.inner.store.put(&path, PutPayload::from(body)).await {
+        match self.store.object.put(&path, PutPayload::from(body)).await {
             Ok(_) => true,
             Err(e) => {
                 warn!(%org, round = lease.round, error = %e, "could not write lease");

@@ -188,10 +188,11 @@ impl Replica {
             .await?;
         let manifest = streamed.manifest;
         let (name, body) = manifest.encode(seq, round)?;
-        let manifest_path = self.inner.layout.blob(&org, &name);
+        let manifest_path = self.inner.store.layout.blob(&org, &name);
         let manifest_len = body.len() as u64;
         self.inner
             .store
+            .object
             .put(&manifest_path, PutPayload::from(body))
             .await
             .map_err(|e| Error::store("put", &manifest_path, e))?;
@@ -378,9 +379,10 @@ impl Replica {
         self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
         let (blob, blob_path) = match name {
             Some(name) => {
-                let blob_path = self.inner.layout.blob(&org, &name);
+                let blob_path = self.inner.store.layout.blob(&org, &name);
                 self.inner
                     .store
+                    .object
                     .put(&blob_path, PutPayload::from(packed.blob))
                     .await
                     .map_err(|e| Error::store("put", &blob_path, e))?;
@@ -388,7 +390,7 @@ impl Replica {
             }
             None => (
                 BlobRef::Inline(BASE64_STANDARD.encode(&packed.blob)),
-                self.inner.layout.log(&org, claim.next_seq()),
+                self.inner.store.layout.log(&org, claim.next_seq()),
             ),
         };
         self.failpoint(FailPoint::ShipAfterUpload, &org).await?;

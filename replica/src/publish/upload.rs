@@ -214,9 +214,10 @@ impl Replica {
     }
 
     async fn put_segment(&self, org: &OrgId, put: Put) -> Result<(), Error> {
-        let path = self.inner.layout.blob(org, &put.name);
+        let path = self.inner.store.layout.blob(org, &put.name);
         self.inner
             .store
+            .object
             .put(&path, PutPayload::from(put.blob))
             .await
             .map_err(|e| Error::store("put", &path, e))?;

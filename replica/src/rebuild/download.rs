@@ -35,7 +35,7 @@ impl Replica {
         name: &str,
         image_bytes: u64,
     ) -> Result<Manifest, Error> {
-        let path = self.inner.layout.blob(org, name);
+        let path = self.inner.store.layout.blob(org, name);
         let object = path.to_string();
         let bytes = self.get_capped(&path, MAX_MANIFEST_BYTES).await?;
         Manifest::decode(&object, name, &bytes, image_bytes)
@@ -79,7 +79,7 @@ impl Replica {
             .await;
         };
         let manifest = self.read_manifest(org, name, stored.bytes).await?;
-        let object = self.inner.layout.blob(org, name).to_string();
+        let object = self.inner.store.layout.blob(org, name).to_string();
         let n = self.inner.settings.read_concurrency.max(1);
         // The image is set to its size once, then each segment is written, in order, by a
         // short task on the blocking pool; no blocking task waits for a download (a thread
@@ -147,7 +147,7 @@ impl Replica {
         (first, pages, page_size): (u32, u32, u32),
     ) -> Result<Fetched, Error> {
         let raw = u64::from(pages) * u64::from(page_size);
-        let path = self.inner.layout.blob(org, seg.name());
+        let path = self.inner.store.layout.blob(org, seg.name());
         let data = self.get_capped(&path, packed_bound(raw)).await?;
         crate::rebuild::hydrate::downloaded(data.len() as u64);
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;
@@ -173,7 +173,7 @@ impl Replica {
         let missing = || Error::MissingObject {
             path: path.to_string(),
         };
-        let got = match self.inner.store.get(path).await {
+        let got = match self.inner.store.object.get(path).await {
             Ok(g) => g,
             Err(object_store::Error::NotFound { .. }) => return Err(missing()),
             Err(e) => return Err(Error::store("get", path, e)),

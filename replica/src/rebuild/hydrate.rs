@@ -182,7 +182,9 @@ impl Replica {
         last: bool,
     ) -> Result<Option<Vec<LogEntry>>, Error> {
         let seqs: Vec<u64> = self
-            .log_seqs(org)
+            .inner
+            .log
+            .seqs(org)
             .await?
             .into_iter()
             .filter(|s| *s < limit)
@@ -194,7 +196,7 @@ impl Replica {
             let start = end.saturating_sub(n);
             let reads: Vec<_> = seqs[start..end]
                 .iter()
-                .map(|s| self.read_entry(org, *s))
+                .map(|s| self.inner.log.read_entry(org, *s))
                 .collect();
             let batch: Vec<Option<LogEntry>> = futures::stream::iter(reads)
                 .buffered(n)
@@ -213,7 +215,7 @@ impl Replica {
                     down.push(e);
                     continue;
                 };
-                match self.read_entry(org, base).await? {
+                match self.inner.log.read_entry(org, base).await? {
                     Some(s) if s.is_snapshot() && chain::compacts(&s, &e) => {
                         down.push(e);
                         down.push(s);
@@ -238,8 +240,8 @@ impl Replica {
 
     pub(crate) fn shipped(&self, org: &OrgId, entry: &LogEntry) -> Option<Shipped> {
         Shipped::from_entry(entry, |b| match b {
-            Some(b) => self.inner.layout.blob(org, b).to_string(),
-            None => self.inner.layout.log(org, entry.seq()).to_string(),
+            Some(b) => self.inner.store.layout.blob(org, b).to_string(),
+            None => self.inner.store.layout.log(org, entry.seq()).to_string(),
         })
     }
 
@@ -265,7 +267,7 @@ impl Replica {
         let (bytes, sha256) = (stored.bytes, stored.sha256.clone());
         let (object, data) = match &stored.blob {
             BlobRef::Object(name) => {
-                let path = self.inner.layout.blob(org, name);
+                let path = self.inner.store.layout.blob(org, name);
                 let object = path.to_string();
                 // A delta's body, or a whole snapshot of an earlier build: both are held in
                 // memory, the delta bounded by the ship policy.
@@ -280,12 +282,12 @@ impl Replica {
             }
             BlobRef::Manifest(_) => {
                 return Err(Error::corrupt(
-                    self.inner.layout.log(org, entry.seq()).as_ref(),
+                    self.inner.store.layout.log(org, entry.seq()).as_ref(),
                     "a segmented snapshot is read through its manifest",
                 ));
             }
             BlobRef::Inline(text) => {
-                let object = self.inner.layout.log(org, entry.seq()).to_string();
+                let object = self.inner.store.layout.log(org, entry.seq()).to_string();
                 let data = inline_body(&object, text, stored.compressed_bytes)?;
                 (object, data)
             }

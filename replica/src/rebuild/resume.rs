@@ -142,9 +142,9 @@ impl Replica {
     /// (one LIST, then one GET per entry down to it); `None` when there is none, or an entry
     /// vanished meanwhile (retention: a hydrate sorts that out).
     async fn newest_position(&self, org: &OrgId, limit: u64) -> Result<Option<LogEntry>, Error> {
-        let seqs = self.log_seqs(org).await?;
+        let seqs = self.inner.log.seqs(org).await?;
         for seq in seqs.into_iter().rev().filter(|s| *s < limit) {
-            match self.read_entry(org, seq).await? {
+            match self.inner.log.read_entry(org, seq).await? {
                 Some(e) if e.is_snapshot() || e.is_delta() => return Ok(Some(e)),
                 Some(_) => continue,
                 None => return Ok(None),

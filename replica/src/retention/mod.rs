@@ -59,7 +59,7 @@ impl Replica {
         self.writable("retention")?;
         // Entries this handle published or read before are not read again: a run costs two
         // LISTs, a GET per entry it has not seen, and its deletions (I14).
-        let (log, listed) = self.history_known(org).await?;
+        let (log, listed) = self.inner.log.history_known(org).await?;
         let mut report = RetentionReport::default();
         let Some(head) = log.last().map(LogEntry::seq) else {
             return Ok(report);
@@ -111,14 +111,11 @@ impl Replica {
         // with a prefix of its chain, never deltas without their snapshot.
         doomed.sort_by_key(|e| (e.is_snapshot(), std::cmp::Reverse(e.seq())));
         for e in &doomed {
-            let path = self.inner.layout.log(org, e.seq());
-            self.delete(&path).await?;
+            self.inner.log.delete(org, e.seq()).await?;
             report.deleted_entries.push(e.seq());
         }
         report.deleted_entries.sort_unstable();
-        self.inner
-            .known
-            .forget(org, &report.deleted_entries, &listed);
+        self.inner.log.forget(org, &report.deleted_entries, &listed);
         // A listed entry that was gone when read was deleted by another run meanwhile, so
         // this view is not one state of the log: it can lack the snapshot S that a newer
         // snapshot reuses segments of while holding an entry above S, which makes the
@@ -145,10 +142,11 @@ impl Replica {
             .filter_map(|e| e.blob())
             .map(str::to_owned)
             .collect();
-        let dir = self.inner.layout.snap_dir(org);
+        let dir = self.inner.store.layout.snap_dir(org);
         let blobs: Vec<_> = self
             .inner
             .store
+            .object
             .list(Some(&dir))
             .try_collect()
             .await
@@ -229,7 +227,7 @@ impl Replica {
         name: &str,
         image_bytes: u64,
     ) -> Result<std::sync::Arc<Vec<String>>, Error> {
-        let path = self.inner.layout.blob(org, name).to_string();
+        let path = self.inner.store.layout.blob(org, name).to_string();
         if let Some(names) = self.inner.segment_refs.get(&path) {
             return Ok(names);
         }
@@ -242,7 +240,7 @@ impl Replica {
 
     /// Deletes the object at `path`; an object already gone is fine (a repeated run).
     async fn delete(&self, path: &object_store::path::Path) -> Result<(), Error> {
-        match self.inner.store.delete(path).await {
+        match self.inner.store.object.delete(path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Error::store("delete", path, e)),
         }

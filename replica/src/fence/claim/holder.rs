@@ -35,7 +35,7 @@ impl Replica {
         writer: &str,
         home: Option<(&str, bool)>,
     ) -> Result<Option<Lease>, Error> {
-        let lease = self.lease(org).await?;
+        let lease = self.inner.leases.lease(org).await?;
         let Some(top) = top else {
             return Ok(lease.filter(|l| !self.owns(l, writer, home)));
         };
@@ -49,7 +49,7 @@ impl Replica {
         let claimer = self.newest_claimer(org, top).await?;
         let by_us = claimer
             .as_ref()
-            .is_some_and(|(_, c)| c.instance == self.inner.instance);
+            .is_some_and(|(_, c)| c.instance == self.inner.leases.instance());
         if by_us {
             return Ok(None);
         }
@@ -72,7 +72,7 @@ impl Replica {
     /// it never blocks a claim by `writer`.
     fn owns(&self, lease: &Lease, writer: &str, home: Option<(&str, bool)>) -> bool {
         lease.writer == writer
-            && (lease.instance == self.inner.instance
+            && (lease.instance == self.inner.leases.instance()
                 || home.is_some_and(|(id, locked)| locked && lease.home.as_deref() == Some(id)))
     }
 
@@ -99,7 +99,7 @@ impl Replica {
                 return Ok(None);
             }
             seq -= 1;
-            entry = self.read_entry(org, seq).await?;
+            entry = self.inner.log.read_entry(org, seq).await?;
         }
     }
 }

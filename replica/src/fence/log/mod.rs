@@ -10,7 +10,8 @@ use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutPayload};
 use tracing::debug;
 
 use crate::format::layout::parse_log_name;
-use crate::{Error, LogEntry, OrgId, Replica};
+use crate::store::Store;
+use crate::{Error, LogEntry, OrgId, Settings};
 
 /// Outcome of a create-only publish that did not fail.
 pub(crate) enum Published {
@@ -20,7 +21,27 @@ pub(crate) enum Published {
     Taken(Box<LogEntry>),
 }
 
-impl Replica {
+/// The org logs under the prefix: the only code that reads, lists or creates
+/// `orgs/<org>/log/` objects, with the entries it has seen (`known.rs`).
+#[derive(Debug)]
+pub(crate) struct Log {
+    store: Store,
+    /// Entries published or read by retention, so retention reads only new ones.
+    known: known::Known,
+    /// Log objects read at once (`Settings::read_concurrency`).
+    read_concurrency: usize,
+}
+
+impl Log {
+    /// The logs over `store`, remembering up to `settings.known_entries` entries.
+    pub(crate) fn new(store: Store, settings: &Settings) -> Log {
+        Log {
+            store,
+            known: known::Known::new(settings.known_entries),
+            read_concurrency: settings.read_concurrency,
+        }
+    }
+
     /// Create-only put of `entry` at its seq, settled by re-reading and comparing the whole
     /// entry, nonce included, whenever the put does not plainly succeed (I9): our own entry
     /// read back is [`Published::Landed`] (an earlier try landed), another's is
@@ -32,13 +53,13 @@ impl Replica {
     /// the entry as possibly published); [`Error::Encode`].
     pub(crate) async fn publish(&self, org: &OrgId, entry: &LogEntry) -> Result<Published, Error> {
         let seq = entry.seq();
-        let path = self.inner.layout.log(org, seq);
+        let path = self.store.layout.log(org, seq);
         let body = Bytes::from(entry.encode()?);
         let mut retried = false;
         loop {
             let put = self
-                .inner
                 .store
+                .object
                 .put_opts(
                     &path,
                     PutPayload::from(body.clone()),
@@ -47,9 +68,7 @@ impl Replica {
                 .await;
             let cause = match put {
                 Ok(done) => {
-                    self.inner
-                        .known
-                        .insert(org, body.len() as u64, done.e_tag, entry);
+                    self.known.insert(org, body.len() as u64, done.e_tag, entry);
                     return Ok(Published::Landed);
                 }
                 Err(
@@ -95,47 +114,47 @@ impl Replica {
         org: &OrgId,
         seq: u64,
     ) -> Result<Option<LogEntry>, Error> {
-        let path = self.inner.layout.log(org, seq);
-        match self.get_bytes(&path).await? {
+        let path = self.store.layout.log(org, seq);
+        match self.store.get_bytes(&path).await? {
             Some(b) => LogEntry::decode(path.as_ref(), &b, Some(seq)).map(Some),
             None => Ok(None),
         }
     }
 
     /// Log positions present for `org`, ascending.
-    pub(crate) async fn log_seqs(&self, org: &OrgId) -> Result<Vec<u64>, Error> {
-        self.log_seqs_after(org, None).await
+    pub(crate) async fn seqs(&self, org: &OrgId) -> Result<Vec<u64>, Error> {
+        self.seqs_after(org, None).await
     }
 
     /// Log positions strictly above `after` (all of them for `None`), sorted. With a bound it
     /// lists from that name on (S3 `start-after`), so the cost follows the entries above, not
     /// the length of the log.
-    pub(crate) async fn log_seqs_after(
+    pub(crate) async fn seqs_after(
         &self,
         org: &OrgId,
         after: Option<u64>,
     ) -> Result<Vec<u64>, Error> {
         Ok(self
-            .log_listing(org, after)
+            .listing(org, after)
             .await?
             .into_iter()
             .map(|(seq, _)| seq)
             .collect())
     }
 
-    /// [`Replica::log_seqs_after`] with what the listing said about each object.
-    pub(crate) async fn log_listing(
+    /// [`Log::seqs_after`] with what the listing said about each object.
+    pub(crate) async fn listing(
         &self,
         org: &OrgId,
         after: Option<u64>,
     ) -> Result<Vec<(u64, ObjectMeta)>, Error> {
-        let dir = self.inner.layout.log_dir(org);
+        let dir = self.store.layout.log_dir(org);
         let listing = match after {
             Some(seq) => self
-                .inner
                 .store
-                .list_with_offset(Some(&dir), &self.inner.layout.log(org, seq)),
-            None => self.inner.store.list(Some(&dir)),
+                .object
+                .list_with_offset(Some(&dir), &self.store.layout.log(org, seq)),
+            None => self.store.object.list(Some(&dir)),
         };
         let metas: Vec<_> = listing
             .try_collect()
@@ -162,41 +181,38 @@ impl Replica {
         Ok(seqs)
     }
 
-    /// Every log entry of `org`, sorted by seq, as [`Replica::history`] reads them, except
+    /// Every log entry of `org`, sorted by seq, as [`Log::history`] reads them, except
     /// that an entry this handle already holds (published or read before, with the size and
     /// ETag the listing reports) is not read again, and inline bodies are left out (empty):
     /// what retention reads (I14). Returns the listed seqs too.
     ///
     /// # Errors
-    /// As [`Replica::history`].
+    /// As [`Log::history`].
     pub(crate) async fn history_known(
         &self,
         org: &OrgId,
     ) -> Result<(Vec<LogEntry>, Vec<u64>), Error> {
-        let listing = self.log_listing(org, None).await?;
+        let listing = self.listing(org, None).await?;
         let listed: Vec<u64> = listing.iter().map(|(seq, _)| *seq).collect();
         let reads = listing.into_iter().map(|(seq, meta)| async move {
-            let known = self
-                .inner
-                .known
-                .get(org, seq, meta.size, meta.e_tag.as_deref());
+            let known = self.known.get(org, seq, meta.size, meta.e_tag.as_deref());
             match known {
                 Some(entry) => Ok(Some(entry)),
                 None => self.read_entry_noting(org, seq).await,
             }
         });
         let entries: Vec<Option<LogEntry>> = futures::stream::iter(reads)
-            .buffered(self.inner.settings.read_concurrency)
+            .buffered(self.read_concurrency)
             .try_collect()
             .await?;
-        self.inner.known.forget(org, &[], &listed);
+        self.known.forget(org, &[], &listed);
         Ok((entries.into_iter().flatten().collect(), listed))
     }
 
-    /// [`Replica::read_entry`], recording the entry read with the object's size and ETag.
+    /// [`Log::read_entry`], recording the entry read with the object's size and ETag.
     async fn read_entry_noting(&self, org: &OrgId, seq: u64) -> Result<Option<LogEntry>, Error> {
-        let path = self.inner.layout.log(org, seq);
-        let got = match self.inner.store.get(&path).await {
+        let path = self.store.layout.log(org, seq);
+        let got = match self.store.object.get(&path).await {
             Ok(g) => g,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Error::store("get", &path, e)),
@@ -208,12 +224,32 @@ impl Replica {
             Err(e) => return Err(Error::store("get", &path, e)),
         };
         let entry = LogEntry::decode(path.as_ref(), &bytes, Some(seq))?;
-        self.inner.known.insert(org, meta.size, meta.e_tag, &entry);
+        self.known.insert(org, meta.size, meta.e_tag, &entry);
         Ok(Some(entry))
     }
 
+    /// Deletes the entry of `org` at `seq`; one already gone counts as deleted. Only
+    /// retention calls it, for entries no reader needs (I11).
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub(crate) async fn delete(&self, org: &OrgId, seq: u64) -> Result<(), Error> {
+        let path = self.store.layout.log(org, seq);
+        match self.store.object.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::store("delete", &path, e)),
+        }
+    }
+
+    /// Drops what this handle remembers of `org`'s entries at `deleted` (retention deleted
+    /// them) and of any not in `listed` (gone from the log).
+    pub(crate) fn forget(&self, org: &OrgId, deleted: &[u64], listed: &[u64]) {
+        self.known.forget(org, deleted, listed);
+    }
+
+    /// The highest log position of `org`, 0 when its log is empty.
     pub(crate) async fn max_seq(&self, org: &OrgId) -> Result<u64, Error> {
-        Ok(self.log_seqs(org).await?.last().copied().unwrap_or(0))
+        Ok(self.seqs(org).await?.last().copied().unwrap_or(0))
     }
 
     /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading
@@ -221,11 +257,11 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
-    pub async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
-        let seqs = self.log_seqs(org).await?;
+    pub(crate) async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        let seqs = self.seqs(org).await?;
         let entries: Vec<Option<LogEntry>> =
             futures::stream::iter(seqs.into_iter().map(|s| self.read_entry(org, s)))
-                .buffered(self.inner.settings.read_concurrency)
+                .buffered(self.read_concurrency)
                 .try_collect()
                 .await?;
         Ok(entries.into_iter().flatten().collect())

@@ -40,6 +40,7 @@ pub(super) async fn retention_on_a_skewed_host_deletes_nothing_by_age(
     // fenced writer's upload). Its deletion does not depend on anyone's clock.
     let orphan = r
         .inner
+        .store
         .layout
         .blob(&o, &delta_blob_name(a.seq(), a.round(), &new_nonce()?));
     store

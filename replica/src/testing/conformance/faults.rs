@@ -34,7 +34,7 @@ pub(super) async fn landed_but_error_put_is_settled_by_reread(
     assert!(matches!(res, Err(Error::StoreRefused { .. })), "{res:?}");
     assert!(res.as_ref().is_err_and(Error::is_retryable), "{res:?}");
     assert!(a.unusable().is_none());
-    assert!(r.read_entry(&o, s2.seq + 1).await?.is_none());
+    assert!(r.inner.log.read_entry(&o, s2.seq + 1).await?.is_none());
     let s3 = r.ship(&mut a, test_snapshot(4)?).await?;
     assert_eq!(s3.seq, s2.seq + 1);
     // A claim the store refuses is named so, not a lost race after every retry.
