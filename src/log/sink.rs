@@ -15,7 +15,7 @@
 use std::collections::VecDeque;
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tracing_subscriber::fmt::MakeWriter;
@@ -116,7 +116,7 @@ impl Shared {
     /// A poisoned lock still holds a consistent queue (every critical section is a few
     /// field updates), so logging goes on after a panic elsewhere.
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+        idem_base::lock(&self.queue)
     }
 
     /// The sink's thread: one line at a time, written outside the lock.
@@ -127,7 +127,7 @@ impl Shared {
                 Some(line) => line,
                 None => {
                     self.idle.notify_all();
-                    q = self.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+                    q = idem_base::lock::wait(&self.work, q);
                     continue;
                 }
             };
@@ -193,10 +193,7 @@ mod tests {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             let _ = self.entered.send(());
             let _ = self.gate.recv();
-            self.got
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .extend_from_slice(buf);
+            idem_base::lock(&self.got).extend_from_slice(buf);
             Ok(buf.len())
         }
         fn flush(&mut self) -> io::Result<()> {
@@ -246,7 +243,7 @@ mod tests {
             open.send(()).map_err(io::Error::other)?;
         }
         sink.drain(Duration::from_secs(10));
-        let got = got.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let got = idem_base::lock(&got).clone();
         assert_eq!(got, b"first\n12345\nxyz\n");
         assert_eq!(sink.dropped().write_failures, 0);
         Ok(())

@@ -113,7 +113,7 @@ impl OwnedFiles {
 
     /// Records the database file's state after the writer's own open or checkpoint.
     pub(crate) fn expect(&self, state: DbState) {
-        *self.expected.lock().unwrap_or_else(|p| p.into_inner()) = Some(state);
+        *idem_base::lock(&self.expected) = Some(state);
     }
 
     /// The checks a capture makes on the files, for answers that ship nothing (replays,
@@ -122,7 +122,7 @@ impl OwnedFiles {
     /// meanwhile.
     pub(crate) fn check_unchanged(&self) -> Result<(), Foreign> {
         self.check_names()?;
-        let expected = *self.expected.lock().unwrap_or_else(|p| p.into_inner());
+        let expected = *idem_base::lock(&self.expected);
         match expected {
             Some(state) => self.check_db(state),
             None => Ok(()),

@@ -134,7 +134,7 @@ impl FaultStore {
     pub fn pause_next(&self, op: Op, path_contains: &str) -> Paused {
         let (reached_tx, reached) = tokio::sync::oneshot::channel();
         let (resume, resume_rx) = tokio::sync::oneshot::channel();
-        *self.pause.lock().unwrap_or_else(|p| p.into_inner()) = Some(Pause {
+        *idem_base::lock(&self.pause) = Some(Pause {
             op,
             path_contains: path_contains.to_owned(),
             reached: reached_tx,
@@ -192,7 +192,7 @@ impl FaultStore {
     async fn enter(&self, op: Op, path: &Path) -> Option<Fault> {
         self.counts[op as usize].fetch_add(1, Ordering::SeqCst);
         let held = {
-            let mut pause = self.pause.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pause = idem_base::lock(&self.pause);
             match pause.as_ref() {
                 Some(p) if p.op == op && path.as_ref().contains(&p.path_contains) => pause.take(),
                 _ => None,
@@ -211,7 +211,7 @@ impl FaultStore {
 }
 
 fn lock_rules(rules: &Mutex<Vec<Rule>>) -> std::sync::MutexGuard<'_, Vec<Rule>> {
-    rules.lock().unwrap_or_else(|p| p.into_inner())
+    idem_base::lock(rules)
 }
 
 /// Counts a call of `op` on `path` against every matching rule; the first rule due fires.

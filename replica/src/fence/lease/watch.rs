@@ -76,10 +76,7 @@ impl Watch {
     ) -> u64 {
         // A poisoned lock only means another thread panicked while holding it; the map is
         // still a valid set of observations (each insert is one step).
-        let mut seen = self
-            .seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut seen = idem_base::lock(&self.seen);
         let content = content(bytes.as_ref());
         let forget_ms = watch_ms.saturating_mul(FORGET_AFTER_WATCHES);
         if let Some(s) = seen.get_mut(object)
@@ -114,10 +111,7 @@ impl Watch {
     /// How many objects are being watched (tests of the bound).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        idem_base::lock(&self.seen).len()
     }
 }
 
