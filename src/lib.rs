@@ -144,7 +144,7 @@ where
 /// The environment variable that makes every subcommand print its peak resident memory.
 pub const PEAK_RSS_ENV: &str = "IDEM_REPORT_PEAK_RSS";
 
-/// The stderr line prefix of that report, followed by the kibibytes: `idem bench` runs
+/// The stderr line prefix of that report, followed by the kibibytes: `idem-bench` runs
 /// subcommands as child processes and parses it.
 pub const PEAK_RSS_LINE: &str = "idem: peak RSS KiB ";
 

@@ -1,7 +1,7 @@
 //! Criterion micro-benchmarks of the hot paths: `once` (dedup insert) versus the same one-row
 //! effect transaction without the dedup row, on a file database in WAL mode with 100k keys
 //! already stored, at `synchronous=FULL` and `NORMAL`; the bare key INSERT (the floor); and the
-//! replay lookup. The ratio table with WAL bytes per request is `idem bench --only p1`.
+//! replay lookup. The ratio table with WAL bytes per request is `idem-bench --only p1`.
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use std::hint::black_box;

@@ -21,7 +21,7 @@ type Slot = Arc<OnceCell<Org>>;
 /// Releases [`Registry::shutdown`] runs at once. Each is mostly waiting (a drain on the
 /// writer pool, a final ship, a Release entry, a checkpoint on close), so a rolling upgrade
 /// of a thousand orgs is bounded by the store and the disk, not by this: 16 took 6.1 s for
-/// 1000 orgs in `idem bench` P7, 128 took 3.7 s on the same 2-core machine.
+/// 1000 orgs in `idem-bench` P7, 128 took 3.7 s on the same 2-core machine.
 pub const SHUTDOWN_CONCURRENCY: usize = 128;
 
 /// Builds a [`Registry`]: required parts positional, components injected.

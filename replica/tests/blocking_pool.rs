@@ -1,7 +1,7 @@
 //! Many snapshots streaming out and in at once on a small blocking pool, over the local
 //! directory store (whose own I/O runs on that pool): every one completes. A segment reader
 //! or writer that held a pool thread while waiting for uploads or downloads deadlocked here
-//! once the streams outnumbered the pool's threads (found by `idem bench --quick`'s rolling
+//! once the streams outnumbered the pool's threads (found by `idem-bench --quick`'s rolling
 //! upgrade). The timeout only bounds a hang: it orders nothing.
 
 use std::time::Duration;
