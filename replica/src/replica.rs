@@ -249,12 +249,17 @@ impl Replica {
         self.inner.log.history(org).await
     }
 
-    /// The advisory lease of `org`, if any.
+    /// Who holds `org`, if anyone: the writer of the newest claim in its log with that
+    /// claim's process, home and term, and the address and expiry (the holder's clock, for
+    /// people) of its process lease; for a log whose newest claim is of an older version,
+    /// the org lease that version wrote. A `Release` at the head still names the releaser:
+    /// the caller sees the release in the log. Advisory: the log fences (I7).
     ///
     /// # Errors
-    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease
+    /// or log entry.
     pub async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
-        self.inner.leases.lease(org).await
+        self.holder(org).await
     }
 
     /// The process lease of `instance`, if it exists and reads; an unreadable one is logged

@@ -295,8 +295,17 @@ async fn a_claim_newer_than_the_org_lease_is_judged_by_its_claimer_before_its_le
         async move { b.claim(&acme, "b", false).await }
     });
     b_held.reached.await?;
-    // B's claim entry (round 2) is the head; the org lease is still A's of round 1.
-    assert_eq!(a.lease(&acme).await?.map(|l| l.round), Some(1));
+    // B's claim entry (round 2) is the head, and it alone names B: no org lease is written.
+    assert_eq!(
+        a.lease(&acme).await?.map(|l| (l.writer, l.round)),
+        Some(("b".to_owned(), 2))
+    );
+    assert!(
+        store
+            .head(&Path::from("t/orgs/acme/lease.json"))
+            .await
+            .is_err()
+    );
     let _ = c_held.resume.send(());
     match c_claim.await? {
         Err(Error::LeaseHeld { holder, .. }) => assert_eq!(holder, "b"),

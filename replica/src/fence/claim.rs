@@ -7,8 +7,7 @@ use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 use crate::chain::position::{Inherited, Tip};
-use crate::fence::lease::Lease;
-use crate::fence::log::Published;
+use crate::fence::log::{Published, Window};
 use crate::format::entry::{Claimer, EntryBody, EntryHeader};
 use crate::format::layout::new_nonce;
 use crate::org_id::check_writer;
@@ -64,6 +63,9 @@ pub struct Claim {
     /// True once a snapshot of this claim failed: its next snapshot names no segment it does
     /// not upload (a refused publish may still land, section 2a of the design).
     reuse_lost: bool,
+    /// The log below the claim as the claimant listed and read it, until a hydrate or resume
+    /// takes it instead of listing and reading again (`fence/log/window.rs`).
+    below: Option<Window>,
 }
 
 impl Claim {
@@ -153,6 +155,18 @@ impl Claim {
         self.reuse_lost = true;
     }
 
+    /// The log below the claim as its claimant saw it, once: a hydrate or resume of a fresh
+    /// claim reads its tail from it.
+    pub(crate) fn take_below(&mut self) -> Option<Window> {
+        self.below.take().filter(|_| self.is_fresh())
+    }
+
+    /// [`Claim::take_below`] without taking it: a resume that refuses the local file leaves it
+    /// to the hydrate that follows.
+    pub(crate) fn below(&self) -> Option<&Window> {
+        self.below.as_ref().filter(|_| self.is_fresh())
+    }
+
     /// A snapshot landed at `tip`: the chain now starts there, and nothing is inherited.
     pub(crate) fn snapshot_published(&mut self, tip: Tip) {
         self.snapshot_tip = Some(tip.clone());
@@ -232,15 +246,16 @@ impl Claim {
 
 impl Replica {
     /// Claims the next round for `org` (highest round seen + 1) with a create-only log entry,
-    /// fencing every older writer (I7), and writes the advisory lease.
+    /// fencing every older writer (I7). The entry names this process's lease ([`Claimer`]),
+    /// which is written with it the first time; no org lease is written.
     ///
     /// Another writer's lease blocks the claim unless `force` until this handle has seen the
     /// holder's process lease unchanged for `lease_ms` plus a tenth of its own monotonic clock
     /// ([`Replica::lease_hold`], I15): a first attempt starts that watch and answers
     /// [`Error::LeaseHeld`] with the wait; a `Release` entry at the head lets it through at
-    /// once. The holder is the newest claim's: when the log holds a claim newer than the org
-    /// lease (its claimer has not written the lease yet, or its writes failed), the process
-    /// that claim entry names is watched instead. A lease of the same `writer` id blocks too unless it
+    /// once. The holder is the newest claim's: the process that claim entry names is watched
+    /// (for a claim of an older version, the org lease it wrote). A holder of the same
+    /// `writer` id blocks too unless it
     /// is this instance's own (this [`Replica`]): two live processes configured with one
     /// writer id never take orgs from each other. See [`Replica::claim_from`] for a restart.
     ///
@@ -254,7 +269,7 @@ impl Replica {
     }
 
     /// [`Replica::claim`] by a writer working in a data directory with id `home.0`. The
-    /// lease records the home; when `home.1` is true — the caller holds that directory's
+    /// claim entry records the home when `home.1` is true — the caller holds that directory's
     /// exclusive lock, which every earlier process working in it held until it died — a live
     /// lease of the same writer id and the same home belongs to a dead process and does not
     /// block the claim (a restart after `kill -9` claims at once).
@@ -272,34 +287,46 @@ impl Replica {
         check_writer(writer)?;
         let attempts = self.inner.settings.claim_retries.saturating_add(1);
         for attempt in 0..attempts {
-            // One LIST and one GET, whatever the length of the log: the head entry carries the
-            // highest round of any claim that can still publish. Claims that passed the check
-            // below took rounds in seq order (each read the one before), and a claim that landed
-            // below a newer entry (a freed slot) is abandoned and never publishes.
-            let Some(top) = self.head_entry(org).await? else {
+            // One LIST and one round of concurrent GETs, whatever the length of the log: the
+            // head entry carries the highest round of any claim that can still publish
+            // (claims that passed the check below took rounds in seq order, each read the one
+            // before, and a claim that landed below a newer entry, in a freed slot, is
+            // abandoned and never publishes); the entries below it are the claim's holder
+            // (when the head is a snapshot or delta) and the hydrate's tail (`Window`).
+            let window = self
+                .inner
+                .log
+                .window(org, self.inner.settings.read_concurrency)
+                .await?;
+            let top = window.top();
+            if top.is_none() && !window.seqs.is_empty() {
+                // The listed head vanished before it was read (retention never deletes the
+                // head, so the log moved): list again.
                 continue;
-            };
-            let head = top.as_ref().map(LogEntry::seq).unwrap_or(0);
-            let max_round = top.as_ref().map(LogEntry::round).unwrap_or(0);
+            }
+            let head = window.head();
+            let max_round = top.map(LogEntry::round).unwrap_or(0);
             let now = self.inner.clock.now_ms();
             // Judged by what this handle has seen change, never by the timestamps the holder
             // wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a live holder's
-            // orgs where they are. The holder is the newest claim's, which the org lease may
-            // not name yet (`claim/holder.rs`).
-            if !force
-                && let Some(lease) = self.blocking_lease(org, top.as_ref(), writer, home).await?
-            {
+            // orgs where they are. The holder is the newest claim's (`claim/holder.rs`).
+            if !force && let Some(lease) = self.blocking_lease(org, &window, writer, home).await? {
                 let hold = self.inner.leases.lease_hold(org, &lease).await?;
                 if hold.wait_ms > 0 {
                     return Err(Error::LeaseHeld {
                         org: org.to_string(),
                         holder: lease.writer,
                         retry_after_ms: hold.wait_ms,
-                        holder_addr: lease.addr,
+                        holder_addr: lease.addr.or(hold.process.and_then(|p| p.addr)),
                     });
                 }
             }
             self.failpoint(FailPoint::ClaimBeforePublish, org).await?;
+            // Only a holder of the home's lock names it: a process waiting for the lock (the
+            // old one still runs) must not write claims the old one would take as its own.
+            let home = home
+                .filter(|(_, locked)| *locked)
+                .map(|(id, _)| id.to_owned());
             let entry = LogEntry {
                 header: EntryHeader {
                     seq: head + 1,
@@ -311,9 +338,18 @@ impl Replica {
                 body: EntryBody::Claim(Claimer {
                     instance: self.inner.leases.instance().to_owned(),
                     term_ms: self.inner.settings.lease_ms,
+                    home,
                 }),
             };
-            match self.inner.log.publish(org, &entry).await {
+            // The claim entry names the process lease, which a claimant watches from the
+            // moment the entry lands; an absent one counts as unchanged only for a whole
+            // watch, which the renewal task's next write ends, so both PUTs go out together.
+            let (published, ()) = futures::future::join(
+                self.inner.log.publish(org, &entry),
+                self.inner.leases.ensure_process_lease(),
+            )
+            .await;
+            match published {
                 Ok(Published::Landed) => {}
                 Ok(Published::Taken(theirs)) => {
                     debug!(%org, seq = head + 1, theirs = theirs.round(), attempt, "claim lost the race");
@@ -323,8 +359,10 @@ impl Replica {
                 Err(Error::PublishUnknown { .. }) => continue,
                 Err(e) => return Err(e),
             }
-            // A claimer that read a stale head may land in a slot retention freed.
-            if self.inner.log.max_seq(org).await? > head + 1 {
+            // A claimer that read a stale head may land in a slot retention freed. Listed
+            // from our own entry on: the cost follows the entries above it.
+            let above = self.inner.log.seqs_after(org, Some(head + 1)).await?;
+            if above.iter().any(|s| *s > head + 1) {
                 debug!(%org, seq = head + 1, attempt, "claim landed below a newer entry");
                 continue;
             }
@@ -332,30 +370,6 @@ impl Replica {
                 seq, round, nonce, ..
             } = entry.header;
             self.failpoint(FailPoint::ClaimAfterPublish, org).await?;
-            // Only a holder of the home's lock names it: a process waiting for the lock (the
-            // old one still runs) must not write leases the old one would take as its own.
-            let home = home
-                .filter(|(_, locked)| *locked)
-                .map(|(id, _)| id.to_owned());
-            // The org lease points to the process lease, which must exist first.
-            self.inner.leases.ensure_process_lease().await;
-            let lease = Lease {
-                writer: writer.to_owned(),
-                round,
-                expires_at_ms: now + self.inner.settings.lease_ms,
-                instance: self.inner.leases.instance().to_owned(),
-                home,
-                addr: self.inner.settings.advertise.clone(),
-                process: true,
-                term_ms: self.inner.settings.lease_ms,
-            };
-            // Written once per claim, so a transient failure is retried here: a claim without
-            // its lease could be claimed away without force while its writer lives.
-            for _ in 0..3 {
-                if self.inner.leases.put_lease(org, &lease).await {
-                    break;
-                }
-            }
             info!(%org, round, seq, writer, "claimed");
             return Ok(Claim {
                 org: org.clone(),
@@ -371,6 +385,7 @@ impl Replica {
                 inherited: None,
                 reuse: None,
                 reuse_lost: false,
+                below: Some(window.below(seq)),
             });
         }
         Err(Error::Contended {
@@ -425,6 +440,8 @@ impl Replica {
         match self.inner.log.publish(&claim.org, entry).await {
             Ok(Published::Landed) => {
                 claim.next_seq = entry.seq() + 1;
+                // Only a fresh claim's hydrate or resume reads it.
+                claim.below = None;
                 // After a refused publish, a put of ours may have landed late in that slot,
                 // and retention may since have freed it under a successor's claim: this
                 // create landing no longer proves we are the newest writer, so look above it
@@ -470,16 +487,6 @@ impl Replica {
         claim.usable()?;
         let last = claim.next_seq.saturating_sub(1);
         self.check_no_successor(claim, last).await
-    }
-
-    /// The entry at the head of `org`'s log (`Some(None)` for an empty log); `None` when the
-    /// listed head vanished before it was read (retention never deletes the head, so the log
-    /// moved: list again).
-    async fn head_entry(&self, org: &OrgId) -> Result<Option<Option<LogEntry>>, Error> {
-        let Some(&seq) = self.inner.log.seqs(org).await?.last() else {
-            return Ok(Some(None));
-        };
-        Ok(self.inner.log.read_entry(org, seq).await?.map(Some))
     }
 
     /// After our create at `seq`, anything above it means a successor owns the org (I11):

@@ -2,8 +2,10 @@
 //!
 //! Liveness belongs to the process, not to each org (I14): a writer process keeps one
 //! object, `processes/<instance>.json`, renewed on a timer every `lease_ms / 3`; each claim
-//! writes `orgs/<org>/lease.json` once, pointing to it (`process: true`). An idle org
-//! therefore issues no store request at all, whatever the number of orgs.
+//! entry names it ([`crate::format::entry::Claimer`]). An idle org therefore issues no store
+//! request at all, whatever the number of orgs. `orgs/<org>/lease.json` is legacy: older
+//! versions wrote it once per claim; it is read only for a log whose newest claim names no
+//! instance, and no longer written.
 //!
 //! A lease is judged by observation, never by its timestamps (I15): a claimant takes an org
 //! from another live-looking writer only once it has itself seen the holder's process lease
@@ -27,7 +29,10 @@ use crate::{Clock, Error, OrgId, Settings};
 
 pub(crate) use watch::Watch;
 
-/// The advisory lease of an org (liveness only; fencing is the log's job).
+/// Who holds an org (liveness only; fencing is the log's job): the newest claim entry's
+/// [`crate::format::entry::Claimer`] with its process lease's address and expiry
+/// ([`crate::Replica::lease`]), or the legacy org lease `orgs/<org>/lease.json` an older
+/// version wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     /// Holder's writer id.
@@ -156,6 +161,9 @@ fn parse_process_lease(path: &str, instance: &str, bytes: &Bytes) -> Option<Proc
 }
 
 impl Lease {
+    /// The lease in its wire form: only older versions wrote org leases, so only the tests
+    /// that read them back encode one.
+    #[cfg(test)]
     fn encode(&self) -> Result<Vec<u8>, Error> {
         serde_json::to_vec(&LeaseWire {
             v: ENTRY_VERSION,
@@ -376,23 +384,6 @@ impl Leases {
             }
             Err(e) => {
                 warn!(%path, error = %e, "could not write the process lease");
-                false
-            }
-        }
-    }
-
-    /// Writes the advisory lease; false (logged, never fatal) when the write fails: the log
-    /// fences, not the lease.
-    pub(crate) async fn put_lease(&self, org: &OrgId, lease: &Lease) -> bool {
-        let path = self.store.layout.lease(org);
-        let body = match lease.encode() {
-            Ok(b) => b,
-            Err(_) => return false,
-        };
-        match self.store.object.put(&path, PutPayload::from(body)).await {
-            Ok(_) => true,
-            Err(e) => {
-                warn!(%org, round = lease.round, error = %e, "could not write lease");
                 false
             }
         }

@@ -76,11 +76,11 @@ pub enum EntryBody {
 }
 
 /// Who made a claim entry: the process whose liveness holds the claimed round, from the
-/// moment the entry lands, before the org lease is written (or if its write fails). A
-/// claimant that finds this claim newer than the org lease watches this process lease
-/// ([`crate::Replica::claim`], I15). Both fields are omitted when unset, so a claim without
-/// them is byte for byte an entry of an older version, and older readers ignore them (serde
-/// skips unknown keys of a claim).
+/// moment the entry lands. A claimant watches this process lease
+/// ([`crate::Replica::claim`], I15); the entry is the whole lease of its round, and no
+/// `orgs/<org>/lease.json` is written for it. Every field is omitted when unset, so a claim
+/// without them is byte for byte an entry of an older version, and older readers ignore them
+/// (serde skips unknown keys of a claim).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claimer {
     /// The claimer's process instance (`processes/<instance>.json`); empty in claims of older
@@ -91,6 +91,11 @@ pub struct Claimer {
     /// versions.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub term_ms: u64,
+    /// The claimer's home: the id of the data directory whose exclusive lock it held when it
+    /// claimed ([`crate::Replica::claim_from`]), so a restart holding that lock claims at
+    /// once. `None` when it held no such lock, and in claims of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -413,9 +418,17 @@ mod tests {
             EntryBody::Claim(Claimer {
                 instance: "0123456789abcdef0123456789abcdef".into(),
                 term_ms: 3_000,
+                home: None,
             })
         );
         assert_eq!(entry.encode()?, new.to_vec());
+        let homed = br#"{"at_ms":1,"home":"h1","instance":"0123456789abcdef0123456789abcdef","kind":"claim","nonce":"n","round":1,"seq":1,"term_ms":3000,"v":1,"writer":"w"}"#;
+        let entry = LogEntry::decode("x", homed, Some(1))?;
+        assert!(
+            matches!(&entry.body, EntryBody::Claim(c) if c.home.as_deref() == Some("h1")),
+            "{entry:?}"
+        );
+        assert_eq!(entry.encode()?, homed.to_vec());
         Ok(())
     }
 }

@@ -11,6 +11,7 @@ use tracing::info;
 
 use crate::chain::position::{Inherited, Tip};
 use crate::chain::{self, Chain, Start, broken};
+use crate::fence::log::Window;
 use crate::format::blob::{inline_body, unpack};
 use crate::format::checksum::PageHashes;
 use crate::format::layout::new_nonce;
@@ -79,7 +80,10 @@ impl Replica {
     /// state cannot be rebuilt exactly; never falls back to an older one (I10).
     /// [`Error::Store`], [`Error::Io`].
     pub async fn hydrate(&self, claim: &mut Claim, dest: &Path) -> Result<Hydrated, Error> {
-        let log = self.tail(claim.org(), claim.seq()).await?;
+        // The claim's own listing and reads of the log below it (`fence/log/window.rs`):
+        // nothing is listed twice, and no entry read twice.
+        let below = claim.take_below();
+        let log = self.tail_seen(claim.org(), claim.seq(), below).await?;
         let chain = chain::newest(claim.org(), &log, claim.seq())?;
         let (hydrated, tip) = self.install_chain(claim.org(), chain, dest).await?;
         if let Some((tip, inherited, manifest)) = tip {
@@ -155,12 +159,27 @@ impl Replica {
 
     /// The entries a hydrate of the newest state below `limit` needs, read from the head
     /// down: every entry after the newest snapshot, or after the newest compacted delta plus
-    /// that delta's snapshot. One LIST, then one GET per entry of that tail — not per entry of
+    /// that delta's snapshot. One LIST, then one GET per entry of that tail, `read_concurrency`
+    /// at a time — not per entry of
     /// the log, which keeps every delta a kept snapshot still has for point-in-time restore.
     pub(crate) async fn tail(&self, org: &OrgId, limit: u64) -> Result<Vec<LogEntry>, Error> {
+        self.tail_seen(org, limit, None).await
+    }
+
+    /// [`Replica::tail`], whose first attempt takes its listing, and whatever entries it
+    /// holds, from `seen` (a claim's [`Window`] of the log below it) instead of the store.
+    /// A later attempt (an entry vanished) lists afresh.
+    pub(crate) async fn tail_seen(
+        &self,
+        org: &OrgId,
+        limit: u64,
+        mut seen: Option<Window>,
+    ) -> Result<Vec<LogEntry>, Error> {
         const ATTEMPTS: u32 = 4;
         for attempt in 1..=ATTEMPTS {
-            if let Some(tail) = self.try_tail(org, limit, attempt == ATTEMPTS).await? {
+            let window = seen.take();
+            let last = attempt == ATTEMPTS;
+            if let Some(tail) = self.try_tail(org, limit, last, window.as_ref()).await? {
                 return Ok(tail);
             }
         }
@@ -180,24 +199,28 @@ impl Replica {
         org: &OrgId,
         limit: u64,
         last: bool,
+        seen: Option<&Window>,
     ) -> Result<Option<Vec<LogEntry>>, Error> {
-        let seqs: Vec<u64> = self
-            .inner
-            .log
-            .seqs(org)
-            .await?
-            .into_iter()
-            .filter(|s| *s < limit)
-            .collect();
+        let listed = match seen {
+            Some(w) => w.seqs.clone(),
+            None => self.inner.log.seqs(org).await?,
+        };
+        let seqs: Vec<u64> = listed.into_iter().filter(|s| *s < limit).collect();
+        let read = |seq: u64| {
+            let held = seen.and_then(|w| w.entry(seq)).cloned();
+            async move {
+                match held {
+                    Some(e) => Ok(Some(e)),
+                    None => self.inner.log.read_entry(org, seq).await,
+                }
+            }
+        };
         let n = self.inner.settings.read_concurrency.max(1);
         let mut down: Vec<LogEntry> = Vec::new();
         let mut end = seqs.len();
         while end > 0 {
             let start = end.saturating_sub(n);
-            let reads: Vec<_> = seqs[start..end]
-                .iter()
-                .map(|s| self.inner.log.read_entry(org, *s))
-                .collect();
+            let reads: Vec<_> = seqs[start..end].iter().map(|s| read(*s)).collect();
             let batch: Vec<Option<LogEntry>> = futures::stream::iter(reads)
                 .buffered(n)
                 .try_collect()
@@ -215,7 +238,7 @@ impl Replica {
                     down.push(e);
                     continue;
                 };
-                match self.inner.log.read_entry(org, base).await? {
+                match read(base).await? {
                     Some(s) if s.is_snapshot() && chain::compacts(&s, &e) => {
                         down.push(e);
                         down.push(s);

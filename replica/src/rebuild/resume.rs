@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use tracing::info;
 
 use crate::chain::position::{Inherited, Tip};
+use crate::fence::log::Window;
 use crate::format::checksum::{PageHashes, checksum_hex, page_hash};
 use crate::format::entry::EntryBody;
 use crate::format::pages::{HEADER_BYTES, canonical_page1, image_page_size};
@@ -91,7 +92,10 @@ impl Replica {
         if !claim.is_fresh() {
             return Ok(None);
         }
-        let Some(entry) = self.newest_position(&org, claim.seq()).await? else {
+        let Some(entry) = self
+            .newest_position(&org, claim.seq(), claim.below())
+            .await?
+        else {
             return Ok(None);
         };
         if entry.seq() != point.seq {
@@ -131,6 +135,7 @@ impl Replica {
             hashes: Arc::new(hashes),
         };
         claim.inherit(tip, inherited, None);
+        claim.take_below();
         info!(%org, seq = entry.seq(), commit, "resumed from the local file");
         Ok(Some(Resumed {
             position: entry.seq(),
@@ -139,12 +144,26 @@ impl Replica {
     }
 
     /// The newest snapshot or delta entry of `org` below `limit`, read from the head down
-    /// (one LIST, then one GET per entry down to it); `None` when there is none, or an entry
+    /// (one LIST, then one GET per entry down to it; the listing and the entries `seen` holds,
+    /// a claim's [`Window`], are not asked for again); `None` when there is none, or an entry
     /// vanished meanwhile (retention: a hydrate sorts that out).
-    async fn newest_position(&self, org: &OrgId, limit: u64) -> Result<Option<LogEntry>, Error> {
-        let seqs = self.inner.log.seqs(org).await?;
+    async fn newest_position(
+        &self,
+        org: &OrgId,
+        limit: u64,
+        seen: Option<&Window>,
+    ) -> Result<Option<LogEntry>, Error> {
+        let seqs = match seen {
+            Some(w) => w.seqs.clone(),
+            None => self.inner.log.seqs(org).await?,
+        };
         for seq in seqs.into_iter().rev().filter(|s| *s < limit) {
-            match self.inner.log.read_entry(org, seq).await? {
+            let held = seen.and_then(|w| w.entry(seq)).cloned();
+            let entry = match held {
+                Some(e) => Some(e),
+                None => self.inner.log.read_entry(org, seq).await?,
+            };
+            match entry {
                 Some(e) if e.is_snapshot() || e.is_delta() => return Ok(Some(e)),
                 Some(_) => continue,
                 None => return Ok(None),

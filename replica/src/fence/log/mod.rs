@@ -3,6 +3,7 @@
 //! and positions back.
 
 pub(crate) mod known;
+mod window;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -12,6 +13,8 @@ use tracing::debug;
 use crate::format::layout::parse_log_name;
 use crate::store::Store;
 use crate::{Error, LogEntry, OrgId, Settings};
+
+pub(crate) use window::Window;
 
 /// Outcome of a create-only publish that did not fail.
 pub(crate) enum Published {
@@ -245,11 +248,6 @@ impl Log {
     /// them) and of any not in `listed` (gone from the log).
     pub(crate) fn forget(&self, org: &OrgId, deleted: &[u64], listed: &[u64]) {
         self.known.forget(org, deleted, listed);
-    }
-
-    /// The highest log position of `org`, 0 when its log is empty.
-    pub(crate) async fn max_seq(&self, org: &OrgId) -> Result<u64, Error> {
-        Ok(self.seqs(org).await?.last().copied().unwrap_or(0))
     }
 
     /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading

@@ -1,0 +1,73 @@
+//! The top of an org's log as one LIST and one round of concurrent GETs saw it: what a claim
+//! reads to choose its round and judge the holder, and what the hydrate or resume of that
+//! claim reads instead of listing and reading the log again (I16).
+//!
+//! A claim lands at `head + 1` of this listing and then lists above its own entry; once that
+//! check shows nothing above, the entries below the claim are the ones listed here, except
+//! for objects retention deleted since (a read of one finds it gone, and the hydrate lists
+//! afresh) and entries a fenced writer created in a slot retention freed (never
+//! acknowledged, I11). So the hydrate may take its tail from here (`docs/design.md`,
+//! section 3a).
+
+use std::collections::BTreeMap;
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::Log;
+use crate::{Error, LogEntry, OrgId};
+
+/// The listed positions of an org's log, and the newest of them as read at once.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Window {
+    /// Every position the LIST returned, ascending.
+    pub(crate) seqs: Vec<u64>,
+    /// The entries read, by seq: the top few of `seqs` ([`Log::window`]), bodies included,
+    /// less any that vanished before they were read.
+    pub(crate) entries: BTreeMap<u64, LogEntry>,
+}
+
+impl Window {
+    /// The highest listed position, 0 for an empty log.
+    pub(crate) fn head(&self) -> u64 {
+        self.seqs.last().copied().unwrap_or(0)
+    }
+
+    /// The entry at the head; `None` for an empty log or a head that vanished.
+    pub(crate) fn top(&self) -> Option<&LogEntry> {
+        self.seqs.last().and_then(|s| self.entries.get(s))
+    }
+
+    /// The entry at `seq`, if it was read.
+    pub(crate) fn entry(&self, seq: u64) -> Option<&LogEntry> {
+        self.entries.get(&seq)
+    }
+
+    /// Keeps only what lies below `limit` (a claim's own seq).
+    pub(crate) fn below(mut self, limit: u64) -> Window {
+        self.seqs.retain(|s| *s < limit);
+        self.entries.retain(|s, _| *s < limit);
+        self
+    }
+}
+
+impl Log {
+    /// One LIST of `org`'s log, then its top `reads` entries (at least the head) read
+    /// concurrently (one round trip), each recorded in the known-entries cache.
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
+    pub(crate) async fn window(&self, org: &OrgId, reads: usize) -> Result<Window, Error> {
+        let seqs = self.seqs(org).await?;
+        let from = seqs.len().saturating_sub(reads.max(1));
+        let reads: Vec<_> = seqs[from..]
+            .iter()
+            .map(|s| self.read_entry_noting(org, *s))
+            .collect();
+        let read: Vec<Option<LogEntry>> = futures::stream::iter(reads)
+            .buffered(self.read_concurrency.max(1))
+            .try_collect()
+            .await?;
+        let entries = read.into_iter().flatten().map(|e| (e.seq(), e)).collect();
+        Ok(Window { seqs, entries })
+    }
+}
