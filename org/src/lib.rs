@@ -90,6 +90,7 @@ mod ship;
 mod shipper;
 mod sync;
 mod tenure;
+mod warm;
 #[cfg(feature = "test-util")]
 pub mod testing;
 mod writer;
@@ -108,5 +109,5 @@ pub use local::home_id;
 pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
-pub use settings::Settings;
+pub use settings::{Settings, WarmSettings};
 pub use writer::InitFn;
