@@ -90,9 +90,9 @@ mod ship;
 mod shipper;
 mod sync;
 mod tenure;
-mod warm;
 #[cfg(feature = "test-util")]
 pub mod testing;
+mod warm;
 mod writer;
 
 // The crates this one's signatures use, at the versions it is built against: an embedder

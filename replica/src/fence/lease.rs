@@ -511,9 +511,13 @@ mod tests {
     #[test]
     fn a_draining_process_lease_names_its_orgs_and_older_leases_read_as_not_draining() {
         let id = "0269a007f46e0ec5d8bce6b2d6d01284";
-        let old = format!(r#"{{"v":1,"instance":"{id}","expires_at_ms":5,"renewals":2,"term_ms":30}}"#);
+        let old =
+            format!(r#"{{"v":1,"instance":"{id}","expires_at_ms":5,"renewals":2,"term_ms":30}}"#);
         let read = parse_process_lease("p", id, &Bytes::from(old.clone()));
-        assert_eq!(read.as_ref().map(|l| (l.draining, l.releasing.len())), Some((false, 0)));
+        assert_eq!(
+            read.as_ref().map(|l| (l.draining, l.releasing.len())),
+            Some((false, 0))
+        );
         // Not draining: the wire is what older versions wrote, byte for byte.
         let again = read.map(|lease| serde_json::to_string(&ProcessWire { v: 1, lease }).ok());
         assert_eq!(again, Some(Some(old)));
