@@ -53,6 +53,10 @@ pub(crate) struct Warm {
     pub(crate) wake: Notify,
     /// Orgs opened by a background claim so far.
     claimed: AtomicU64,
+    /// Set by a held-lease refusal: the holder may be draining, so the watcher lists
+    /// `processes/` at its next wake instead of at its next poll (at most once per
+    /// `settings.retry_ms`).
+    pub(crate) look_now: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +98,7 @@ impl Warm {
             claiming: std::sync::Mutex::new(HashSet::new()),
             wake: Notify::new(),
             claimed: AtomicU64::new(0),
+            look_now: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -111,6 +116,7 @@ impl Warm {
             }
             Err(e) => {
                 if let Some(wait_ms) = held_ms(e) {
+                    self.look_now.store(true, Ordering::Relaxed);
                     self.remember(org, wait_ms, 0);
                 }
             }

@@ -23,6 +23,8 @@ pub(crate) fn spawn(registry: &Registry, warm: Arc<Warm>, poll_ms: u64) {
         let mut ticks = tokio::time::interval(Duration::from_millis(poll_ms.max(1)));
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         let mut next_due: Option<u64> = None;
+        // Monotonic ms of the registry's clock at the last early LIST.
+        let mut looked_early_ms: Option<u64> = None;
         loop {
             // Wake for the next LIST, or sooner when a refusal falls due (the clock is the
             // registry's, read again on waking) or a new one is remembered.
@@ -40,7 +42,20 @@ pub(crate) fn spawn(registry: &Registry, warm: Arc<Warm>, poll_ms: u64) {
             if registry.shutting_down() {
                 return;
             }
-            if listing {
+            // A request refused with a held lease: its holder may be draining, and a LIST now
+            // finds out a poll sooner (rate-limited, so refusals cost at most one LIST per
+            // `retry_ms`).
+            let now_ms = warm.clock.monotonic_ms();
+            let early = !listing
+                && warm.look_now.load(std::sync::atomic::Ordering::Relaxed)
+                && looked_early_ms
+                    .is_none_or(|t| now_ms.saturating_sub(t) >= warm.settings.retry_ms);
+            if early {
+                warm.look_now
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                looked_early_ms = Some(now_ms);
+            }
+            if listing || early {
                 look(&registry, &warm, &weak, &own, &mut versions).await;
             }
             let (due, next) = warm.take_due();
