@@ -1,7 +1,8 @@
 //! The warm takeover (I2, I6, I7, I15): two registries over one store. Guards against
 //! (1) a rolling upgrade leaving every org of a drained process closed until its next
 //! request reaches the successor: after A's shutdown, B holds every org A released without
-//! any request to B, and A acknowledges nothing after B's claim; (2) a watcher that takes
+//! any request to B, A acknowledges nothing after B's claim, and a process started after
+//! the drain (A's lease still says it drains) takes nothing from B; (2) a watcher that takes
 //! orgs from a live holder: while A runs and is not draining, B's watcher claims nothing,
 //! even for orgs B was asked for; (3) a crashed holder's orgs staying closed until each one's
 //! next request: B, refused once per org while A's lease looked live, opens them all
@@ -134,6 +135,20 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
             .await
             .is_err()
     );
+
+    // A process started after the drain finds A's lease still saying so: the orgs are B's
+    // now (live), and stay there.
+    let rc = open(store.clone(), Arc::new(SystemClock)).await?;
+    let c = registry(&dir.path().join("c"), rc, "wc", warm())?;
+    let lists = c.replica().store_requests().list;
+    assert!(
+        within(20, || c.replica().store_requests().list >= lists + 10).await,
+        "C's watcher did not run"
+    );
+    assert!(c.open_orgs().is_empty(), "C took orgs from a live B");
+    assert_eq!(c.warm_claims(), 0);
+    assert_eq!(b.open_orgs().len(), ORGS);
+    drop(c);
 
     // B replays what A acknowledged and serves new keys.
     for (org, keys) in orgs().iter().zip(&mut acked) {

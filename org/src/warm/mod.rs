@@ -71,8 +71,15 @@ struct Refusal {
 #[derive(Debug, Clone)]
 pub(crate) enum Why {
     /// A draining process (this instance) lists the org: retry every `retry_ms` until
-    /// `until_ms` (monotonic), while the org lease still names that process.
-    Draining { instance: String, until_ms: u64 },
+    /// `until_ms` (monotonic), while the org lease still names that process. With
+    /// `check_first`, the org lease is read before the first attempt too: the drain was
+    /// first seen already under way (this watcher just started), and may be long over,
+    /// its orgs held by live successors, which a claim attempt would only disturb.
+    Draining {
+        instance: String,
+        until_ms: u64,
+        check_first: bool,
+    },
     /// A request for it was refused; `tries` background claims were refused since.
     Refused { tries: u32 },
 }
@@ -169,6 +176,20 @@ impl Warm {
     /// Claims `org` for `registry`, retrying as `why` says; holds the registry only while
     /// an attempt runs, so a dropped registry ends the task.
     async fn claim(&self, registry: Weak<RegistryInner>, org: &OrgId, why: Why) {
+        if let Why::Draining {
+            instance,
+            check_first: true,
+            ..
+        } = &why
+        {
+            let Some(inner) = registry.upgrade() else {
+                return;
+            };
+            match Registry::from_inner(inner).replica().lease(org).await {
+                Ok(Some(lease)) if lease.instance == *instance => {}
+                _ => return,
+            }
+        }
         loop {
             let Ok(permit) = self.permits.acquire().await else {
                 return;
@@ -210,7 +231,9 @@ impl Warm {
                     }
                     return;
                 }
-                Why::Draining { instance, until_ms } => {
+                Why::Draining {
+                    instance, until_ms, ..
+                } => {
                     if self.clock.monotonic_ms() >= *until_ms {
                         return;
                     }

@@ -103,7 +103,10 @@ async fn look(
                 continue;
             }
         };
-        versions.insert(listing.instance.clone(), listing.version);
+        // Seen before this change: a drain that began while this watcher looked.
+        let known = versions
+            .insert(listing.instance.clone(), listing.version)
+            .is_some();
         let Some(lease) = lease.filter(|l| l.draining) else {
             continue;
         };
@@ -121,6 +124,7 @@ async fn look(
                 Why::Draining {
                     instance: lease.instance.clone(),
                     until_ms,
+                    check_first: !known,
                 },
             );
         }
