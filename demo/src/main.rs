@@ -73,8 +73,15 @@ pub struct Handoff {
     pub what: String,
     /// When, ms since the demo start.
     pub at_ms: f64,
-    /// Longest gap between acks of one org across the event, ms.
+    /// Per org, the gap between its last ack before the event and its first ack after
+    /// it, ms: the median, the 99th percentile and the longest.
+    pub org_gap_p50_ms: f64,
+    /// See `org_gap_p50_ms`.
+    pub org_gap_p99_ms: f64,
+    /// See `org_gap_p50_ms`.
     pub max_org_gap_ms: f64,
+    /// Orgs acknowledged after the event (those the gaps are of).
+    pub orgs: usize,
 }
 
 fn main() -> ExitCode {
@@ -211,10 +218,17 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     let audit = audit::audit(&replica, &orgs, &stats.acked).await;
     let handoffs: Vec<Handoff> = events
         .iter()
-        .map(|(what, t)| Handoff {
-            what: what.clone(),
-            at_ms: t.duration_since(started).as_secs_f64() * 1000.0,
-            max_org_gap_ms: report::max_gap_ms(&stats.ack_times, *t),
+        .map(|(what, t)| {
+            let gaps = report::org_gaps_ms(&stats.ack_times, *t);
+            let (p50, p99, max) = report::spread(&gaps);
+            Handoff {
+                what: what.clone(),
+                at_ms: t.duration_since(started).as_secs_f64() * 1000.0,
+                org_gap_p50_ms: p50,
+                org_gap_p99_ms: p99,
+                max_org_gap_ms: max,
+                orgs: gaps.len(),
+            }
         })
         .collect();
     let summary = report::Summary::new(&a, &stats, &audit, &outside, handoffs, started.elapsed());

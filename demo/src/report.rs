@@ -155,10 +155,13 @@ impl Summary {
         );
         for h in &self.handoffs {
             outln!(
-                "handoff        {} at {:.2}s: longest per-org gap between acks {:.0} ms",
+                "handoff        {} at {:.2}s: per-org gap between acks p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} orgs)",
                 h.what,
                 h.at_ms / 1000.0,
-                h.max_org_gap_ms
+                h.org_gap_p50_ms,
+                h.org_gap_p99_ms,
+                h.max_org_gap_ms,
+                h.orgs
             );
         }
         outln!(
@@ -191,8 +194,10 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
-/// Longest per-org gap between the last ack before `event` and the first ack after it.
-pub fn max_gap_ms(acks: &[(usize, Instant)], event: Instant) -> f64 {
+/// Each org's gap across `event`: from its last ack before the event (or the event, for
+/// an org first acknowledged after it) to its first ack after it, ms, sorted ascending.
+/// Orgs with no ack after the event have no gap.
+pub fn org_gaps_ms(acks: &[(usize, Instant)], event: Instant) -> Vec<f64> {
     let mut before: HashMap<usize, Instant> = HashMap::new();
     let mut after: HashMap<usize, Instant> = HashMap::new();
     for (org, t) in acks {
@@ -204,11 +209,22 @@ pub fn max_gap_ms(acks: &[(usize, Instant)], event: Instant) -> f64 {
             *e = (*e).min(*t);
         }
     }
-    after
+    let mut gaps: Vec<f64> = after
         .iter()
         .map(|(org, t)| {
             let from = before.get(org).copied().unwrap_or(event);
             t.duration_since(from).as_secs_f64() * 1000.0
         })
-        .fold(0.0, f64::max)
+        .collect();
+    gaps.sort_by(f64::total_cmp);
+    gaps
+}
+
+/// p50, p99 and max of `sorted` (ascending), 0 when empty.
+pub fn spread(sorted: &[f64]) -> (f64, f64, f64) {
+    (
+        percentile(sorted, 0.50),
+        percentile(sorted, 0.99),
+        sorted.last().copied().unwrap_or(0.0),
+    )
 }

@@ -92,6 +92,7 @@ mod sync;
 mod tenure;
 #[cfg(feature = "test-util")]
 pub mod testing;
+mod warm;
 mod writer;
 
 // The crates this one's signatures use, at the versions it is built against: an embedder
@@ -108,5 +109,5 @@ pub use local::home_id;
 pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
-pub use settings::Settings;
+pub use settings::{Settings, WarmSettings};
 pub use writer::InitFn;

@@ -18,7 +18,7 @@ use crate::{Error, ErrorKind, Org, Settings};
 
 type Slot = Arc<OnceCell<Org>>;
 
-/// Releases [`Registry::shutdown`] runs at once. Each is mostly waiting (a drain on the
+/// Releases [`Registry::shutdown`] runs at once by default ([`Settings::shutdown_concurrency`]). Each is mostly waiting (a drain on the
 /// writer pool, a final ship, a Release entry, a checkpoint on close), so a rolling upgrade
 /// of a thousand orgs is bounded by the store and the disk, not by this: 16 took 6.1 s for
 /// 1000 orgs in `idem-bench` P7, 128 took 3.7 s on the same 2-core machine.
@@ -68,7 +68,12 @@ impl RegistryBuilder {
     /// [`Settings::memory_budget_bytes`], [`Settings::writer_threads`]).
     ///
     /// # Errors
-    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs or writer threads);
+    /// With [`Settings::warm`] enabled, the warm takeover's watcher starts on the current
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] (empty writer id, zero open orgs or writer threads; the
+    /// warm takeover together with `force_claim`, or without a tokio runtime);
     /// [`Error::DataDir`] when the data directory cannot be created or locked.
     pub fn build(self) -> Result<Registry, Error> {
         if self.writer_id.is_empty()
@@ -78,6 +83,18 @@ impl RegistryBuilder {
             return Err(Error::InvalidSettings {
                 reason: "writer id must be non-empty, max_open_orgs and writer_threads at least 1"
                     .into(),
+            });
+        }
+        let warm = self.settings.warm.enabled;
+        if warm && self.settings.force_claim {
+            // A forced claim takes an org from a live holder; the watcher never may.
+            return Err(Error::InvalidSettings {
+                reason: "the warm takeover cannot run with force_claim".into(),
+            });
+        }
+        if warm && tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidSettings {
+                reason: "the warm takeover needs a tokio runtime to build the registry in".into(),
             });
         }
         std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::DataDir {
@@ -116,7 +133,17 @@ impl RegistryBuilder {
             budget.ship_cache_pages,
         );
         let pool = Pool::new(settings.writer_threads);
-        Ok(Registry {
+        let warm = warm.then(|| {
+            Arc::new(crate::warm::Warm::new(
+                settings.warm.clone(),
+                self.clock.clone(),
+            ))
+        });
+        let poll_ms = match settings.warm.poll_ms {
+            0 => (self.replica.settings().lease_ms / 3).max(1),
+            ms => ms,
+        };
+        let registry = Registry {
             inner: Arc::new(RegistryInner {
                 data_dir: self.data_dir,
                 replica: self.replica,
@@ -130,8 +157,13 @@ impl RegistryBuilder {
                 home: Arc::new(home),
                 orgs: Mutex::new(HashMap::new()),
                 shutting_down: std::sync::atomic::AtomicBool::new(false),
+                warm: warm.clone(),
             }),
-        })
+        };
+        if let Some(warm) = warm {
+            crate::warm::spawn(&registry, warm, poll_ms);
+        }
+        Ok(registry)
     }
 }
 
@@ -141,7 +173,7 @@ pub struct Registry {
     inner: Arc<RegistryInner>,
 }
 
-struct RegistryInner {
+pub(crate) struct RegistryInner {
     data_dir: PathBuf,
     replica: Replica,
     writer_id: String,
@@ -159,6 +191,8 @@ struct RegistryInner {
     orgs: Mutex<HashMap<OrgId, Slot>>,
     /// Set by [`Registry::shutdown`]: no org opens any more.
     shutting_down: std::sync::atomic::AtomicBool,
+    /// The warm takeover, when [`Settings::warm`] enables it.
+    warm: Option<Arc<crate::warm::Warm>>,
 }
 
 /// Progress of [`Registry::prune_all`], reported after each org.
@@ -189,6 +223,27 @@ impl Registry {
             clock: Arc::new(idem::SystemClock),
             init: None,
         }
+    }
+
+    pub(crate) fn from_inner(inner: Arc<RegistryInner>) -> Registry {
+        Registry { inner }
+    }
+
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<RegistryInner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// Orgs the warm takeover ([`Settings::warm`]) opened in the background so far: those a
+    /// draining process listed and those a held lease refused before its holder lapsed.
+    pub fn warm_claims(&self) -> u64 {
+        self.inner.warm.as_ref().map_or(0, |w| w.claimed())
+    }
+
+    /// True while one more org may open without passing the open-org or active-org limit
+    /// in force: a background claim never makes room by releasing or parking others.
+    pub(crate) fn has_room(&self) -> bool {
+        lock(&self.inner.orgs).len() < self.inner.budget.open_orgs
+            && self.inner.active.len() < self.inner.budget.active_orgs
     }
 
     /// The snapshot store.
@@ -249,6 +304,16 @@ impl Registry {
     /// Claim errors (lease held by a live writer, contention: retry); hydrate errors (corrupt
     /// snapshot: stop); local file errors.
     pub async fn acquire(&self, id: &OrgId) -> Result<Org, Error> {
+        let result = self.acquire_unnoted(id).await;
+        if let Some(warm) = &self.inner.warm {
+            // A held lease is remembered, to claim in the background once it lapses.
+            warm.after_request(id, &result);
+        }
+        result
+    }
+
+    /// [`Registry::acquire`] without telling the warm takeover: its own claims use it.
+    pub(crate) async fn acquire_unnoted(&self, id: &OrgId) -> Result<Org, Error> {
         loop {
             if self.shutting_down() {
                 return Err(Error::ShuttingDown { org: id.clone() });
@@ -323,7 +388,7 @@ impl Registry {
         }
     }
 
-    fn shutting_down(&self) -> bool {
+    pub(crate) fn shutting_down(&self) -> bool {
         self.inner
             .shutting_down
             .load(std::sync::atomic::Ordering::SeqCst)
@@ -442,7 +507,10 @@ impl Registry {
     /// Releases every open org (final ship, Release entry, close): what a replica does on
     /// SIGTERM during a rolling upgrade, so successors claim at once.
     ///
-    /// Releases run [`SHUTDOWN_CONCURRENCY`] at a time: each is a final ship and a Release
+    /// First the process lease says the process is draining and lists the orgs it releases
+    /// (one PUT, [`idem_replica::Replica::drain`]), so a successor running the warm
+    /// takeover claims each as its Release entry lands. Releases then run
+    /// [`Settings::shutdown_concurrency`] at a time: each is a final ship and a Release
     /// entry (a few store round trips), so hundreds of orgs move to their successors in
     /// seconds instead of one after another.
     pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
@@ -450,7 +518,19 @@ impl Registry {
         self.inner
             .shutting_down
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(warm) = &self.inner.warm {
+            warm.wake.notify_one();
+        }
         let slots: Vec<(OrgId, Slot)> = lock(&self.inner.orgs).drain().collect();
+        if !slots.is_empty() {
+            let ids: Vec<OrgId> = slots.iter().map(|(id, _)| id.clone()).collect();
+            if !self.inner.replica.drain(&ids).await {
+                tracing::info!(
+                    orgs = ids.len(),
+                    "draining not said in the process lease: successors claim at their next requests"
+                );
+            }
+        }
         let released: Vec<Option<(OrgId, Result<(), Error>)>> = futures::stream::iter(slots)
             .map(|(id, slot)| async move {
                 // An org still opening is waited for (the cell runs one initializer at a
@@ -462,7 +542,7 @@ impl Registry {
                     .clone();
                 Some((id, org.release().await))
             })
-            .buffer_unordered(SHUTDOWN_CONCURRENCY)
+            .buffer_unordered(self.inner.settings.shutdown_concurrency.max(1))
             .collect()
             .await;
         released.into_iter().flatten().collect()

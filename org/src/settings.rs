@@ -59,6 +59,48 @@ pub struct Settings {
     /// equals the newest entry's), downloading nothing. Default true; false deletes the
     /// file at release and every acquire downloads.
     pub reuse_released_files: bool,
+    /// Releases [`crate::Registry::shutdown`] runs at once. Default
+    /// [`crate::SHUTDOWN_CONCURRENCY`]; 0 is taken as 1.
+    pub shutdown_concurrency: usize,
+    /// The warm takeover: claiming, in the background, the orgs a draining process is
+    /// releasing and those a crashed one held (see [`WarmSettings`]). Off by default.
+    pub warm: WarmSettings,
+}
+
+/// Settings of a registry's warm takeover (docs/design.md, section 3f). A watcher task lists
+/// `processes/` every `poll_ms`, GETs the process leases whose version changed, and claims
+/// the orgs a draining process lists once each one's Release entry is at the head; and it
+/// claims again the orgs this registry was refused with a held lease, once the wait the
+/// refusal named has passed. Every claim is the normal one, never forced (I7, I15).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmSettings {
+    /// Run the watcher (needs a tokio runtime when the registry is built). Refused together
+    /// with [`Settings::force_claim`], which would take orgs from live holders. Default false.
+    pub enabled: bool,
+    /// Background claims (claim and hydrate or resume) in flight at once. Default 64; 0 is
+    /// taken as 1.
+    pub concurrency: usize,
+    /// Ms between two LISTs of `processes/`; 0 (default) = the replica's renewal period,
+    /// `lease_ms / 3`: one LIST and a GET per other live process per period.
+    pub poll_ms: u64,
+    /// Ms before a background claim of an org a draining process lists, refused because
+    /// its Release entry is not at the head yet, is tried again. Default 200.
+    pub retry_ms: u64,
+    /// Most orgs remembered after a refusal with a held lease, to claim once the holder's
+    /// lease lapses; beyond it, new refusals are not remembered. Default 10 000.
+    pub remember: usize,
+}
+
+impl Default for WarmSettings {
+    fn default() -> Self {
+        WarmSettings {
+            enabled: false,
+            concurrency: 64,
+            poll_ms: 0,
+            retry_ms: 200,
+            remember: 10_000,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -76,6 +118,8 @@ impl Default for Settings {
             retention: idem_replica::Retention::default(),
             force_claim: false,
             reuse_released_files: true,
+            shutdown_concurrency: crate::SHUTDOWN_CONCURRENCY,
+            warm: WarmSettings::default(),
         }
     }
 }

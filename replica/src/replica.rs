@@ -271,6 +271,30 @@ impl Replica {
         self.inner.leases.process_lease(instance).await
     }
 
+    /// Every process lease in the store (`processes/<instance>.json`), by instance and a
+    /// version that changes at each rewrite, from one LIST: a watcher GETs
+    /// ([`Replica::process_lease`]) only those whose version changed since it last looked.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub async fn process_leases(&self) -> Result<Vec<crate::ProcessListing>, Error> {
+        self.inner.leases.process_leases().await
+    }
+
+    /// Says in this process's lease that it is draining and releasing `orgs`
+    /// ([`ProcessLease::draining`], [`ProcessLease::releasing`]): one PUT now, and every
+    /// later renewal says it too. Call it when the process begins to shut down, before the
+    /// releases. It moves nothing by itself: a successor still claims each org by the
+    /// normal rule, once its Release entry is at the head (I7, I15). Returns false, having
+    /// written nothing, when this handle holds no process lease (it never claimed), or when
+    /// the write failed (logged; the next renewal carries it).
+    pub async fn drain(&self, orgs: &[OrgId]) -> bool {
+        if self.writable("drain").is_err() {
+            return false;
+        }
+        self.inner.leases.drain(orgs).await
+    }
+
     /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
     /// reads the object that proves the holder alive — its process lease, or for a lease of
     /// an older version the org lease itself — and compares it with what this handle saw

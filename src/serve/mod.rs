@@ -162,6 +162,13 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
     let registry = Registry::builder(&a.data, replica, writer.clone())
         .settings(idem_org::Settings {
             force_claim: a.force_claim,
+            // Claims in the background what a draining or dead process held, so a request
+            // finds its org open; never with a forced claim, which would take orgs from live
+            // holders.
+            warm: idem_org::WarmSettings {
+                enabled: !a.force_claim,
+                ..idem_org::WarmSettings::default()
+            },
             ..idem_org::Settings::default()
         })
         .on_open(ledger::init)

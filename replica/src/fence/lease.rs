@@ -93,10 +93,35 @@ pub struct ProcessLease {
     /// Where the process's clients reach it, if it said.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addr: Option<String>,
+    /// True once the process is shutting down: it is releasing the orgs in `releasing`
+    /// (final ship, Release entry) and opens none. A successor may claim them as their
+    /// Release entries land, by the normal claim rule (it never forces). False in leases of
+    /// older versions, and absent from the wire when false (older readers skip the key).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
+    /// While `draining`, the ids of the orgs the process held when it began to drain;
+    /// empty otherwise. Ids as the holder wrote them: a reader validates each with
+    /// [`crate::OrgId::new`] before it names an object (I12).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub releasing: Vec<String>,
+}
+
+/// A process lease as a LIST of `processes/` shows it, without its body
+/// ([`crate::Replica::process_leases`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ProcessListing {
+    /// The process instance (32 hex digits; other names under `processes/` are skipped).
+    pub instance: String,
+    /// What changes whenever the object is rewritten: its ETag, else its size and
+    /// Last-Modified. Compared only with an earlier listing of the same object, never read
+    /// as a time (I15).
+    pub version: String,
 }
 
 /// `processes/<instance>.json` on the wire:
-/// `{"v":1,"instance":…,"expires_at_ms":…,"renewals":…,"term_ms":…}` (`addr` only when set).
+/// `{"v":1,"instance":…,"expires_at_ms":…,"renewals":…,"term_ms":…}` (`addr` only when set;
+/// `draining` and `releasing` only while the process drains).
 #[derive(Serialize, Deserialize)]
 struct ProcessWire {
     v: u64,
@@ -210,6 +235,12 @@ pub(crate) struct Leases {
     renewals: AtomicU64,
     /// Other writers' liveness objects as this handle saw them (I15, bounded).
     watch: Watch,
+    /// Set when this process begins to drain: the orgs it is releasing, written into every
+    /// later write of its process lease.
+    draining: std::sync::Mutex<Option<Vec<String>>>,
+    /// Held across each write of this process's lease, so a renewal built before the
+    /// process began to drain never lands after the write that said so.
+    writing: tokio::sync::Mutex<()>,
 }
 
 impl Leases {
@@ -229,6 +260,8 @@ impl Leases {
             started: tokio::sync::OnceCell::new(),
             renewals: AtomicU64::new(0),
             watch: Watch::default(),
+            draining: std::sync::Mutex::new(None),
+            writing: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -359,15 +392,62 @@ impl Leases {
             .await;
     }
 
+    /// Says in this process's lease that it is draining and which orgs it is releasing
+    /// (one PUT now; every later renewal says it too), so a successor watching
+    /// `processes/` claims them as they are released. False, writing nothing, when this
+    /// process holds no lease (it never claimed through this handle, so holds no org), or
+    /// when the write fails (logged): the renewal task retries it within a period.
+    pub(crate) async fn drain(&self, orgs: &[OrgId]) -> bool {
+        if !self.started() {
+            return false;
+        }
+        *idem_base::lock(&self.draining) = Some(orgs.iter().map(|o| o.to_string()).collect());
+        self.put_process_lease().await
+    }
+
+    /// Every process lease under `processes/`, by instance and version, from one LIST.
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub(crate) async fn process_leases(&self) -> Result<Vec<ProcessListing>, Error> {
+        use futures::TryStreamExt;
+        let dir = self.store.layout.processes();
+        let metas: Vec<object_store::ObjectMeta> = self
+            .store
+            .object
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("list", &dir, e))?;
+        let mut out: Vec<ProcessListing> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let instance = m.location.filename()?.strip_suffix(".json")?.to_owned();
+                valid_instance(&instance).then(|| ProcessListing {
+                    version: m.e_tag.unwrap_or_else(|| {
+                        format!("{}:{}", m.size, m.last_modified.timestamp_micros())
+                    }),
+                    instance,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.instance.cmp(&b.instance));
+        Ok(out)
+    }
+
     /// Writes this process's lease for another `lease_ms`; false (logged) when the write
     /// fails.
     async fn put_process_lease(&self) -> bool {
+        let _writing = self.writing.lock().await;
+        let releasing = idem_base::lock(&self.draining).clone();
         let lease = ProcessLease {
             instance: self.instance.clone(),
             expires_at_ms: self.clock.now_ms().saturating_add(self.lease_ms),
             renewals: self.renewals.fetch_add(1, Ordering::Relaxed),
             term_ms: self.lease_ms,
             addr: self.advertise.clone(),
+            draining: releasing.is_some(),
+            releasing: releasing.unwrap_or_default(),
         };
         let path = self.store.layout.process(&lease.instance);
         let body = match serde_json::to_vec(&ProcessWire {
@@ -417,5 +497,28 @@ mod tests {
             Err(Error::UnknownFormat { .. })
         ));
         Ok(())
+    }
+
+    #[test]
+    fn a_draining_process_lease_names_its_orgs_and_older_leases_read_as_not_draining() {
+        let id = "0269a007f46e0ec5d8bce6b2d6d01284";
+        let old =
+            format!(r#"{{"v":1,"instance":"{id}","expires_at_ms":5,"renewals":2,"term_ms":30}}"#);
+        let read = parse_process_lease("p", id, &Bytes::from(old.clone()));
+        assert_eq!(
+            read.as_ref().map(|l| (l.draining, l.releasing.len())),
+            Some((false, 0))
+        );
+        // Not draining: the wire is what older versions wrote, byte for byte.
+        let again = read.map(|lease| serde_json::to_string(&ProcessWire { v: 1, lease }).ok());
+        assert_eq!(again, Some(Some(old)));
+        let draining = format!(
+            r#"{{"v":1,"instance":"{id}","expires_at_ms":5,"renewals":3,"term_ms":30,"draining":true,"releasing":["acme","beta"]}}"#
+        );
+        let read = parse_process_lease("p", id, &Bytes::from(draining));
+        assert_eq!(
+            read.map(|l| (l.draining, l.releasing)),
+            Some((true, vec!["acme".to_owned(), "beta".to_owned()]))
+        );
     }
 }

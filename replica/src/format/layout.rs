@@ -56,6 +56,10 @@ impl Layout {
     pub(crate) fn lease(&self, org: &OrgId) -> Path {
         self.join(&format!("orgs/{org}/lease.json"))
     }
+    /// The folder of every process lease.
+    pub(crate) fn processes(&self) -> Path {
+        self.join("processes")
+    }
     /// `instance` must pass `lease::valid_instance` (one path segment, I12).
     pub(crate) fn process(&self, instance: &str) -> Path {
         self.join(&format!("processes/{instance}.json"))

@@ -1,0 +1,263 @@
+//! The warm takeover: claiming orgs in the background before their next requests arrive.
+//!
+//! Two sources name the orgs to claim. A draining process lists, in its process lease, the
+//! orgs it is releasing ([`idem_replica::ProcessLease::releasing`]); the watcher
+//! (`watcher.rs`) finds it by listing `processes/`. And a request this registry refused
+//! with a held lease ([`idem_replica::Error::LeaseHeld`]) leaves the org remembered here,
+//! with the wait the refusal named, so that when the holder turns out dead (its process
+//! lease unchanged for a whole watch) the org is claimed with every other such org at once.
+//!
+//! Every claim is the normal one through [`crate::Registry`]: never forced, so it passes
+//! only when the org's Release entry is at the head or its holder's process lease was seen
+//! unchanged for a whole watch (I7, I15). A claim refused again is retried later, never
+//! pushed through. Background claims are bounded in number ([`WarmSettings::concurrency`])
+//! and stop at the registry's open-org and active-org limits and when it shuts down.
+
+mod watcher;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use idem_replica::OrgId;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::registry::{Registry, RegistryInner};
+use crate::sync::lock;
+use crate::{Error, WarmSettings};
+
+pub(crate) use watcher::spawn;
+
+/// Times an org refused with a held lease is claimed again in the background before it is
+/// forgotten (a later request remembers it again): a holder that keeps renewing is alive,
+/// and its orgs stay where they are.
+const REFUSED_TRIES: u32 = 3;
+
+/// How long, in multiples of the draining holder's term, the orgs it lists are retried
+/// while their Release entries have not landed: past it the holder has either released
+/// them or died, and a claim then waits for the normal watch like any other.
+const DRAINING_TERMS: u64 = 3;
+
+/// The warm takeover's state in a registry: see the module docs.
+pub(crate) struct Warm {
+    settings: WarmSettings,
+    clock: Arc<dyn idem::Clock>,
+    /// Orgs refused with a held lease, to claim again once the wait the refusal named has
+    /// passed (at most `settings.remember`).
+    refused: std::sync::Mutex<HashMap<OrgId, Refusal>>,
+    /// Orgs with a background claim under way: each has one task at most.
+    claiming: std::sync::Mutex<HashSet<OrgId>>,
+    /// Background claims in flight (each attempt holds one permit).
+    permits: Arc<Semaphore>,
+    /// Wakes the watcher: a refusal was remembered, or the registry is shutting down.
+    pub(crate) wake: Notify,
+    /// Orgs opened by a background claim so far.
+    claimed: AtomicU64,
+    /// Set by a held-lease refusal: the holder may be draining, so the watcher lists
+    /// `processes/` at its next wake instead of at its next poll (at most once per
+    /// `settings.retry_ms`).
+    pub(crate) look_now: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    /// Monotonic ms of the registry's clock when a claim may pass.
+    due_ms: u64,
+    /// Background claims already refused.
+    tries: u32,
+}
+
+/// Why a background claim runs, and so what a refusal with a held lease means.
+#[derive(Debug, Clone)]
+pub(crate) enum Why {
+    /// A draining process (this instance) lists the org: retry every `retry_ms` until
+    /// `until_ms` (monotonic), while the org lease still names that process. With
+    /// `check_first`, the org lease is read before the first attempt too: the drain was
+    /// first seen already under way (this watcher just started), and may be long over,
+    /// its orgs held by live successors, which a claim attempt would only disturb.
+    Draining {
+        instance: String,
+        until_ms: u64,
+        check_first: bool,
+    },
+    /// A request for it was refused; `tries` background claims were refused since.
+    Refused { tries: u32 },
+}
+
+/// The wait, in ms of this registry's monotonic clock, a held-lease refusal names.
+pub(crate) fn held_ms(e: &Error) -> Option<u64> {
+    match e {
+        Error::Replica { source, .. } => match **source {
+            idem_replica::Error::LeaseHeld { retry_after_ms, .. } => Some(retry_after_ms),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl Warm {
+    pub(crate) fn new(settings: WarmSettings, clock: Arc<dyn idem::Clock>) -> Warm {
+        Warm {
+            permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+            settings,
+            clock,
+            refused: std::sync::Mutex::new(HashMap::new()),
+            claiming: std::sync::Mutex::new(HashSet::new()),
+            wake: Notify::new(),
+            claimed: AtomicU64::new(0),
+            look_now: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Orgs opened by a background claim so far.
+    pub(crate) fn claimed(&self) -> u64 {
+        self.claimed.load(Ordering::Relaxed)
+    }
+
+    /// Notes what a request's acquire of `org` came to: a held-lease refusal is remembered
+    /// (first refusal, no background try yet), an open org is forgotten.
+    pub(crate) fn after_request(&self, org: &OrgId, result: &Result<crate::Org, Error>) {
+        match result {
+            Ok(_) => {
+                lock(&self.refused).remove(org);
+            }
+            Err(e) => {
+                if let Some(wait_ms) = held_ms(e) {
+                    self.look_now.store(true, Ordering::Relaxed);
+                    self.remember(org, wait_ms, 0);
+                }
+            }
+        }
+    }
+
+    /// Remembers `org` to claim `wait_ms` from now, unless the bound is reached.
+    fn remember(&self, org: &OrgId, wait_ms: u64, tries: u32) {
+        let due_ms = self.clock.monotonic_ms().saturating_add(wait_ms);
+        {
+            let mut refused = lock(&self.refused);
+            if refused.len() >= self.settings.remember && !refused.contains_key(org) {
+                tracing::debug!(%org, "warm takeover: refusal not remembered, bound reached");
+                return;
+            }
+            refused.insert(org.clone(), Refusal { due_ms, tries });
+        }
+        self.wake.notify_one();
+    }
+
+    /// Takes the remembered orgs now due; returns them and the monotonic ms the next one
+    /// falls due, if any remain.
+    fn take_due(&self) -> (Vec<(OrgId, u32)>, Option<u64>) {
+        let now = self.clock.monotonic_ms();
+        let mut refused = lock(&self.refused);
+        let due: Vec<(OrgId, u32)> = refused
+            .iter()
+            .filter(|(_, r)| r.due_ms <= now)
+            .map(|(o, r)| (o.clone(), r.tries))
+            .collect();
+        for (org, _) in &due {
+            refused.remove(org);
+        }
+        let next = refused.values().map(|r| r.due_ms).min();
+        (due, next)
+    }
+
+    /// Starts a background claim of `org` unless one runs already.
+    fn start(self: &Arc<Self>, registry: Weak<RegistryInner>, org: OrgId, why: Why) {
+        if !lock(&self.claiming).insert(org.clone()) {
+            return;
+        }
+        let warm = self.clone();
+        tokio::spawn(async move {
+            warm.claim(registry, &org, why).await;
+            lock(&warm.claiming).remove(&org);
+        });
+    }
+
+    /// Claims `org` for `registry`, retrying as `why` says; holds the registry only while
+    /// an attempt runs, so a dropped registry ends the task.
+    async fn claim(&self, registry: Weak<RegistryInner>, org: &OrgId, why: Why) {
+        if let Why::Draining {
+            instance,
+            check_first: true,
+            ..
+        } = &why
+        {
+            let Some(inner) = registry.upgrade() else {
+                return;
+            };
+            match Registry::from_inner(inner).replica().lease(org).await {
+                Ok(Some(lease)) if lease.instance == *instance => {}
+                _ => return,
+            }
+        }
+        loop {
+            let Ok(permit) = self.permits.acquire().await else {
+                return;
+            };
+            let Some(inner) = registry.upgrade() else {
+                return;
+            };
+            let registry_now = Registry::from_inner(inner);
+            if registry_now.shutting_down() {
+                return;
+            }
+            if registry_now.serving(org).is_some() {
+                return;
+            }
+            if !registry_now.has_room() {
+                tracing::info!(%org, "warm takeover: at the open or active org limit, not claiming");
+                return;
+            }
+            let result = registry_now.acquire_unnoted(org).await;
+            drop(permit);
+            let e = match result {
+                Ok(_) => {
+                    self.claimed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%org, "warm takeover: claimed in the background");
+                    return;
+                }
+                Err(e) => e,
+            };
+            let Some(wait_ms) = held_ms(&e) else {
+                if !matches!(e, Error::ShuttingDown { .. }) {
+                    tracing::warn!(%org, error = %e, "warm takeover: background claim failed");
+                }
+                return;
+            };
+            match &why {
+                Why::Refused { tries } => {
+                    if tries + 1 < REFUSED_TRIES {
+                        self.remember(org, wait_ms, tries + 1);
+                    }
+                    return;
+                }
+                Why::Draining {
+                    instance, until_ms, ..
+                } => {
+                    if self.clock.monotonic_ms() >= *until_ms {
+                        return;
+                    }
+                    // Another live process took the org (its lease names it): it stays there.
+                    match registry_now.replica().lease(org).await {
+                        Ok(Some(lease)) if lease.instance != *instance => return,
+                        Err(_) => return,
+                        _ => {}
+                    }
+                }
+            }
+            drop(registry_now);
+            tokio::time::sleep(std::time::Duration::from_millis(
+                self.settings.retry_ms.max(1),
+            ))
+            .await;
+        }
+    }
+
+    /// How long the orgs a draining holder with lease term `term_ms` lists are retried:
+    /// until this monotonic ms.
+    fn draining_until(&self, term_ms: u64) -> u64 {
+        self.clock
+            .monotonic_ms()
+            .saturating_add(term_ms.max(1_000).saturating_mul(DRAINING_TERMS))
+    }
+}

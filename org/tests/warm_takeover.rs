@@ -1,0 +1,258 @@
+//! The warm takeover (I2, I6, I7, I15): two registries over one store. Guards against
+//! (1) a rolling upgrade leaving every org of a drained process closed until its next
+//! request reaches the successor: after A's shutdown, B holds every org A released without
+//! any request to B, A acknowledges nothing after B's claim, and a process started after
+//! the drain (A's lease still says it drains) takes nothing from B; (2) a watcher that takes
+//! orgs from a live holder: while A runs and is not draining, B's watcher claims nothing,
+//! even for orgs B was asked for; (3) a crashed holder's orgs staying closed until each one's
+//! next request: B, refused once per org while A's lease looked live, opens them all
+//! without further requests once it has seen A's lease unchanged for a whole watch. Each
+//! case ends with the exactly-once oracle on every org.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{R, effect, registry};
+use idem_org::{Registry, Settings, WarmSettings};
+use idem_replica::fault::{Fault, FaultStore, Op};
+use idem_replica::{Clock, ManualClock, OrgId, Replica, SystemClock};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const LEASE_MS: u64 = 1_000;
+const ORGS: usize = 12;
+
+fn orgs() -> Vec<String> {
+    (0..ORGS).map(|i| format!("org{i:02}")).collect()
+}
+
+fn warm() -> Settings {
+    Settings {
+        warm: WarmSettings {
+            enabled: true,
+            poll_ms: 50,
+            retry_ms: 20,
+            ..WarmSettings::default()
+        },
+        ..Settings::default()
+    }
+}
+
+async fn open(
+    store: Arc<dyn ObjectStore>,
+    clock: Arc<dyn Clock>,
+) -> Result<Replica, common::BoxErr> {
+    let settings = idem_replica::Settings {
+        lease_ms: LEASE_MS,
+        ..idem_replica::Settings::default()
+    };
+    Ok(Replica::open_with(store, "t", settings, clock, None).await?)
+}
+
+/// Polls `cond` until it holds, failing after `secs`: a liveness bound, never the assertion.
+async fn within(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let waited = idem_base::Stopwatch::start();
+    while !cond() {
+        if waited.elapsed() > Duration::from_secs(secs) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+/// Sends `keys` first runs to every org through `reg`; returns the acknowledged keys per org.
+async fn serve(
+    reg: &Registry,
+    prefix: &str,
+    keys: usize,
+) -> Result<Vec<Vec<String>>, common::BoxErr> {
+    let mut acked = Vec::new();
+    for org in orgs() {
+        let id = OrgId::new(&org)?;
+        let mut done = Vec::new();
+        for k in 0..keys {
+            let key = format!("{prefix}-{k}");
+            let out = reg.once(&id, &key, effect(&org, &key)).await?;
+            assert!(out.applied, "{org}/{key} ran once");
+            done.push(key);
+        }
+        acked.push(done);
+    }
+    Ok(acked)
+}
+
+/// Shuts `reg` down, then checks every org exactly once against `acked`.
+async fn oracle(
+    reg: &Registry,
+    replica: &Replica,
+    acked: &[Vec<String>],
+    dir: &std::path::Path,
+) -> R {
+    for (_, r) in reg.shutdown().await {
+        r?;
+    }
+    for (org, keys) in orgs().iter().zip(acked) {
+        common::oracle::exactly_once(replica, org, keys, &[], &dir.join(org)).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_drain_the_successor_holds_every_released_org_without_a_request() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone(), Arc::new(SystemClock)).await?;
+    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let mut acked = serve(&a, "a", 3).await?;
+    let rb = open(store.clone(), Arc::new(SystemClock)).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", warm())?;
+    // A handle A keeps past its shutdown: whatever it is asked after B's claim is refused.
+    let kept = a.acquire(&OrgId::new("org00")?).await?;
+
+    for (org, r) in a.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    assert!(
+        within(20, || b.open_orgs().len() == ORGS).await,
+        "B opened {} of {ORGS} orgs",
+        b.open_orgs().len()
+    );
+    assert_eq!(
+        b.warm_claims(),
+        ORGS as u64,
+        "every org claimed by the watcher"
+    );
+    assert!(b.open_orgs().iter().all(|o| o.is_serving()));
+
+    // Fencing: A acknowledges nothing after B's claim, through its handle or its registry.
+    let late = kept.once("late", effect("org00", "late")).await;
+    assert!(late.is_err(), "A acknowledged after B's claim: {late:?}");
+    assert!(
+        a.once(&OrgId::new("org00")?, "late2", effect("org00", "late2"))
+            .await
+            .is_err()
+    );
+
+    // A process started after the drain finds A's lease still saying so: the orgs are B's
+    // now (live), and stay there.
+    let rc = open(store.clone(), Arc::new(SystemClock)).await?;
+    let c = registry(&dir.path().join("c"), rc, "wc", warm())?;
+    let lists = c.replica().store_requests().list;
+    assert!(
+        within(20, || c.replica().store_requests().list >= lists + 10).await,
+        "C's watcher did not run"
+    );
+    assert!(c.open_orgs().is_empty(), "C took orgs from a live B");
+    assert_eq!(c.warm_claims(), 0);
+    assert_eq!(b.open_orgs().len(), ORGS);
+    drop(c);
+
+    // B replays what A acknowledged and serves new keys.
+    for (org, keys) in orgs().iter().zip(&mut acked) {
+        let id = OrgId::new(org)?;
+        for key in keys.iter() {
+            let out = b.once(&id, key, effect(org, key)).await?;
+            assert!(!out.applied, "{org}/{key} replayed, not run again");
+            assert_eq!(out.result, key.as_bytes());
+        }
+        let out = b.once(&id, "b-0", effect(org, "b-0")).await?;
+        assert!(out.applied);
+        keys.push("b-0".into());
+    }
+    oracle(&b, &rb, &acked, dir.path()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watcher_never_claims_from_a_live_holder_that_is_not_draining() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone(), Arc::new(SystemClock)).await?;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", Settings::default())?;
+    let mut acked = serve(&a, "a", 2).await?;
+    let rb = open(store.clone(), Arc::new(SystemClock)).await?;
+    let b = registry(&dir.path().join("b"), rb, "wb", warm())?;
+    // Asked for an org A holds: refused, and remembered.
+    let asked = b
+        .once(&OrgId::new("org00")?, "b", effect("org00", "b"))
+        .await;
+    assert!(asked.is_err(), "B took an org from a live A: {asked:?}");
+
+    // The watcher lists processes/ several times, and A renews meanwhile (1 s lease: every
+    // 333 ms), past B's first background retry of the refused org (one watch, 1.1 s).
+    let lists = b.replica().store_requests().list;
+    let renewals = |r: &Replica| r.store_requests().put;
+    let puts = renewals(&ra);
+    assert!(
+        within(20, || b.replica().store_requests().list >= lists + 40
+            && renewals(&ra) >= puts + 6)
+        .await,
+        "the watcher did not run"
+    );
+    assert!(b.open_orgs().is_empty(), "B claimed from a live A");
+    assert_eq!(b.warm_claims(), 0);
+
+    // A still serves every org.
+    for (org, keys) in orgs().iter().zip(&mut acked) {
+        let out = a
+            .once(&OrgId::new(org)?, "a-late", effect(org, "a-late"))
+            .await?;
+        assert!(out.applied);
+        keys.push("a-late".into());
+    }
+    for (_, r) in b.shutdown().await {
+        r?;
+    }
+    oracle(&a, &ra, &acked, dir.path()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn after_a_crash_every_refused_org_opens_once_the_holders_lease_lapses() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    // A's view of the store: once it "dies", its process-lease renewals never land.
+    let a_store = Arc::new(FaultStore::new(store.clone()));
+    let ra = open(a_store.clone(), Arc::new(SystemClock)).await?;
+    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let acked = serve(&a, "a", 3).await?;
+    let kept = a.acquire(&OrgId::new("org00")?).await?;
+    a_store.inject_times(Op::Put, "processes/", 1, u64::MAX, Fault::FailBefore);
+
+    // B's clock drives its watch of A's lease (I15): nothing lapses until the test says.
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let rb = open(store.clone(), clock.clone()).await?;
+    let b = Registry::builder(dir.path().join("b"), rb.clone(), "wb")
+        .settings(warm())
+        .clock(clock.clone())
+        .on_open(|c| c.execute_batch(common::LEDGER))
+        .build()?;
+    for org in orgs() {
+        let asked = b.acquire(&OrgId::new(&org)?).await;
+        let err = asked.err().ok_or("B claimed before A's lease lapsed")?;
+        assert!(err.retry_after().is_some(), "{org}: {err}");
+    }
+    assert!(b.open_orgs().is_empty());
+
+    // A whole watch (1.1 s) of B's clock with A's lease unchanged: no request is sent to B.
+    // A renewal of A's already in flight when it died may land once; its change restarts
+    // the watch, so the clock moves again until every org is open (a liveness bound).
+    let mut opened = false;
+    for _ in 0..5 {
+        clock.advance(LEASE_MS + LEASE_MS / 5);
+        if within(5, || b.open_orgs().len() == ORGS).await {
+            opened = true;
+            break;
+        }
+    }
+    assert!(opened, "B opened {} of {ORGS} orgs", b.open_orgs().len());
+    assert_eq!(b.warm_claims(), ORGS as u64);
+
+    // The dead A's ships are fenced: it acknowledges nothing after B's claim.
+    let late = kept.once("late", effect("org00", "late")).await;
+    assert!(late.is_err(), "A acknowledged after B's claim: {late:?}");
+    drop(kept);
+    drop(a);
+    oracle(&b, &rb, &acked, dir.path()).await
+}
