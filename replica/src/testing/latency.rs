@@ -210,6 +210,13 @@ fn now() -> Instant {
     Instant::now()
 }
 
+/// Waits `d`; no timer at all for zero, so a zero shape adds nothing but the record.
+async fn sleep(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
+}
+
 /// The wrapper: every request waits a seeded draw from its kind's shape, then goes to the
 /// inner store. Same seed, same sequence of draws (in the order requests arrive).
 #[derive(Debug)]
@@ -249,7 +256,7 @@ impl LatencyStore {
     /// Waits out a draw for `op`; returns when the request is sent.
     async fn wait(&self, op: Op) -> Instant {
         let start = now();
-        tokio::time::sleep(self.shared.delay(&self.shapes, op)).await;
+        sleep(self.shared.delay(&self.shapes, op)).await;
         start
     }
 }
@@ -351,7 +358,7 @@ impl ObjectStore for LatencyStore {
                 async move {
                     let path = location?;
                     let start = now();
-                    tokio::time::sleep(shared.delay(&shapes, Op::Delete)).await;
+                    sleep(shared.delay(&shapes, Op::Delete)).await;
                     let one = futures::stream::once(std::future::ready(Ok(path.clone())));
                     let result = match inner.delete_stream(one.boxed()).next().await {
                         Some(result) => result,
@@ -408,7 +415,7 @@ impl LatencyStore {
             let shared = shared.clone();
             async move {
                 let start = now();
-                tokio::time::sleep(shared.delay(&shapes, Op::List)).await;
+                sleep(shared.delay(&shapes, Op::List)).await;
                 (start, open(prefix))
             }
         };
