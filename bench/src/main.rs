@@ -1,4 +1,4 @@
-//! `idem-bench`: the side-by-side benchmark table (P1–P9 of BENCHMARKS.md), in one run.
+//! `idem-bench`: the side-by-side benchmark table (P1–P10 of BENCHMARKS.md), in one run.
 //!
 //! Every row is measured in this process run, so ratios compare like with like on a noisy
 //! shared machine. `--quick` shrinks every size for a CI smoke run. P8 runs each operation
@@ -21,6 +21,7 @@ mod hydrate;
 mod litestream;
 mod memory;
 mod orgs;
+mod p10;
 mod resnapshot;
 mod uploaded;
 mod versus;
@@ -68,6 +69,10 @@ pub struct BenchArgs {
     /// Orgs opened in P7's first row (thousands of orgs in one process).
     #[arg(long, default_value_t = 10_000)]
     orgs: usize,
+    /// The latency P10 runs beside the plain local directory: `s3` (lognormal, p50 28 ms,
+    /// p99 75 ms), `const:MS` (every request MS milliseconds), or `none` (local only).
+    #[arg(long, default_value = "s3")]
+    latency: p10::Latency,
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -197,6 +202,15 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         resnapshot::run(&dir, mb, &args.segment_kib)
             .await
             .map_err(fail("p9"))?;
+    }
+    if args.wants("p10") {
+        p10::run(
+            &dir,
+            args.latency,
+            p10::Sizes::new(args.quick, args.row_time()),
+        )
+        .await
+        .map_err(fail("p10"))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -101,7 +101,7 @@ fn bulk(
 }
 
 /// One request per org in `orgs`, `clients` at a time; each request's latency.
-async fn each_once(
+pub(crate) async fn each_once(
     registry: &Registry,
     orgs: std::ops::Range<usize>,
     key: &'static str,
@@ -183,15 +183,16 @@ async fn many_open(dir: &Path, n: usize) -> BenchResult<()> {
 }
 
 /// 32 clients sending requests to orgs drawn uniformly from `orgs` for `time`; acked/s,
-/// p50, p99, store requests per ack.
-async fn load(
+/// p50, p99, store requests per ack. Every org is opened first, `warm` at a time.
+pub(crate) async fn load(
     replica: &Replica,
     reg: &Registry,
     orgs: usize,
     time: Duration,
+    warm: usize,
 ) -> BenchResult<(f64, Duration, Duration, f64)> {
     // Every org opened first: the row measures load, not acquisition.
-    each_once(reg, 0..orgs, "warmup", 16).await?;
+    each_once(reg, 0..orgs, "warmup", warm).await?;
     let before = replica.store_requests();
     let deadline = Instant::now() + time;
     let started = Instant::now();
@@ -236,8 +237,8 @@ async fn load(
 
 async fn spread(dir: &Path, wide: usize, time: Duration) -> BenchResult<()> {
     let (replica, reg) = registry(&dir.join("store"), &dir.join("data"), "p7").await?;
-    let narrow = load(&replica, &reg, 50, time).await?;
-    let spread = load(&replica, &reg, wide, time).await?;
+    let narrow = load(&replica, &reg, 50, time, 16).await?;
+    let spread = load(&replica, &reg, wide, time, 16).await?;
     for (n, (rps, p50, p99, req)) in [(50, narrow), (wide, spread)] {
         outln!(
             "| 32 clients over {n} orgs: acked/s, p50, p99, store requests/ack | {rps:.0}/s, {}, {}, {req:.2} |",

@@ -53,7 +53,8 @@
 //!   every decision by wall-clock age checks first (I15).
 //! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper,
 //!   pausing failpoints and a seeded generator for schedules; `conformance`, the suite every
-//!   store runs.
+//!   store runs; `latency`, a store wrapper that delays each request like S3 and counts the
+//!   round trips on a step's critical path (never a product store).
 //!
 //! # Layout
 //! One folder per layer (`docs/replica.md`, "Layout"): `format/` (bytes, no I/O), `fence/`
@@ -97,7 +98,7 @@ mod testing;
 mod verify;
 
 #[cfg(feature = "test-util")]
-pub use testing::{conformance, fault};
+pub use testing::{conformance, fault, latency};
 
 pub use format::segment;
 pub use live as sqlite;

@@ -1,0 +1,320 @@
+//! P10's handoff rows: a cold acquire after a graceful release (requests, round trips on the
+//! critical path, wall time), a rolling upgrade (A shuts down as on SIGTERM, its clients move
+//! to B) and a crash takeover (A stops reaching the store at once, as on kill -9, and B takes
+//! its orgs when its lease lapses).
+//!
+//! In the handoff rows every org has a client sending it one request a second (the orgs'
+//! phases spread over the second); at the event the clients move to B, retrying a refused
+//! request every [`RETRY`] until B acknowledges it.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_org::{ErrorKind, Registry};
+use idem_replica::fault::{Fault, FaultStore, Op};
+
+use super::{Column, default_lease_ms, org, registry, row};
+use crate::group::write;
+use crate::orgs::each_once;
+use crate::{BenchResult, ms, quantile};
+
+/// A client's pause before it resends a refused request.
+const RETRY: Duration = Duration::from_millis(50);
+
+/// Each org's request spacing.
+const SPACING: Duration = Duration::from_secs(1);
+
+/// How long the clients run on A before the event: every org is acknowledged on A first.
+const ON_A: Duration = Duration::from_secs(2);
+
+/// The lease of the crash row, in ms: short, so the row waits seconds, not the default 30.
+const CRASH_LEASE_MS: u64 = 2_000;
+
+/// The row gives up when B has not acknowledged every org by then.
+const GIVE_UP: Duration = Duration::from_secs(300);
+
+/// Sorted durations, as "p50 / p99 / max".
+fn spread(sorted: &[Duration]) -> String {
+    format!(
+        "{} / {} / {}",
+        ms(quantile(sorted, 0.5)),
+        ms(quantile(sorted, 0.99)),
+        ms(quantile(sorted, 1.0))
+    )
+}
+
+/// Cold acquires on B of `n` small orgs that registry A served and released, one at a time
+/// so each one's trace is its own; then each org's first request on B.
+pub(crate) async fn acquire(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
+    let (mut acquire_cells, mut first_cells) = (Vec::new(), Vec::new());
+    for (c, column) in columns.iter().enumerate() {
+        let work = dir.join(format!("p10-acquire-{c}"));
+        let store = column.traced_store(&work.join("store"), 10)?;
+        let a = registry(store.clone(), &work.join("a"), "a", default_lease_ms()).await?;
+        for key in ["r1", "r2", "r3"] {
+            each_once(&a, 0..n, key, 16).await?;
+        }
+        a.shutdown().await;
+        let b = registry(store.clone(), &work.join("b"), "b", default_lease_ms()).await?;
+        // B's own process lease is written by its first claim: one org is acquired first so
+        // every traced acquire is a steady-state one.
+        each_once(&b, n..n + 1, "first", 1).await?;
+        let (mut acq, mut first) = (Traced::default(), Traced::default());
+        for i in 0..n {
+            let id = org(i)?;
+            acq.measure(&b, &store, b.acquire(&id)).await?;
+            let once = b.once(&id, "after", |tx| write(tx, "after"));
+            first.measure(&b, &store, once).await?;
+        }
+        b.shutdown().await;
+        let _ = std::fs::remove_dir_all(&work);
+        acquire_cells.push(acq.cell());
+        first_cells.push(first.cell());
+    }
+    row(
+        &format!(
+            "cold acquire after a graceful release by another registry (claim + hydrate + open), {n} orgs: store requests, round trips on the critical path p50 (max), wall p50 / p99"
+        ),
+        &acquire_cells,
+        "≤ 5 sequential round trips",
+    );
+    row(
+        "its first request on the new holder (first ship): same columns",
+        &first_cells,
+        "1 round trip",
+    );
+    Ok(())
+}
+
+/// Per-step measurements of [`acquire`].
+#[derive(Default)]
+struct Traced {
+    requests: Vec<u64>,
+    depth: Vec<usize>,
+    wall: Vec<Duration>,
+}
+
+impl Traced {
+    async fn measure<T>(
+        &mut self,
+        reg: &Registry,
+        store: &idem_replica::latency::LatencyStore,
+        step: impl std::future::Future<Output = Result<T, idem_org::Error>>,
+    ) -> BenchResult<()> {
+        let before = reg.replica().store_requests();
+        let trace = store.trace();
+        let began = Instant::now();
+        step.await?;
+        self.wall.push(began.elapsed());
+        let recorded = trace.finish();
+        self.requests
+            .push(reg.replica().store_requests().since(&before).total());
+        self.depth.push(recorded.depth());
+        Ok(())
+    }
+
+    fn cell(mut self) -> String {
+        self.requests.sort_unstable();
+        self.depth.sort_unstable();
+        self.wall.sort_unstable();
+        let mid = |v: &[u64]| v.get(v.len() / 2).copied().unwrap_or(0);
+        let depth: Vec<u64> = self.depth.iter().map(|&d| d as u64).collect();
+        format!(
+            "{} req, {} round trips (max {}), {} / {}",
+            mid(&self.requests),
+            mid(&depth),
+            depth.last().copied().unwrap_or(0),
+            ms(quantile(&self.wall, 0.5)),
+            ms(quantile(&self.wall, 0.99))
+        )
+    }
+}
+
+/// What one org's client saw: its last ack on A before the event, its first ack on B.
+struct Seen {
+    last_a: Option<Instant>,
+    first_b: Instant,
+}
+
+/// Runs every org's client on A, fires `event` after [`ON_A`] (the clients move to B at that
+/// instant), and returns the event's instant and each org's [`Seen`].
+async fn handoff<E, F>(
+    a: &Registry,
+    b: &Registry,
+    n: usize,
+    event: E,
+) -> BenchResult<(Instant, Vec<Seen>)>
+where
+    E: FnOnce() -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let moved = Arc::new(AtomicBool::new(false));
+    let event_at = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let start = tokio::time::Instant::now();
+    let mut clients = Vec::new();
+    for i in 0..n {
+        let (a, b, moved, event_at) = (a.clone(), b.clone(), moved.clone(), event_at.clone());
+        let phase = SPACING.mul_f64(i as f64 / n.max(1) as f64);
+        clients.push(tokio::spawn(async move {
+            let id = org(i)?;
+            let mut last_a = None;
+            let mut next = start + phase;
+            for tick in 0u64.. {
+                tokio::time::sleep_until(next).await;
+                next += SPACING;
+                let key = format!("h{tick}");
+                if !moved.load(Ordering::SeqCst) {
+                    let k = key.clone();
+                    if a.once(&id, &key, move |tx| write(tx, &k)).await.is_ok() {
+                        // An ack A gives after the event is not counted: a killed process
+                        // acknowledges nothing.
+                        let now = Instant::now();
+                        if event_at.get().is_none_or(|&e| now < e) {
+                            last_a = Some(now);
+                        }
+                        continue;
+                    }
+                }
+                loop {
+                    let k = key.clone();
+                    match b.once(&id, &key, move |tx| write(tx, &k)).await {
+                        Ok(_) => {
+                            let first_b = Instant::now();
+                            return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Seen {
+                                last_a,
+                                first_b,
+                            });
+                        }
+                        Err(e)
+                            if e.kind() == ErrorKind::Retry || e.kind() == ErrorKind::Reacquire =>
+                        {
+                            tokio::time::sleep(RETRY).await;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Err("client loop ended".into())
+        }));
+    }
+    tokio::time::sleep(ON_A).await;
+    let fired = event();
+    let at = Instant::now();
+    let _ = event_at.set(at);
+    moved.store(true, Ordering::SeqCst);
+    let fired = tokio::spawn(fired);
+    let mut seen = Vec::new();
+    let all = async {
+        for c in clients {
+            seen.push(c.await??);
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    };
+    tokio::time::timeout(GIVE_UP, all)
+        .await
+        .map_err(|_| format!("B did not acknowledge every org within {GIVE_UP:?}"))??;
+    fired.await?;
+    Ok((at, seen))
+}
+
+/// Gaps from each org's last ack on A (the event when it had none) to its first on B.
+fn gaps(at: Instant, seen: &[Seen]) -> Vec<Duration> {
+    let mut gaps: Vec<Duration> = seen
+        .iter()
+        .map(|s| s.first_b.duration_since(s.last_a.unwrap_or(at)))
+        .collect();
+    gaps.sort_unstable();
+    gaps
+}
+
+/// Rolling upgrade: A shuts down (its `shutdown`, as on SIGTERM) while B, another instance
+/// over the same store, takes the clients.
+pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
+    let (mut gap_cells, mut after_cells, mut shutdown_cells) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, column) in columns.iter().enumerate() {
+        let work = dir.join(format!("p10-rolling-{c}"));
+        let store = column.store(&work.join("store"), 20)?;
+        let a = registry(store.clone(), &work.join("a"), "a", default_lease_ms()).await?;
+        let b = registry(store, &work.join("b"), "b", default_lease_ms()).await?;
+        each_once(&a, 0..n, "warm", 64).await?;
+        let took_us = Arc::new(AtomicU64::new(0));
+        let (stopping, took_in) = (a.clone(), took_us.clone());
+        let (at, seen) = handoff(&a, &b, n, move || async move {
+            let began = Instant::now();
+            stopping.shutdown().await;
+            took_in.store(began.elapsed().as_micros() as u64, Ordering::SeqCst);
+        })
+        .await?;
+        let mut after: Vec<Duration> = seen.iter().map(|s| s.first_b.duration_since(at)).collect();
+        after.sort_unstable();
+        gap_cells.push(spread(&gaps(at, &seen)));
+        after_cells.push(spread(&after));
+        shutdown_cells.push(ms(Duration::from_micros(took_us.load(Ordering::SeqCst))));
+        b.shutdown().await;
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    row(
+        &format!(
+            "rolling upgrade of {n} orgs (A shuts down, clients move to B): gap from last ack on A to first on B p50 / p99 / max"
+        ),
+        &gap_cells,
+        "p99 ≤ 1 s plus the request spacing (1 s)",
+    );
+    row(
+        "rolling upgrade: from A's shutdown to each org's first ack on B p50 / p99 / max",
+        &after_cells,
+        "p99 ≤ 1 s",
+    );
+    row("rolling upgrade: A's shutdown took", &shutdown_cells, "");
+    Ok(())
+}
+
+/// Crash takeover: A's store stops answering it at once (no renewal, no release, no ship
+/// reaches the store: as after kill -9), the clients move to B.
+pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
+    let (mut lapse_cells, mut gap_cells) = (Vec::new(), Vec::new());
+    let lease = Duration::from_millis(CRASH_LEASE_MS);
+    for (c, column) in columns.iter().enumerate() {
+        let work = dir.join(format!("p10-crash-{c}"));
+        let store = column.store(&work.join("store"), 30)?;
+        let severed = Arc::new(FaultStore::new(store.clone()));
+        let a = registry(severed.clone(), &work.join("a"), "a", CRASH_LEASE_MS).await?;
+        let b = registry(store, &work.join("b"), "b", CRASH_LEASE_MS).await?;
+        each_once(&a, 0..n, "warm", 64).await?;
+        let kill = severed.clone();
+        let (at, seen) = handoff(&a, &b, n, move || {
+            for op in [Op::Put, Op::Get, Op::Delete, Op::List] {
+                kill.inject_times(op, "", 1, u64::MAX, Fault::FailBefore);
+            }
+            async {}
+        })
+        .await?;
+        let lapsed = at + lease;
+        let mut after: Vec<Duration> = seen
+            .iter()
+            .map(|s| s.first_b.saturating_duration_since(lapsed))
+            .collect();
+        after.sort_unstable();
+        lapse_cells.push(spread(&after));
+        gap_cells.push(spread(&gaps(at, &seen)));
+        drop(a);
+        b.shutdown().await;
+        let _ = std::fs::remove_dir_all(&work);
+    }
+    row(
+        &format!(
+            "crash takeover of {n} orgs (A stops reaching the store, lease {}): from the lease's lapse (kill + lease) to each org's first ack on B p50 / p99 / max",
+            ms(lease)
+        ),
+        &lapse_cells,
+        "p99 ≤ 1 s (every org within lease + 1 s)",
+    );
+    row(
+        "crash takeover: gap from last ack on A to first on B p50 / p99 / max",
+        &gap_cells,
+        "",
+    );
+    Ok(())
+}
