@@ -101,13 +101,25 @@ fn real_now_ms() -> u64 {
     SystemClock.now_ms()
 }
 
-/// The wall-clock expiry the holder of `org` last wrote into its process lease (its own
-/// clock, which is what these tests fake).
+/// The wall-clock expiry the holder of `org` (its newest claim's claimer) last wrote into its
+/// process lease (its own clock, which is what these tests fake).
 fn holders_written_expiry(store: &Path, org: &str) -> TestResult<u64> {
-    let lease: Value = serde_json::from_slice(&std::fs::read(
-        store.join(format!("orgs/{org}/lease.json")),
-    )?)?;
-    let instance = lease["instance"].as_str().ok_or("no instance")?;
+    // The newest claim entry names its claimer's process lease (no org lease is written).
+    let mut entries: Vec<_> = std::fs::read_dir(store.join(format!("orgs/{org}/log")))?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    entries.sort();
+    let mut claim = None;
+    for path in entries.iter().rev() {
+        let entry: Value = serde_json::from_slice(&std::fs::read(path)?)?;
+        if entry["kind"] == "claim" {
+            claim = Some(entry);
+            break;
+        }
+    }
+    let claim = claim.ok_or("no claim entry")?;
+    let instance = claim["instance"].as_str().ok_or("no instance")?;
     let process: Value = serde_json::from_slice(&std::fs::read(
         store.join(format!("processes/{instance}.json")),
     )?)?;
