@@ -132,33 +132,6 @@ async fn a_crafted_or_unreadable_process_lease_is_no_proof_of_life() -> R {
     Ok(())
 }
 
-/// Regression: a claim whose one org-lease PUT failed was never covered by a lease,
-/// so any other writer claimed it away without force while its holder lived. The claim
-/// retries the write.
-#[tokio::test(flavor = "current_thread")]
-async fn an_org_lease_write_that_fails_once_is_retried_and_the_live_claim_holds() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let fs = Arc::new(FaultStore::new(raw.clone()));
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let settings = Settings {
-        lease_ms: 60_000,
-        ..Settings::default()
-    };
-    let acme = OrgId::new("acme")?;
-    let a = Replica::open_with(fs.clone(), "t", settings.clone(), clock.clone(), None).await?;
-    fs.inject(Op::Put, "lease.json", 1, Fault::FailBefore);
-    let mut ac = a.claim(&acme, "a", false).await?;
-    a.ship(&mut ac, test_snapshot(1)?).await?;
-    clock.advance(1_000);
-    let b = Replica::open_with(raw.clone(), "t", settings.clone(), clock.clone(), None).await?;
-    let got = b.claim(&acme, "b", false).await;
-    assert!(
-        matches!(got, Err(Error::LeaseHeld { .. })),
-        "a live writer was claimed away without force"
-    );
-    Ok(())
-}
-
 /// Regression: when the first process-lease PUT failed, no renewal task started until
 /// the process claimed again, so its orgs lapsed while it lived. The timer starts anyway and
 /// its next tick writes the lease.
