@@ -65,26 +65,35 @@ pub(crate) fn broken(org: &OrgId, seq: u64, reason: impl Into<String>) -> Error 
 }
 
 /// True when `e` is a delta that applies to `snapshot` itself in the snapshot's round: the
-/// first delta of its chain, or a compaction.
+/// first delta of its chain, or a compaction. A pipelined delta based on the snapshot is
+/// judged by the general base rule instead (`Walk::step`): deltas issued before it may be the
+/// bases of deltas after it, so a reader never skips what lies below it.
 pub(crate) fn compacts(snapshot: &LogEntry, e: &LogEntry) -> bool {
-    matches!(e.delta(), Some(d) if d.base == snapshot.seq()) && e.round() == snapshot.round()
+    !e.is_pipelined()
+        && matches!(e.delta(), Some(d) if d.base == snapshot.seq())
+        && e.round() == snapshot.round()
 }
 
 /// The base of a delta read from the head of the log down that does not apply to the entry
 /// right before it: a compaction, if that base is a snapshot of its round (which
 /// [`compacts`] then confirms), or the first delta of a round that continued the chain
-/// across claims and releases.
+/// across claims and releases. `None` for a pipelined delta: a reader goes on down to the
+/// snapshot (its base may lie below entries that later deltas are based on).
 pub(crate) fn compaction_base(e: &LogEntry) -> Option<u64> {
+    if e.is_pipelined() {
+        return None;
+    }
     e.delta()
         .map(|d| d.base)
         .filter(|base| base.saturating_add(1) < e.seq())
 }
 
 /// Walks the entries after a snapshot in log order, deciding for each whether it extends
-/// the snapshot's chain (the rule of the module docs).
+/// the snapshot's chain (the rule of the module docs, and for pipelined claims rules R1–R3
+/// of `docs/design.md` 3e).
 struct Walk<'a> {
     snapshot: &'a LogEntry,
-    /// The chain's newest entry.
+    /// The chain's newest position (the highest delta that extends it, or the snapshot).
     tip: u64,
     /// The last entry seen.
     prev: u64,
@@ -92,52 +101,75 @@ struct Walk<'a> {
     /// may publish the next delta. The snapshot's own round at the start (the snapshot was
     /// published under its claim).
     owner: u64,
+    /// The slot of that claim; the snapshot's when the claim lies below it (a stray of the
+    /// round it fenced lies below the claim's slot plus its window, so below this plus it).
+    owner_claim: u64,
+    /// The newest position below the owner's claim: the base of the round's first delta,
+    /// and the lowest base a pipelined delta of the round may name.
+    round_start: u64,
     /// The owner released the org: nothing of its round extends the chain any more.
     released: bool,
+    /// Every position of the chain: seq → the seq of its base (the snapshot maps to itself).
+    positions: std::collections::BTreeMap<u64, u64>,
 }
 
 /// What the walk made of one entry.
 enum Step {
-    /// A delta that extends the chain (`compacted`: applies to the snapshot).
-    Extends { compacted: bool },
+    /// A delta that extends the chain: a position of it.
+    Extends,
     /// A claim or release: part of the chain's history, not a position.
     Passes,
+    /// A pipelined ship of a fenced round that landed above the claim that fenced it (R1):
+    /// never acknowledged, never a position.
+    Stray,
     /// The chain breaks at this seq, for this reason.
     Breaks(u64, String),
 }
 
 impl<'a> Walk<'a> {
     fn new(snapshot: &'a LogEntry) -> Walk<'a> {
+        let seq = snapshot.seq();
         Walk {
             snapshot,
-            tip: snapshot.seq(),
-            prev: snapshot.seq(),
+            tip: seq,
+            prev: seq,
             owner: snapshot.round(),
+            owner_claim: seq,
+            round_start: seq,
             released: false,
+            positions: std::iter::once((seq, seq)).collect(),
         }
     }
 
     /// Notes a claim or release among superseded entries the walk skips.
     fn observe(&mut self, e: &LogEntry) {
         match e.body {
-            EntryBody::Claim(_) => (self.owner, self.released) = (e.round(), false),
+            EntryBody::Claim(_) => self.claimed(e),
             EntryBody::Release => self.released |= e.round() == self.owner,
             _ => {}
         }
+    }
+
+    fn claimed(&mut self, e: &LogEntry) {
+        (self.owner, self.owner_claim, self.released) = (e.round(), e.seq(), false);
+        self.round_start = self.tip;
     }
 
     /// Judges `e`, the entry after the last one seen; `skips`: a compaction may follow a gap
     /// (the superseded entries before it a reader need not have).
     fn step(&mut self, e: &LogEntry, skips: bool) -> Step {
         let compacted = compacts(self.snapshot, e);
-        if e.seq() != self.prev + 1 && !(compacted && skips) {
+        let seq = e.seq();
+        // R3: slots a pipelined entry's claim had in flight when it was issued may stay
+        // empty (a ship that never landed); any other missing slot is damage.
+        let in_flight = e.is_pipelined() && e.floor() <= self.prev + 1;
+        if seq != self.prev + 1 && !(compacted && skips) && !in_flight {
             return Step::Breaks(self.prev + 1, "log entry missing in the chain".into());
         }
-        let seq = e.seq();
         self.prev = seq;
         let base = match &e.body {
             EntryBody::Claim(_) => {
-                (self.owner, self.released) = (e.round(), false);
+                self.claimed(e);
                 return Step::Passes;
             }
             EntryBody::Release => {
@@ -149,6 +181,20 @@ impl<'a> Walk<'a> {
             }
             EntryBody::Delta(DeltaLink { base, .. }) => *base,
         };
+        // R1: a fenced writer's ship in flight when the claim landed, landing above it.
+        if e.round() < self.owner
+            && e.is_pipelined()
+            && seq < self.owner_claim.saturating_add(e.ship_window())
+        {
+            return Step::Stray;
+        }
+        // R2: a pipelined delta is based on the newest position its claim had seen land,
+        // which is the round's starting position or any later position of the round.
+        let based = if e.is_pipelined() {
+            base < seq && base >= self.round_start && self.positions.contains_key(&base)
+        } else {
+            base == self.tip || compacted
+        };
         let why = if e.round() != self.owner {
             format!(
                 "delta of round {} after the claim of round {}",
@@ -157,27 +203,49 @@ impl<'a> Walk<'a> {
             )
         } else if self.released {
             format!("delta of round {} after that round's release", e.round())
-        } else if base != self.tip && !compacted {
+        } else if !based {
             format!(
                 "delta applies to seq {base}, but the chain ends at seq {}",
                 self.tip
             )
         } else {
+            self.positions.insert(seq, base);
             self.tip = seq;
-            return Step::Extends { compacted };
+            return Step::Extends;
         };
         Step::Breaks(seq, why)
+    }
+
+    /// The deltas from the snapshot to the newest position, in the order they apply: each
+    /// one's base is the one before it (or the snapshot). For a chain of one ship in flight
+    /// at a time that is every delta since the newest compaction.
+    fn path(&self, deltas: &[LogEntry]) -> Vec<LogEntry> {
+        let mut seqs = Vec::new();
+        let mut at = self.tip;
+        while at != self.snapshot.seq() {
+            seqs.push(at);
+            match self.positions.get(&at) {
+                Some(base) => at = *base,
+                None => break,
+            }
+        }
+        seqs.reverse();
+        seqs.iter()
+            .filter_map(|s| deltas.iter().find(|d| d.seq() == *s).cloned())
+            .collect()
     }
 }
 
 /// The chain that rebuilds the newest state of `log` below `limit`: the newest snapshot and
-/// the deltas after it, from the newest compaction on (or all of them).
+/// the deltas from it to the newest position, in the order they apply (from the newest
+/// compaction on, for a chain of one ship in flight at a time).
 ///
 /// # Errors
 /// [`Error::ChainBroken`] for a missing entry after the snapshot (other than before a
-/// compaction), a delta that does not extend the chain (another base, a round other than
-/// the newest claim's, after its round's release), or deltas with no snapshot below them —
-/// never a reason to stop early and install an older state (I10).
+/// compaction, or a pipelined claim's ship that never landed), a delta that does not extend
+/// the chain (another base, a round other than the newest claim's, after its round's
+/// release), or deltas with no snapshot below them — never a reason to stop early and
+/// install an older state (I10).
 pub(crate) fn newest(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option<Chain>, Error> {
     let below: Vec<&LogEntry> = log.iter().filter(|e| e.seq() < limit).collect();
     let Some(start) = below.iter().rposition(|e| e.is_snapshot()) else {
@@ -205,22 +273,20 @@ pub(crate) fn newest(org: &OrgId, log: &[LogEntry], limit: u64) -> Result<Option
     }
     for e in &below[from..] {
         match walk.step(e, true) {
-            Step::Extends { compacted } => {
-                if compacted {
-                    deltas.clear();
-                }
-                deltas.push((*e).clone());
-            }
-            Step::Passes => {}
+            Step::Extends => deltas.push((*e).clone()),
+            Step::Passes | Step::Stray => {}
             Step::Breaks(seq, reason) => return Err(broken(org, seq, reason)),
         }
     }
+    let deltas = walk.path(&deltas);
     Ok(Some(Chain { snapshot, deltas }))
 }
 
 /// Every delta of `rest` (the entries right after `snapshot`) on the snapshot's chain,
 /// across the claims and releases between them, stopping at the first entry that breaks
-/// it: what verify replays and what retention keeps with a kept snapshot.
+/// it: what verify replays and what retention keeps with a kept snapshot. Strays are
+/// skipped; a pipelined chain's deltas are all positions of it, each applying to its own
+/// base.
 pub(crate) fn after(snapshot: &LogEntry, rest: &[LogEntry]) -> Vec<LogEntry> {
     let mut walk = Walk::new(snapshot);
     let mut out = Vec::new();
@@ -228,8 +294,8 @@ pub(crate) fn after(snapshot: &LogEntry, rest: &[LogEntry]) -> Vec<LogEntry> {
         match walk.step(e, false) {
             // Verify and retention see the contiguous chain: a compaction after the first
             // delta is a position of its own, reached by applying it to the snapshot.
-            Step::Extends { .. } => out.push(e.clone()),
-            Step::Passes => {}
+            Step::Extends => out.push(e.clone()),
+            Step::Passes | Step::Stray => {}
             Step::Breaks(..) => break,
         }
     }
@@ -319,6 +385,7 @@ mod tests {
                 writer: "w".into(),
                 nonce: "00".into(),
                 at_ms: 0,
+                pipeline: None,
             },
             body,
         }
@@ -544,6 +611,123 @@ mod tests {
         Ok(())
     }
 
+    fn pdelta(seq: u64, round: u64, base: u64, floor: u64) -> LogEntry {
+        let mut e = delta(seq, round, base);
+        e.header.pipeline = Some(crate::format::entry::Pipeline { window: 4, floor });
+        e
+    }
+
+    fn pclaim(seq: u64, round: u64) -> LogEntry {
+        let mut e = claim(seq, round);
+        e.header.pipeline = Some(crate::format::entry::Pipeline {
+            window: 4,
+            floor: seq,
+        });
+        e
+    }
+
+    #[test]
+    fn a_pipelined_delta_applies_to_any_landed_position_and_the_newest_one_is_its_path()
+    -> Result<(), Error> {
+        // 3 and 4 were in flight together, both based on the snapshot; 5 was issued after 3
+        // landed (base 3) while 4 was still in flight (floor 4); 6 never landed; 7 was issued
+        // with 6 in flight, after 5 landed.
+        let log = [
+            pclaim(1, 1),
+            snapshot(2, 1),
+            pdelta(3, 1, 2, 3),
+            pdelta(4, 1, 2, 3),
+            pdelta(5, 1, 3, 4),
+            pdelta(7, 1, 5, 6),
+        ];
+        assert_eq!(
+            seqs(&newest(&acme(), &log, u64::MAX)?),
+            Some((2, vec![3, 5, 7]))
+        );
+        // Every landed position is one restore --at can reach.
+        assert_eq!(seqs(&newest(&acme(), &log, 5)?), Some((2, vec![4])));
+        assert_eq!(seqs(&newest(&acme(), &log, 6)?), Some((2, vec![3, 5])));
+        assert_eq!(after_seqs(&log), vec![3, 4, 5, 7]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_hole_below_a_pipelined_entrys_floor_or_before_an_entry_of_one_in_flight_is_damage() {
+        // 4 says everything below it was resolved when it was issued: 3 landed, and is gone.
+        let below_floor = [snapshot(2, 1), pdelta(4, 1, 2, 4)];
+        let not_pipelined = [snapshot(2, 1), pdelta(3, 1, 2, 3), delta(5, 1, 3)];
+        // A claim is issued with nothing of its own in flight and at the lowest free slot.
+        let before_claim = [snapshot(2, 1), pdelta(3, 1, 2, 3), pclaim(5, 2)];
+        // A base that is no position (a missing slot).
+        let missing_base = [snapshot(2, 1), pdelta(4, 1, 3, 3)];
+        for log in [&below_floor[..], &not_pipelined, &before_claim, &missing_base] {
+            let got = newest(&acme(), log, u64::MAX);
+            assert!(
+                matches!(got, Err(Error::ChainBroken { .. })),
+                "{log:?}: {:?}",
+                got.map(|c| seqs(&c))
+            );
+        }
+    }
+
+    #[test]
+    fn a_fenced_writers_ships_above_the_claim_are_strays_within_its_window_only()
+    -> Result<(), Error> {
+        // Round 1 had 3..6 in flight (window 4); 3 landed, round 2 claimed 4 (the lowest
+        // free slot at or above 3's floor); 5 landed after the claim. Round 2's first
+        // delta collided with 5, skipped it and landed at 6, based on 3.
+        let log = [
+            pclaim(1, 1),
+            snapshot(2, 1),
+            pdelta(3, 1, 2, 3),
+            pclaim(4, 2),
+            pdelta(5, 1, 2, 3),
+            pdelta(6, 2, 3, 6),
+        ];
+        assert_eq!(
+            seqs(&newest(&acme(), &log, u64::MAX)?),
+            Some((2, vec![3, 6]))
+        );
+        assert_eq!(after_seqs(&log), vec![3, 6]);
+        // Beyond the window of the claim, or not pipelined: damage, as before.
+        let beyond = [snapshot(2, 1), pdelta(3, 1, 2, 3), pclaim(4, 2), pdelta(8, 1, 2, 3)];
+        let old = [snapshot(2, 1), pdelta(3, 1, 2, 3), pclaim(4, 2), delta(5, 1, 3)];
+        for log in [&beyond[..], &old] {
+            assert!(matches!(
+                newest(&acme(), log, u64::MAX),
+                Err(Error::ChainBroken { .. })
+            ));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_rounds_first_pipelined_delta_applies_to_the_newest_position_below_its_claim() {
+        // Round 2 claimed after 3: its deltas may not apply to the snapshot (older than 3).
+        let log = [
+            snapshot(2, 1),
+            pdelta(3, 1, 2, 3),
+            pclaim(4, 2),
+            pdelta(5, 2, 2, 5),
+        ];
+        assert!(matches!(
+            newest(&acme(), &log, u64::MAX),
+            Err(Error::ChainBroken { seq: 5, .. })
+        ));
+        // A stray is no base: round 2's delta on round 1's stray breaks the chain.
+        let on_stray = [
+            snapshot(2, 1),
+            pdelta(3, 1, 2, 3),
+            pclaim(4, 2),
+            pdelta(5, 1, 3, 3),
+            pdelta(6, 2, 5, 6),
+        ];
+        assert!(matches!(
+            newest(&acme(), &on_stray, u64::MAX),
+            Err(Error::ChainBroken { seq: 6, .. })
+        ));
+    }
+
     #[test]
     fn compaction_bases_are_deltas_not_based_on_the_entry_before() {
         assert_eq!(compaction_base(&delta(6, 1, 2)), Some(2));
@@ -551,5 +735,8 @@ mod tests {
         assert_eq!(compaction_base(&snapshot(3, 1)), None);
         assert!(compacts(&snapshot(2, 1), &delta(6, 1, 2)));
         assert!(!compacts(&snapshot(2, 1), &delta(6, 2, 2)));
+        // A pipelined delta on the snapshot is no compaction: a reader reads below it.
+        assert!(!compacts(&snapshot(2, 1), &pdelta(6, 1, 2, 3)));
+        assert_eq!(compaction_base(&pdelta(6, 1, 2, 3)), None);
     }
 }

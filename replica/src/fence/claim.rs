@@ -240,6 +240,7 @@ impl Claim {
             writer: self.writer.clone(),
             nonce: new_nonce()?,
             at_ms,
+            pipeline: None,
         })
     }
 }
@@ -334,6 +335,7 @@ impl Replica {
                     writer: writer.to_owned(),
                     nonce: new_nonce()?,
                     at_ms: now,
+                    pipeline: None,
                 },
                 body: EntryBody::Claim(Claimer {
                     instance: self.inner.leases.instance().to_owned(),

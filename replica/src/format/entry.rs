@@ -11,7 +11,10 @@
 //! looking for a blob that does not exist, and every version 1 entry stays byte for byte
 //! what it always was. Version 3 is exactly the snapshot entries that name a manifest of
 //! segments (`"manifest"`, [`crate::format::segment`]) instead of one blob, refused the same way by
-//! earlier readers.
+//! earlier readers. Version 4 is exactly the entries of a pipelined claim (header keys
+//! `"window"` and `"floor"`, [`Pipeline`]; `docs/design.md` 3e), of any body: an earlier reader
+//! refuses them, because the rules for strays and holes change how the entries around them
+//! read (rule V).
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +27,11 @@ pub const INLINE_ENTRY_VERSION: u64 = 2;
 /// Log entry format version of a snapshot entry naming a segment manifest
 /// ([`BlobRef::Manifest`]).
 pub const MANIFEST_ENTRY_VERSION: u64 = 3;
+/// Log entry format version of every entry of a pipelined claim ([`EntryHeader::pipeline`]).
+pub const PIPELINED_ENTRY_VERSION: u64 = 4;
+/// Most ships a pipelined claim may keep in flight; a window read from the store is clamped
+/// to it (`docs/design.md` 3e, rule R1), and a claim's `read_concurrency` must exceed it (C3).
+pub const MAX_SHIP_WINDOW: u64 = 8;
 const KINDS: [&str; 4] = ["claim", "snapshot", "delta", "release"];
 
 /// One entry of an org's create-only log (`orgs/<org>/log/<seq:020>.json`): an [`EntryHeader`]
@@ -54,6 +62,22 @@ pub struct EntryHeader {
     pub nonce: String,
     /// Creation time, ms since the Unix epoch.
     pub at_ms: u64,
+    /// The pipelining keys of an entry of a pipelined claim (format version 4); `None` for
+    /// every other entry, which reads as window 1 and floor = its own seq.
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub pipeline: Option<Pipeline>,
+}
+
+/// The two header keys of an entry of a pipelined claim (`docs/design.md` 3e).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pipeline {
+    /// The claim's ship window: at most this many of its ships unresolved at once; the same
+    /// in every entry of the claim, 2..=[`MAX_SHIP_WINDOW`] when written.
+    pub window: u64,
+    /// The lowest slot of the claim that was unresolved (issued, outcome not seen) when this
+    /// entry was issued: at most the entry's seq, equal to it for a claim entry and for an
+    /// entry issued with nothing in flight. Non-decreasing along a claim.
+    pub floor: u64,
 }
 
 /// What a log entry records, by kind (`"kind"` on the wire).
@@ -208,6 +232,26 @@ impl LogEntry {
         self.header.at_ms
     }
 
+    /// True for an entry of a pipelined claim (format version 4).
+    pub fn is_pipelined(&self) -> bool {
+        self.header.pipeline.is_some()
+    }
+
+    /// The ship window of the claim this entry belongs to, clamped to [`MAX_SHIP_WINDOW`]
+    /// (a crafted window must not widen what readers accept as strays); 1 for an entry that
+    /// is not pipelined.
+    pub fn ship_window(&self) -> u64 {
+        self.header
+            .pipeline
+            .map_or(1, |p| p.window.clamp(1, MAX_SHIP_WINDOW))
+    }
+
+    /// The lowest slot of its claim unresolved when this entry was issued; its own seq for
+    /// an entry that is not pipelined.
+    pub fn floor(&self) -> u64 {
+        self.header.pipeline.map_or(self.seq(), |p| p.floor)
+    }
+
     /// The blob and commit counter of a snapshot or delta entry.
     pub fn stored(&self) -> Option<&Stored> {
         match &self.body {
@@ -237,9 +281,13 @@ impl LogEntry {
         self.stored().is_some_and(|s| s.blob.is_inline())
     }
 
-    /// Format version this entry is written with: [`INLINE_ENTRY_VERSION`] when it carries
-    /// an inline body, else [`ENTRY_VERSION`].
+    /// Format version this entry is written with: [`PIPELINED_ENTRY_VERSION`] for an entry
+    /// of a pipelined claim, else [`INLINE_ENTRY_VERSION`] when it carries an inline body,
+    /// [`MANIFEST_ENTRY_VERSION`] when it names a manifest, else [`ENTRY_VERSION`].
     pub fn version(&self) -> u64 {
+        if self.is_pipelined() {
+            return PIPELINED_ENTRY_VERSION;
+        }
         match self.stored().map(|s| &s.blob) {
             Some(BlobRef::Inline(_)) => INLINE_ENTRY_VERSION,
             Some(BlobRef::Manifest(_)) => MANIFEST_ENTRY_VERSION,
@@ -324,12 +372,17 @@ impl LogEntry {
             .as_object_mut()
             .ok_or_else(|| Error::corrupt(object, "not a json object"))?;
         let version = match map.remove("v").and_then(|v| v.as_u64()) {
-            Some(v @ (ENTRY_VERSION | INLINE_ENTRY_VERSION | MANIFEST_ENTRY_VERSION)) => v,
+            Some(
+                v @ (ENTRY_VERSION
+                | INLINE_ENTRY_VERSION
+                | MANIFEST_ENTRY_VERSION
+                | PIPELINED_ENTRY_VERSION),
+            ) => v,
             other => {
                 return Err(Error::UnknownFormat {
                     object: object.into(),
                     detail: format!(
-                        "entry version {other:?}, this build reads {ENTRY_VERSION} to {MANIFEST_ENTRY_VERSION}"
+                        "entry version {other:?}, this build reads {ENTRY_VERSION} to {PIPELINED_ENTRY_VERSION}"
                     ),
                 });
             }
@@ -373,6 +426,19 @@ impl LogEntry {
             return Err(Error::corrupt(
                 object,
                 format!("bad blob or manifest name {:?}", entry.blob()),
+            ));
+        }
+        if let Some(p) = entry.header.pipeline
+            && (p.window < 2 || p.floor > entry.seq() || (entry.is_claim() && p.floor != entry.seq()))
+        {
+            return Err(Error::corrupt(
+                object,
+                format!(
+                    "pipelined entry with window {} and floor {} at seq {}",
+                    p.window,
+                    p.floor,
+                    entry.seq()
+                ),
             ));
         }
         if entry.version() != version {

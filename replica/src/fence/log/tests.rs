@@ -53,6 +53,7 @@ fn snap() -> LogEntry {
             writer: "w".into(),
             nonce: "00".into(),
             at_ms: 5,
+                pipeline: None,
         },
         body: EntryBody::Snapshot(Stored {
             blob: "00000000000000000007-2-00.db.zst".into(),
