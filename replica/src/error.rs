@@ -127,6 +127,16 @@ pub enum Error {
         /// The round of the entry found in our slot or above it.
         theirs: u64,
     },
+    /// The slot a ship or release was published at holds a stray: a pipelined ship of the
+    /// writer this claim fenced, landed above the claim (`docs/design.md` 3e, W5). The claim
+    /// moved past it and stays usable; nothing was published. Ship again.
+    #[error("org {org}: log entry {seq} holds a fenced writer's ship; publish again above it")]
+    SlotTaken {
+        /// The org.
+        org: String,
+        /// The log position the stray holds.
+        seq: u64,
+    },
     /// The store refused to write a log entry: the put failed twice and reading the slot back
     /// found it empty both times (I9: absent, retried once). Nothing was published under it
     /// and no newer round is implied; retry later.
@@ -370,6 +380,7 @@ impl Error {
             | Error::LogChanged { .. }
             | Error::Injected { .. }
             | Error::StoreRefused { .. }
+            | Error::SlotTaken { .. }
             | Error::Io { .. } => ErrorKind::Retry,
             Error::Fenced { .. }
             | Error::PublishUnknown { .. }

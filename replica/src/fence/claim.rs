@@ -8,7 +8,7 @@ use tracing::{debug, info, warn};
 
 use crate::chain::position::{Inherited, Tip};
 use crate::fence::log::{Published, Window};
-use crate::format::entry::{Claimer, EntryBody, EntryHeader};
+use crate::format::entry::{Claimer, EntryBody, EntryHeader, MAX_SHIP_WINDOW};
 use crate::format::layout::new_nonce;
 use crate::org_id::check_writer;
 use crate::{Error, FailPoint, LogEntry, OrgId, Replica};
@@ -232,6 +232,17 @@ impl Claim {
         }
     }
 
+    /// True when `e` is a stray for this claim (R1, W5): a pipelined delta of a lower round,
+    /// below this claim's slot plus its window, which the writer this claim fenced had in
+    /// flight when the claim landed.
+    pub(crate) fn stray(&self, e: &LogEntry) -> bool {
+        e.is_pipelined()
+            && e.is_delta()
+            && e.round() < self.round
+            && e.seq() > self.seq
+            && e.seq() < self.seq.saturating_add(e.ship_window())
+    }
+
     /// The header of the entry this claim publishes next.
     pub(crate) fn next_header(&self, at_ms: u64) -> Result<EntryHeader, Error> {
         Ok(EntryHeader {
@@ -294,19 +305,23 @@ impl Replica {
             // before, and a claim that landed below a newer entry, in a freed slot, is
             // abandoned and never publishes); the entries below it are the claim's holder
             // (when the head is a snapshot or delta) and the hydrate's tail (`Window`).
-            let window = self
+            // At least one more than a pipelined writer's strays can fill (C3), so the newest
+            // claim's round is among the entries read.
+            let reads = self
                 .inner
-                .log
-                .window(org, self.inner.settings.read_concurrency)
-                .await?;
+                .settings
+                .read_concurrency
+                .max(MAX_SHIP_WINDOW as usize + 1);
+            let window = self.inner.log.window(org, reads).await?;
             let top = window.top();
             if top.is_none() && !window.seqs.is_empty() {
                 // The listed head vanished before it was read (retention never deletes the
                 // head, so the log moved): list again.
                 continue;
             }
-            let head = window.head();
-            let max_round = top.map(LogEntry::round).unwrap_or(0);
+            // The highest round read, never the head's alone: a stray may be the head (C1).
+            let max_round = window.newest().map(LogEntry::round).unwrap_or(0);
+            let slot = window.claim_slot();
             let now = self.inner.clock.now_ms();
             // Judged by what this handle has seen change, never by the timestamps the holder
             // wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a live holder's
@@ -330,7 +345,7 @@ impl Replica {
                 .map(|(id, _)| id.to_owned());
             let entry = LogEntry {
                 header: EntryHeader {
-                    seq: head + 1,
+                    seq: slot,
                     round: max_round + 1,
                     writer: writer.to_owned(),
                     nonce: new_nonce()?,
@@ -354,7 +369,7 @@ impl Replica {
             match published {
                 Ok(Published::Landed) => {}
                 Ok(Published::Taken(theirs)) => {
-                    debug!(%org, seq = head + 1, theirs = theirs.round(), attempt, "claim lost the race");
+                    debug!(%org, seq = slot, theirs = theirs.round(), attempt, "claim lost the race");
                     continue;
                 }
                 // A claim of unknown outcome fences nobody we care about: retry higher.
@@ -363,9 +378,18 @@ impl Replica {
             }
             // A claimer that read a stale head may land in a slot retention freed. Listed
             // from our own entry on: the cost follows the entries above it.
-            let above = self.inner.log.seqs_after(org, Some(head + 1)).await?;
-            if above.iter().any(|s| *s > head + 1) {
-                debug!(%org, seq = head + 1, attempt, "claim landed below a newer entry");
+            // Strays of the writer this claim fenced may sit above it (C2): anything else is
+            // a newer entry.
+            let above: Vec<u64> = (self.inner.log.seqs_after(org, Some(slot)).await?)
+                .into_iter()
+                .filter(|s| *s > slot)
+                .collect();
+            if self
+                .successor_above(org, &above, max_round + 1, slot)
+                .await?
+                .is_some()
+            {
+                debug!(%org, seq = slot, attempt, "claim landed below a newer entry");
                 continue;
             }
             let EntryHeader {
@@ -410,12 +434,19 @@ impl Replica {
         let org = claim.org.clone();
         self.failpoint(FailPoint::ReleaseBeforePublish, &org)
             .await?;
-        let entry = LogEntry {
-            header: claim.next_header(self.inner.clock.now_ms())?,
-            body: EntryBody::Release,
+        // A slot held by a stray is skipped (W5); there are fewer than the window of them.
+        let mut strays = 0;
+        let seq = loop {
+            let entry = LogEntry {
+                header: claim.next_header(self.inner.clock.now_ms())?,
+                body: EntryBody::Release,
+            };
+            match self.publish_for_claim(claim, &entry).await {
+                Ok(()) => break entry.seq(),
+                Err(Error::SlotTaken { .. }) if strays < MAX_SHIP_WINDOW => strays += 1,
+                Err(e) => return Err(e),
+            }
         };
-        let seq = entry.seq();
-        self.publish_for_claim(claim, &entry).await?;
         claim.unusable = Some("released");
         info!(%org, round = claim.round, seq, "released");
         Ok(())
@@ -453,6 +484,16 @@ impl Replica {
                     claim.in_doubt = false;
                 }
                 Ok(())
+            }
+            // W5: a fenced writer's pipelined ship landed in our slot after our claim. The
+            // slot is resolved as a stray; the next publish goes above it.
+            Ok(Published::Taken(theirs)) if claim.stray(&theirs) => {
+                debug!(org = %claim.org, round = claim.round, seq = entry.seq(), theirs = theirs.round(), "slot held by a stray");
+                claim.next_seq = entry.seq() + 1;
+                Err(Error::SlotTaken {
+                    org: claim.org.to_string(),
+                    seq: entry.seq(),
+                })
             }
             Ok(Published::Taken(theirs)) => {
                 claim.unusable = Some("fenced");
@@ -508,20 +549,62 @@ impl Replica {
             .into_iter()
             .filter(|s| *s > seq)
             .collect();
-        let Some(&top) = above.iter().max() else {
+        let Some(theirs) = self
+            .successor_above(&claim.org, &above, claim.round, claim.seq)
+            .await?
+        else {
             return Ok(());
         };
         claim.unusable = Some("fenced");
-        let theirs = match self.inner.log.read_entry(&claim.org, top).await {
-            Ok(Some(entry)) => entry.round(),
-            // Unreadable or gone (retention): still a successor; report the next round.
-            _ => claim.round + 1,
-        };
         warn!(org = %claim.org, round = claim.round, seq, theirs, "successor above our entry");
         Err(Error::Fenced {
             org: claim.org.to_string(),
             ours: claim.round,
             theirs,
         })
+    }
+
+    /// Whether the entries at `above` (listed above an entry of the claim of `round` at
+    /// `claim_seq`) hold a successor: `None` when there are none, or when every one is a
+    /// stray (R1: a pipelined delta of a lower round, below `claim_seq` plus its window,
+    /// which a writer our claim fenced had in flight; C2, `docs/design.md` 3e); otherwise the
+    /// round of the highest, or `round + 1` when it cannot be read. Reads the entries only
+    /// when there could be strays among them (fewer than [`MAX_SHIP_WINDOW`], all inside the
+    /// window), so a plain successor costs the one GET it always did.
+    pub(crate) async fn successor_above(
+        &self,
+        org: &OrgId,
+        above: &[u64],
+        round: u64,
+        claim_seq: u64,
+    ) -> Result<Option<u64>, Error> {
+        let Some(&top) = above.iter().max() else {
+            return Ok(None);
+        };
+        let could_be_strays = (above.len() as u64) < MAX_SHIP_WINDOW
+            && top < claim_seq.saturating_add(MAX_SHIP_WINDOW);
+        if could_be_strays {
+            let reads = above.iter().map(|s| self.inner.log.read_entry(org, *s));
+            let read: Vec<Result<Option<LogEntry>, Error>> = futures::future::join_all(reads).await;
+            let stray = |e: &LogEntry| {
+                e.is_pipelined()
+                    && e.is_delta()
+                    && e.round() < round
+                    && e.seq() < claim_seq.saturating_add(e.ship_window())
+            };
+            // A vanished entry is no stray (retention deletes nothing above the newest
+            // snapshot; a stray above our entry would still be there).
+            if read.iter().all(|r| matches!(r, Ok(Some(e)) if stray(e))) {
+                return Ok(None);
+            }
+            if let Some(Ok(Some(e))) = read.iter().rev().find(|r| matches!(r, Ok(Some(e)) if !stray(e))) {
+                return Ok(Some(e.round()));
+            }
+        }
+        Ok(Some(match self.inner.log.read_entry(org, top).await {
+            Ok(Some(entry)) => entry.round(),
+            // Unreadable or gone (retention): still a successor; report the next round.
+            _ => round + 1,
+        }))
     }
 }

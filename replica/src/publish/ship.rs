@@ -25,6 +25,7 @@ use crate::format::blob::{Packed, pack};
 use crate::format::checksum::checksum_hex;
 use crate::format::entry::{BlobRef, DeltaLink, EntryBody, Stored};
 use crate::format::layout::{delta_blob_name, new_nonce};
+use crate::format::entry::MAX_SHIP_WINDOW;
 use crate::publish::source::{FileSource, MemSource, PageSource};
 use crate::replica::blocking;
 use crate::{Claim, Delta, Error, FailPoint, LogEntry, Replica, Snapshot};
@@ -326,13 +327,9 @@ impl Replica {
         })
         .await?;
         let (base_checksum, checksum) = (base.hashes.sum(), change.sum);
-        let name = if packed.blob.len() <= self.inner.settings.inline_delta_bytes {
-            None
-        } else {
-            Some(delta_blob_name(seq, claim.round(), &new_nonce()?))
-        };
+        let in_blob = packed.blob.len() > self.inner.settings.inline_delta_bytes;
         let shipped = self
-            .upload_and_publish(claim, packed, name, commit, |stored| {
+            .upload_and_publish(claim, packed, in_blob, commit, |stored| {
                 EntryBody::Delta(DeltaLink {
                     stored,
                     base: base.seq,
@@ -357,9 +354,11 @@ impl Replica {
         Ok(shipped)
     }
 
-    /// Uploads a packed blob under `name` (or, with no name, puts the packed bytes inside
-    /// the entry), publishes at the claim's next seq the entry whose body `body` builds from
-    /// the blob's [`Stored`] fields and `commit`, renews the lease.
+    /// Uploads a packed blob (when `in_blob`, named for the slot it is published at; else the
+    /// packed bytes go inside the entry), publishes at the claim's next seq the entry whose
+    /// body `body` builds from the blob's [`Stored`] fields and `commit`, renews the lease. A
+    /// slot held by a stray (W5, `docs/design.md` 3e) is skipped: the blob is uploaded again
+    /// under the next slot's name (the one named for the stray's slot is an orphan, R4).
     ///
     /// No successor check after the create: the create-only slot after the claim's own last
     /// entry already proves it (module docs; I7, I11).
@@ -367,45 +366,57 @@ impl Replica {
         &self,
         claim: &mut Claim,
         packed: Packed,
-        name: Option<String>,
+        in_blob: bool,
         commit: u64,
-        body: impl FnOnce(Stored) -> EntryBody,
+        body: impl Fn(Stored) -> EntryBody,
     ) -> Result<Shipped, Error> {
         let org = claim.org().clone();
         let started = idem_base::Stopwatch::start();
         let compressed_bytes = packed.blob.len() as u64;
+        let inline = (!in_blob).then(|| BASE64_STANDARD.encode(&packed.blob));
+        let payload = PutPayload::from(packed.blob);
+        let mut strays = 0;
         // The failpoints around the upload fire for an inline body too, so the seams of
         // kill and pause tests stay where they are (nothing is uploaded between them).
         self.failpoint(FailPoint::ShipBeforeUpload, &org).await?;
-        let (blob, blob_path) = match name {
-            Some(name) => {
-                let blob_path = self.inner.store.layout.blob(&org, &name);
-                self.inner
-                    .store
-                    .object
-                    .put(&blob_path, PutPayload::from(packed.blob))
-                    .await
-                    .map_err(|e| Error::store("put", &blob_path, e))?;
-                (BlobRef::Object(name), blob_path)
+        let (entry, blob_path) = loop {
+            let (blob, blob_path) = match &inline {
+                None => {
+                    let name = delta_blob_name(claim.next_seq(), claim.round(), &new_nonce()?);
+                    let blob_path = self.inner.store.layout.blob(&org, &name);
+                    self.inner
+                        .store
+                        .object
+                        .put(&blob_path, payload.clone())
+                        .await
+                        .map_err(|e| Error::store("put", &blob_path, e))?;
+                    (BlobRef::Object(name), blob_path)
+                }
+                Some(text) => (
+                    BlobRef::Inline(text.clone()),
+                    self.inner.store.layout.log(&org, claim.next_seq()),
+                ),
+            };
+            if strays == 0 {
+                self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
             }
-            None => (
-                BlobRef::Inline(BASE64_STANDARD.encode(&packed.blob)),
-                self.inner.store.layout.log(&org, claim.next_seq()),
-            ),
-        };
-        self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
-        let entry = LogEntry {
-            header: claim.next_header(self.inner.clock.now_ms())?,
-            body: body(Stored {
-                blob,
-                sha256: packed.sha256.clone(),
-                bytes: packed.bytes,
-                compressed_bytes,
-                commit,
-            }),
+            let entry = LogEntry {
+                header: claim.next_header(self.inner.clock.now_ms())?,
+                body: body(Stored {
+                    blob,
+                    sha256: packed.sha256.clone(),
+                    bytes: packed.bytes,
+                    compressed_bytes,
+                    commit,
+                }),
+            };
+            match self.publish_for_claim(claim, &entry).await {
+                Ok(()) => break (entry, blob_path),
+                Err(Error::SlotTaken { .. }) if strays < MAX_SHIP_WINDOW => strays += 1,
+                Err(e) => return Err(e),
+            }
         };
         let seq = entry.seq();
-        self.publish_for_claim(claim, &entry).await?;
         self.failpoint(FailPoint::ShipAfterPublish, &org).await?;
         info!(%org, round = claim.round(), seq, kind = entry.kind_name(), bytes = packed.bytes,
               compressed_bytes, inline = entry.is_inline(), elapsed_ms = started.elapsed_ms(), "shipped");

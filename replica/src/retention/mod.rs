@@ -37,10 +37,12 @@ impl Replica {
     /// that are beyond `keep_snapshots` AND older than `keep_ms` (by this host's clock and,
     /// when that would delete one, by the store's too: [`Replica::store_time`], I15), with the
     /// deltas chained to them; deltas below the newest snapshot that no kept snapshot's chain reaches; and
-    /// orphan objects whose seq is at most the head seq — a blob, manifest or segment that no
-    /// kept entry names, directly or through a kept snapshot's manifest. An object above the
-    /// head may belong to a ship in flight (a zombie's uploads are orphans: its entry can
-    /// never land). A segment shared by a deleted snapshot and a kept one stays.
+    /// orphan objects — a blob, manifest or segment that no kept entry names, directly or
+    /// through a kept snapshot's manifest, whose seq is below the newest snapshot or is the
+    /// seq of an entry that does not name it. An object of an empty slot above the newest
+    /// snapshot may belong to a ship in flight (a zombie's uploads are orphans once its slot
+    /// holds the entry that fenced it). A segment shared by a deleted snapshot and a kept one
+    /// stays.
     ///
     /// Reads only the log entries this handle has not published or read before (checked
     /// against the listing's size and ETag; see [`crate::Settings::known_entries`]). A run
@@ -151,14 +153,21 @@ impl Replica {
             .try_collect()
             .await
             .map_err(|e| Error::store("list", &dir, e))?;
-        // Only objects uploaded for a position the log has reached can be orphans: one above
-        // the head may belong to a ship in flight.
+        // Only objects uploaded for a position the log has settled can be orphans (R4,
+        // `docs/design.md` 3e): one below the newest snapshot (no ship of its claim was in
+        // flight when it was issued, and nobody else's can land there), or one whose slot
+        // holds an entry that does not name it. An empty slot above the newest snapshot may
+        // be a ship in flight, even below the head: strays of a fenced pipelined writer can
+        // stand above it.
+        let occupied: std::collections::HashSet<u64> = log.iter().map(LogEntry::seq).collect();
         let candidates: Vec<_> = blobs
             .into_iter()
             .filter(|m| {
                 m.location.filename().is_some_and(|name| {
                     !referenced.contains(name)
-                        && parse_blob_seq(name).is_some_and(|seq| seq <= head)
+                        && parse_blob_seq(name).is_some_and(|seq| {
+                            seq < newest || (seq <= head && occupied.contains(&seq))
+                        })
                 })
             })
             .collect();

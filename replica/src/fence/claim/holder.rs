@@ -6,7 +6,7 @@
 
 use crate::fence::lease::Lease;
 use crate::fence::log::Window;
-use crate::format::entry::{Claimer, EntryBody};
+use crate::format::entry::{Claimer, EntryBody, MAX_SHIP_WINDOW};
 use crate::{Error, LogEntry, OrgId, Replica};
 
 /// How many entries below the head a claimant reads, at most, to find the newest claim when
@@ -40,7 +40,8 @@ impl Replica {
         writer: &str,
         home: Option<(&str, bool)>,
     ) -> Result<Option<Lease>, Error> {
-        let Some(top) = window.top() else {
+        // The newest round's newest entry, not the head: strays may sit above a claim (C3).
+        let Some(top) = window.newest() else {
             let lease = self.inner.leases.lease(org).await?;
             return Ok(lease.filter(|l| !self.owns(l, writer, home)));
         };
@@ -95,7 +96,16 @@ impl Replica {
             }
             window = self.inner.log.window(org, 1).await?;
         }
-        let Some(top) = window.top() else {
+        // A pipelined head may be a stray above the newest claim: read enough of the top to
+        // hold that claim's round (C3).
+        if window.top().is_some_and(LogEntry::is_pipelined) {
+            window = self
+                .inner
+                .log
+                .window(org, MAX_SHIP_WINDOW as usize + 1)
+                .await?;
+        }
+        let Some(top) = window.newest() else {
             return self.inner.leases.lease(org).await;
         };
         match self.newest_claimer(org, &window, top).await? {
@@ -134,6 +144,8 @@ impl Replica {
         let mut seq = top.seq();
         loop {
             match entry {
+                // A fenced writer's pipelined ship above the claim (a stray, R1).
+                Some(e) if e.round() < top.round() && e.is_pipelined() && e.is_delta() => {}
                 Some(e) if e.round() != top.round() => return Ok(None),
                 Some(LogEntry {
                     header,

@@ -2,7 +2,8 @@
 //! reads to choose its round and judge the holder, and what the hydrate or resume of that
 //! claim reads instead of listing and reading the log again (I16).
 //!
-//! A claim lands at `head + 1` of this listing and then lists above its own entry; once that
+//! A claim lands at the slot [`Window::claim_slot`] picks from this listing (`head + 1`
+//! unless a pipelined writer had ships in flight) and then lists above its own entry; once that
 //! check shows nothing above, the entries below the claim are the ones listed here, except
 //! for objects retention deleted since (a read of one finds it gone, and the hydrate lists
 //! afresh) and entries a fenced writer created in a slot retention freed (never
@@ -35,6 +36,29 @@ impl Window {
     /// The entry at the head; `None` for an empty log or a head that vanished.
     pub(crate) fn top(&self) -> Option<&LogEntry> {
         self.seqs.last().and_then(|s| self.entries.get(s))
+    }
+
+    /// The entry that decides the org's round, holder and release: the highest entry read of
+    /// the highest round read. It is the head's, unless a fenced writer's pipelined ships
+    /// landed above the claim that fenced it (strays, `docs/design.md` 3e, rules C1 and C3).
+    pub(crate) fn newest(&self) -> Option<&LogEntry> {
+        let round = self.entries.values().map(LogEntry::round).max()?;
+        self.entries.values().rev().find(|e| e.round() == round)
+    }
+
+    /// The slot a claim takes (C1): the lowest slot at or above the newest entry's floor
+    /// that the LIST did not show. `head + 1` when nothing was in flight there; 1 for an
+    /// empty log.
+    pub(crate) fn claim_slot(&self) -> u64 {
+        let floor = self.newest().map_or(self.head() + 1, LogEntry::floor).max(1);
+        let mut slot = floor;
+        for s in self.seqs.iter().copied().filter(|s| *s >= floor) {
+            if s != slot {
+                break;
+            }
+            slot += 1;
+        }
+        slot
     }
 
     /// The entry at `seq`, if it was read.
