@@ -106,6 +106,12 @@ impl Replica {
             }
         };
         let snap_sum = state.as_ref().map_or(0, |(_, h)| h.sum());
+        let start = Start {
+            seq: snap,
+            checksum: snap_sum,
+        };
+        // The position the running state is at.
+        let mut at = snap;
         for entry in &chain.deltas {
             state = match state {
                 Err(bad) => {
@@ -114,7 +120,13 @@ impl Replica {
                     Err(bad)
                 }
                 Ok(current) => {
-                    let base = if chain::compacts(&chain.snapshot, entry)
+                    let link_base = entry.delta().map_or(at, |d| d.base);
+                    // A pipelined delta applies to the position its writer had seen land,
+                    // which may be any earlier one: that state is rebuilt for it.
+                    let base = if entry.is_pipelined() && link_base != at {
+                        current.0.remove();
+                        self.rebuild_at(org, chain, link_base, &dir, start).await
+                    } else if chain::compacts(&chain.snapshot, entry)
                         && chain.deltas.first().map(LogEntry::seq) != Some(entry.seq())
                     {
                         current.0.remove();
@@ -123,10 +135,6 @@ impl Replica {
                     } else {
                         Ok(current)
                     };
-                    let start = Start {
-                        seq: snap,
-                        checksum: snap_sum,
-                    };
                     let applied = match base {
                         Ok(base) => self.verify_delta(org, start, entry, base).await,
                         Err(e) => Err(e),
@@ -134,6 +142,7 @@ impl Replica {
                     match applied {
                         Ok(state) => {
                             report.ok.push(entry.seq());
+                            at = entry.seq();
                             Ok(state)
                         }
                         Err(e) => {
@@ -177,6 +186,39 @@ impl Replica {
             Ok((file, hashes))
         })
         .await
+    }
+
+    /// The state of `chain` at its position `seq`: the snapshot downloaded again into `dir`
+    /// and the deltas from it to `seq` applied in order, each one's base the one before.
+    ///
+    /// # Errors
+    /// [`Error::ChainBroken`] when `seq` is no position of the chain; the download's and the
+    /// deltas' errors.
+    async fn rebuild_at(
+        &self,
+        org: &OrgId,
+        chain: &Chain,
+        seq: u64,
+        dir: &tempfile::TempDir,
+        start: Start,
+    ) -> Result<(FileImage, PageHashes), Error> {
+        let mut path = Vec::new();
+        let mut at = seq;
+        while at != chain.snapshot.seq() {
+            let Some(d) = chain.deltas.iter().find(|d| d.seq() == at) else {
+                return Err(broken(org, seq, "base is no position of the chain"));
+            };
+            path.push(d);
+            // Bases are below their deltas (the chain walk), so this ends.
+            at = d.delta().map_or(chain.snapshot.seq(), |l| l.base);
+        }
+        let mut state = self
+            .snapshot_into(org, &chain.snapshot, dir, "rebuild")
+            .await?;
+        for d in path.into_iter().rev() {
+            state = self.verify_delta(org, start, d, state).await?;
+        }
+        Ok(state)
     }
 
     /// Fetches the delta `entry` and applies it to `base`, checking its checksums.

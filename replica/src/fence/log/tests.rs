@@ -1,7 +1,7 @@
 //! Unit tests of the log entry format.
 
 use crate::format::entry::valid_blob_name;
-use crate::format::entry::{BlobRef, EntryBody, EntryHeader, Stored};
+use crate::format::entry::{BlobRef, EntryBody, EntryHeader, MAX_SHIP_WINDOW, Stored};
 use crate::{Error, LogEntry};
 
 /// Entries as the format's first writer stored them (a local store written by the code
@@ -79,9 +79,9 @@ fn entry_round_trips_with_version() -> Result<(), Error> {
 
 #[test]
 fn unknown_version_or_kind_is_refused() {
-    let v4 = br#"{"v":4,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
+    let v5 = br#"{"v":5,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
     assert!(matches!(
-        LogEntry::decode("x", v4, None),
+        LogEntry::decode("x", v5, None),
         Err(Error::UnknownFormat { .. })
     ));
     let future = br#"{"v":1,"kind":"compacted","seq":1}"#;
@@ -189,6 +189,34 @@ fn a_segmented_snapshot_entry_is_version_3_and_names_only_a_manifest() -> Result
                 Err(Error::Corrupt { .. })
             ),
             "{bad}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_pipelined_entry_is_version_4_round_trips_and_checks_its_window_and_floor() -> Result<(), Error> {
+    let wire = br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"window":4,"writer":"w"}"#;
+    let entry = LogEntry::decode("x", wire, Some(5))?;
+    assert!(entry.is_pipelined() && entry.is_claim());
+    assert_eq!((entry.ship_window(), entry.floor()), (4, 5));
+    assert_eq!(entry.encode()?, wire.to_vec());
+    // A window beyond the maximum reads clamped: a crafted one widens nothing (R1).
+    let wide = br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"window":1000000,"writer":"w"}"#;
+    assert_eq!(LogEntry::decode("x", wide, Some(5))?.ship_window(), MAX_SHIP_WINDOW);
+    for bad in [
+        // The pipelining keys in an entry of another version, or version 4 without them.
+        &br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":1,"window":4,"writer":"w"}"#[..],
+        br#"{"at_ms":0,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"writer":"w"}"#,
+        // A window of one, a floor above the seq, a claim whose floor is not its own seq.
+        br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"window":1,"writer":"w"}"#,
+        br#"{"at_ms":0,"floor":6,"kind":"release","nonce":"n","round":2,"seq":5,"v":4,"window":4,"writer":"w"}"#,
+        br#"{"at_ms":0,"floor":4,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"window":4,"writer":"w"}"#,
+    ] {
+        assert!(
+            matches!(LogEntry::decode("x", bad, Some(5)), Err(Error::Corrupt { .. })),
+            "{}",
+            String::from_utf8_lossy(bad)
         );
     }
     Ok(())
