@@ -112,8 +112,9 @@ pub use fence::lease::{Hold, Lease, ProcessLease, ProcessListing};
 pub use format::blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
-    LogEntry, MANIFEST_ENTRY_VERSION, Stored,
+    LogEntry, MANIFEST_ENTRY_VERSION, MAX_SHIP_WINDOW, PIPELINED_ENTRY_VERSION, Pipeline, Stored,
 };
+pub use publish::pipeline::{Acked, InFlight, Landing};
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use live::shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use org_id::OrgId;

@@ -51,6 +51,11 @@ pub struct Settings {
     /// two, and a hydrate one GET less per delta. 0 = every delta gets a blob. Full
     /// snapshots always get a blob. Default 16 KiB (an entry of about 22 KB with base64).
     pub inline_delta_bytes: usize,
+    /// How many pipelined ships a claim may keep in flight (`docs/design.md` 3e), 1 to
+    /// [`crate::MAX_SHIP_WINDOW`]. Above 1 every entry of a claim is written in format
+    /// version 4, which versions before it refuse: raise it only once every process that
+    /// opens the store runs this version. Default 1 (one ship at a time, as before).
+    pub ship_window: u64,
     /// Log entries a handle keeps (across orgs, inline bodies dropped: a few hundred bytes
     /// each) so retention reads only entries it has not seen: the ones this handle published
     /// are never read back. When full, it forgets everything and starts over. 0 = keep none
@@ -83,6 +88,7 @@ impl Default for Settings {
             read_concurrency: 16,
             advertise: None,
             inline_delta_bytes: 16 * 1024,
+            ship_window: 1,
             known_entries: 65_536,
             segment_bytes: 256 << 10,
             upload_concurrency: 8,
@@ -119,6 +125,13 @@ impl Settings {
         }
         if self.upload_concurrency == 0 {
             return bad("upload_concurrency must be at least 1".into());
+        }
+        if !(1..=crate::MAX_SHIP_WINDOW).contains(&self.ship_window) {
+            return bad(format!(
+                "ship_window {} is outside 1..={}",
+                self.ship_window,
+                crate::MAX_SHIP_WINDOW
+            ));
         }
         if self.inline_delta_bytes > MAX_INLINE_DELTA_BYTES {
             return bad(format!(

@@ -8,7 +8,7 @@ use tracing::{debug, info, warn};
 
 use crate::chain::position::{Inherited, Tip};
 use crate::fence::log::{Published, Window};
-use crate::format::entry::{Claimer, EntryBody, EntryHeader, MAX_SHIP_WINDOW};
+use crate::format::entry::{Claimer, EntryBody, EntryHeader, MAX_SHIP_WINDOW, Pipeline};
 use crate::format::layout::new_nonce;
 use crate::org_id::check_writer;
 use crate::{Error, FailPoint, LogEntry, OrgId, Replica};
@@ -66,6 +66,24 @@ pub struct Claim {
     /// The log below the claim as the claimant listed and read it, until a hydrate or resume
     /// takes it instead of listing and reading again (`fence/log/window.rs`).
     below: Option<Window>,
+    /// The slot of this claim's last entry that landed (its own seq before any).
+    last_own: u64,
+    /// The claim's ship window (`docs/design.md` 3e): 1 unless claimed with
+    /// [`crate::Settings::ship_window`] above 1, when every entry of it is pipelined.
+    window: u64,
+    /// The slots of pipelined ships not yet acknowledged, in slot order (W2).
+    pub(crate) slots: std::collections::BTreeMap<u64, Slot>,
+}
+
+/// Where a pipelined ship's slot stands (`docs/design.md` 3e, W2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// Issued; its outcome is not seen yet.
+    InFlight,
+    /// Landed as ours, holding commits up to `commit`.
+    Landed { commit: u64 },
+    /// Held by a stray of the writer this claim fenced (W5).
+    Stray,
 }
 
 impl Claim {
@@ -207,8 +225,10 @@ impl Claim {
     /// inherited. A claim whose last publish landed but whose tip was not recorded (the
     /// successor check failed) has none: it ships a full snapshot.
     pub(crate) fn delta_tip(&self) -> Option<&Tip> {
+        // Slots between the last own entry and the next are strays (W5), never ours.
         self.tip.as_ref().filter(|t| {
-            t.seq + 1 == self.next_seq || (t.seq < self.seq && self.next_seq == self.seq + 1)
+            (t.seq == self.last_own && t.seq > self.seq)
+                || (t.seq < self.seq && self.last_own == self.seq)
         })
     }
 
@@ -243,7 +263,91 @@ impl Claim {
             && e.seq() < self.seq.saturating_add(e.ship_window())
     }
 
-    /// The header of the entry this claim publishes next.
+    /// The claim's ship window: how many pipelined ships may be unresolved at once.
+    pub fn ship_window(&self) -> u64 {
+        self.window
+    }
+
+    /// The lowest slot of this claim whose ship is unresolved, or the next slot when none is.
+    pub(crate) fn floor(&self) -> u64 {
+        self.slots
+            .iter()
+            .find(|(_, s)| **s == Slot::InFlight)
+            .map_or(self.next_seq, |(seq, _)| *seq)
+    }
+
+    /// True after a publish the store refused, until a later one clears it (section 2a).
+    pub(crate) fn in_doubt(&self) -> bool {
+        self.in_doubt
+    }
+
+    /// Takes the next slot for a pipelined ship.
+    pub(crate) fn issue(&mut self) -> u64 {
+        let slot = self.next_seq;
+        self.next_seq += 1;
+        self.slots.insert(slot, Slot::InFlight);
+        slot
+    }
+
+    /// A pipelined ship landed at `tip`, holding commits up to `commit`; it is the base of
+    /// the next ship when it is the newest landed (W1).
+    pub(crate) fn landed(&mut self, tip: Tip, commit: u64) {
+        self.slots.insert(tip.seq, Slot::Landed { commit });
+        self.last_own = self.last_own.max(tip.seq);
+        self.below = None;
+        if self.tip.as_ref().is_none_or(|t| t.seq < tip.seq) {
+            self.tip = Some(tip);
+            self.inherited = None;
+        }
+    }
+
+    /// A pipelined ship's slot holds a stray (W5).
+    pub(crate) fn stray_at(&mut self, seq: u64) {
+        self.slots.insert(seq, Slot::Stray);
+    }
+
+    /// The claim can publish no more (W3).
+    pub(crate) fn end(&mut self, reason: &'static str) {
+        self.unusable = Some(reason);
+    }
+
+    /// Removes the longest prefix of resolved slots and returns its newest landed entry:
+    /// what is acknowledged now (W2). Slots are issued in capture order, so it holds the
+    /// highest commit of the prefix.
+    pub(crate) fn acknowledge(&mut self) -> Option<crate::Acked> {
+        let mut acked = None;
+        while let Some((&seq, &slot)) = self.slots.first_key_value() {
+            match slot {
+                Slot::InFlight => break,
+                Slot::Landed { commit } => acked = Some(crate::Acked { seq, commit }),
+                Slot::Stray => {}
+            }
+            self.slots.remove(&seq);
+        }
+        acked
+    }
+
+    /// How many pipelined ships are unresolved.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.slots.values().filter(|s| **s == Slot::InFlight).count()
+    }
+
+    /// `Ok` when no pipelined ship is unresolved: a full snapshot, a release and a ship of
+    /// one at a time are issued only then (W4).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] naming `what` while ships are in flight.
+    pub(crate) fn nothing_in_flight(&self, what: &str) -> Result<(), Error> {
+        match self.in_flight() {
+            0 => Ok(()),
+            n => Err(Error::InvalidSettings {
+                reason: format!("{what} while {n} pipelined ships of the claim are in flight"),
+            }),
+        }
+    }
+
+    /// The header of the entry this claim publishes next: pipelined (window and floor, W1)
+    /// when the claim's window is above 1.
     pub(crate) fn next_header(&self, at_ms: u64) -> Result<EntryHeader, Error> {
         Ok(EntryHeader {
             seq: self.next_seq,
@@ -251,7 +355,10 @@ impl Claim {
             writer: self.writer.clone(),
             nonce: new_nonce()?,
             at_ms,
-            pipeline: None,
+            pipeline: (self.window > 1).then(|| Pipeline {
+                window: self.window,
+                floor: self.floor(),
+            }),
         })
     }
 }
@@ -322,6 +429,7 @@ impl Replica {
             // The highest round read, never the head's alone: a stray may be the head (C1).
             let max_round = window.newest().map(LogEntry::round).unwrap_or(0);
             let slot = window.claim_slot();
+            let window_size = self.inner.settings.ship_window.clamp(1, MAX_SHIP_WINDOW);
             let now = self.inner.clock.now_ms();
             // Judged by what this handle has seen change, never by the timestamps the holder
             // wrote (I15): fencing keeps a wrong guess safe (I7), this keeps a live holder's
@@ -350,7 +458,10 @@ impl Replica {
                     writer: writer.to_owned(),
                     nonce: new_nonce()?,
                     at_ms: now,
-                    pipeline: None,
+                    pipeline: (window_size > 1).then_some(Pipeline {
+                        window: window_size,
+                        floor: slot,
+                    }),
                 },
                 body: EntryBody::Claim(Claimer {
                     instance: self.inner.leases.instance().to_owned(),
@@ -412,6 +523,9 @@ impl Replica {
                 reuse: None,
                 reuse_lost: false,
                 below: Some(window.below(seq)),
+                last_own: seq,
+                window: window_size,
+                slots: Default::default(),
             });
         }
         Err(Error::Contended {
@@ -431,6 +545,7 @@ impl Replica {
     /// As [`Replica::ship`]'s publish step.
     pub async fn release(&self, claim: &mut Claim) -> Result<(), Error> {
         claim.usable()?;
+        claim.nothing_in_flight("a release")?;
         let org = claim.org.clone();
         self.failpoint(FailPoint::ReleaseBeforePublish, &org)
             .await?;
@@ -473,6 +588,7 @@ impl Replica {
         match self.inner.log.publish(&claim.org, entry).await {
             Ok(Published::Landed) => {
                 claim.next_seq = entry.seq() + 1;
+                claim.last_own = entry.seq();
                 // Only a fresh claim's hydrate or resume reads it.
                 claim.below = None;
                 // After a refused publish, a put of ours may have landed late in that slot,

@@ -30,6 +30,17 @@ use crate::publish::source::{FileSource, MemSource, PageSource};
 use crate::replica::blocking;
 use crate::{Claim, Delta, Error, FailPoint, LogEntry, Replica, Snapshot};
 
+/// A delta checked against its base and packed, not yet published.
+pub(crate) struct PackedDelta {
+    pub(crate) packed: Packed,
+    /// The entry's link; its `stored` is filled in when the body's place is known.
+    pub(crate) link: DeltaLink,
+    pub(crate) commit: u64,
+    /// The base's page hashes, and what the delta changes in them.
+    pub(crate) base_hashes: Arc<crate::format::checksum::PageHashes>,
+    pub(crate) change: crate::format::checksum::HashChange,
+}
+
 /// A published snapshot or delta: where it is and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shipped {
@@ -136,6 +147,9 @@ impl Replica {
         commit: u64,
     ) -> Result<Shipped, Error> {
         claim.usable()?;
+        // W4: a snapshot is issued with nothing in flight, so no ship of the claim uploads
+        // below it (retention's orphan rule, R4).
+        claim.nothing_in_flight("a full snapshot")?;
         if claim.may_look_up_reuse() {
             let reuse = self.inherited_manifest(claim).await;
             claim.set_reuse(reuse);
@@ -266,14 +280,50 @@ impl Replica {
     /// [`Replica::ship`].
     pub async fn ship_delta(&self, claim: &mut Claim, delta: Delta) -> Result<Shipped, Error> {
         claim.usable()?;
-        let org = claim.org().to_string();
-        let seq = claim.next_seq();
+        claim.nothing_in_flight("a delta shipped alone")?;
         let Some(tip) = claim.delta_tip().cloned() else {
             return Err(Error::NoChainTip {
-                org,
+                org: claim.org().to_string(),
                 round: claim.round(),
             });
         };
+        let packed = self.pack_delta(claim, &tip, delta).await?;
+        let in_blob = packed.packed.blob.len() > self.inner.settings.inline_delta_bytes;
+        let link = packed.link.clone();
+        let shipped = self
+            .upload_and_publish(claim, packed.packed, in_blob, packed.commit, |stored| {
+                EntryBody::Delta(DeltaLink {
+                    stored,
+                    ..link.clone()
+                })
+            })
+            .await?;
+        // Update the base's hashes in place: once the claim lets go of its tip, the table is
+        // usually ours alone (a compaction, or the first delta after a snapshot, copies it once).
+        drop(tip);
+        claim.drop_tip();
+        let mut hashes = packed.base_hashes;
+        Arc::make_mut(&mut hashes).apply_change(packed.change);
+        claim.delta_published(Tip {
+            seq: shipped.seq,
+            hashes,
+        });
+        Ok(shipped)
+    }
+
+    /// Checks `delta` against the claim's chain `tip` (its base: the tip, or for a compacted
+    /// delta the claim's snapshot) and packs its body off the async runtime.
+    ///
+    /// # Errors
+    /// [`Error::DeltaRefused`] as [`Replica::ship_delta`] says; [`Error::Compress`].
+    pub(crate) async fn pack_delta(
+        &self,
+        claim: &Claim,
+        tip: &Tip,
+        delta: Delta,
+    ) -> Result<PackedDelta, Error> {
+        let org = claim.org().to_string();
+        let seq = claim.next_seq();
         let refused = move |org: String, reason: String| Error::DeltaRefused { org, seq, reason };
         if delta.page_size() != tip.hashes.page_size() {
             return Err(refused(
@@ -326,32 +376,28 @@ impl Replica {
             Ok((pack(&org, "delta", &delta.body(), level)?, change))
         })
         .await?;
-        let (base_checksum, checksum) = (base.hashes.sum(), change.sum);
-        let in_blob = packed.blob.len() > self.inner.settings.inline_delta_bytes;
-        let shipped = self
-            .upload_and_publish(claim, packed, in_blob, commit, |stored| {
-                EntryBody::Delta(DeltaLink {
-                    stored,
-                    base: base.seq,
-                    base_checksum: checksum_hex(base_checksum),
-                    checksum: checksum_hex(checksum),
-                    page_size,
-                    db_pages,
-                    changed_pages,
-                })
-            })
-            .await?;
-        // Update the base's hashes in place: once the claim lets go of its tip, the table is
-        // usually ours alone (a compaction, or the first delta after a snapshot, copies it once).
-        drop(tip);
-        claim.drop_tip();
-        let mut hashes = base.hashes;
-        Arc::make_mut(&mut hashes).apply_change(change);
-        claim.delta_published(Tip {
-            seq: shipped.seq,
-            hashes,
-        });
-        Ok(shipped)
+        let link = DeltaLink {
+            stored: Stored {
+                blob: BlobRef::Inline(String::new()),
+                sha256: String::new(),
+                bytes: 0,
+                compressed_bytes: 0,
+                commit,
+            },
+            base: base.seq,
+            base_checksum: checksum_hex(base.hashes.sum()),
+            checksum: checksum_hex(change.sum),
+            page_size,
+            db_pages,
+            changed_pages,
+        };
+        Ok(PackedDelta {
+            packed,
+            link,
+            commit,
+            base_hashes: base.hashes,
+            change,
+        })
     }
 
     /// Uploads a packed blob (when `in_blob`, named for the slot it is published at; else the
