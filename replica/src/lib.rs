@@ -114,11 +114,11 @@ pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
     LogEntry, MANIFEST_ENTRY_VERSION, MAX_SHIP_WINDOW, PIPELINED_ENTRY_VERSION, Pipeline, Stored,
 };
-pub use publish::pipeline::{Acked, InFlight, Landing};
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use live::shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
 pub use org_id::OrgId;
 pub use publish::delta::Delta;
+pub use publish::pipeline::{Acked, InFlight, Landing};
 pub use publish::ship::Shipped;
 pub use publish::snapshot::Snapshot;
 pub use rebuild::hydrate::{Hydrated, RestoreProgress};

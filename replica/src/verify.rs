@@ -66,6 +66,7 @@ impl Replica {
                 deltas: chain::after(entry, &log[i + 1..]),
             };
             reached.extend(chain.deltas.iter().map(LogEntry::seq));
+            reached.extend(chain::strays(entry, &log[i + 1..]));
             self.verify_chain(org, &chain, &mut report).await;
         }
         for e in log.iter().filter(|e| e.is_delta()) {

@@ -302,6 +302,22 @@ pub(crate) fn after(snapshot: &LogEntry, rest: &[LogEntry]) -> Vec<LogEntry> {
     out
 }
 
+/// The strays among `rest` (the entries right after `snapshot`), up to where its chain
+/// breaks: pipelined ships of fenced rounds that landed above the claim that fenced them
+/// (R1). Never positions and never acknowledged, so verify reports them as neither.
+pub(crate) fn strays(snapshot: &LogEntry, rest: &[LogEntry]) -> Vec<u64> {
+    let mut walk = Walk::new(snapshot);
+    let mut out = Vec::new();
+    for e in rest {
+        match walk.step(e, false) {
+            Step::Stray => out.push(e.seq()),
+            Step::Extends | Step::Passes => {}
+            Step::Breaks(..) => break,
+        }
+    }
+    out
+}
+
 /// Where a chain starts: its snapshot's log position and database checksum.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Start {
@@ -660,7 +676,12 @@ mod tests {
         let before_claim = [snapshot(2, 1), pdelta(3, 1, 2, 3), pclaim(5, 2)];
         // A base that is no position (a missing slot).
         let missing_base = [snapshot(2, 1), pdelta(4, 1, 3, 3)];
-        for log in [&below_floor[..], &not_pipelined, &before_claim, &missing_base] {
+        for log in [
+            &below_floor[..],
+            &not_pipelined,
+            &before_claim,
+            &missing_base,
+        ] {
             let got = newest(&acme(), log, u64::MAX);
             assert!(
                 matches!(got, Err(Error::ChainBroken { .. })),
@@ -690,8 +711,18 @@ mod tests {
         );
         assert_eq!(after_seqs(&log), vec![3, 6]);
         // Beyond the window of the claim, or not pipelined: damage, as before.
-        let beyond = [snapshot(2, 1), pdelta(3, 1, 2, 3), pclaim(4, 2), pdelta(8, 1, 2, 3)];
-        let old = [snapshot(2, 1), pdelta(3, 1, 2, 3), pclaim(4, 2), delta(5, 1, 3)];
+        let beyond = [
+            snapshot(2, 1),
+            pdelta(3, 1, 2, 3),
+            pclaim(4, 2),
+            pdelta(8, 1, 2, 3),
+        ];
+        let old = [
+            snapshot(2, 1),
+            pdelta(3, 1, 2, 3),
+            pclaim(4, 2),
+            delta(5, 1, 3),
+        ];
         for log in [&beyond[..], &old] {
             assert!(matches!(
                 newest(&acme(), log, u64::MAX),

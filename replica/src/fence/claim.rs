@@ -329,7 +329,10 @@ impl Claim {
 
     /// How many pipelined ships are unresolved.
     pub(crate) fn in_flight(&self) -> usize {
-        self.slots.values().filter(|s| **s == Slot::InFlight).count()
+        self.slots
+            .values()
+            .filter(|s| **s == Slot::InFlight)
+            .count()
     }
 
     /// `Ok` when no pipelined ship is unresolved: a full snapshot, a release and a ship of
@@ -713,7 +716,11 @@ impl Replica {
             if read.iter().all(|r| matches!(r, Ok(Some(e)) if stray(e))) {
                 return Ok(None);
             }
-            if let Some(Ok(Some(e))) = read.iter().rev().find(|r| matches!(r, Ok(Some(e)) if !stray(e))) {
+            if let Some(Ok(Some(e))) = read
+                .iter()
+                .rev()
+                .find(|r| matches!(r, Ok(Some(e)) if !stray(e)))
+            {
                 return Ok(Some(e.round()));
             }
         }

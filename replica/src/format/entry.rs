@@ -429,7 +429,9 @@ impl LogEntry {
             ));
         }
         if let Some(p) = entry.header.pipeline
-            && (p.window < 2 || p.floor > entry.seq() || (entry.is_claim() && p.floor != entry.seq()))
+            && (p.window < 2
+                || p.floor > entry.seq()
+                || (entry.is_claim() && p.floor != entry.seq()))
         {
             return Err(Error::corrupt(
                 object,

@@ -128,7 +128,11 @@ impl Replica {
                 (BlobRef::Object(name), Some((path.clone(), payload)), path)
             } else {
                 let text = BASE64_STANDARD.encode(&packed.packed.blob);
-                (BlobRef::Inline(text), None, self.inner.store.layout.log(&org, slot))
+                (
+                    BlobRef::Inline(text),
+                    None,
+                    self.inner.store.layout.log(&org, slot),
+                )
             };
         let entry = LogEntry {
             header: claim.next_header(self.inner.clock.now_ms())?,

@@ -53,7 +53,7 @@ fn snap() -> LogEntry {
             writer: "w".into(),
             nonce: "00".into(),
             at_ms: 5,
-                pipeline: None,
+            pipeline: None,
         },
         body: EntryBody::Snapshot(Stored {
             blob: "00000000000000000007-2-00.db.zst".into(),
@@ -195,7 +195,8 @@ fn a_segmented_snapshot_entry_is_version_3_and_names_only_a_manifest() -> Result
 }
 
 #[test]
-fn a_pipelined_entry_is_version_4_round_trips_and_checks_its_window_and_floor() -> Result<(), Error> {
+fn a_pipelined_entry_is_version_4_round_trips_and_checks_its_window_and_floor() -> Result<(), Error>
+{
     let wire = br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"window":4,"writer":"w"}"#;
     let entry = LogEntry::decode("x", wire, Some(5))?;
     assert!(entry.is_pipelined() && entry.is_claim());
@@ -203,7 +204,10 @@ fn a_pipelined_entry_is_version_4_round_trips_and_checks_its_window_and_floor() 
     assert_eq!(entry.encode()?, wire.to_vec());
     // A window beyond the maximum reads clamped: a crafted one widens nothing (R1).
     let wide = br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":4,"window":1000000,"writer":"w"}"#;
-    assert_eq!(LogEntry::decode("x", wide, Some(5))?.ship_window(), MAX_SHIP_WINDOW);
+    assert_eq!(
+        LogEntry::decode("x", wide, Some(5))?.ship_window(),
+        MAX_SHIP_WINDOW
+    );
     for bad in [
         // The pipelining keys in an entry of another version, or version 4 without them.
         &br#"{"at_ms":0,"floor":5,"kind":"claim","nonce":"n","round":2,"seq":5,"v":1,"window":4,"writer":"w"}"#[..],

@@ -50,7 +50,10 @@ impl Window {
     /// that the LIST did not show. `head + 1` when nothing was in flight there; 1 for an
     /// empty log.
     pub(crate) fn claim_slot(&self) -> u64 {
-        let floor = self.newest().map_or(self.head() + 1, LogEntry::floor).max(1);
+        let floor = self
+            .newest()
+            .map_or(self.head() + 1, LogEntry::floor)
+            .max(1);
         let mut slot = floor;
         for s in self.seqs.iter().copied().filter(|s| *s >= floor) {
             if s != slot {

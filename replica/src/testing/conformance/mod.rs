@@ -27,6 +27,7 @@ mod damage;
 mod db;
 mod delta;
 mod faults;
+mod pipeline;
 mod retention;
 mod s3;
 mod segments;
@@ -99,6 +100,9 @@ macro_rules! __conformance_cases {
             retention::a_zombie_delta_after_retention_never_lands,
             retention::a_zombie_is_fenced_by_its_create_without_a_list,
             retention::restore_newest_racing_retention_reads_again,
+            pipeline::pipelined_ships_acknowledge_in_slot_order_whatever_order_they_land_in,
+            pipeline::a_ship_that_never_lands_fences_its_writer_and_loses_nothing_acknowledged,
+            pipeline::retention_keeps_a_blob_that_may_be_in_flight_below_the_head,
         }
     };
 }

@@ -1,0 +1,206 @@
+//! Pipelined ships (`docs/design.md` 3e): ships landing out of order acknowledge in slot
+//! order only; a ship that never lands loses nothing and fences its writer; a successor
+//! claims where the writer's next create goes, skips its strays, and every reader agrees
+//! (I6, I7, I10, I11).
+
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::db::{Db, diff};
+use super::{CaseResult, org, prefix};
+use crate::format::layout::{delta_blob_name, new_nonce};
+use crate::{Acked, Error, Landing, Replica, Retention, Settings, Snapshot};
+
+async fn pipelined(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<Replica, Error> {
+    let settings = Settings {
+        ship_window: 4,
+        ..Settings::default()
+    };
+    Replica::open(store, prefix, settings).await
+}
+
+const STEPS: [&str; 3] = [
+    "INSERT INTO t VALUES (100, randomblob(2000))",
+    "UPDATE t SET v = randomblob(10) WHERE id % 3 = 0",
+    "CREATE TABLE u(k TEXT PRIMARY KEY); INSERT INTO u VALUES ('a')",
+];
+
+/// A database of 20 rows and its image, then the images after each of [`STEPS`].
+fn images() -> Result<Vec<Vec<u8>>, Box<dyn std::error::Error + Send + Sync>> {
+    let mut db = Db::new()?;
+    db.exec("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 20) INSERT INTO t SELECT i, randomblob(300) FROM n")?;
+    let mut out = vec![db.image()?];
+    for step in STEPS {
+        db.exec(step)?;
+        out.push(db.image()?);
+    }
+    Ok(out)
+}
+
+/// Two ships in flight land in reverse order: nothing is acknowledged until both have, then
+/// both at once; the next ship is based on the newest landed one. A successor hydrates the
+/// last state, every landed position restores byte for byte, and verify passes.
+pub(super) async fn pipelined_ships_acknowledge_in_slot_order_whatever_order_they_land_in(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let r = pipelined(store.clone(), &p).await?;
+    let acme = org("acme");
+    let img = images()?;
+    let mut a = r.claim(&acme, "a", false).await?;
+    assert_eq!(a.ship_window(), 4);
+    let s = r
+        .ship(&mut a, Snapshot::from_bytes(img[0].clone(), 1))
+        .await?;
+    // Both based on the snapshot: the second holds the first's pages too (W1).
+    let first = r.issue_delta(&mut a, diff(&img[0], &img[1], 2)?).await?;
+    let second = r.issue_delta(&mut a, diff(&img[0], &img[2], 3)?).await?;
+    assert_eq!((first.seq(), second.seq()), (s.seq + 1, s.seq + 2));
+    let landed = r.land(&second).await;
+    assert!(matches!(landed, Landing::Landed), "{landed:?}");
+    assert_eq!(
+        r.settle(&mut a, second, landed)?,
+        None,
+        "acked past a ship in flight"
+    );
+    let landed = r.land(&first).await;
+    assert_eq!(
+        r.settle(&mut a, first, landed)?,
+        Some(Acked {
+            seq: s.seq + 2,
+            commit: 3
+        })
+    );
+    let third = r.issue_delta(&mut a, diff(&img[2], &img[3], 4)?).await?;
+    let landed = r.land(&third).await;
+    assert_eq!(r.settle(&mut a, third, landed)?.map(|a| a.commit), Some(4));
+    r.release(&mut a).await?;
+
+    let b_replica = Replica::open(store, &p, Settings::default()).await?;
+    let mut b = b_replica.claim(&acme, "b", false).await?;
+    let tmp = tempfile::tempdir()?;
+    let h = b_replica.hydrate(&mut b, &tmp.path().join("db")).await?;
+    assert_eq!((h.position, h.commit), (Some(s.seq + 3), 4));
+    assert!(std::fs::read(tmp.path().join("db"))? == img[3]);
+    for (seq, image) in [(s.seq, &img[0]), (s.seq + 1, &img[1]), (s.seq + 2, &img[2])] {
+        let dest = tmp.path().join(format!("at-{seq}"));
+        b_replica.restore(&acme, Some(seq), &dest).await?;
+        assert!(std::fs::read(&dest)? == *image, "restore at {seq}");
+    }
+    let report = b_replica.verify(&acme).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    Ok(())
+}
+
+/// The writer dies with its first ship in flight and its second landed. The successor
+/// claims at the first ship's slot (the floor of the landed one, C1), so the landed one is
+/// a stray (R1): it hydrates the snapshot, nothing the writer could have acknowledged. The
+/// first ship landing late collides and is fenced (I7); the successor's ship skips the
+/// stray (W5), and every reader reads its chain.
+pub(super) async fn a_ship_that_never_lands_fences_its_writer_and_loses_nothing_acknowledged(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let r = pipelined(store.clone(), &p).await?;
+    let acme = org("acme");
+    let img = images()?;
+    let mut a = r.claim(&acme, "a", false).await?;
+    let s = r
+        .ship(&mut a, Snapshot::from_bytes(img[0].clone(), 1))
+        .await?;
+    let first = r.issue_delta(&mut a, diff(&img[0], &img[1], 2)?).await?;
+    let second = r.issue_delta(&mut a, diff(&img[0], &img[2], 3)?).await?;
+    let landed = r.land(&second).await;
+    assert_eq!(r.settle(&mut a, second, landed)?, None);
+
+    let b_replica = Replica::open(store.clone(), &p, Settings::default()).await?;
+    let mut b = b_replica.claim(&acme, "b", true).await?;
+    assert_eq!(
+        b.seq(),
+        s.seq + 1,
+        "the claim takes the slot the writer's ship needs"
+    );
+    let tmp = tempfile::tempdir()?;
+    let h = b_replica.hydrate(&mut b, &tmp.path().join("db")).await?;
+    assert_eq!((h.position, h.commit), (Some(s.seq), 1));
+    assert!(std::fs::read(tmp.path().join("db"))? == img[0]);
+
+    let late = r.land(&first).await;
+    assert!(
+        matches!(late, Landing::Failed(Error::Fenced { .. })),
+        "{late:?}"
+    );
+    assert!(matches!(
+        r.settle(&mut a, first, late),
+        Err(Error::Fenced { .. })
+    ));
+    assert!(a.unusable().is_some());
+
+    // The successor's first delta finds the writer's stray in its next slot and goes above.
+    let mine = b_replica
+        .ship_delta(&mut b, diff(&img[0], &img[3], 2)?)
+        .await?;
+    assert_eq!(mine.seq, s.seq + 3);
+    let newest = tmp.path().join("newest");
+    let h = r.restore(&acme, None, &newest).await?;
+    assert_eq!(h.position, Some(s.seq + 3));
+    assert!(std::fs::read(&newest)? == img[3]);
+    let report = r.verify(&acme).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    // A third claimer takes the slot above the successor's last entry.
+    b_replica.release(&mut b).await?;
+    let c = r.claim(&acme, "c", false).await?;
+    assert_eq!(c.seq(), s.seq + 5);
+    Ok(())
+}
+
+/// Retention takes an object as an orphan only where the log settled its slot (R4): the
+/// blob of an empty slot above the newest snapshot may be a ship in flight and stays, even
+/// below the head; one whose slot holds another entry goes.
+pub(super) async fn retention_keeps_a_blob_that_may_be_in_flight_below_the_head(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let r = pipelined(store.clone(), &p).await?;
+    let acme = org("acme");
+    let img = images()?;
+    let mut a = r.claim(&acme, "a", false).await?;
+    let s = r
+        .ship(&mut a, Snapshot::from_bytes(img[0].clone(), 1))
+        .await?;
+    // Slot s+1 in flight (its blob uploaded, its entry not yet), s+2 landed.
+    let first = r.issue_delta(&mut a, diff(&img[0], &img[1], 2)?).await?;
+    let second = r.issue_delta(&mut a, diff(&img[0], &img[2], 3)?).await?;
+    let landed = r.land(&second).await;
+    r.settle(&mut a, second, landed)?;
+    let blob = |seq: u64| -> Result<Path, Error> {
+        Ok(Path::from(format!(
+            "{p}/orgs/acme/snap/{}",
+            delta_blob_name(seq, a.round(), &new_nonce()?)
+        )))
+    };
+    let in_flight = blob(first.seq())?;
+    let settled = blob(s.seq)?;
+    for path in [&in_flight, &settled] {
+        store.put(path, PutPayload::from_static(b"x")).await?;
+    }
+    let report = r
+        .retain(
+            &acme,
+            &Retention {
+                keep_snapshots: 1,
+                keep_ms: 0,
+            },
+        )
+        .await?;
+    assert!(
+        report.deleted_blobs.contains(&settled.to_string()),
+        "{report:?}"
+    );
+    assert!(store.head(&in_flight).await.is_ok(), "{report:?}");
+    let landed = r.land(&first).await;
+    assert!(r.settle(&mut a, first, landed)?.is_some());
+    Ok(())
+}
