@@ -190,6 +190,14 @@ impl Acks {
         st.waiters.iter().any(|w| w.commit > st.shipped)
     }
 
+    /// True when some waiter needs a commit above both what is shipped and `issued` (what
+    /// the ships in flight hold, `crate::pipeline`).
+    pub fn needs_ship_after(&self, issued: u64) -> bool {
+        let st = self.lock();
+        let covered = st.shipped.max(issued);
+        st.waiters.iter().any(|w| w.commit > covered)
+    }
+
     /// Fails every waiter and stops the org (the first reason to stop it stays).
     pub fn stop(&self, stop: Stop) {
         let (stop, waiters) = {

@@ -82,6 +82,7 @@ mod local;
 pub mod metrics;
 mod org;
 mod park;
+mod pipeline;
 mod pool;
 mod prepare;
 mod registry;

@@ -40,7 +40,12 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             {
                 return;
             }
-            let (shipped, full) = if inner.acks.needs_ship() {
+            let (shipped, full) = if inner.acks.needs_ship() && publishing.pipelined() {
+                let before = inner.acks.counters.full_ships.load(Ordering::Relaxed);
+                let shipped = crate::pipeline::ship_pipelined(&inner, &mut publishing).await;
+                let full = inner.acks.counters.full_ships.load(Ordering::Relaxed) > before;
+                (shipped, full)
+            } else if inner.acks.needs_ship() {
                 let before = inner.acks.counters.full_ships.load(Ordering::Relaxed);
                 let shipped = ship_once(&inner, &mut publishing).await;
                 let full = inner.acks.counters.full_ships.load(Ordering::Relaxed) > before;

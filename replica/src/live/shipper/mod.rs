@@ -20,8 +20,11 @@
 //! pages pending and they ship with the next delta, against the same base (Litestream's
 //! shadow-WAL rule). So no frame leaves the WAL before a ship holds it.
 
+mod pipeline;
 mod policy;
 mod state;
+
+pub use pipeline::Issued;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -87,6 +90,9 @@ pub struct Shipper {
     full_requested: bool,
     /// A bound on the page cache shared with other shippers ([`Shipper::share_cache_limit`]).
     cache_limit: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    /// The pages each pipelined ship in flight or landed above the newest landed one
+    /// captured, by slot (`pipeline.rs`).
+    increments: BTreeMap<u64, BTreeMap<u32, Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Shipper {
@@ -132,6 +138,7 @@ impl Shipper {
             chain,
             full_requested: false,
             cache_limit: None,
+            increments: BTreeMap::new(),
         }
     }
 
@@ -165,6 +172,7 @@ impl Shipper {
     pub fn parkable(&self) -> bool {
         self.claim.tip().is_some()
             && self.chain.pending.is_empty()
+            && self.increments.is_empty()
             && !self.chain.diff_file
             && self.chain.proven.is_some()
             && self.files.is_some()
@@ -261,7 +269,7 @@ impl Shipper {
     /// [`Replica::resume`] checks it against the store before trusting it.
     pub fn resume_point(&self) -> Option<ResumePoint> {
         let tip = self.claim.tip()?;
-        if self.chain.diff_file || !self.chain.pending.is_empty() {
+        if self.chain.diff_file || !self.chain.pending.is_empty() || !self.increments.is_empty() {
             return None;
         }
         let commit = self.chain.proven?;
@@ -350,6 +358,8 @@ impl Shipper {
 
     async fn ship_full(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
         self.chain.restart();
+        // A full snapshot holds every page: nothing captured before it is pending any more.
+        self.increments.clear();
         let request = CaptureRequest {
             from: 0,
             checkpoint: Checkpoint::Before,
