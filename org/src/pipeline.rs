@@ -40,6 +40,7 @@ pub(crate) async fn ship_pipelined(inner: &Inner, shipper: &mut Shipper) -> Resu
             let covering = acks.commit_seq.get();
             match shipper.issue(&*inner.writer).await {
                 Ok(Issued::Ship(ship)) => {
+                    let ship = *ship;
                     issued = ship.commit();
                     starts.insert(ship.seq(), start);
                     let replica = inner.replica.clone();

@@ -22,7 +22,7 @@ use crate::{Acked, Delta, Error, InFlight, Landing};
 #[derive(Debug)]
 pub enum Issued {
     /// A delta is in flight: land it with [`crate::Replica::land`], then settle it.
-    Ship(InFlight),
+    Ship(Box<InFlight>),
     /// The chain must restart from a full snapshot (the policy, a lost WAL position, a
     /// refused delta): let every ship in flight settle, then [`Shipper::ship`].
     Full,
@@ -120,7 +120,7 @@ impl Shipper {
         match issued {
             Ok(ship) => {
                 self.increments.insert(ship.seq(), increment);
-                Ok(Issued::Ship(ship))
+                Ok(Issued::Ship(Box::new(ship)))
             }
             Err(Error::NoChainTip { .. } | Error::DeltaRefused { .. }) => {
                 self.chain.pending = increment;
