@@ -430,7 +430,13 @@ impl Replica {
                 continue;
             }
             // The highest round read, never the head's alone: a stray may be the head (C1).
-            let max_round = window.newest().map(LogEntry::round).unwrap_or(0);
+            // An abandoned claim counts too, so rounds only grow.
+            let max_round = window
+                .entries
+                .values()
+                .map(LogEntry::round)
+                .max()
+                .unwrap_or(0);
             let slot = window.claim_slot();
             let window_size = self.inner.settings.ship_window.clamp(1, MAX_SHIP_WINDOW);
             let now = self.inner.clock.now_ms();

@@ -103,10 +103,21 @@ impl Replica {
                 reachable.extend(chain::after(e, &log[i + 1..]).iter().map(LogEntry::seq));
             }
         }
-        doomed.extend(
-            log.iter()
-                .filter(|e| e.is_delta() && e.seq() < newest && !reachable.contains(&e.seq())),
-        );
+        // Strays (a fenced pipelined writer's ships above the claim that fenced it) on a
+        // kept snapshot's chain stay: deleting one would leave a hole the chain rules call
+        // damage (R3). There are fewer than a window of them per handoff.
+        let mut strays = std::collections::HashSet::new();
+        for (i, e) in log.iter().enumerate() {
+            if e.is_snapshot() && !doomed.iter().any(|d| d.seq() == e.seq()) {
+                strays.extend(chain::strays(e, &log[i + 1..]));
+            }
+        }
+        doomed.extend(log.iter().filter(|e| {
+            e.is_delta()
+                && e.seq() < newest
+                && !reachable.contains(&e.seq())
+                && !strays.contains(&e.seq())
+        }));
         report.kept_snapshots = snaps.len() - doomed.iter().filter(|e| e.is_snapshot()).count();
         // Entries first, then blobs: a reader never finds an entry whose blob is gone. Deltas
         // go newest first and before their snapshot, so an interrupted run leaves a snapshot

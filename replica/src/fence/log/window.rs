@@ -39,11 +39,29 @@ impl Window {
     }
 
     /// The entry that decides the org's round, holder and release: the highest entry read of
-    /// the highest round read. It is the head's, unless a fenced writer's pipelined ships
-    /// landed above the claim that fenced it (strays, `docs/design.md` 3e, rules C1 and C3).
+    /// the highest round read, among the entries no later entry shadows. It is the head's,
+    /// unless a fenced writer's pipelined ships landed above the claim that fenced it
+    /// (strays, `docs/design.md` 3e, rules C1 and C3). An entry is shadowed, and so is no
+    /// evidence of its round's ownership, when an entry of a lower round that is not a stray
+    /// of it lies above it: a claim abandoned in a slot retention freed, under the owner's
+    /// newer entries.
     pub(crate) fn newest(&self) -> Option<&LogEntry> {
-        let round = self.entries.values().map(LogEntry::round).max()?;
-        self.entries.values().rev().find(|e| e.round() == round)
+        let read: Vec<&LogEntry> = self.entries.values().collect();
+        let shadowed = |i: usize| {
+            let e = read[i];
+            read[i + 1..].iter().any(|x| {
+                x.round() < e.round()
+                    && !(x.is_pipelined()
+                        && x.is_delta()
+                        && x.seq() < e.seq().saturating_add(x.ship_window()))
+            })
+        };
+        let live: Vec<&LogEntry> = (0..read.len())
+            .filter(|i| !shadowed(*i))
+            .map(|i| read[i])
+            .collect();
+        let round = live.iter().map(|e| e.round()).max()?;
+        live.into_iter().rev().find(|e| e.round() == round)
     }
 
     /// The slot a claim takes (C1): the lowest slot at or above the newest entry's floor
@@ -96,5 +114,76 @@ impl Log {
             .await?;
         let entries = read.into_iter().flatten().map(|e| (e.seq(), e)).collect();
         Ok(Window { seqs, entries })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::entry::{EntryBody, EntryHeader, Pipeline, Stored};
+
+    fn entry(seq: u64, round: u64, body: EntryBody, pipelined: bool) -> LogEntry {
+        LogEntry {
+            header: EntryHeader {
+                seq,
+                round,
+                writer: "w".into(),
+                nonce: "00".into(),
+                at_ms: 0,
+                pipeline: pipelined.then_some(Pipeline {
+                    window: 4,
+                    floor: seq,
+                }),
+            },
+            body,
+        }
+    }
+
+    fn stored() -> Stored {
+        Stored {
+            blob: "1.db.zst".into(),
+            sha256: String::new(),
+            bytes: 0,
+            compressed_bytes: 0,
+            commit: 0,
+        }
+    }
+
+    fn window(entries: Vec<LogEntry>) -> Window {
+        Window {
+            seqs: entries.iter().map(LogEntry::seq).collect(),
+            entries: entries.into_iter().map(|e| (e.seq(), e)).collect(),
+        }
+    }
+
+    #[test]
+    fn the_newest_entry_skips_strays_above_a_claim_and_claims_abandoned_below_newer_entries() {
+        let claim = |seq, round| entry(seq, round, EntryBody::Claim(Default::default()), true);
+        let snapshot = |seq, round| entry(seq, round, EntryBody::Snapshot(stored()), false);
+        let stray = |seq, round| {
+            let mut e = entry(seq, round, EntryBody::Snapshot(stored()), true);
+            e.body = EntryBody::Delta(crate::format::entry::DeltaLink {
+                stored: stored(),
+                base: 1,
+                base_checksum: String::new(),
+                checksum: String::new(),
+                page_size: 512,
+                db_pages: 1,
+                changed_pages: 0,
+            });
+            e.header.pipeline = Some(Pipeline {
+                window: 4,
+                floor: 2,
+            });
+            e
+        };
+        // Round 2 claimed at 3; round 1's ship landed at 5 (a stray), 4 is free.
+        let w = window(vec![snapshot(2, 1), claim(3, 2), stray(5, 1)]);
+        assert_eq!(w.newest().map(LogEntry::seq), Some(3));
+        assert_eq!(w.claim_slot(), 4);
+        // A claim of round 3 abandoned in a freed slot under round 2's newer entries.
+        let w = window(vec![claim(5, 3), snapshot(6, 2), claim(7, 2)]);
+        assert_eq!(w.newest().map(LogEntry::seq), Some(7));
+        assert_eq!(w.claim_slot(), 8);
     }
 }
