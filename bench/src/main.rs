@@ -73,6 +73,10 @@ pub struct BenchArgs {
     /// p99 75 ms), `const:MS` (every request MS milliseconds), or `none` (local only).
     #[arg(long, default_value = "s3")]
     latency: p10::Latency,
+    /// Pipelined ships P10's registries keep in flight per org (`docs/design.md` 3e), 1 to
+    /// 8; 1 ships one at a time.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    ship_window: u64,
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -204,6 +208,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
             .map_err(fail("p9"))?;
     }
     if args.wants("p10") {
+        p10::SHIP_WINDOW.store(args.ship_window, std::sync::atomic::Ordering::Relaxed);
         p10::run(
             &dir,
             args.latency,

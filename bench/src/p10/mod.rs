@@ -64,6 +64,9 @@ impl std::fmt::Display for Latency {
     }
 }
 
+/// The ship window of P10's registries (`--ship-window`), set once before the rows run.
+pub(crate) static SHIP_WINDOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// Sizes of P10's rows.
 pub(crate) struct Sizes {
     /// Seconds per throughput row.
@@ -132,6 +135,7 @@ pub(crate) async fn registry(
 ) -> BenchResult<Registry> {
     let settings = replica::Settings {
         lease_ms,
+        ship_window: SHIP_WINDOW.load(std::sync::atomic::Ordering::Relaxed),
         ..replica::Settings::default()
     };
     let replica = Replica::open(store, "", settings).await?;
@@ -165,8 +169,9 @@ pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes) -> BenchResu
     }
     outln!();
     outln!(
-        "P10: on S3's latency: local directory beside the same store with each request delayed ({latency}), {:.1} s per throughput row",
-        sizes.time.as_secs_f64()
+        "P10: on S3's latency: local directory beside the same store with each request delayed ({latency}), {:.1} s per throughput row, ship window {}",
+        sizes.time.as_secs_f64(),
+        SHIP_WINDOW.load(std::sync::atomic::Ordering::Relaxed)
     );
     let header: Vec<&str> = columns
         .iter()
