@@ -453,22 +453,10 @@ impl Shipper {
         };
         let (commit, reset, db_state) = (cap.commit, cap.reset, cap.db);
         let previous = self.chain.proven;
-        let frames = off_thread(move || {
-            // Only this writer restarts its WAL, and it tracks where: frames that cannot be
-            // read from the chain's position mean someone else rewrote the WAL.
-            let frames = live::wal::read(&cap.head, &cap.tail, from).map_err(|e| {
-                Foreign(format!(
-                    "the WAL cannot be read from the chain's position: {}",
-                    e.0
-                ))
-            })?;
-            let counter = frames.pages.get(&cap.counter_page).map(Vec::as_slice);
-            prove(counter, cap.counter_page, cap.commit, previous)?;
-            Ok::<_, Foreign>(frames)
-        })
-        .await
-        .map_err(Fallback::Failed)?
-        .map_err(|f| Fallback::Failed(self.files_changed(&f)))?;
+        let frames = proved_frames(cap.head, cap.tail, cap.counter_page, commit, from, previous)
+            .await
+            .map_err(Fallback::Failed)?
+            .map_err(|f| Fallback::Failed(self.files_changed(&f)))?;
         self.chain.proven = Some(commit);
         if let Some(pos) = frames.end
             && pos.page_size != self.chain.page_size
@@ -573,6 +561,32 @@ async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -
             op: "preparing a ship",
             source,
         })
+}
+
+/// Reads a delta capture's committed frames from the chain's WAL position `from` and proves
+/// them (I13: the newest counter page holds `commit`, or `previous` when they leave it alone),
+/// off the async runtime. Only this writer restarts its WAL, and it tracks where: frames that
+/// cannot be read from the chain's position mean someone else rewrote the WAL.
+async fn proved_frames(
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    counter_page: u32,
+    commit: u64,
+    from: Option<live::wal::WalPos>,
+    previous: Option<u64>,
+) -> Result<Result<live::wal::Frames, Foreign>, Error> {
+    off_thread(move || {
+        let frames = live::wal::read(&head, &tail, from).map_err(|e| {
+            Foreign(format!(
+                "the WAL cannot be read from the chain's position: {}",
+                e.0
+            ))
+        })?;
+        let counter = frames.pages.get(&counter_page).map(Vec::as_slice);
+        prove(counter, counter_page, commit, previous)?;
+        Ok::<_, Foreign>(frames)
+    })
+    .await
 }
 
 /// Checks a capture against its own pages (I13): the newest captured version of the

@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 
-use super::{CaptureSource, Shipper, WalState, off_thread, prove};
-use crate::live::{self, CaptureRequest, Checkpoint, Foreign};
+use super::{CaptureSource, Shipper, WalState, proved_frames};
+use crate::live::{CaptureRequest, Checkpoint};
 use crate::{Acked, Delta, Error, InFlight, Landing};
 
 /// What [`Shipper::issue`] did.
@@ -83,19 +83,9 @@ impl Shipper {
         };
         let (commit, reset) = (cap.commit, cap.reset);
         let previous = self.chain.proven;
-        let frames = off_thread(move || {
-            let frames = live::wal::read(&cap.head, &cap.tail, from).map_err(|e| {
-                Foreign(format!(
-                    "the WAL cannot be read from the chain's position: {}",
-                    e.0
-                ))
-            })?;
-            let counter = frames.pages.get(&cap.counter_page).map(Vec::as_slice);
-            prove(counter, cap.counter_page, cap.commit, previous)?;
-            Ok::<_, Foreign>(frames)
-        })
-        .await?
-        .map_err(|f| self.files_changed(&f))?;
+        let frames = proved_frames(cap.head, cap.tail, cap.counter_page, commit, from, previous)
+            .await?
+            .map_err(|f| self.files_changed(&f))?;
         self.chain.proven = Some(commit);
         if let Some(pos) = frames.end
             && pos.page_size != self.chain.page_size
