@@ -109,9 +109,9 @@ async fn a_ship_failing_in_the_pipeline_ends_the_tenure_and_loses_no_acknowledge
         Settings::default(),
     )?;
     let org = reg.acquire(&OrgId::new("acme")?).await?;
-    // The 6th log-entry create from now on fails twice before reaching the store and its
+    // The 3rd log-entry create from now on fails twice before reaching the store and its
     // slot reads back empty: the store refused it, with later ships likely in flight.
-    faults.inject_times(FaultOp::Put, "/log/", 6, 2, Fault::FailBefore);
+    faults.inject_times(FaultOp::Put, "/log/", 3, 2, Fault::FailBefore);
     let mut acked = Vec::new();
     let mut failed = 0;
     for (key, t) in spawn_arrivals(&org, 96).await {
