@@ -352,7 +352,10 @@ async fn a_full_snapshot_after_a_reused_file_uploads_only_changed_segments() -> 
     write(&org, "a2", 1).await?;
     // The chain's manifest is found in the claim's own listing, not by listing the log again.
     let spent = a2.replica().store_requests().since(&before);
-    assert_eq!(spent.list, 0, "the first snapshot listed the log: {spent:?}");
+    assert_eq!(
+        spent.list, 0,
+        "the first snapshot listed the log: {spent:?}"
+    );
     let s = org.stats();
     assert_eq!(s.full_ships, 1, "{s:?}");
     assert!(
