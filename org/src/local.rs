@@ -51,6 +51,18 @@ pub(crate) fn prepare(data_dir: &Path, org: &OrgId) -> Result<(), Error> {
     std::fs::remove_file(&probe).map_err(local_err(org, &probe))
 }
 
+/// True when the org's local directory holds a released claim's kept file (a `.cache`
+/// record), which the next acquire may resume from instead of hydrating. A hint read before
+/// the claim: [`LocalFiles::create`] takes the file only under its claim's lock.
+pub(crate) fn has_kept(data_dir: &Path, org: &OrgId) -> bool {
+    let dir = data_dir.join("orgs").join(org.as_str());
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|x| x == "cache"))
+    })
+}
+
 impl LocalFiles {
     /// Creates and locks the lock file of this claim, then removes files of dead claims.
     pub fn create(data_dir: &Path, org: &OrgId, round: u64, nonce: &str) -> Result<Self, Error> {

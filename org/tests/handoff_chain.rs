@@ -312,7 +312,8 @@ async fn a_kept_file_with_one_byte_changed_is_downloaded_over() -> R {
 
 /// A claim that reused its kept file (no hydrate, so it never read the chain's manifest)
 /// still names the unchanged segments of the chain's snapshot in its first full snapshot,
-/// and that snapshot restores to the served state.
+/// finds that manifest without listing the log again, and that snapshot restores to the
+/// served state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_snapshot_after_a_reused_file_uploads_only_changed_segments() -> R {
     let dir = tempfile::tempdir()?;
@@ -347,7 +348,14 @@ async fn a_full_snapshot_after_a_reused_file_uploads_only_changed_segments() -> 
     };
     let a2 = registry(&data, small_segments().await?, "A", every_ship_full)?;
     let org = a2.acquire(&acme).await?;
+    let before = a2.replica().store_requests();
     write(&org, "a2", 1).await?;
+    // The chain's manifest is found in the claim's own listing, not by listing the log again.
+    let spent = a2.replica().store_requests().since(&before);
+    assert_eq!(
+        spent.list, 0,
+        "the first snapshot listed the log: {spent:?}"
+    );
     let s = org.stats();
     assert_eq!(s.full_ships, 1, "{s:?}");
     assert!(

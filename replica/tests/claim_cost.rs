@@ -1,194 +1,56 @@
 //! What an acquire costs on the store (I14, I16). Guards against a claim whose cost grows with
-//! the length of the log (a GET per entry), and against an acquire that writes or reads a
-//! per-org lease object, lists the log twice or reads an entry twice: the requests by
+//! the length of the log (a GET per entry), against an acquire that writes or reads a
+//! per-org lease object, lists the log twice or reads an entry twice, against a hydrate
+//! whose downloads wait for the claim instead of going out beside it, and against a first
+//! ship after a hydrate that restarts the chain with a full snapshot: the requests by
 //! operation and the sequential round trips (depth) of claim + hydrate + first ship of a
 //! small org, after a graceful release and after a crash.
 //!
 //! Depth is measured deterministically: every request is delayed by one constant under
-//! paused tokio time, and the depth is the longest chain of requests each starting at or
-//! after the previous one ended.
+//! paused tokio time ([`LatencyStore`] with a constant shape), and the depth is the longest
+//! chain of requests each starting at or after the previous one ended.
 
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use futures::StreamExt;
-use futures::stream::BoxStream;
 use idem_replica::conformance::test_snapshot;
-use idem_replica::{ManualClock, OrgId, Replica, Settings, StoreRequests};
+use idem_replica::latency::{LatencyStore, Op, Recorded, Shape, Shapes};
+use idem_replica::{Delta, ManualClock, OrgId, Replica, Settings, Snapshot, StoreRequests};
+use object_store::ObjectStore;
 use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result as OsResult,
-};
-use tokio::time::Instant;
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// The delay every traced request takes.
 const DELAY: Duration = Duration::from_millis(28);
 
-/// One request as the tracer saw it: what, and when it started and ended (tokio's clock).
-#[derive(Debug, Clone)]
-struct Span {
-    op: &'static str,
-    path: String,
-    start: Instant,
-    end: Instant,
+/// A store over `inner` that delays every request by [`DELAY`].
+fn constant(inner: Arc<dyn ObjectStore>) -> Arc<LatencyStore> {
+    Arc::new(LatencyStore::new(
+        inner,
+        Shapes::all(Shape::Constant(DELAY)),
+        0,
+    ))
 }
 
-/// A store wrapper that delays every request by [`DELAY`] and records its span.
-#[derive(Debug)]
-struct Tracer {
-    inner: Arc<dyn ObjectStore>,
-    spans: Arc<Mutex<Vec<Span>>>,
-}
-
-impl std::fmt::Display for Tracer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tracer({})", self.inner)
-    }
-}
-
-impl Tracer {
-    fn new(inner: Arc<dyn ObjectStore>) -> Tracer {
-        Tracer {
-            inner,
-            spans: Arc::default(),
+/// The pages of `next` that differ from `prev` (both images of one page size), as a delta.
+fn diff(prev: &Snapshot, next: &Snapshot) -> Result<Delta, idem_replica::Error> {
+    let (prev, next_bytes) = (prev.bytes(), next.bytes());
+    // SQLite's header: the page size, big-endian, at offset 16.
+    let ps = usize::from(u16::from_be_bytes([next_bytes[16], next_bytes[17]]));
+    let mut pages = BTreeMap::new();
+    for (i, page) in next_bytes.chunks(ps).enumerate() {
+        if prev.get(i * ps..(i + 1) * ps) != Some(page) {
+            pages.insert(i as u32 + 1, page.to_vec());
         }
     }
-
-    fn take(&self) -> Vec<Span> {
-        std::mem::take(&mut *self.spans.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    async fn traced<T>(&self, op: &'static str, path: &Path, f: impl Future<Output = T>) -> T {
-        record(&self.spans, op, path.to_string(), f).await
-    }
-
-    fn traced_list(
-        &self,
-        prefix: Option<&Path>,
-        listing: BoxStream<'static, OsResult<ObjectMeta>>,
-    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        let spans = self.spans.clone();
-        let path = prefix.map(ToString::to_string).unwrap_or_default();
-        futures::stream::once(async move {
-            record(&spans, "list", path, listing.collect::<Vec<_>>()).await
-        })
-        .flat_map(futures::stream::iter)
-        .boxed()
-    }
-}
-
-// The tracer reads tokio's clock, paused and virtual here: it is the measurement itself.
-#[allow(clippy::disallowed_methods)]
-async fn record<T>(
-    spans: &Mutex<Vec<Span>>,
-    op: &'static str,
-    path: String,
-    f: impl Future<Output = T>,
-) -> T {
-    let start = Instant::now();
-    tokio::time::sleep(DELAY).await;
-    let out = f.await;
-    let end = Instant::now();
-    let span = Span {
-        op,
-        path,
-        start,
-        end,
-    };
-    spans.lock().unwrap_or_else(|e| e.into_inner()).push(span);
-    out
-}
-
-#[async_trait]
-impl ObjectStore for Tracer {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> OsResult<PutResult> {
-        self.traced(
-            "put",
-            location,
-            self.inner.put_opts(location, payload, opts),
-        )
-        .await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> OsResult<Box<dyn MultipartUpload>> {
-        self.traced(
-            "multipart",
-            location,
-            self.inner.put_multipart_opts(location, opts),
-        )
-        .await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> OsResult<GetResult> {
-        let op = if options.head { "head" } else { "get" };
-        self.traced(op, location, self.inner.get_opts(location, options))
-            .await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, OsResult<Path>>,
-    ) -> BoxStream<'static, OsResult<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.traced_list(prefix, self.inner.list(prefix))
-    }
-
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.traced_list(prefix, self.inner.list_with_offset(prefix, offset))
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> OsResult<ListResult> {
-        let path = prefix.cloned().unwrap_or_default();
-        self.traced("list", &path, self.inner.list_with_delimiter(prefix))
-            .await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> OsResult<()> {
-        self.traced("copy", from, self.inner.copy_opts(from, to, options))
-            .await
-    }
-}
-
-/// The longest chain of spans each starting at or after the previous one ended.
-fn depth(spans: &[Span]) -> usize {
-    let mut sorted = spans.to_vec();
-    sorted.sort_by_key(|s| s.start);
-    let mut chain = vec![0usize; sorted.len()];
-    for i in 0..sorted.len() {
-        let before = (0..i)
-            .filter(|&j| sorted[j].end <= sorted[i].start)
-            .map(|j| chain[j])
-            .max()
-            .unwrap_or(0);
-        chain[i] = before + 1;
-    }
-    chain.into_iter().max().unwrap_or(0)
-}
-
-/// Requests by operation, and the log and lease objects among them.
-fn count(spans: &[Span], op: &str) -> usize {
-    spans.iter().filter(|s| s.op == op).count()
+    Delta::new(
+        ps as u32,
+        (next_bytes.len() / ps) as u32,
+        pages,
+        next.commit(),
+    )
 }
 
 const LEASE_MS: u64 = 3_000;
@@ -216,11 +78,11 @@ async fn small_org(store: Arc<dyn ObjectStore>, clock: &Arc<ManualClock>, releas
 /// Claim + hydrate + first ship by a fresh process, traced; a crashed holder's process lease
 /// has been seen unchanged for a whole watch first.
 async fn acquire(
-    tracer: Arc<Tracer>,
+    store: Arc<LatencyStore>,
     clock: &Arc<ManualClock>,
     crashed: bool,
-) -> Result<Vec<Span>, Box<dyn std::error::Error + Send + Sync>> {
-    let b = Replica::open_with(tracer.clone(), "t", settings(), clock.clone(), None).await?;
+) -> Result<Recorded, Box<dyn std::error::Error + Send + Sync>> {
+    let b = Replica::open_with(store.clone(), "t", settings(), clock.clone(), None).await?;
     let org = OrgId::new("acme")?;
     if crashed {
         assert!(
@@ -229,20 +91,27 @@ async fn acquire(
         );
         clock.advance(LEASE_MS + LEASE_MS / 10);
     }
-    tracer.take();
-    let mut claim = b.claim(&org, "b", false).await?;
+    let trace = store.trace();
+    let mut claim = b.claim_to_hydrate(&org, "b", None, false).await?;
     let tmp = tempfile::tempdir()?;
     let hydrated = b.hydrate(&mut claim, &tmp.path().join("db")).await?;
     assert_eq!(hydrated.commit, 5);
-    b.ship(&mut claim, test_snapshot(6)?).await?;
-    let spans = tracer.take();
+    // The first ship continues the hydrated chain: a delta, inline in its entry.
+    assert_eq!(claim.chain_tip(), hydrated.position);
+    let delta = diff(&test_snapshot(5)?, &test_snapshot(6)?)?;
+    b.ship_delta(&mut claim, delta).await?;
+    let spans = trace.finish();
     assert!(
-        spans.iter().all(|s| !s.path.ends_with("lease.json")),
+        spans
+            .requests
+            .iter()
+            .all(|s| !s.path.ends_with("lease.json")),
         "an org lease was read or written: {spans:#?}"
     );
     let log_reads: Vec<&str> = spans
+        .requests
         .iter()
-        .filter(|s| s.op == "get" && s.path.contains("/log/"))
+        .filter(|s| s.op == Op::Get && s.path.contains("/log/"))
         .map(|s| s.path.as_str())
         .collect();
     let mut unique = log_reads.clone();
@@ -261,11 +130,12 @@ async fn an_acquire_after_a_release_takes_few_round_trips_and_no_org_lease() -> 
     let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let clock = Arc::new(ManualClock::new(1_000_000));
     small_org(raw.clone(), &clock, true).await?;
-    let spans = acquire(Arc::new(Tracer::new(raw)), &clock, false).await?;
-    // LIST; the log's entries at once; the claim's PUT beside the process lease's; the
-    // successor check's LIST; the snapshot's manifest; its segment; the ship's uploads.
-    assert_eq!(count(&spans, "list"), 2, "{spans:#?}");
-    assert_eq!(depth(&spans), 9, "{spans:#?}");
+    let spans = acquire(constant(raw), &clock, false).await?;
+    // LIST; the log's entries at once; the claim's PUT beside the process lease's and the
+    // snapshot's manifest GET; the successor check's LIST beside the segment's GET; the
+    // delta's PUT.
+    assert_eq!(spans.count(Op::List), 2, "{spans:#?}");
+    assert_eq!(spans.depth(), 5, "{spans:#?}");
     Ok(())
 }
 
@@ -274,9 +144,10 @@ async fn an_acquire_after_a_crash_reads_the_process_lease_not_an_org_lease() -> 
     let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let clock = Arc::new(ManualClock::new(1_000_000));
     small_org(raw.clone(), &clock, false).await?;
-    let spans = acquire(Arc::new(Tracer::new(raw)), &clock, true).await?;
-    assert_eq!(count(&spans, "list"), 2, "{spans:#?}");
-    assert_eq!(depth(&spans), 10, "{spans:#?}");
+    let spans = acquire(constant(raw), &clock, true).await?;
+    assert_eq!(spans.count(Op::List), 2, "{spans:#?}");
+    // As after a release, with the claimer's process lease read before the claim.
+    assert_eq!(spans.depth(), 6, "{spans:#?}");
     Ok(())
 }
 

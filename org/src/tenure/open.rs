@@ -63,15 +63,16 @@ impl Org {
         } = opening;
         crate::local::prepare(data_dir, &org)?;
         let began = idem_base::Stopwatch::start();
-        let mut claim = replica
-            .claim_from(
-                &org,
-                writer_id,
-                Some((home.id.as_str(), home.locked())),
-                settings.force_claim,
-            )
-            .await
-            .map_err(|e| Error::replica(&org, e))?;
+        let home_id = Some((home.id.as_str(), home.locked()));
+        // An org this host may resume from a kept file claims alone; any other downloads
+        // its hydrate beside the claim's requests (`docs/design.md`, section 3d).
+        let resumable = settings.reuse_released_files && crate::local::has_kept(data_dir, &org);
+        let claimed = if resumable {
+            (replica.claim_from(&org, writer_id, home_id, settings.force_claim)).await
+        } else {
+            (replica.claim_to_hydrate(&org, writer_id, home_id, settings.force_claim)).await
+        };
+        let mut claim = claimed.map_err(|e| Error::replica(&org, e))?;
         let span = tracing::Span::current();
         span.record("round", claim.round());
         span.record("seq", claim.seq());

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::future::Either;
 use tracing::{debug, info, warn};
 
 use crate::chain::position::{Inherited, Tip};
@@ -11,6 +12,7 @@ use crate::fence::log::{Published, Window};
 use crate::format::entry::{Claimer, EntryBody, EntryHeader, MAX_SHIP_WINDOW, Pipeline};
 use crate::format::layout::new_nonce;
 use crate::org_id::check_writer;
+use crate::rebuild::prefetch::Prefetched;
 use crate::{Error, FailPoint, LogEntry, OrgId, Replica};
 
 mod holder;
@@ -73,6 +75,13 @@ pub struct Claim {
     window: u64,
     /// The slots of pipelined ships not yet acknowledged, in slot order (W2).
     pub(crate) slots: std::collections::BTreeMap<u64, Slot>,
+    /// The chain below the claim, rebuilt in memory beside the claim's requests
+    /// ([`Replica::claim_to_hydrate`]), until the hydrate takes it.
+    prefetched: Option<Prefetched>,
+    /// The claimant's listing of the log below the claim, kept by a resume (which downloads
+    /// no manifest) for the claim's first snapshot to find the inherited chain's manifest
+    /// without listing again; taken once.
+    resumed_below: Option<Window>,
 }
 
 /// Where a pipelined ship's slot stands (`docs/design.md` 3e, W2).
@@ -177,6 +186,22 @@ impl Claim {
     /// claim reads its tail from it.
     pub(crate) fn take_below(&mut self) -> Option<Window> {
         self.below.take().filter(|_| self.is_fresh())
+    }
+
+    /// The image rebuilt beside the claim's requests, once, for a fresh claim's hydrate.
+    pub(crate) fn take_prefetched(&mut self) -> Option<Prefetched> {
+        self.prefetched.take().filter(|_| self.is_fresh())
+    }
+
+    /// After a resume: keeps the listing below the claim for [`Claim::take_resumed_below`].
+    pub(crate) fn keep_below_for_reuse(&mut self) {
+        self.resumed_below = self.below.take();
+    }
+
+    /// The listing a resume kept, once: what the first snapshot reads the inherited chain's
+    /// manifest from.
+    pub(crate) fn take_resumed_below(&mut self) -> Option<Window> {
+        self.resumed_below.take()
     }
 
     /// [`Claim::take_below`] without taking it: a resume that refuses the local file leaves it
@@ -405,6 +430,44 @@ impl Replica {
         home: Option<(&str, bool)>,
         force: bool,
     ) -> Result<Claim, Error> {
+        self.claim_with(org, writer, home, force, false).await
+    }
+
+    /// [`Replica::claim_from`] for a claimant that [hydrates](Replica::hydrate) next: when
+    /// the claim's first listing and read of the log's top entries hold the whole chain below
+    /// the claim, and its image is at most `read_concurrency × segment_bytes` bytes, the
+    /// chain is downloaded and verified into memory while the claim's PUT and successor
+    /// check are in flight, and the hydrate installs it instead of downloading it after the
+    /// claim (`docs/design.md`, section 3d): a small org's acquire takes two round trips
+    /// fewer. A claim that does not land, or lands below a newer entry, drops the image
+    /// unused and retries as [`Replica::claim_from`] does (I7); the hydrate installs it only
+    /// when the chain it finds below the claim is that very chain (I8, I10), and downloads
+    /// the chain itself otherwise or after any failure of the prefetch.
+    ///
+    /// Costs the same requests as the claim and its hydrate; a caller that may
+    /// [resume](Replica::resume) a local file instead of hydrating should use
+    /// [`Replica::claim_from`], so no download is wasted.
+    ///
+    /// # Errors
+    /// As [`Replica::claim`].
+    pub async fn claim_to_hydrate(
+        &self,
+        org: &OrgId,
+        writer: &str,
+        home: Option<(&str, bool)>,
+        force: bool,
+    ) -> Result<Claim, Error> {
+        self.claim_with(org, writer, home, force, true).await
+    }
+
+    async fn claim_with(
+        &self,
+        org: &OrgId,
+        writer: &str,
+        home: Option<(&str, bool)>,
+        force: bool,
+        prefetch: bool,
+    ) -> Result<Claim, Error> {
         self.writable("claim")?;
         check_writer(writer)?;
         let attempts = self.inner.settings.claim_retries.saturating_add(1);
@@ -478,38 +541,26 @@ impl Replica {
                     home,
                 }),
             };
-            // The claim entry names the process lease, which a claimant watches from the
-            // moment the entry lands; an absent one counts as unchanged only for a whole
-            // watch, which the renewal task's next write ends, so both PUTs go out together.
-            let (published, ()) = futures::future::join(
-                self.inner.log.publish(org, &entry),
-                self.inner.leases.ensure_process_lease(),
-            )
-            .await;
-            match published {
-                Ok(Published::Landed) => {}
-                Ok(Published::Taken(theirs)) => {
-                    debug!(%org, seq = slot, theirs = theirs.round(), attempt, "claim lost the race");
-                    continue;
+            let plan = match prefetch {
+                true => self.prefetch_plan(org, &window, slot).await,
+                false => None,
+            };
+            let landing = self.land_claim(org, &entry, attempt);
+            let (landed, prefetched) = match plan {
+                None => (landing.await, None),
+                // The chain downloads beside the claim's PUT and successor check; a claim
+                // that does not land drops the download where it is.
+                Some(chain) => {
+                    let fetching = std::pin::pin!(self.prefetch(org, chain));
+                    let landing = std::pin::pin!(landing);
+                    match futures::future::select(landing, fetching).await {
+                        Either::Left((Ok(true), fetching)) => (Ok(true), fetching.await),
+                        Either::Left((other, _)) => (other, None),
+                        Either::Right((fetched, landing)) => (landing.await, fetched),
+                    }
                 }
-                // A claim of unknown outcome fences nobody we care about: retry higher.
-                Err(Error::PublishUnknown { .. }) => continue,
-                Err(e) => return Err(e),
-            }
-            // A claimer that read a stale head may land in a slot retention freed. Listed
-            // from our own entry on: the cost follows the entries above it.
-            // Strays of the writer this claim fenced may sit above it (C2): anything else is
-            // a newer entry.
-            let above: Vec<u64> = (self.inner.log.seqs_after(org, Some(slot)).await?)
-                .into_iter()
-                .filter(|s| *s > slot)
-                .collect();
-            if self
-                .successor_above(org, &above, max_round + 1, slot)
-                .await?
-                .is_some()
-            {
-                debug!(%org, seq = slot, attempt, "claim landed below a newer entry");
+            };
+            if !landed? {
                 continue;
             }
             let EntryHeader {
@@ -535,12 +586,56 @@ impl Replica {
                 last_own: seq,
                 window: window_size,
                 slots: Default::default(),
+                prefetched,
+                resumed_below: None,
             });
         }
         Err(Error::Contended {
             org: org.to_string(),
             attempts,
         })
+    }
+
+    /// Creates the claim `entry` (at the slot C1 chose) beside the first write of the process lease,
+    /// then lists above it: `Ok(true)` when it landed with nothing above, `Ok(false)` when
+    /// the claim must be retried higher (the slot was taken, the outcome is unknown, or it
+    /// landed below a newer entry).
+    async fn land_claim(&self, org: &OrgId, entry: &LogEntry, attempt: u32) -> Result<bool, Error> {
+        let seq = entry.seq();
+        // The claim entry names the process lease, which a claimant watches from the
+        // moment the entry lands; an absent one counts as unchanged only for a whole
+        // watch, which the renewal task's next write ends, so both PUTs go out together.
+        let (published, ()) = futures::future::join(
+            self.inner.log.publish(org, entry),
+            self.inner.leases.ensure_process_lease(),
+        )
+        .await;
+        match published {
+            Ok(Published::Landed) => {}
+            Ok(Published::Taken(theirs)) => {
+                debug!(%org, seq, theirs = theirs.round(), attempt, "claim lost the race");
+                return Ok(false);
+            }
+            // A claim of unknown outcome fences nobody we care about: retry higher.
+            Err(Error::PublishUnknown { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+        // A claimer that read a stale head may land in a slot retention freed. Listed
+        // from our own entry on: the cost follows the entries above it. Strays of the
+        // writer this claim fenced may sit above it (C2): anything else is a newer entry.
+        let above: Vec<u64> = (self.inner.log.seqs_after(org, Some(seq)).await?)
+            .into_iter()
+            .filter(|s| *s > seq)
+            .collect();
+        if self
+            .successor_above(org, &above, entry.round(), seq)
+            .await?
+            .is_some()
+        {
+            debug!(%org, seq, attempt, "claim landed below a newer entry");
+            return Ok(false);
+        }
+        Ok(true)
     }
 
     /// Publishes a Release entry (same create/compare/fence rules as ship, and like a ship no
@@ -600,6 +695,7 @@ impl Replica {
                 claim.last_own = entry.seq();
                 // Only a fresh claim's hydrate or resume reads it.
                 claim.below = None;
+                claim.prefetched = None;
                 // After a refused publish, a put of ours may have landed late in that slot,
                 // and retention may since have freed it under a successor's claim: this
                 // create landing no longer proves we are the newest writer, so look above it

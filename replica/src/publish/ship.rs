@@ -150,8 +150,9 @@ impl Replica {
         // W4: a snapshot is issued with nothing in flight, so no ship of the claim uploads
         // below it (retention's orphan rule, R4).
         claim.nothing_in_flight("a full snapshot")?;
+        let listed = claim.take_resumed_below();
         if claim.may_look_up_reuse() {
-            let reuse = self.inherited_manifest(claim).await;
+            let reuse = self.inherited_manifest(claim, listed).await;
             claim.set_reuse(reuse);
         }
         let shipped = self.ship_segments(claim, source, commit).await;
@@ -166,18 +167,26 @@ impl Replica {
     /// has shipped no snapshot of its own: that
     /// snapshot is the newest in the log while the claim can publish, so its segments may be
     /// named (`docs/design.md`, "Segments and retention"). Read only when the chain's
-    /// database is several segments large (the log's tail costs a LIST and a GET per entry
-    /// after the snapshot); any failure just means uploading every segment.
+    /// database is several segments large; any failure just means uploading every segment.
+    /// The tail is read from `listed`, the claimant's own listing of the log below the
+    /// claim and the entries it read (kept by the resume): no LIST, and a GET only per entry
+    /// of the tail that listing did not read (the log below a claim that passed its
+    /// successor check changes only by retention's deletions, after which the tail is
+    /// listed afresh: `docs/design.md`, section 3d).
     async fn inherited_manifest(
         &self,
         claim: &Claim,
+        listed: Option<crate::fence::log::Window>,
     ) -> Option<Arc<crate::format::segment::Manifest>> {
         let tip = claim.tip()?;
         let segment = self.inner.settings.segment_bytes as u64;
         if (tip.hashes.pages() as u64) * u64::from(tip.hashes.page_size()) < 4 * segment {
             return None;
         }
-        let tail = self.tail(claim.org(), claim.seq()).await.ok()?;
+        let tail = self
+            .tail_seen(claim.org(), claim.seq(), listed)
+            .await
+            .ok()?;
         let snapshot = tail.iter().rev().find(|e| e.is_snapshot())?;
         let (name, stored) = (snapshot.manifest()?, snapshot.stored()?);
         let manifest = self

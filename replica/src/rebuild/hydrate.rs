@@ -18,6 +18,7 @@ use crate::format::layout::new_nonce;
 use crate::publish::ship::Shipped;
 use crate::rebuild::image::{FileImage, PageImage};
 use crate::rebuild::install::{discard, install_file, remove_db, temp_beside};
+use crate::rebuild::prefetch::Prefetched;
 use crate::replica::blocking;
 use crate::{BlobRef, Claim, Error, FailPoint, LogEntry, OrgId, Replica};
 
@@ -83,9 +84,16 @@ impl Replica {
         // The claim's own listing and reads of the log below it (`fence/log/window.rs`):
         // nothing is listed twice, and no entry read twice.
         let below = claim.take_below();
+        let prefetched = claim.take_prefetched();
         let log = self.tail_seen(claim.org(), claim.seq(), below).await?;
         let chain = chain::newest(claim.org(), &log, claim.seq())?;
-        let (hydrated, tip) = self.install_chain(claim.org(), chain, dest).await?;
+        // An image downloaded beside the claim is installed only if it holds the very chain
+        // this hydrate finds below the claim; any other is dropped and the chain downloaded.
+        let held = prefetched.filter(|p| chain.as_ref().is_some_and(|c| p.holds(c)));
+        let (hydrated, tip) = match held {
+            Some(p) => self.install_held(claim.org(), p, dest).await?,
+            None => self.install_chain(claim.org(), chain, dest).await?,
+        };
         if let Some((tip, inherited, manifest)) = tip {
             claim.inherit(tip, inherited, manifest.map(Arc::new));
         }
@@ -179,7 +187,10 @@ impl Replica {
         for attempt in 1..=ATTEMPTS {
             let window = seen.take();
             let last = attempt == ATTEMPTS;
-            if let Some(tail) = self.try_tail(org, limit, last, window.as_ref()).await? {
+            if let Some(tail) = self
+                .try_tail(org, limit, last, window.as_ref(), false)
+                .await?
+            {
                 return Ok(tail);
             }
         }
@@ -189,17 +200,34 @@ impl Replica {
         })
     }
 
+    /// The tail [`Replica::tail_seen`] would return on its first attempt from `seen`, when
+    /// `seen` holds every entry of it: no store request. `None` when an entry it needs was
+    /// not read into `seen`.
+    pub(crate) async fn tail_held(
+        &self,
+        org: &OrgId,
+        limit: u64,
+        seen: &Window,
+    ) -> Option<Vec<LogEntry>> {
+        self.try_tail(org, limit, false, Some(seen), true)
+            .await
+            .ok()
+            .flatten()
+    }
+
     /// One attempt of [`Replica::tail`]; `None` when a listed entry vanished before it was
     /// read (retention deleting what this read still needed): skipping it could leave an
     /// older state, or none, looking like the newest (I10). On the `last` attempt a compacted
     /// delta whose snapshot is still missing is returned without it, which `chain::newest` reports
-    /// as a broken chain (damage, not a race).
+    /// as a broken chain (damage, not a race). With `held_only`, an entry `seen` does not
+    /// hold counts as vanished instead of being read.
     async fn try_tail(
         &self,
         org: &OrgId,
         limit: u64,
         last: bool,
         seen: Option<&Window>,
+        held_only: bool,
     ) -> Result<Option<Vec<LogEntry>>, Error> {
         let listed = match seen {
             Some(w) => w.seqs.clone(),
@@ -211,6 +239,7 @@ impl Replica {
             async move {
                 match held {
                     Some(e) => Ok(Some(e)),
+                    None if held_only => Ok(None),
                     None => self.inner.log.read_entry(org, seq).await,
                 }
             }
@@ -439,6 +468,49 @@ impl Replica {
         let tmp = temp_beside(dest, &nonce)?;
         let file = FileImage::create(&tmp)?;
         let rebuilt = self.rebuild(org, &chain, file).await;
+        self.install_rebuilt(org, chain, rebuilt, tmp, dest).await
+    }
+
+    /// Installs at `dest` an image [`Replica::claim_to_hydrate`] rebuilt and verified in
+    /// memory: written into a temp file beside `dest`, then checked and renamed as a
+    /// downloaded one is. Returns as [`Replica::install_chain`].
+    async fn install_held(
+        &self,
+        org: &OrgId,
+        held: Prefetched,
+        dest: &Path,
+    ) -> Result<(Hydrated, Option<Installed>), Error> {
+        let Prefetched { chain, rebuilt } = held;
+        let nonce = new_nonce()?;
+        let tmp = temp_beside(dest, &nonce)?;
+        let t = tmp.clone();
+        let written = blocking("writing a prefetched image", move || {
+            let mut file = FileImage::create(&t)?;
+            let object = rebuilt.object.clone();
+            file.set_len(rebuilt.image.len() as u64)?;
+            file.write_at(&object, 0, &rebuilt.image)?;
+            Ok(Rebuilt {
+                image: file,
+                object,
+                hashes: rebuilt.hashes,
+                manifest: rebuilt.manifest,
+            })
+        })
+        .await;
+        self.install_rebuilt(org, chain, written, tmp, dest).await
+    }
+
+    /// Syncs the image `rebuilt` built at `tmp`, checks it and renames it over `dest`, or
+    /// removes `tmp` on any failure (I10).
+    async fn install_rebuilt(
+        &self,
+        org: &OrgId,
+        chain: Chain,
+        rebuilt: Result<Rebuilt<FileImage>, Error>,
+        tmp: std::path::PathBuf,
+        dest: &Path,
+    ) -> Result<(Hydrated, Option<Installed>), Error> {
+        let dest_buf = dest.to_path_buf();
         let t = tmp.clone();
         let installed = match rebuilt {
             Ok(mut r) => {

@@ -7,4 +7,5 @@ pub(crate) mod download;
 pub(crate) mod hydrate;
 pub(crate) mod image;
 pub(crate) mod install;
+pub(crate) mod prefetch;
 pub(crate) mod resume;

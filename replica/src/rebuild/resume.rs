@@ -134,8 +134,10 @@ impl Replica {
             seq: entry.seq(),
             hashes: Arc::new(hashes),
         };
+        // Kept, not dropped: the claim's first snapshot looks up the chain's manifest in it.
+        claim.keep_below_for_reuse();
         claim.inherit(tip, inherited, None);
-        claim.take_below();
+        claim.take_prefetched();
         info!(%org, seq = entry.seq(), commit, "resumed from the local file");
         Ok(Some(Resumed {
             position: entry.seq(),
