@@ -2,12 +2,14 @@
 //! (1) a rolling upgrade leaving every org of a drained process closed until its next
 //! request reaches the successor: after A's shutdown, B holds every org A released without
 //! any request to B, A acknowledges nothing after B's claim, and a process started after
-//! the drain (A's lease still says it drains) takes nothing from B; (2) a watcher that takes
+//! the drain takes nothing from B; (2) a watcher that takes
 //! orgs from a live holder: while A runs and is not draining, B's watcher claims nothing,
 //! even for orgs B was asked for; (3) a crashed holder's orgs staying closed until each one's
 //! next request: B, refused once per org while A's lease looked live, opens them all
-//! without further requests once it has seen A's lease unchanged for a whole watch. Each
-//! case ends with the exactly-once oracle on every org.
+//! without further requests once it has seen A's lease unchanged for a whole watch; (4) a
+//! watcher that sees a drain only a third of a lease late: by default it lists
+//! `processes/` once a second whatever the lease term, and no more often. Each of (1)-(3)
+//! ends with the exactly-once oracle on every org.
 
 mod common;
 
@@ -136,8 +138,8 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
             .is_err()
     );
 
-    // A process started after the drain finds A's lease still saying so: the orgs are B's
-    // now (live), and stay there.
+    // A process started after the drain (A deleted its lease once every release landed):
+    // the orgs are B's now (live), and stay there.
     let rc = open(store.clone(), Arc::new(SystemClock)).await?;
     let c = registry(&dir.path().join("c"), rc, "wc", warm())?;
     let lists = c.replica().store_requests().list;
@@ -255,4 +257,51 @@ async fn after_a_crash_every_refused_org_opens_once_the_holders_lease_lapses() -
     drop(kept);
     drop(a);
     oracle(&b, &rb, &acked, dir.path()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_watcher_lists_once_a_second_by_default_whatever_the_lease() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    // A 30 s lease: a watcher polling at the renewal period would list every 10 s.
+    let settings = idem_replica::Settings {
+        lease_ms: 30_000,
+        ..idem_replica::Settings::default()
+    };
+    let rb = Replica::open_with(store.clone(), "t", settings, Arc::new(SystemClock), None).await?;
+    let defaults = Settings {
+        warm: WarmSettings {
+            enabled: true,
+            ..WarmSettings::default()
+        },
+        ..Settings::default()
+    };
+    assert_eq!(defaults.warm.poll_ms, idem_org::WARM_POLL_MS);
+    let began = idem_base::Stopwatch::start();
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", defaults)?;
+    // The witness of elapsed time: a live process with a 1 s lease renews every 333 ms, so
+    // nine renewals span more than 3 s, in which a 1 s poll lists at least three times.
+    let rw = open(store.clone(), Arc::new(SystemClock)).await?;
+    let w = registry(&dir.path().join("w"), rw.clone(), "ww", Settings::default())?;
+    w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
+        .await?;
+    let puts = rw.store_requests().put;
+    assert!(
+        within(30, || rw.store_requests().put >= puts + 9).await,
+        "the witness did not renew"
+    );
+    let lists = rb.store_requests().list;
+    let elapsed_s = began.elapsed().as_secs();
+    assert!(lists >= 3, "B listed {lists} times in 3 s and more");
+    // Bounded: one LIST per poll (the first at once, missed ticks not made up).
+    assert!(
+        lists <= elapsed_s + 2,
+        "B listed {lists} times in {elapsed_s} s"
+    );
+    assert!(b.open_orgs().is_empty());
+    drop(b);
+    for (org, r) in w.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    Ok(())
 }
