@@ -304,6 +304,12 @@ impl Registry {
     /// Claim errors (lease held by a live writer, contention: retry); hydrate errors (corrupt
     /// snapshot: stop); local file errors.
     pub async fn acquire(&self, id: &OrgId) -> Result<Org, Error> {
+        if let Some(warm) = &self.inner.warm
+            && self.serving(id).is_none()
+            && let Some(refused) = warm.recent_refusal(id)
+        {
+            return Err(refused);
+        }
         let result = self.acquire_unnoted(id).await;
         if let Some(warm) = &self.inner.warm {
             // A held lease is remembered, to claim in the background once it lapses.

@@ -8,7 +8,9 @@
 //! next request: B, refused once per org while A's lease looked live, opens them all
 //! without further requests once it has seen A's lease unchanged for a whole watch; (4) a
 //! watcher that sees a drain only a third of a lease late: by default it lists
-//! `processes/` once a second whatever the lease term, and no more often. Each of (1)-(3)
+//! `processes/` once a second whatever the lease term, and no more often; (5) a client
+//! retrying a refused org in a tight loop making a claim (store requests) per retry: within
+//! `retry_ms` of B's clock after a refusal, B refuses again from memory. Each of (1)-(3)
 //! ends with the exactly-once oracle on every org.
 
 mod common;
@@ -304,4 +306,71 @@ async fn the_watcher_lists_once_a_second_by_default_whatever_the_lease() -> R {
         r.map_err(|e| format!("{org}: {e}"))?;
     }
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusal_is_repeated_from_memory_for_retry_ms_without_a_store_request() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone(), Arc::new(SystemClock)).await?;
+    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let acked = serve(&a, "a", 1).await?;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let rb = open(store.clone(), clock.clone()).await?;
+    let retry_ms = 200;
+    let settings = Settings {
+        warm: WarmSettings {
+            enabled: true,
+            // Only the first LIST and the one a refusal asks for.
+            poll_ms: 3_600_000,
+            retry_ms,
+            ..WarmSettings::default()
+        },
+        ..Settings::default()
+    };
+    let b = Registry::builder(dir.path().join("b"), rb.clone(), "wb")
+        .settings(settings)
+        .clock(clock.clone())
+        .on_open(|c| c.execute_batch(common::LEDGER))
+        .build()?;
+    let org = OrgId::new("org00")?;
+    let lists = rb.store_requests().list;
+    let first = b
+        .acquire(&org)
+        .await
+        .err()
+        .ok_or("B claimed from a live A")?;
+    let wait = first.retry_after().ok_or("not a held lease")?;
+    // The LIST of processes/ the refusal asked for (the holder may be draining).
+    assert!(
+        within(20, || rb.store_requests().list >= lists + 2).await,
+        "the watcher did not look"
+    );
+    let before = rb.store_requests();
+    for _ in 0..20 {
+        let again = b
+            .acquire(&org)
+            .await
+            .err()
+            .ok_or("B claimed from a live A")?;
+        let left = again.retry_after().ok_or("not a held lease")?;
+        assert!(left <= wait && !left.is_zero(), "{again}");
+    }
+    assert_eq!(
+        rb.store_requests().since(&before).total(),
+        0,
+        "a retry within retry_ms made store requests"
+    );
+
+    // Past retry_ms of B's clock the next request claims again (and A, alive, keeps it).
+    clock.advance(retry_ms);
+    let before = rb.store_requests();
+    assert!(b.acquire(&org).await.is_err(), "B claimed from a live A");
+    assert!(
+        rb.store_requests().since(&before).total() > 0,
+        "no claim attempt"
+    );
+    assert!(b.open_orgs().is_empty());
+    drop(b);
+    oracle(&a, &rb, &acked, dir.path()).await
 }
