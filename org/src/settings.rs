@@ -82,8 +82,9 @@ pub struct WarmSettings {
     /// Run the watcher (needs a tokio runtime when the registry is built). Refused together
     /// with [`Settings::force_claim`], which would take orgs from live holders. Default false.
     pub enabled: bool,
-    /// Background claims (claim and hydrate or resume) in flight at once. Default 64; 0 is
-    /// taken as 1.
+    /// Background claims (claim and hydrate or resume) in flight at once. Default
+    /// [`crate::SHUTDOWN_CONCURRENCY`], the releases a draining predecessor runs at once, so
+    /// a successor takes orgs as fast as they are released; 0 is taken as 1.
     pub concurrency: usize,
     /// Ms between two LISTs of `processes/`: how late a drain is seen at most when no
     /// request for one of its orgs reached this registry first (a refusal lists at once).
@@ -104,7 +105,7 @@ impl Default for WarmSettings {
     fn default() -> Self {
         WarmSettings {
             enabled: false,
-            concurrency: 64,
+            concurrency: crate::SHUTDOWN_CONCURRENCY,
             poll_ms: WARM_POLL_MS,
             retry_ms: 200,
             remember: 10_000,
