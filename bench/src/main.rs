@@ -63,9 +63,14 @@ pub struct BenchArgs {
     /// The Litestream binary for P4 (default: `litestream` on PATH; the row says when absent).
     #[arg(long)]
     litestream: Option<PathBuf>,
-    /// Only these parts (e.g. `--only p1,p2`).
+    /// Only these parts (e.g. `--only p1,p2`; `p10-handoff` runs only P10's rolling-upgrade
+    /// and crash-takeover rows).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Orgs of P10's rolling-upgrade and crash-takeover rows (default 1000; 50 with
+    /// `--quick`).
+    #[arg(long)]
+    handoff_orgs: Option<usize>,
     /// Orgs opened in P7's first row (thousands of orgs in one process).
     #[arg(long, default_value_t = 10_000)]
     orgs: usize,
@@ -207,15 +212,15 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
             .await
             .map_err(fail("p9"))?;
     }
-    if args.wants("p10") {
+    let handoff_only = !args.wants("p10") && args.wants("p10-handoff");
+    if args.wants("p10") || handoff_only {
         p10::SHIP_WINDOW.store(args.ship_window, std::sync::atomic::Ordering::Relaxed);
-        p10::run(
-            &dir,
-            args.latency,
-            p10::Sizes::new(args.quick, args.row_time()),
-        )
-        .await
-        .map_err(fail("p10"))?;
+        let mut sizes = p10::Sizes::new(args.quick, args.row_time());
+        sizes.handoff = args.handoff_orgs.unwrap_or(sizes.handoff);
+        sizes.handoff_only = handoff_only;
+        p10::run(&dir, args.latency, sizes)
+            .await
+            .map_err(fail("p10"))?;
     }
     Ok(ExitCode::SUCCESS)
 }

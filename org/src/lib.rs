@@ -110,5 +110,5 @@ pub use local::home_id;
 pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
-pub use settings::{Settings, WarmSettings};
+pub use settings::{Settings, WARM_POLL_MS, WarmSettings};
 pub use writer::InitFn;

@@ -304,6 +304,12 @@ impl Registry {
     /// Claim errors (lease held by a live writer, contention: retry); hydrate errors (corrupt
     /// snapshot: stop); local file errors.
     pub async fn acquire(&self, id: &OrgId) -> Result<Org, Error> {
+        if let Some(warm) = &self.inner.warm
+            && self.serving(id).is_none()
+            && let Some(refused) = warm.recent_refusal(id)
+        {
+            return Err(refused);
+        }
         let result = self.acquire_unnoted(id).await;
         if let Some(warm) = &self.inner.warm {
             // A held lease is remembered, to claim in the background once it lapses.
@@ -512,7 +518,9 @@ impl Registry {
     /// takeover claims each as its Release entry lands. Releases then run
     /// [`Settings::shutdown_concurrency`] at a time: each is a final ship and a Release
     /// entry (a few store round trips), so hundreds of orgs move to their successors in
-    /// seconds instead of one after another.
+    /// seconds instead of one after another. Once every release landed, the process lease
+    /// is deleted ([`idem_replica::Replica::retire`]): the registry must be the replica
+    /// handle's only user.
     pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
         use futures::StreamExt;
         self.inner
@@ -545,7 +553,14 @@ impl Registry {
             .buffer_unordered(self.inner.settings.shutdown_concurrency.max(1))
             .collect()
             .await;
-        released.into_iter().flatten().collect()
+        let released: Vec<(OrgId, Result<(), Error>)> = released.into_iter().flatten().collect();
+        // Every org released: the process holds nothing, and its lease would only be listed
+        // by every watcher ever after. An org whose release failed keeps it (renewed while
+        // this handle lives), so its successor judges it as it judges any holder (I15).
+        if released.iter().all(|(_, r)| r.is_ok()) && self.inner.replica.retire().await {
+            tracing::info!(orgs = released.len(), "drained: process lease deleted");
+        }
+        released
     }
 
     /// Removes `slot` from the map if it is still the org's slot and holds no serving writer.

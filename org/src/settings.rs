@@ -67,6 +67,11 @@ pub struct Settings {
     pub warm: WarmSettings,
 }
 
+/// The warm takeover's default poll period, ms ([`WarmSettings::poll_ms`]): a drain is
+/// seen within a second, at one LIST a second (on S3 about $0.018 an hour, docs/design.md
+/// section 3f), whatever the lease term.
+pub const WARM_POLL_MS: u64 = 1_000;
+
 /// Settings of a registry's warm takeover (docs/design.md, section 3f). A watcher task lists
 /// `processes/` every `poll_ms`, GETs the process leases whose version changed, and claims
 /// the orgs a draining process lists once each one's Release entry is at the head; and it
@@ -77,11 +82,16 @@ pub struct WarmSettings {
     /// Run the watcher (needs a tokio runtime when the registry is built). Refused together
     /// with [`Settings::force_claim`], which would take orgs from live holders. Default false.
     pub enabled: bool,
-    /// Background claims (claim and hydrate or resume) in flight at once. Default 64; 0 is
-    /// taken as 1.
+    /// Background claims (claim and hydrate or resume) in flight at once. Default
+    /// [`crate::SHUTDOWN_CONCURRENCY`], the releases a draining predecessor runs at once, so
+    /// a successor takes orgs as fast as they are released; 0 is taken as 1.
     pub concurrency: usize,
-    /// Ms between two LISTs of `processes/`; 0 (default) = the replica's renewal period,
-    /// `lease_ms / 3`: one LIST and a GET per other live process per period.
+    /// Ms between two LISTs of `processes/`: how late a drain is seen at most when no
+    /// request for one of its orgs reached this registry first (a refusal lists at once).
+    /// Its own period, not the lease's: default [`WARM_POLL_MS`] (1 s, 3 600 LISTs an hour);
+    /// 0 = the replica's renewal period, `lease_ms / 3`. Each poll is one LIST, plus one GET
+    /// per other process whose lease changed since the last (each renews once per its own
+    /// renewal period, however often this lists).
     pub poll_ms: u64,
     /// Ms before a background claim of an org a draining process lists, refused because
     /// its Release entry is not at the head yet, is tried again. Default 200.
@@ -95,8 +105,8 @@ impl Default for WarmSettings {
     fn default() -> Self {
         WarmSettings {
             enabled: false,
-            concurrency: 64,
-            poll_ms: 0,
+            concurrency: crate::SHUTDOWN_CONCURRENCY,
+            poll_ms: WARM_POLL_MS,
             retry_ms: 200,
             remember: 10_000,
         }

@@ -2,12 +2,16 @@
 //! (1) a rolling upgrade leaving every org of a drained process closed until its next
 //! request reaches the successor: after A's shutdown, B holds every org A released without
 //! any request to B, A acknowledges nothing after B's claim, and a process started after
-//! the drain (A's lease still says it drains) takes nothing from B; (2) a watcher that takes
+//! the drain takes nothing from B; (2) a watcher that takes
 //! orgs from a live holder: while A runs and is not draining, B's watcher claims nothing,
 //! even for orgs B was asked for; (3) a crashed holder's orgs staying closed until each one's
 //! next request: B, refused once per org while A's lease looked live, opens them all
-//! without further requests once it has seen A's lease unchanged for a whole watch. Each
-//! case ends with the exactly-once oracle on every org.
+//! without further requests once it has seen A's lease unchanged for a whole watch; (4) a
+//! watcher that sees a drain only a third of a lease late: by default it lists
+//! `processes/` once a second whatever the lease term, and no more often; (5) a client
+//! retrying a refused org in a tight loop making a claim (store requests) per retry: within
+//! `retry_ms` of B's clock after a refusal, B refuses again from memory. Each of (1)-(3)
+//! ends with the exactly-once oracle on every org.
 
 mod common;
 
@@ -136,8 +140,8 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
             .is_err()
     );
 
-    // A process started after the drain finds A's lease still saying so: the orgs are B's
-    // now (live), and stay there.
+    // A process started after the drain (A deleted its lease once every release landed):
+    // the orgs are B's now (live), and stay there.
     let rc = open(store.clone(), Arc::new(SystemClock)).await?;
     let c = registry(&dir.path().join("c"), rc, "wc", warm())?;
     let lists = c.replica().store_requests().list;
@@ -255,4 +259,118 @@ async fn after_a_crash_every_refused_org_opens_once_the_holders_lease_lapses() -
     drop(kept);
     drop(a);
     oracle(&b, &rb, &acked, dir.path()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_watcher_lists_once_a_second_by_default_whatever_the_lease() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    // A 30 s lease: a watcher polling at the renewal period would list every 10 s.
+    let settings = idem_replica::Settings {
+        lease_ms: 30_000,
+        ..idem_replica::Settings::default()
+    };
+    let rb = Replica::open_with(store.clone(), "t", settings, Arc::new(SystemClock), None).await?;
+    let defaults = Settings {
+        warm: WarmSettings {
+            enabled: true,
+            ..WarmSettings::default()
+        },
+        ..Settings::default()
+    };
+    assert_eq!(defaults.warm.poll_ms, idem_org::WARM_POLL_MS);
+    let began = idem_base::Stopwatch::start();
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", defaults)?;
+    // The witness of elapsed time: a live process with a 1 s lease renews every 333 ms, so
+    // nine renewals span more than 3 s, in which a 1 s poll lists at least three times.
+    let rw = open(store.clone(), Arc::new(SystemClock)).await?;
+    let w = registry(&dir.path().join("w"), rw.clone(), "ww", Settings::default())?;
+    w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
+        .await?;
+    let puts = rw.store_requests().put;
+    assert!(
+        within(30, || rw.store_requests().put >= puts + 9).await,
+        "the witness did not renew"
+    );
+    let lists = rb.store_requests().list;
+    let elapsed_s = began.elapsed().as_secs();
+    assert!(lists >= 3, "B listed {lists} times in 3 s and more");
+    // Bounded: one LIST per poll (the first at once, missed ticks not made up).
+    assert!(
+        lists <= elapsed_s + 2,
+        "B listed {lists} times in {elapsed_s} s"
+    );
+    assert!(b.open_orgs().is_empty());
+    drop(b);
+    for (org, r) in w.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refusal_is_repeated_from_memory_for_retry_ms_without_a_store_request() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone(), Arc::new(SystemClock)).await?;
+    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let acked = serve(&a, "a", 1).await?;
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let rb = open(store.clone(), clock.clone()).await?;
+    let retry_ms = 200;
+    let settings = Settings {
+        warm: WarmSettings {
+            enabled: true,
+            // Only the first LIST and the one a refusal asks for.
+            poll_ms: 3_600_000,
+            retry_ms,
+            ..WarmSettings::default()
+        },
+        ..Settings::default()
+    };
+    let b = Registry::builder(dir.path().join("b"), rb.clone(), "wb")
+        .settings(settings)
+        .clock(clock.clone())
+        .on_open(|c| c.execute_batch(common::LEDGER))
+        .build()?;
+    let org = OrgId::new("org00")?;
+    let lists = rb.store_requests().list;
+    let first = b
+        .acquire(&org)
+        .await
+        .err()
+        .ok_or("B claimed from a live A")?;
+    let wait = first.retry_after().ok_or("not a held lease")?;
+    // The LIST of processes/ the refusal asked for (the holder may be draining).
+    assert!(
+        within(20, || rb.store_requests().list >= lists + 2).await,
+        "the watcher did not look"
+    );
+    let before = rb.store_requests();
+    for _ in 0..20 {
+        let again = b
+            .acquire(&org)
+            .await
+            .err()
+            .ok_or("B claimed from a live A")?;
+        let left = again.retry_after().ok_or("not a held lease")?;
+        assert!(left <= wait && !left.is_zero(), "{again}");
+    }
+    assert_eq!(
+        rb.store_requests().since(&before).total(),
+        0,
+        "a retry within retry_ms made store requests"
+    );
+
+    // Past retry_ms of B's clock the next request claims again (and A, alive, keeps it).
+    clock.advance(retry_ms);
+    let before = rb.store_requests();
+    assert!(b.acquire(&org).await.is_err(), "B claimed from a live A");
+    assert!(
+        rb.store_requests().since(&before).total() > 0,
+        "no claim attempt"
+    );
+    assert!(b.open_orgs().is_empty());
+    drop(b);
+    oracle(&a, &rb, &acked, dir.path()).await
 }

@@ -295,6 +295,21 @@ impl Replica {
         self.inner.leases.drain(orgs).await
     }
 
+    /// Deletes this process's lease (`processes/<instance>.json`) and stops renewing it: call
+    /// it once this handle serves no org, after [`Replica::drain`] and every release, so a
+    /// drained process leaves nothing for watchers to list. A later claim through this
+    /// handle writes the lease again. Returns true when the delete landed; false, deleting
+    /// nothing, when this handle never wrote a lease, or when the delete failed (logged:
+    /// the lease then stays unrenewed, which claimants read as an exited process). The
+    /// handle must serve no org that is not released: one it still held would be claimable
+    /// after a watch, as if the process had died.
+    pub async fn retire(&self) -> bool {
+        if self.writable("retire").is_err() {
+            return false;
+        }
+        self.inner.leases.retire().await
+    }
+
     /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
     /// reads the object that proves the holder alive — its process lease, or for a lease of
     /// an older version the org lease itself — and compares it with what this handle saw

@@ -35,6 +35,17 @@ const CRASH_LEASE_MS: u64 = 2_000;
 /// The row gives up when B has not acknowledged every org by then.
 const GIVE_UP: Duration = Duration::from_secs(300);
 
+/// Orgs the setup of a handoff row opens on A at once.
+const SETUP_CLIENTS: usize = 64;
+
+/// Opens orgs `0..n` on `a` with one request each, [`SETUP_CLIENTS`] at once; returns the
+/// cell saying how long that took, timed apart from the row it prepares.
+async fn setup(a: &Registry, n: usize) -> BenchResult<String> {
+    let began = Instant::now();
+    each_once(a, 0..n, "warm", SETUP_CLIENTS).await?;
+    Ok(ms(began.elapsed()))
+}
+
 /// Sorted durations, as "p50 / p99 / max".
 fn spread(sorted: &[Duration]) -> String {
     format!(
@@ -52,12 +63,26 @@ pub(crate) async fn acquire(dir: &Path, columns: &[Column], n: usize) -> BenchRe
     for (c, column) in columns.iter().enumerate() {
         let work = dir.join(format!("p10-acquire-{c}"));
         let store = column.traced_store(&work.join("store"), 10)?;
-        let a = registry(store.clone(), &work.join("a"), "a", default_lease_ms()).await?;
+        let a = registry(
+            store.clone(),
+            &work.join("a"),
+            "a",
+            default_lease_ms(),
+            false,
+        )
+        .await?;
         for key in ["r1", "r2", "r3"] {
             each_once(&a, 0..n, key, 16).await?;
         }
         a.shutdown().await;
-        let b = registry(store.clone(), &work.join("b"), "b", default_lease_ms()).await?;
+        let b = registry(
+            store.clone(),
+            &work.join("b"),
+            "b",
+            default_lease_ms(),
+            false,
+        )
+        .await?;
         // B's own process lease is written by its first claim: one org is acquired first so
         // every traced acquire is a steady-state one.
         each_once(&b, n..n + 1, "first", 1).await?;
@@ -233,12 +258,21 @@ fn gaps(at: Instant, seen: &[Seen]) -> Vec<Duration> {
 /// over the same store, takes the clients.
 pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
     let (mut gap_cells, mut after_cells, mut shutdown_cells) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut setup_cells, mut warm_cells) = (Vec::new(), Vec::new());
     for (c, column) in columns.iter().enumerate() {
         let work = dir.join(format!("p10-rolling-{c}"));
         let store = column.store(&work.join("store"), 20)?;
-        let a = registry(store.clone(), &work.join("a"), "a", default_lease_ms()).await?;
-        let b = registry(store, &work.join("b"), "b", default_lease_ms()).await?;
-        each_once(&a, 0..n, "warm", 64).await?;
+        // Both run the warm takeover, as `idem serve` does.
+        let a = registry(
+            store.clone(),
+            &work.join("a"),
+            "a",
+            default_lease_ms(),
+            true,
+        )
+        .await?;
+        let b = registry(store, &work.join("b"), "b", default_lease_ms(), true).await?;
+        setup_cells.push(setup(&a, n).await?);
         let took_us = Arc::new(AtomicU64::new(0));
         let (stopping, took_in) = (a.clone(), took_us.clone());
         let (at, seen) = handoff(&a, &b, n, move || async move {
@@ -252,6 +286,7 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
         gap_cells.push(spread(&gaps(at, &seen)));
         after_cells.push(spread(&after));
         shutdown_cells.push(ms(Duration::from_micros(took_us.load(Ordering::SeqCst))));
+        warm_cells.push(format!("{} of {n}", b.warm_claims()));
         b.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
     }
@@ -268,6 +303,16 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
         "p99 ≤ 1 s",
     );
     row("rolling upgrade: A's shutdown took", &shutdown_cells, "");
+    row(
+        "rolling upgrade: orgs B's watcher claimed before a request opened them",
+        &warm_cells,
+        "",
+    );
+    row(
+        &format!("rolling upgrade: setup, {n} orgs opened on A ({SETUP_CLIENTS} at once)"),
+        &setup_cells,
+        "",
+    );
     Ok(())
 }
 
@@ -275,14 +320,16 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
 /// reaches the store: as after kill -9), the clients move to B.
 pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
     let (mut lapse_cells, mut gap_cells) = (Vec::new(), Vec::new());
+    let (mut setup_cells, mut warm_cells) = (Vec::new(), Vec::new());
     let lease = Duration::from_millis(CRASH_LEASE_MS);
     for (c, column) in columns.iter().enumerate() {
         let work = dir.join(format!("p10-crash-{c}"));
         let store = column.store(&work.join("store"), 30)?;
         let severed = Arc::new(FaultStore::new(store.clone()));
-        let a = registry(severed.clone(), &work.join("a"), "a", CRASH_LEASE_MS).await?;
-        let b = registry(store, &work.join("b"), "b", CRASH_LEASE_MS).await?;
-        each_once(&a, 0..n, "warm", 64).await?;
+        // A's watcher is off: once severed it could only log failed LISTs.
+        let a = registry(severed.clone(), &work.join("a"), "a", CRASH_LEASE_MS, false).await?;
+        let b = registry(store, &work.join("b"), "b", CRASH_LEASE_MS, true).await?;
+        setup_cells.push(setup(&a, n).await?);
         let kill = severed.clone();
         let (at, seen) = handoff(&a, &b, n, move || {
             for op in [Op::Put, Op::Get, Op::Delete, Op::List] {
@@ -299,6 +346,7 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
         after.sort_unstable();
         lapse_cells.push(spread(&after));
         gap_cells.push(spread(&gaps(at, &seen)));
+        warm_cells.push(format!("{} of {n}", b.warm_claims()));
         drop(a);
         b.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
@@ -314,6 +362,16 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
     row(
         "crash takeover: gap from last ack on A to first on B p50 / p99 / max",
         &gap_cells,
+        "lease + 1 s plus the request spacing",
+    );
+    row(
+        "crash takeover: orgs B claimed in the background (remembered refusals)",
+        &warm_cells,
+        "",
+    );
+    row(
+        &format!("crash takeover: setup, {n} orgs opened on A ({SETUP_CLIENTS} at once)"),
+        &setup_cells,
         "",
     );
     Ok(())

@@ -77,6 +77,8 @@ pub(crate) struct Sizes {
     pub acquires: usize,
     /// Orgs of the rolling upgrade and of the crash takeover.
     pub handoff: usize,
+    /// Run only the rolling-upgrade and crash-takeover rows (`--only p10-handoff`).
+    pub handoff_only: bool,
 }
 
 impl Sizes {
@@ -87,6 +89,7 @@ impl Sizes {
                 spread: 200,
                 acquires: 5,
                 handoff: 50,
+                handoff_only: false,
             }
         } else {
             Sizes {
@@ -94,6 +97,7 @@ impl Sizes {
                 spread: 2_000,
                 acquires: 50,
                 handoff: 1_000,
+                handoff_only: false,
             }
         }
     }
@@ -126,12 +130,14 @@ impl Column {
 }
 
 /// A registry named `writer` over `store` (a `Replica` of its own: its own process lease),
-/// with its data in `data` and a lease of `lease_ms`.
+/// with its data in `data` and a lease of `lease_ms`; with `warm`, the warm takeover on with
+/// its default settings, as `idem serve` runs it.
 pub(crate) async fn registry(
     store: Arc<dyn ObjectStore>,
     data: &Path,
     writer: &str,
     lease_ms: u64,
+    warm: bool,
 ) -> BenchResult<Registry> {
     let settings = replica::Settings {
         lease_ms,
@@ -141,6 +147,10 @@ pub(crate) async fn registry(
     let replica = Replica::open(store, "", settings).await?;
     let settings = Settings {
         max_open_orgs: 20_000,
+        warm: idem_org::WarmSettings {
+            enabled: warm,
+            ..idem_org::WarmSettings::default()
+        },
         ..Settings::default()
     };
     Ok(Registry::builder(data, replica, writer)
@@ -182,9 +192,11 @@ pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes) -> BenchResu
         .collect();
     outln!("| measure | {} | target (on S3) |", header.join(" | "));
     outln!("|---|{}---|", "---|".repeat(columns.len()));
-    one_org(dir, &columns, sizes.time).await?;
-    spread(dir, &columns, sizes.spread, sizes.time).await?;
-    handoff::acquire(dir, &columns, sizes.acquires).await?;
+    if !sizes.handoff_only {
+        one_org(dir, &columns, sizes.time).await?;
+        spread(dir, &columns, sizes.spread, sizes.time).await?;
+        handoff::acquire(dir, &columns, sizes.acquires).await?;
+    }
     handoff::rolling(dir, &columns, sizes.handoff).await?;
     handoff::crash(dir, &columns, sizes.handoff).await?;
     Ok(())
@@ -211,7 +223,7 @@ async fn one_org(dir: &Path, columns: &[Column], time: Duration) -> BenchResult<
         for (c, column) in columns.iter().enumerate() {
             let work = dir.join(format!("p10-one-{clients}-{c}"));
             let store = column.store(&work.join("store"), clients as u64)?;
-            let reg = registry(store, &work.join("data"), "p10", default_lease_ms()).await?;
+            let reg = registry(store, &work.join("data"), "p10", default_lease_ms(), false).await?;
             let org = reg.acquire(&OrgId::new("acme")?).await?;
             let before = reg.replica().store_requests();
             let r = crate::group::acked_row(&org, clients, time).await?;
@@ -251,7 +263,7 @@ async fn spread(dir: &Path, columns: &[Column], wide: usize, time: Duration) -> 
         for (c, column) in columns.iter().enumerate() {
             let work = dir.join(format!("p10-spread-{orgs}-{c}"));
             let store = column.store(&work.join("store"), orgs as u64)?;
-            let reg = registry(store, &work.join("data"), "p10", default_lease_ms()).await?;
+            let reg = registry(store, &work.join("data"), "p10", default_lease_ms(), false).await?;
             let (rps, p50, p99, per_ack) =
                 crate::orgs::load(reg.replica(), &reg, orgs, time, 64).await?;
             reg.shutdown().await;

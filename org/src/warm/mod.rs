@@ -59,12 +59,17 @@ pub(crate) struct Warm {
     pub(crate) look_now: std::sync::atomic::AtomicBool,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Refusal {
     /// Monotonic ms of the registry's clock when a claim may pass.
     due_ms: u64,
     /// Background claims already refused.
     tries: u32,
+    /// Monotonic ms of the refusal, and what it named: a request within `retry_ms` of it
+    /// gets the same answer without a claim attempt ([`Warm::recent_refusal`]).
+    at_ms: u64,
+    holder: String,
+    holder_addr: Option<String>,
 }
 
 /// Why a background claim runs, and so what a refusal with a held lease means.
@@ -86,9 +91,19 @@ pub(crate) enum Why {
 
 /// The wait, in ms of this registry's monotonic clock, a held-lease refusal names.
 pub(crate) fn held_ms(e: &Error) -> Option<u64> {
+    held(e).map(|(ms, _, _)| ms)
+}
+
+/// A held-lease refusal's wait (ms), holder and holder's address.
+fn held(e: &Error) -> Option<(u64, &str, Option<&str>)> {
     match e {
-        Error::Replica { source, .. } => match **source {
-            idem_replica::Error::LeaseHeld { retry_after_ms, .. } => Some(retry_after_ms),
+        Error::Replica { source, .. } => match &**source {
+            idem_replica::Error::LeaseHeld {
+                retry_after_ms,
+                holder,
+                holder_addr,
+                ..
+            } => Some((*retry_after_ms, holder, holder_addr.as_deref())),
             _ => None,
         },
         _ => None,
@@ -122,24 +137,69 @@ impl Warm {
                 lock(&self.refused).remove(org);
             }
             Err(e) => {
-                if let Some(wait_ms) = held_ms(e) {
+                if let Some((wait_ms, holder, addr)) = held(e) {
                     self.look_now.store(true, Ordering::Relaxed);
-                    self.remember(org, wait_ms, 0);
+                    let named = (holder.to_owned(), addr.map(str::to_owned));
+                    self.remember(org, wait_ms, 0, Some(named));
                 }
             }
         }
     }
 
-    /// Remembers `org` to claim `wait_ms` from now, unless the bound is reached.
-    fn remember(&self, org: &OrgId, wait_ms: u64, tries: u32) {
-        let due_ms = self.clock.monotonic_ms().saturating_add(wait_ms);
+    /// The refusal a request for `org` gets without a claim attempt: the org was refused
+    /// with a held lease less than `retry_ms` ago, so a claim now would read the same log
+    /// and the same process lease (a held org moves by a Release entry, which a draining
+    /// holder's background claim picks up, or by its holder's silence for a whole watch,
+    /// which a refusal `retry_ms` old does not shorten). Bounds a retrying client's claim
+    /// attempts on an org to one per `retry_ms`, whatever its retry rate (I16). `None` when
+    /// a claim should be tried.
+    pub(crate) fn recent_refusal(&self, org: &OrgId) -> Option<Error> {
+        let now = self.clock.monotonic_ms();
+        let refused = lock(&self.refused);
+        let r = refused.get(org)?;
+        if now.saturating_sub(r.at_ms) >= self.settings.retry_ms || r.holder.is_empty() {
+            return None;
+        }
+        Some(Error::Replica {
+            org: org.clone(),
+            source: Box::new(idem_replica::Error::LeaseHeld {
+                org: org.to_string(),
+                holder: r.holder.clone(),
+                retry_after_ms: r.due_ms.saturating_sub(now).max(1),
+                holder_addr: r.holder_addr.clone(),
+            }),
+        })
+    }
+
+    /// Remembers `org` to claim `wait_ms` from now, unless the bound is reached; `named`,
+    /// the holder and its address a request's refusal named, lets later requests within
+    /// `retry_ms` get that refusal again ([`Warm::recent_refusal`]).
+    fn remember(
+        &self,
+        org: &OrgId,
+        wait_ms: u64,
+        tries: u32,
+        named: Option<(String, Option<String>)>,
+    ) {
+        let at_ms = self.clock.monotonic_ms();
+        let due_ms = at_ms.saturating_add(wait_ms);
+        let (holder, holder_addr) = named.unwrap_or_default();
         {
             let mut refused = lock(&self.refused);
             if refused.len() >= self.settings.remember && !refused.contains_key(org) {
                 tracing::debug!(%org, "warm takeover: refusal not remembered, bound reached");
                 return;
             }
-            refused.insert(org.clone(), Refusal { due_ms, tries });
+            refused.insert(
+                org.clone(),
+                Refusal {
+                    due_ms,
+                    tries,
+                    at_ms,
+                    holder,
+                    holder_addr,
+                },
+            );
         }
         self.wake.notify_one();
     }
@@ -227,7 +287,7 @@ impl Warm {
             match &why {
                 Why::Refused { tries } => {
                     if tries + 1 < REFUSED_TRIES {
-                        self.remember(org, wait_ms, tries + 1);
+                        self.remember(org, wait_ms, tries + 1, None);
                     }
                     return;
                 }

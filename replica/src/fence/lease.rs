@@ -239,8 +239,12 @@ pub(crate) struct Leases {
     /// later write of its process lease.
     draining: std::sync::Mutex<Option<Vec<String>>>,
     /// Held across each write of this process's lease, so a renewal built before the
-    /// process began to drain never lands after the write that said so.
+    /// process began to drain never lands after the write that said so, nor after the
+    /// delete that retired it.
     writing: tokio::sync::Mutex<()>,
+    /// Set by [`Leases::retire`]: the lease was deleted and renewals write nothing, until
+    /// a claim through this handle writes it again ([`Leases::ensure_process_lease`]).
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Leases {
@@ -262,6 +266,7 @@ impl Leases {
             watch: Watch::default(),
             draining: std::sync::Mutex::new(None),
             writing: tokio::sync::Mutex::new(()),
+            retired: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -390,6 +395,38 @@ impl Leases {
                 });
             })
             .await;
+        // A claim after a retire: the lease is written again now, and the renewals resume.
+        if self.retired.swap(false, Ordering::SeqCst) {
+            self.put_process_lease().await;
+        }
+    }
+
+    /// Deletes this process's lease and stops its renewals (the task keeps its timer and
+    /// writes nothing), once the process holds no org: a drained process leaves nothing in
+    /// `processes/` for every watcher to list ever after. True when the delete landed;
+    /// false, deleting nothing, when this process never wrote a lease. A failed delete is
+    /// logged and the lease is left unrenewed, which a claimant reads as silence after a
+    /// watch, as for a process that exited.
+    ///
+    /// Safe for every org (I7, I15): an org this process released has its Release entry at
+    /// the head and moves without any liveness check; an org it still held looks absent or
+    /// unchanged, which a claimant takes for dead only after a whole watch of its own
+    /// monotonic clock. A later claim through this handle writes the lease again before the
+    /// first watch could end.
+    pub(crate) async fn retire(&self) -> bool {
+        if !self.started() {
+            return false;
+        }
+        let _writing = self.writing.lock().await;
+        self.retired.store(true, Ordering::SeqCst);
+        let path = self.store.layout.process(&self.instance);
+        match self.store.object.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => true,
+            Err(e) => {
+                warn!(%path, error = %e, "could not delete the process lease");
+                false
+            }
+        }
     }
 
     /// Says in this process's lease that it is draining and which orgs it is releasing
@@ -439,6 +476,9 @@ impl Leases {
     /// fails.
     async fn put_process_lease(&self) -> bool {
         let _writing = self.writing.lock().await;
+        if self.retired.load(Ordering::SeqCst) {
+            return false;
+        }
         let releasing = idem_base::lock(&self.draining).clone();
         let lease = ProcessLease {
             instance: self.instance.clone(),

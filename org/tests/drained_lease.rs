@@ -1,0 +1,119 @@
+//! A drained process deletes its process lease (I14, I15). Guards against a process that
+//! shut down and released every org leaving `processes/<instance>.json` in the store for
+//! ever, listed by every successor's watcher at every poll: after `Registry::shutdown` the
+//! lease is gone from the listing and is not written again by the renewal task (a live
+//! process's renewals are the witness that renewal periods passed), a successor still
+//! takes every org at its first request, and a later claim through the same replica handle
+//! writes the lease again.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{R, effect, registry};
+use idem_org::Settings;
+use idem_replica::{OrgId, Replica, SystemClock};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const LEASE_MS: u64 = 1_000;
+
+async fn open(store: Arc<dyn ObjectStore>) -> Result<Replica, common::BoxErr> {
+    let settings = idem_replica::Settings {
+        lease_ms: LEASE_MS,
+        ..idem_replica::Settings::default()
+    };
+    Ok(Replica::open_with(store, "t", settings, Arc::new(SystemClock), None).await?)
+}
+
+/// Polls `cond` until it holds, failing after `secs`: a liveness bound, never the assertion.
+async fn within(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let waited = idem_base::Stopwatch::start();
+    while !cond() {
+        if waited.elapsed() > Duration::from_secs(secs) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+async fn listed(replica: &Replica, instance: &str) -> Result<bool, common::BoxErr> {
+    Ok(replica
+        .process_leases()
+        .await?
+        .iter()
+        .any(|l| l.instance == instance))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone()).await?;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", Settings::default())?;
+    let mut acked = Vec::new();
+    for org in ["org0", "org1", "org2"] {
+        let out = a.once(&OrgId::new(org)?, "k", effect(org, "k")).await?;
+        assert!(out.applied);
+        acked.push(org);
+    }
+    assert!(listed(&ra, ra.instance()).await?, "A's lease written");
+
+    for (org, r) in a.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    assert!(
+        !listed(&ra, ra.instance()).await?,
+        "A's lease still in processes/ after every org was released"
+    );
+
+    // A live process renews every third of its term; once it has renewed six times, two
+    // of A's renewal periods have passed, in which A wrote nothing.
+    let rw = open(store.clone()).await?;
+    let w = registry(&dir.path().join("w"), rw.clone(), "ww", Settings::default())?;
+    w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
+        .await?;
+    let a_puts = ra.store_requests().put;
+    let w_puts = rw.store_requests().put;
+    assert!(
+        within(20, || rw.store_requests().put >= w_puts + 6).await,
+        "the witness did not renew"
+    );
+    assert_eq!(ra.store_requests().put, a_puts, "A renewed after its drain");
+    assert!(!listed(&ra, ra.instance()).await?);
+
+    // The orgs move at their first request on a successor (each Release is at the head)
+    // and replay what A acknowledged.
+    let rb = open(store.clone()).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", Settings::default())?;
+    for org in &acked {
+        let out = b.once(&OrgId::new(org)?, "k", effect(org, "k")).await?;
+        assert!(!out.applied, "{org}/k replayed, not run again");
+    }
+
+    // A claim through A's handle (a registry started again in this process) writes the
+    // lease again, and its renewals resume.
+    let again = registry(
+        &dir.path().join("a2"),
+        ra.clone(),
+        "wa",
+        Settings::default(),
+    )?;
+    again
+        .once(&OrgId::new("org9")?, "k", effect("org9", "k"))
+        .await?;
+    assert!(listed(&ra, ra.instance()).await?, "A's lease written again");
+    let puts = ra.store_requests().put;
+    assert!(
+        within(20, || ra.store_requests().put >= puts + 2).await,
+        "A's renewals did not resume"
+    );
+    for reg in [&again, &b, &w] {
+        for (org, r) in reg.shutdown().await {
+            r.map_err(|e| format!("{org}: {e}"))?;
+        }
+    }
+    Ok(())
+}
