@@ -82,7 +82,17 @@ async fn acquire(
     clock: &Arc<ManualClock>,
     crashed: bool,
 ) -> Result<Recorded, Box<dyn std::error::Error + Send + Sync>> {
-    let b = Replica::open_with(store.clone(), "t", settings(), clock.clone(), None).await?;
+    acquire_with(store, clock, crashed, settings()).await
+}
+
+/// [`acquire`] by a process with `b_settings`.
+async fn acquire_with(
+    store: Arc<LatencyStore>,
+    clock: &Arc<ManualClock>,
+    crashed: bool,
+    b_settings: Settings,
+) -> Result<Recorded, Box<dyn std::error::Error + Send + Sync>> {
+    let b = Replica::open_with(store.clone(), "t", b_settings, clock.clone(), None).await?;
     let org = OrgId::new("acme")?;
     if crashed {
         assert!(
@@ -148,6 +158,23 @@ async fn an_acquire_after_a_crash_reads_the_process_lease_not_an_org_lease() -> 
     assert_eq!(spans.count(Op::List), 2, "{spans:#?}");
     // As after a release, with the claimer's process lease read before the claim.
     assert_eq!(spans.depth(), 6, "{spans:#?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn an_image_above_the_prefetch_bound_is_downloaded_after_the_claim() -> R {
+    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    small_org(raw.clone(), &clock, true).await?;
+    // The bound is `read_concurrency × segment_bytes`: 16 × 256 bytes, below the org's
+    // two-page image, so nothing is held in memory and the hydrate downloads after the claim.
+    let tight = Settings {
+        segment_bytes: 256,
+        ..settings()
+    };
+    let spans = acquire_with(constant(raw), &clock, false, tight).await?;
+    assert_eq!(spans.count(Op::List), 2, "{spans:#?}");
+    assert_eq!(spans.depth(), 7, "{spans:#?}");
     Ok(())
 }
 

@@ -18,7 +18,6 @@ use crate::format::layout::new_nonce;
 use crate::publish::ship::Shipped;
 use crate::rebuild::image::{FileImage, PageImage};
 use crate::rebuild::install::{discard, install_file, remove_db, temp_beside};
-use crate::rebuild::prefetch::Prefetched;
 use crate::replica::blocking;
 use crate::{BlobRef, Claim, Error, FailPoint, LogEntry, OrgId, Replica};
 
@@ -37,7 +36,7 @@ pub struct Hydrated {
 
 /// What an install leaves a claim that hydrated: the chain's tip, what the chain weighs, and
 /// its snapshot's manifest.
-type Installed = (Tip, Inherited, Option<crate::format::segment::Manifest>);
+pub(crate) type Installed = (Tip, Inherited, Option<crate::format::segment::Manifest>);
 
 /// A chain rebuilt into an image: the image, what to call it in errors, its page hashes and
 /// its snapshot's manifest (for a segmented snapshot).
@@ -471,38 +470,9 @@ impl Replica {
         self.install_rebuilt(org, chain, rebuilt, tmp, dest).await
     }
 
-    /// Installs at `dest` an image [`Replica::claim_to_hydrate`] rebuilt and verified in
-    /// memory: written into a temp file beside `dest`, then checked and renamed as a
-    /// downloaded one is. Returns as [`Replica::install_chain`].
-    async fn install_held(
-        &self,
-        org: &OrgId,
-        held: Prefetched,
-        dest: &Path,
-    ) -> Result<(Hydrated, Option<Installed>), Error> {
-        let Prefetched { chain, rebuilt } = held;
-        let nonce = new_nonce()?;
-        let tmp = temp_beside(dest, &nonce)?;
-        let t = tmp.clone();
-        let written = blocking("writing a prefetched image", move || {
-            let mut file = FileImage::create(&t)?;
-            let object = rebuilt.object.clone();
-            file.set_len(rebuilt.image.len() as u64)?;
-            file.write_at(&object, 0, &rebuilt.image)?;
-            Ok(Rebuilt {
-                image: file,
-                object,
-                hashes: rebuilt.hashes,
-                manifest: rebuilt.manifest,
-            })
-        })
-        .await;
-        self.install_rebuilt(org, chain, written, tmp, dest).await
-    }
-
     /// Syncs the image `rebuilt` built at `tmp`, checks it and renames it over `dest`, or
     /// removes `tmp` on any failure (I10).
-    async fn install_rebuilt(
+    pub(crate) async fn install_rebuilt(
         &self,
         org: &OrgId,
         chain: Chain,

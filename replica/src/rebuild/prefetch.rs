@@ -8,10 +8,16 @@
 //! the same listing, after the check showed nothing above the claim) is this very chain
 //! (`docs/design.md`, section 3d). Nothing reaches the local disk before then.
 
+use std::path::Path;
+
 use crate::chain::{self, Chain};
 use crate::fence::log::Window;
-use crate::rebuild::hydrate::Rebuilt;
-use crate::{OrgId, Replica};
+use crate::format::layout::new_nonce;
+use crate::rebuild::hydrate::{Hydrated, Installed, Rebuilt};
+use crate::rebuild::image::{FileImage, PageImage};
+use crate::rebuild::install::temp_beside;
+use crate::replica::blocking;
+use crate::{Error, OrgId, Replica};
 
 /// A chain rebuilt and verified in memory before its claim landed.
 pub(crate) struct Prefetched {
@@ -74,5 +80,34 @@ impl Replica {
                 None
             }
         }
+    }
+
+    /// Installs at `dest` an image [`Replica::claim_to_hydrate`] rebuilt and verified in
+    /// memory: written into a temp file beside `dest`, then checked and renamed as a
+    /// downloaded one is. Returns what a hydrate installed.
+    pub(crate) async fn install_held(
+        &self,
+        org: &OrgId,
+        held: Prefetched,
+        dest: &Path,
+    ) -> Result<(Hydrated, Option<Installed>), Error> {
+        let Prefetched { chain, rebuilt } = held;
+        let nonce = new_nonce()?;
+        let tmp = temp_beside(dest, &nonce)?;
+        let t = tmp.clone();
+        let written = blocking("writing a prefetched image", move || {
+            let mut file = FileImage::create(&t)?;
+            let object = rebuilt.object.clone();
+            file.set_len(rebuilt.image.len() as u64)?;
+            file.write_at(&object, 0, &rebuilt.image)?;
+            Ok(Rebuilt {
+                image: file,
+                object,
+                hashes: rebuilt.hashes,
+                manifest: rebuilt.manifest,
+            })
+        })
+        .await;
+        self.install_rebuilt(org, chain, written, tmp, dest).await
     }
 }
