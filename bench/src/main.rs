@@ -73,6 +73,9 @@ pub struct BenchArgs {
     /// p99 75 ms), `const:MS` (every request MS milliseconds), or `none` (local only).
     #[arg(long, default_value = "s3")]
     latency: p10::Latency,
+    /// P10's rows: `all`, or only `one-org` (one org at 1 / 8 / 64 / 256 clients).
+    #[arg(long, default_value = "all")]
+    p10_rows: p10::Rows,
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -208,6 +211,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
             &dir,
             args.latency,
             p10::Sizes::new(args.quick, args.row_time()),
+            args.p10_rows,
         )
         .await
         .map_err(fail("p10"))?;

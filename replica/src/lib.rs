@@ -115,7 +115,9 @@ pub use format::entry::{
     LogEntry, MANIFEST_ENTRY_VERSION, Stored,
 };
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
-pub use live::shipper::{CaptureSource, ShipKind, ShipPolicy, ShipReport, Shipper};
+pub use live::shipper::{
+    CaptureSource, FLOOR_MAX_DELTAS, ShipKind, ShipPolicy, ShipReport, Shipper,
+};
 pub use org_id::OrgId;
 pub use publish::delta::Delta;
 pub use publish::ship::Shipped;

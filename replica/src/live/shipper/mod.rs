@@ -26,7 +26,7 @@ mod state;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use policy::ShipPolicy;
+pub use policy::{FLOOR_MAX_DELTAS, ShipPolicy};
 
 use crate::rebuild::resume::ResumePoint;
 use state::{ShipState, WalState};
