@@ -82,6 +82,9 @@ pub struct BenchArgs {
     /// 8; 1 ships one at a time.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
     ship_window: u64,
+    /// P10's rows: `all`, or only `one-org` (one org at 1 / 8 / 64 / 256 clients).
+    #[arg(long, default_value = "all")]
+    p10_rows: p10::Rows,
     /// Working directory (default: a temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -218,7 +221,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         let mut sizes = p10::Sizes::new(args.quick, args.row_time());
         sizes.handoff = args.handoff_orgs.unwrap_or(sizes.handoff);
         sizes.handoff_only = handoff_only;
-        p10::run(&dir, args.latency, sizes)
+        p10::run(&dir, args.latency, sizes, args.p10_rows)
             .await
             .map_err(fail("p10"))?;
     }

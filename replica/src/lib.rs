@@ -115,7 +115,9 @@ pub use format::entry::{
     LogEntry, MANIFEST_ENTRY_VERSION, MAX_SHIP_WINDOW, PIPELINED_ENTRY_VERSION, Pipeline, Stored,
 };
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
-pub use live::shipper::{CaptureSource, Issued, ShipKind, ShipPolicy, ShipReport, Shipper};
+pub use live::shipper::{
+    CaptureSource, FLOOR_MAX_DELTAS, Issued, ShipKind, ShipPolicy, ShipReport, Shipper,
+};
 pub use org_id::OrgId;
 pub use publish::delta::Delta;
 pub use publish::pipeline::{Acked, InFlight, Landing};

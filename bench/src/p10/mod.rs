@@ -67,6 +67,27 @@ impl std::fmt::Display for Latency {
 /// The ship window of P10's registries (`--ship-window`), set once before the rows run.
 pub(crate) static SHIP_WINDOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// Which of P10's rows run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rows {
+    /// Every row.
+    All,
+    /// Only the one-org rows (1 / 8 / 64 / 256 clients).
+    OneOrg,
+}
+
+impl std::str::FromStr for Rows {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Rows, String> {
+        match s {
+            "all" => Ok(Rows::All),
+            "one-org" => Ok(Rows::OneOrg),
+            _ => Err(format!("p10 rows {s:?}: expected all or one-org")),
+        }
+    }
+}
+
 /// Sizes of P10's rows.
 pub(crate) struct Sizes {
     /// Seconds per throughput row.
@@ -172,7 +193,7 @@ pub(crate) fn org(i: usize) -> BenchResult<OrgId> {
 ///
 /// # Errors
 /// The first request or store error.
-pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes) -> BenchResult<()> {
+pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes, rows: Rows) -> BenchResult<()> {
     let mut columns = vec![Column { shape: None }];
     if let Latency::Shaped(shape) = latency {
         columns.push(Column { shape: Some(shape) });
@@ -194,6 +215,9 @@ pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes) -> BenchResu
     outln!("|---|{}---|", "---|".repeat(columns.len()));
     if !sizes.handoff_only {
         one_org(dir, &columns, sizes.time).await?;
+        if rows == Rows::OneOrg {
+            return Ok(());
+        }
         spread(dir, &columns, sizes.spread, sizes.time).await?;
         handoff::acquire(dir, &columns, sizes.acquires).await?;
     }

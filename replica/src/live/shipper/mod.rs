@@ -29,7 +29,7 @@ pub use pipeline::Issued;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use policy::ShipPolicy;
+pub use policy::{FLOOR_MAX_DELTAS, ShipPolicy};
 
 use crate::rebuild::resume::ResumePoint;
 use state::{ShipState, WalState};

@@ -8,6 +8,13 @@ pub struct ShipPolicy {
     /// Ship a full snapshot instead of a delta once the compressed deltas since the last full
     /// snapshot exceed this percentage of its compressed size. Default 100.
     pub delta_budget_percent: u64,
+    /// The deltas since the last full snapshot may weigh up to this many compressed bytes
+    /// whatever [`ShipPolicy::delta_budget_percent`] allows, while they number fewer than
+    /// [`FLOOR_MAX_DELTAS`](crate::FLOOR_MAX_DELTAS): a small database then ships deltas (one create-only PUT each)
+    /// instead of a full snapshot every few acknowledgements (three sequential PUTs on the
+    /// acknowledgement's path). A hydrate reads at most this much more. Default 1 MiB;
+    /// 0 = the percentage alone.
+    pub delta_budget_floor_bytes: u64,
     /// Ship a full snapshot after this many deltas in a row, bounding the objects a hydrate
     /// reads. Default 4096.
     pub max_deltas: u64,
@@ -31,6 +38,7 @@ impl Default for ShipPolicy {
     fn default() -> Self {
         ShipPolicy {
             delta_budget_percent: 100,
+            delta_budget_floor_bytes: 1 << 20,
             max_deltas: 4096,
             snapshot_interval_ms: 3_600_000,
             wal_checkpoint_bytes: 4 << 20,
@@ -39,6 +47,12 @@ impl Default for ShipPolicy {
         }
     }
 }
+
+/// The longest chain of deltas since a full snapshot that
+/// [`ShipPolicy::delta_budget_floor_bytes`] may keep going: it bounds the entries a hydrate
+/// reads (a chain this shipper compacts stays shorter, at `compact_every_deltas`; a chain
+/// continued from a hydrate does not compact until its own snapshot).
+pub const FLOOR_MAX_DELTAS: u64 = 128;
 
 /// A compaction this small (estimated stored bytes) is always worth the objects it saves a
 /// hydrate, whatever the deltas it supersedes weighed.

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::policy::{COMPACTION_FLOOR, ShipPolicy};
+use super::policy::{COMPACTION_FLOOR, FLOOR_MAX_DELTAS, ShipPolicy};
 use crate::Claim;
 use crate::chain::position::Inherited;
 use crate::live::wal::{Frames, WalPos};
@@ -94,14 +94,23 @@ impl ShipState {
     pub(super) fn wants_full(&self, claim: &Claim, p: &ShipPolicy, monotonic_ms: u64) -> bool {
         claim.chain_tip().is_none()
             || self.wal == WalState::Lost
-            || self.since_full_bytes.saturating_mul(100)
-                > self.full_bytes.saturating_mul(p.delta_budget_percent)
+            || self.over_budget(p)
             || self.since_full_deltas >= p.max_deltas
             || (p.snapshot_interval_ms > 0
                 && monotonic_ms
                     .saturating_sub(self.full_at_monotonic_ms)
                     .saturating_add(self.full_age_ms)
                     >= p.snapshot_interval_ms)
+    }
+
+    /// The deltas since the snapshot outweigh `delta_budget_percent` of it and, while the
+    /// chain is shorter than [`FLOOR_MAX_DELTAS`], `delta_budget_floor_bytes` as well.
+    fn over_budget(&self, p: &ShipPolicy) -> bool {
+        let percent = self.since_full_bytes.saturating_mul(100)
+            > self.full_bytes.saturating_mul(p.delta_budget_percent);
+        let floored = self.since_full_deltas < FLOOR_MAX_DELTAS
+            && self.since_full_bytes <= p.delta_budget_floor_bytes;
+        percent && !floored
     }
 
     /// Takes over a chain the claim continues: a database of `db_pages` pages of `page_size`
