@@ -109,9 +109,16 @@ async fn a_ship_failing_in_the_pipeline_ends_the_tenure_and_loses_no_acknowledge
         Settings::default(),
     )?;
     let org = reg.acquire(&OrgId::new("acme")?).await?;
-    // The 3rd log-entry create from now on fails twice before reaching the store and its
-    // slot reads back empty: the store refused it, with later ships likely in flight.
-    faults.inject_times(FaultOp::Put, "/log/", 3, 2, Fault::FailBefore);
+    // Both tries of the create at slot 4 (the claim is 1) fail before reaching the store
+    // and the slot reads back empty: the store refused it, with later ships likely in
+    // flight. A slot, not the n-th put: puts of ships in flight interleave.
+    faults.inject_times(
+        FaultOp::Put,
+        "/log/00000000000000000004.json",
+        1,
+        2,
+        Fault::FailBefore,
+    );
     let mut acked = Vec::new();
     let mut failed = 0;
     for (key, t) in spawn_arrivals(&org, 96).await {
