@@ -352,6 +352,13 @@ impl Claim {
         acked
     }
 
+    /// How many more pipelined ships may be issued now (W1): slots below the lowest
+    /// unresolved one plus the window (1 while in doubt, W3), less the next slot.
+    pub(crate) fn room(&self) -> usize {
+        let window = if self.in_doubt { 1 } else { self.window };
+        (self.floor() + window).saturating_sub(self.next_seq) as usize
+    }
+
     /// How many pipelined ships are unresolved.
     pub(crate) fn in_flight(&self) -> usize {
         self.slots

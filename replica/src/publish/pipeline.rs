@@ -97,16 +97,17 @@ impl Replica {
     /// [`Error::ClaimUnusable`]; otherwise as [`Replica::ship_delta`]'s checks.
     pub async fn issue_delta(&self, claim: &mut Claim, delta: Delta) -> Result<InFlight, Error> {
         claim.usable()?;
-        let in_flight = claim.in_flight() as u64;
-        let window = if claim.in_doubt() {
-            1
-        } else {
-            claim.ship_window()
-        };
-        if claim.ship_window() < 2 || in_flight >= window {
+        // W1: every slot issued is below the lowest unresolved one plus the window, so a
+        // successor claiming at that floor covers every ship of ours with its strays' range
+        // (R1). Counting ships in flight is not enough: landed slots above an unresolved one
+        // still take room.
+        if claim.ship_window() < 2 || claim.room() == 0 {
             return Err(Error::InvalidSettings {
                 reason: format!(
-                    "a pipelined ship with {in_flight} in flight under a claim of window {window}"
+                    "a pipelined ship at slot {} with slot {} unresolved, under a claim of window {}",
+                    claim.next_seq(),
+                    claim.floor(),
+                    claim.ship_window()
                 ),
             });
         }

@@ -34,15 +34,10 @@ impl Shipper {
         self.claim.ship_window() > 1
     }
 
-    /// How many ships may still be issued before one settles: the window less those in
-    /// flight (1 while the claim is in doubt, W3).
+    /// How many ships may still be issued before one settles: slots below the lowest
+    /// unresolved one plus the window (1 while the claim is in doubt, W3), less the next.
     pub fn room(&self) -> usize {
-        let window = if self.claim.in_doubt() {
-            1
-        } else {
-            self.claim.ship_window() as usize
-        };
-        window.saturating_sub(self.claim.in_flight())
+        self.claim.room()
     }
 
     /// How many ships are in flight.

@@ -65,11 +65,25 @@ pub(super) async fn pipelined_ships_acknowledge_in_slot_order_whatever_order_the
         None,
         "acked past a ship in flight"
     );
+    // The window is a span of slots from the lowest unresolved one, not a count: with the
+    // first in flight and the second landed, two more fit (slots s+3, s+4) and a fifth
+    // would be beyond the strays' range a successor at s+1 covers (R1).
+    let third = r.issue_delta(&mut a, diff(&img[0], &img[2], 3)?).await?;
+    let fourth = r.issue_delta(&mut a, diff(&img[0], &img[2], 3)?).await?;
+    assert_eq!(fourth.seq(), s.seq + 4);
+    assert!(matches!(
+        r.issue_delta(&mut a, diff(&img[0], &img[2], 3)?).await,
+        Err(Error::InvalidSettings { .. })
+    ));
+    for ship in [third, fourth] {
+        let landed = r.land(&ship).await;
+        assert_eq!(r.settle(&mut a, ship, landed)?, None);
+    }
     let landed = r.land(&first).await;
     assert_eq!(
         r.settle(&mut a, first, landed)?,
         Some(Acked {
-            seq: s.seq + 2,
+            seq: s.seq + 4,
             commit: 3
         })
     );
@@ -82,7 +96,7 @@ pub(super) async fn pipelined_ships_acknowledge_in_slot_order_whatever_order_the
     let mut b = b_replica.claim(&acme, "b", false).await?;
     let tmp = tempfile::tempdir()?;
     let h = b_replica.hydrate(&mut b, &tmp.path().join("db")).await?;
-    assert_eq!((h.position, h.commit), (Some(s.seq + 3), 4));
+    assert_eq!((h.position, h.commit), (Some(s.seq + 5), 4));
     assert!(std::fs::read(tmp.path().join("db"))? == img[3]);
     for (seq, image) in [(s.seq, &img[0]), (s.seq + 1, &img[1]), (s.seq + 2, &img[2])] {
         let dest = tmp.path().join(format!("at-{seq}"));
