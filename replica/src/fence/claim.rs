@@ -301,11 +301,6 @@ impl Claim {
             .map_or(self.next_seq, |(seq, _)| *seq)
     }
 
-    /// True after a publish the store refused, until a later one clears it (section 2a).
-    pub(crate) fn in_doubt(&self) -> bool {
-        self.in_doubt
-    }
-
     /// Takes the next slot for a pipelined ship.
     pub(crate) fn issue(&mut self) -> u64 {
         let slot = self.next_seq;
