@@ -411,7 +411,7 @@ impl Replica {
 
     /// Uploads a packed blob (when `in_blob`, named for the slot it is published at; else the
     /// packed bytes go inside the entry), publishes at the claim's next seq the entry whose
-    /// body `body` builds from the blob's [`Stored`] fields and `commit`, renews the lease. A
+    /// body `body` builds from the blob's [`Stored`] fields and `commit`. A
     /// slot held by a stray (W5, `docs/design.md` 3e) is skipped: the blob is uploaded again
     /// under the next slot's name (the one named for the stray's slot is an orphan, R4).
     ///
