@@ -281,11 +281,7 @@ impl Claim {
     /// below this claim's slot plus its window, which the writer this claim fenced had in
     /// flight when the claim landed.
     pub(crate) fn stray(&self, e: &LogEntry) -> bool {
-        e.is_pipelined()
-            && e.is_delta()
-            && e.round() < self.round
-            && e.seq() > self.seq
-            && e.seq() < self.seq.saturating_add(e.ship_window())
+        e.is_stray_of(self.round, self.seq)
     }
 
     /// The claim's ship window: how many pipelined ships may be unresolved at once.
@@ -809,12 +805,7 @@ impl Replica {
         if could_be_strays {
             let reads = above.iter().map(|s| self.inner.log.read_entry(org, *s));
             let read: Vec<Result<Option<LogEntry>, Error>> = futures::future::join_all(reads).await;
-            let stray = |e: &LogEntry| {
-                e.is_pipelined()
-                    && e.is_delta()
-                    && e.round() < round
-                    && e.seq() < claim_seq.saturating_add(e.ship_window())
-            };
+            let stray = |e: &LogEntry| e.is_stray_of(round, claim_seq);
             // A vanished entry is no stray (retention deletes nothing above the newest
             // snapshot; a stray above our entry would still be there).
             if read.iter().all(|r| matches!(r, Ok(Some(e)) if stray(e))) {

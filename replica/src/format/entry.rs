@@ -246,6 +246,17 @@ impl LogEntry {
             .map_or(1, |p| p.window.clamp(1, MAX_SHIP_WINDOW))
     }
 
+    /// True when this entry is a stray for the claim of `round` at `claim_seq` (R1,
+    /// `docs/design.md` 3e): a pipelined delta of a lower round above that claim, below its
+    /// slot plus the delta's window, which the writer the claim fenced had in flight.
+    pub fn is_stray_of(&self, round: u64, claim_seq: u64) -> bool {
+        self.is_pipelined()
+            && self.is_delta()
+            && self.round() < round
+            && self.seq() > claim_seq
+            && self.seq() < claim_seq.saturating_add(self.ship_window())
+    }
+
     /// The lowest slot of its claim unresolved when this entry was issued; its own seq for
     /// an entry that is not pipelined.
     pub fn floor(&self) -> u64 {

@@ -184,12 +184,7 @@ impl Replica {
         }
         match self.inner.log.publish(&ship.org, &ship.entry).await {
             Ok(Published::Landed) => Landing::Landed,
-            Ok(Published::Taken(theirs))
-                if theirs.is_pipelined()
-                    && theirs.is_delta()
-                    && theirs.round() < ship.round
-                    && theirs.seq() < ship.claim_seq.saturating_add(theirs.ship_window()) =>
-            {
+            Ok(Published::Taken(theirs)) if theirs.is_stray_of(ship.round, ship.claim_seq) => {
                 Landing::Stray
             }
             Ok(Published::Taken(theirs)) => Landing::Failed(Error::Fenced {
