@@ -40,11 +40,6 @@ impl Shipper {
         self.claim.room()
     }
 
-    /// How many ships are in flight.
-    pub fn in_flight(&self) -> usize {
-        self.claim.in_flight()
-    }
-
     /// Captures everything committed since the last capture and issues it as the next
     /// pipelined ship, or says a full snapshot is due. Holds the commit sequence the capture
     /// proved (I13); the caller acknowledges nothing until [`Shipper::settle`] says so.
