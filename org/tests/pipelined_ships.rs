@@ -40,6 +40,14 @@ fn most_entry_puts_at_once(recorded: &idem_replica::latency::Recorded) -> usize 
         .unwrap_or(0)
 }
 
+/// Waits for a paused call to arrive, failing (not hanging) after 20 s.
+async fn held(reached: tokio::sync::oneshot::Receiver<()>) -> R {
+    tokio::time::timeout(std::time::Duration::from_secs(20), reached)
+        .await
+        .map_err(|_| "the held call never arrived")??;
+    Ok(())
+}
+
 /// Starts `n` requests, one every 2 ms (open-loop arrivals, as many clients make: commits go
 /// on arriving while ships are in flight); returns each key with its task.
 async fn spawn_arrivals(
@@ -108,29 +116,36 @@ async fn a_ship_failing_in_the_pipeline_ends_the_tenure_and_loses_no_acknowledge
         "A",
         Settings::default(),
     )?;
-    let org = reg.acquire(&OrgId::new("acme")?).await?;
-    // Both tries of the create at slot 4 (the claim is 1) fail before reaching the store
-    // and the slot reads back empty: the store refused it, with later ships likely in
-    // flight. A slot, not the n-th put: puts of ships in flight interleave.
-    faults.inject_times(
-        FaultOp::Put,
-        "/log/00000000000000000004.json",
-        1,
-        2,
-        Fault::FailBefore,
-    );
-    let mut acked = Vec::new();
-    let mut failed = 0;
-    for (key, t) in spawn_arrivals(&org, 96).await {
-        match t.await? {
-            Ok(_) => acked.push(key),
-            Err(_) => failed += 1,
-        }
-    }
+    let acme = OrgId::new("acme")?;
+    let org = reg.acquire(&acme).await?;
+    let ship = |org: &idem_org::Org, key: &str| {
+        let (org, key) = (org.clone(), key.to_owned());
+        tokio::spawn(async move { org.once(&key, effect("acme", &key)).await })
+    };
+    assert!(ship(&org, "k0").await??.applied);
+    let head = replica.history(&acme).await?.last().map_or(0, |e| e.seq());
+    let slot = |seq: u64| format!("/log/{seq:020}.json");
+    // The order is held, not hoped for: k1's ship is held in the store at head + 1 while
+    // k2's is issued behind it at head + 2, whose create fails on both tries before reaching
+    // the store (the slot reads back empty: a refused put); then k1's goes on.
+    faults.inject_times(FaultOp::Put, &slot(head + 2), 1, 2, Fault::FailBefore);
+    let first = faults.pause_next(FaultOp::Put, &slot(head + 1));
+    let k1 = ship(&org, "k1");
+    held(first.reached).await?;
+    let second = faults.pause_next(FaultOp::Put, &slot(head + 2));
+    let k2 = ship(&org, "k2");
+    held(second.reached).await?;
+    drop(second.resume);
+    drop(first.resume);
+    let (k1, k2) = (k1.await?, k2.await?);
     assert!(
-        failed > 0,
-        "every request was acknowledged past a failed ship"
+        k2.is_err(),
+        "k2 was acknowledged with its ship refused: {k2:?}"
     );
+    let mut acked = vec!["k0".to_owned()];
+    if k1.is_ok() {
+        acked.push("k1".to_owned());
+    }
     reg.shutdown().await;
     exactly_once(&replica, "acme", &acked, &[], dir.path()).await
 }
