@@ -10,12 +10,16 @@
 //!   `flock` keeps other processes' cleanup off its files (I8). The registry raises the soft
 //!   `RLIMIT_NOFILE` to the hard one when it starts, keeps [`RESERVED_FDS`] for everything
 //!   else, and with `usable = limit - RESERVED_FDS` allows
-//!   - open orgs: `usable - 4` (one descriptor each, room left for one active org), and
+//!   - open orgs: `usable - 4 × floor`, where `floor` is the active orgs wanted (the
+//!     setting and the memory budget), at most `usable / 4 / 4`: a quarter of the
+//!     descriptors stays with activation, since an active limit below the request
+//!     concurrency parks an org at every acquire and the registry thrashes; and
 //!   - active orgs: `(usable - open × 1) / 4` (the 4 descriptors an active org holds
-//!     beyond its lock file).
+//!     beyond its lock file), at least that floor.
 //!
 //!   With the common hard limit of 20 000 and 10 000 open orgs: `(18 976 - 10 000) / 4 =
-//!   2 244` active orgs, 18 976 descriptors in all.
+//!   2 244` active orgs, 18 976 descriptors in all; asked for 30 000 open orgs, the same
+//!   limit allows `18 976 - 4 × 1 186 = 14 232` of them with 1 186 active.
 //! - **Memory.** [`crate::Settings::memory_budget_bytes`] is split evenly across the
 //!   active-org limit (a parked org has no caches): half of an org's share is its SQLite
 //!   page cache (`PRAGMA cache_size`). The other half of the budget is the shippers' caches
@@ -42,6 +46,9 @@ pub const FDS_PER_PARKED_ORG: u64 = 1;
 /// Descriptors a registry leaves to the rest of the process (sockets, store connections,
 /// hydrate's temporary files, logs) when it sizes its open-org and active-org limits.
 pub const RESERVED_FDS: u64 = 1024;
+
+/// Activation keeps at least `1 / ACTIVATION_SHARE` of the usable descriptors.
+const ACTIVATION_SHARE: u64 = 4;
 
 /// The smallest cache share of one active org, in bytes: 16 KiB of SQLite page cache and
 /// four 4 KiB pages of the shipper's cache. SQLite works with less than that but reads every
@@ -83,21 +90,25 @@ impl Budget {
     /// unknown, no descriptor cap).
     pub(crate) fn plan(settings: &Settings, fd_limit: Option<u64>) -> Budget {
         let usable = fd_limit.map(|limit| limit.saturating_sub(RESERVED_FDS));
+        let by_memory = to_usize(settings.memory_budget_bytes / MIN_ORG_BYTES).max(1);
+        let wanted_active = settings.max_active_orgs.min(by_memory).max(1);
+        // Activation keeps its share of the descriptors before open orgs take the rest: an
+        // active limit below the request concurrency parks an org at every acquire (a
+        // checkpoint, often a ship first, one after another) and the registry thrashes.
+        let activation_floor = usable.map_or(0, |u| {
+            let share = (u / ACTIVATION_SHARE / FDS_TO_ACTIVATE).max(1);
+            (wanted_active as u64).min(share)
+        });
         let by_fds_open = usable.map_or(usize::MAX, |u| {
-            to_usize(u.saturating_sub(FDS_TO_ACTIVATE) / FDS_PER_PARKED_ORG).max(1)
+            let reserved = activation_floor.saturating_mul(FDS_TO_ACTIVATE);
+            to_usize(u.saturating_sub(reserved) / FDS_PER_PARKED_ORG).max(1)
         });
         let open_orgs = settings.max_open_orgs.min(by_fds_open).max(1);
         let by_fds_active = usable.map_or(usize::MAX, |u| {
             let parked = (open_orgs as u64).saturating_mul(FDS_PER_PARKED_ORG);
             to_usize(u.saturating_sub(parked) / FDS_TO_ACTIVATE).max(1)
         });
-        let by_memory = to_usize(settings.memory_budget_bytes / MIN_ORG_BYTES).max(1);
-        let active_orgs = settings
-            .max_active_orgs
-            .min(open_orgs)
-            .min(by_fds_active)
-            .min(by_memory)
-            .max(1);
+        let active_orgs = wanted_active.min(open_orgs).min(by_fds_active).max(1);
         let share = settings.memory_budget_bytes / active_orgs as u64;
         let sqlite_cache_kib = (share / 2 / 1024).max(MIN_ORG_BYTES / 2 / 1024);
         let ship_pages = to_usize(share / 2 / SHIP_PAGE_BYTES);
@@ -182,15 +193,27 @@ mod tests {
         };
         // 64 MiB / 32 KiB = 2048 active orgs by memory; 2244 by descriptors.
         assert_eq!(Budget::plan(&s, Some(20_000)).active_orgs, 2048);
-        // A tiny descriptor limit: open orgs take one each, one active org still fits.
+        // A tiny descriptor limit: a quarter of it (104 / 4 / 4 = 6 active orgs) stays with
+        // activation, open orgs take one each of the rest.
         let b = Budget::plan(&s, Some(RESERVED_FDS + 104));
-        assert_eq!((b.open_orgs, b.active_orgs), (100, 1));
+        assert_eq!((b.open_orgs, b.active_orgs), (80, 6));
+        // More open orgs asked for than descriptors allow: they never squeeze activation
+        // below its share (an active limit of 1 parked an org at every acquire).
         let s = Settings {
             max_open_orgs: 30_000,
             ..s
         };
         let b = Budget::plan(&s, Some(20_000));
-        assert_eq!((b.open_orgs, b.active_orgs), (18_972, 1));
+        assert_eq!((b.open_orgs, b.active_orgs), (14_232, 1186));
+        let fds = b.open_orgs as u64 + b.active_orgs as u64 * FDS_TO_ACTIVATE;
+        assert!(fds <= 20_000 - RESERVED_FDS, "{fds}");
+        // Fewer active orgs wanted than the share: open orgs get the rest.
+        let s = Settings {
+            max_active_orgs: 10,
+            ..s
+        };
+        let b = Budget::plan(&s, Some(20_000));
+        assert_eq!((b.open_orgs, b.active_orgs), (18_936, 10));
     }
 
     #[test]
