@@ -106,6 +106,13 @@ pub struct ServeArgs {
     /// process (1024) to store connections, temporary files and logs.
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Ships of one org in flight at once, 1 to 8 (`docs/design.md` 3e): above 1 a busy
+    /// org's next ship leaves before the previous one has landed, and requests are still
+    /// acknowledged in order, each once its ship and every earlier one landed. The entries
+    /// such a writer creates are read only by this version and newer, so raise it once no
+    /// older replica reads the store.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=replica::MAX_SHIP_WINDOW))]
+    ship_window: u64,
 }
 
 /// The writer id: `--writer`, else `idem-serve-<id of the data directory>`.
@@ -156,6 +163,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
         lease_ms: a.lease_ms,
         advertise: a.advertise.clone(),
         max_clock_skew_ms: u64::try_from(a.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
+        ship_window: a.ship_window,
         ..replica::Settings::default()
     };
     let replica = store.open(settings).await?;
