@@ -210,3 +210,27 @@ async fn a_claim_reads_the_head_of_the_log_not_every_entry() -> R {
     assert_eq!((long.list, long.get, long.put), (2, window, 2), "{long:?}");
     Ok(())
 }
+
+/// A full snapshot of a small database is three PUTs in two round trips: the manifest goes
+/// out beside the segment, the entry after both (it names them, I10).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_small_full_snapshot_puts_its_manifest_beside_its_segment() -> R {
+    let traced = constant(Arc::new(InMemory::new()));
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let replica = Replica::open_with(traced.clone(), "t", settings(), clock, None).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = replica.claim(&org, "a", false).await?;
+    let trace = traced.trace();
+    replica.ship(&mut claim, test_snapshot(3)?).await?;
+    let recorded = trace.finish();
+    let puts: Vec<&str> = recorded
+        .requests
+        .iter()
+        .filter(|r| r.op == Op::Put)
+        .map(|r| r.path.as_str())
+        .collect();
+    assert_eq!(puts.len(), 3, "segment, manifest, entry: {puts:?}");
+    assert!(puts[2].contains("/log/"), "the entry lands last: {puts:?}");
+    assert_eq!(recorded.depth(), 2, "{:?}", recorded.requests);
+    Ok(())
+}

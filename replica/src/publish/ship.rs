@@ -1,8 +1,9 @@
 //! Shipping: publishing a full snapshot or a delta under a claim's round (I6, I7, I9, I11).
 //!
 //! ```text
-//! snapshot: stream segments (read, hash, zstd; new ones PUT, unchanged ones named)
-//!   -> put manifest -> create log/<next> (create-only; settled by re-reading, see `log`)
+//! snapshot: stream segments (read, hash, zstd; new ones PUT, unchanged ones named),
+//!   the manifest PUT beside the last uploads -> create log/<next> (create-only;
+//!   settled by re-reading, see `log`)
 //! delta:    pack (sha256 + zstd) -> put blob, unless small enough to go inside its entry
 //!   -> create log/<next>
 //! ```
@@ -211,15 +212,9 @@ impl Replica {
             .upload_segments(&org, (seq, round), source, reuse.as_deref())
             .await?;
         let manifest = streamed.manifest;
-        let (name, body) = manifest.encode(seq, round)?;
+        let name = streamed.manifest_name;
         let manifest_path = self.inner.store.layout.blob(&org, &name);
-        let manifest_len = body.len() as u64;
-        self.inner
-            .store
-            .object
-            .put(&manifest_path, PutPayload::from(body))
-            .await
-            .map_err(|e| Error::store("put", &manifest_path, e))?;
+        let manifest_len = streamed.manifest_len;
         self.failpoint(FailPoint::ShipAfterUpload, &org).await?;
         let stored = Stored {
             blob: BlobRef::Manifest(name),

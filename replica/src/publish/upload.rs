@@ -1,4 +1,4 @@
-//! Streaming a full snapshot out as segments: a segment at a time, a short task on the
+//! Streaming a full snapshot out as segments and its manifest: a segment at a time, a short task on the
 //! blocking pool reads its pages, hashes them (page hashes, the segment's sha256, the image's
 //! sha256) and packs it unless the previous snapshot already holds it, while up to
 //! [`Settings::upload_concurrency`](crate::Settings::upload_concurrency) PUTs run. Memory is
@@ -25,6 +25,9 @@ use crate::{Error, FailPoint, OrgId, Replica};
 /// A streamed snapshot's segments are uploaded; what its entry and the claim's tip need.
 pub(crate) struct Streamed {
     pub(crate) manifest: Manifest,
+    /// The manifest's object name and encoded length: it is uploaded too.
+    pub(crate) manifest_name: String,
+    pub(crate) manifest_len: u64,
     pub(crate) hashes: PageHashes,
     /// sha256 of the whole (canonical) image, lowercase hex.
     pub(crate) sha256: String,
@@ -123,8 +126,9 @@ impl Replica {
     /// Streams `source` out as the segments of a snapshot at log position `seq` under
     /// `round`: each segment whose pages hash to a segment of `reuse` (the previous
     /// snapshot's manifest) is named, not uploaded; the others are packed and PUT under
-    /// their content names. Nothing is published: the caller writes the manifest and the
-    /// entry.
+    /// their content names; once every page is read the manifest is PUT too, beside the
+    /// uploads still in flight. Nothing is published: the caller creates the entry, after
+    /// this returns (every object it names has landed).
     ///
     /// # Errors
     /// [`Error::Store`] for a failed upload; the source's errors; [`Error::Compress`].
@@ -175,38 +179,70 @@ impl Replica {
             let (next, step) = blocking("reading a segment", move || reader.step()).await?;
             Ok(Some((step, next)))
         });
+        // The manifest goes out as soon as every page was read, beside the segment uploads
+        // still in flight: nothing names it until the entry, which the caller creates only
+        // after this returns, so every object the entry names has landed by then (I10),
+        // and a ship that fails leaves at most unnamed objects, as a failed segment does.
         let done = steps
             .map_ok(|step| async move {
                 match step {
                     Step::Put(put) => self.put_segment(org, put).await.map(|()| None),
                     Step::Named => Ok(None),
-                    Step::Done(reader) => Ok(Some(reader)),
+                    Step::Done(reader) => {
+                        let layout = (page_size, pages, segment_pages);
+                        self.put_manifest(org, (seq, round), layout, reader)
+                            .await
+                            .map(Some)
+                    }
                 }
             })
             .try_buffer_unordered(n)
             .try_fold(None, |done, step| async move { Ok(step.or(done)) })
             .await?;
-        let Some(mut reader) = done else {
-            return Err(Error::io(
+        done.ok_or_else(|| {
+            Error::io(
                 std::path::Path::new(org.as_str()),
                 std::io::Error::other("the snapshot's segments ended early"),
-            ));
-        };
+            )
+        })
+    }
+
+    /// Finishes the read of a snapshot whose pages were all read (the source's own last
+    /// check), builds its manifest from the segments named and uploads it.
+    async fn put_manifest(
+        &self,
+        org: &OrgId,
+        (seq, round): (u64, u64),
+        (page_size, pages, segment_pages): (u32, u32, u32),
+        mut reader: Box<Reader>,
+    ) -> Result<Streamed, Error> {
         let mut reader = blocking("finishing a snapshot's read", move || {
             reader.source.finish()?;
             Ok(reader)
         })
         .await?;
         let reused = reader.segments.len() - reader.uploaded;
+        let manifest = Manifest {
+            v: MANIFEST_VERSION,
+            page_size,
+            pages,
+            segment_pages,
+            segments: std::mem::take(&mut reader.segments),
+        };
+        let (manifest_name, body) = manifest.encode(seq, round)?;
+        let path = self.inner.store.layout.blob(org, &manifest_name);
+        let manifest_len = body.len() as u64;
+        self.inner
+            .store
+            .object
+            .put(&path, PutPayload::from(body))
+            .await
+            .map_err(|e| Error::store("put", &path, e))?;
         Ok(Streamed {
             reused,
-            manifest: Manifest {
-                v: MANIFEST_VERSION,
-                page_size,
-                pages,
-                segment_pages,
-                segments: std::mem::take(&mut reader.segments),
-            },
+            manifest,
+            manifest_name,
+            manifest_len,
             hashes: PageHashes::from_hashes(page_size, std::mem::take(&mut reader.hashes)),
             sha256: hex::encode(std::mem::take(&mut reader.image).finalize()),
             uploaded_bytes: reader.uploaded_bytes,
