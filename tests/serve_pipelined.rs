@@ -37,8 +37,8 @@ async fn a_pipelined_server_acknowledges_every_request_and_its_successor_reads_t
     for t in tasks {
         assert_eq!(t.await??, 201);
     }
-    let status = tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string()))
-        .await??;
+    let status =
+        tokio::task::spawn_blocking(move || a.terminate().map_err(|e| e.to_string())).await??;
     assert!(status.success(), "A exits 0 after releasing");
 
     // Every entry A wrote is of its pipelined claim: format 4, window 4.
