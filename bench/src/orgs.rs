@@ -360,9 +360,8 @@ fn idle_store(dir: &Path) -> (String, &'static str) {
 
 async fn idle(dir: &Path, window: Duration) -> BenchResult<()> {
     let (url, api) = idle_store(dir);
-    let replica = crate::store::parse(&url)?
-        .open(replica::Settings::default())
-        .await?;
+    let replica =
+        crate::store::open(&crate::store::parse(&url)?, replica::Settings::default()).await?;
     let reg = build(&replica, &dir.join("data"), "p7")?;
     let n = 100;
     each_once(&reg, 0..n, "touch", 16).await?;

@@ -158,7 +158,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
         max_clock_skew_ms: u64::try_from(a.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
         ..replica::Settings::default()
     };
-    let replica = store.open(settings).await?;
+    let replica = crate::store::open(&store, settings).await?;
     let registry = Registry::builder(&a.data, replica, writer.clone())
         .settings(idem_org::Settings {
             force_claim: a.force_claim,
