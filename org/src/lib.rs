@@ -41,7 +41,7 @@
 //!
 //! # Core types
 //! - [`Registry`] (built with [`Registry::builder`]): one writer per org, opened on demand,
-//!   at most [`Settings::max_open_orgs`] open and [`Settings::max_active_orgs`] of them with a
+//!   at most [`RegistrySettings::max_open_orgs`] open and [`RegistrySettings::max_active_orgs`] of them with a
 //!   connection (idle ones park); `acquire`, and `once` / `once_with` / `effect`
 //!   that acquire and retry once on a handle closed meanwhile; `prune_all`, `shutdown`.
 //! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
@@ -110,5 +110,9 @@ pub use local::home_id;
 pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
-pub use settings::{Settings, WARM_POLL_MS, WarmSettings};
+pub use settings::{RegistrySettings, WARM_POLL_MS, WarmSettings};
+
+/// The registry's settings under their former name, which `idem_replica::Settings` shares.
+#[deprecated(note = "renamed `RegistrySettings`: `idem_replica::Settings` has the same name")]
+pub type Settings = RegistrySettings;
 pub use writer::InitFn;
