@@ -105,6 +105,11 @@ impl RegistryBuilder {
             path: self.data_dir.clone(),
             source,
         })?;
+        if home.locked() {
+            // This process owns the data directory: temp folders of reads a killed process
+            // left behind go (`Registry::read`).
+            let _ = std::fs::remove_dir_all(self.data_dir.join(crate::published::READS_DIR));
+        }
         let budget = Budget::plan(&self.settings, crate::budget::raise_fd_limit());
         if budget.open_orgs < self.settings.max_open_orgs {
             tracing::info!(
@@ -223,6 +228,16 @@ impl Registry {
             clock: Arc::new(idem::SystemClock),
             init: None,
         }
+    }
+
+    /// The data directory.
+    pub(crate) fn data_dir(&self) -> &Path {
+        &self.inner.data_dir
+    }
+
+    /// The `on_open` hook, if one was given.
+    pub(crate) fn init_fn(&self) -> Option<InitFn> {
+        self.inner.init.clone()
     }
 
     pub(crate) fn from_inner(inner: Arc<RegistryInner>) -> Registry {
