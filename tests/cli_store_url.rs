@@ -33,7 +33,14 @@ async fn library_writes(store: Arc<dyn ObjectStore>, prefix: &str) -> TestResult
 /// `idem restore acme --store URL` and the value of `t.x` in the restored file.
 fn restore_reads(url: &str, dir: &std::path::Path) -> TestResult<i64> {
     let to = dir.join(format!("restored-{}.db", dir.read_dir()?.count()));
-    let out = run(&["restore", "acme", "--store", url, "--to", to.to_str().ok_or("path")?]);
+    let out = run(&[
+        "restore",
+        "acme",
+        "--store",
+        url,
+        "--to",
+        to.to_str().ok_or("path")?,
+    ]);
     assert!(
         out.status.success(),
         "restore from {url}: {}",
@@ -115,10 +122,17 @@ fn orgs_refuses_a_bad_store_url_with_one_line() -> TestResult {
         "not a directory",
     );
     assert!(!missing.exists(), "a listing created the store");
-    assert_clean_failure(&run(&["orgs", "ftp://host/x"]), "store URL \"ftp://host/x\"");
+    assert_clean_failure(
+        &run(&["orgs", "ftp://host/x"]),
+        "store URL \"ftp://host/x\"",
+    );
     assert_clean_failure(&run(&["orgs", "s3://"]), "store URL \"s3://\"");
     let out = idem().args(["orgs"]).output()?;
-    assert_eq!(out.status.code(), Some(2), "a missing STORE is a usage error");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a missing STORE is a usage error"
+    );
     Ok(())
 }
 
@@ -146,11 +160,7 @@ fn s3_from_env() -> TestResult<(Arc<dyn ObjectStore>, String)> {
 #[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
 async fn the_binary_reads_an_s3_url_under_the_prefix_the_library_wrote() -> TestResult {
     let (store, bucket) = s3_from_env()?;
-    let top = format!(
-        "cli-url-{}-{}",
-        std::process::id(),
-        hex_nanos()
-    );
+    let top = format!("cli-url-{}-{}", std::process::id(), hex_nanos());
     library_writes(store, &format!("{top}/prod")).await?;
     let dir = tempfile::tempdir()?;
     // The binary reads the AWS_* variables scripts/s3-server exports, as a user's shell would.

@@ -80,7 +80,13 @@ async fn an_sql_error_reaches_the_client_as_an_id_and_the_log_as_its_text() -> R
         .await?;
     assert_eq!(resp.status().as_u16(), 500);
     let body = resp.text().await?;
-    for secret in ["secret_ledger", "ssn", "123-45-6789", "no such table", "INSERT"] {
+    for secret in [
+        "secret_ledger",
+        "ssn",
+        "123-45-6789",
+        "no such table",
+        "INSERT",
+    ] {
         assert!(!body.contains(secret), "the body leaks {secret:?}: {body}");
     }
     let json: serde_json::Value = serde_json::from_str(&body)?;

@@ -51,7 +51,11 @@ async fn reads_claim_nothing_and_a_tenant_never_written_leaves_no_trace() -> Tes
         body,
         json!({"org": "ghost", "source": "store", "snapshot_seq": null, "balances": {}})
     );
-    assert_eq!(files(&store)?, Vec::<String>::new(), "a read wrote to the store");
+    assert_eq!(
+        files(&store)?,
+        Vec::<String>::new(),
+        "a read wrote to the store"
+    );
 
     let resp = client()
         .post(format!("{}/orgs/acme/transfers", a.url))

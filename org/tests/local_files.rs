@@ -39,7 +39,12 @@ async fn stale_or_ahead_local_files_are_replaced_by_hydrate() -> R {
     let temp = org_dir.join(".00000000000000000099-dead.db.hydrate-0123abcd");
     std::fs::write(&temp, vec![0u8; 4096])?;
 
-    let b = registry(&data, replica(store, None).await?, "B", RegistrySettings::default())?;
+    let b = registry(
+        &data,
+        replica(store, None).await?,
+        "B",
+        RegistrySettings::default(),
+    )?;
     let org = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     assert!(!dead.exists(), "a dead claim's database is removed");
     assert!(

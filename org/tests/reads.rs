@@ -53,7 +53,9 @@ async fn a_read_of_a_tenant_never_written_creates_nothing() -> R {
 
     // A read that fails is the read's error, and still creates nothing.
     let err = reg
-        .read(&ghost, |c| c.query_row("SELECT x FROM missing", [], |r| r.get::<_, i64>(0)))
+        .read(&ghost, |c| {
+            c.query_row("SELECT x FROM missing", [], |r| r.get::<_, i64>(0))
+        })
         .await
         .err()
         .ok_or("a failing read succeeded")?;
@@ -66,7 +68,9 @@ async fn a_read_of_a_tenant_never_written_creates_nothing() -> R {
     assert_eq!(org.read(count).await?, 0);
     let written = objects(&store).await?;
     assert!(
-        written.iter().any(|o| o.starts_with("prod/orgs/ghost/log/"))
+        written
+            .iter()
+            .any(|o| o.starts_with("prod/orgs/ghost/log/"))
             && written.iter().any(|o| o.starts_with("prod/processes/")),
         "{written:?}"
     );
@@ -98,7 +102,11 @@ async fn another_process_reads_the_published_state_without_fencing_the_holder() 
         return Err(format!("read from {:?}, not the store", read.source).into());
     };
     assert!(seq >= 1 && commit >= 2, "seq {seq} commit {commit}");
-    assert_eq!(objects(&store).await?, before, "the read wrote to the store");
+    assert_eq!(
+        objects(&store).await?,
+        before,
+        "the read wrote to the store"
+    );
     assert!(reader.serving(&acme).is_none());
 
     // The holder was not fenced: it keeps acknowledging, and reads through its writer.
@@ -110,7 +118,11 @@ async fn another_process_reads_the_published_state_without_fencing_the_holder() 
         .await?;
     let mine = holder.read(&acme, count).await?;
     assert_eq!(mine.value, 3);
-    assert!(matches!(mine.source, ReadSource::Writer { .. }), "{:?}", mine.source);
+    assert!(
+        matches!(mine.source, ReadSource::Writer { .. }),
+        "{:?}",
+        mine.source
+    );
     // And the reader sees the newer published state on its next read.
     assert_eq!(reader.read(&acme, count).await?.value, 3);
     holder.shutdown().await;

@@ -174,7 +174,12 @@ async fn a_watcher_never_claims_from_a_live_holder_that_is_not_draining() -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone(), Arc::new(SystemClock)).await?;
-    let a = registry(&dir.path().join("a"), ra.clone(), "wa", RegistrySettings::default())?;
+    let a = registry(
+        &dir.path().join("a"),
+        ra.clone(),
+        "wa",
+        RegistrySettings::default(),
+    )?;
     let mut acked = serve(&a, "a", 2).await?;
     let rb = open(store.clone(), Arc::new(SystemClock)).await?;
     let b = registry(&dir.path().join("b"), rb, "wb", warm())?;
@@ -284,7 +289,12 @@ async fn the_watcher_lists_once_a_second_by_default_whatever_the_lease() -> R {
     // The witness of elapsed time: a live process with a 1 s lease renews every 333 ms, so
     // nine renewals span more than 3 s, in which a 1 s poll lists at least three times.
     let rw = open(store.clone(), Arc::new(SystemClock)).await?;
-    let w = registry(&dir.path().join("w"), rw.clone(), "ww", RegistrySettings::default())?;
+    let w = registry(
+        &dir.path().join("w"),
+        rw.clone(),
+        "ww",
+        RegistrySettings::default(),
+    )?;
     w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
         .await?;
     let puts = rw.store_requests().put;

@@ -15,7 +15,10 @@ use object_store::memory::InMemory;
 
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS seen (n INTEGER NOT NULL);";
 
-async fn pool_registry(dir: &std::path::Path, settings: RegistrySettings) -> Result<Registry, BoxErr> {
+async fn pool_registry(
+    dir: &std::path::Path,
+    settings: RegistrySettings,
+) -> Result<Registry, BoxErr> {
     let replica = replica(Arc::new(InMemory::new()), None).await?;
     Ok(Registry::builder(dir, replica, "A")
         .settings(settings)

@@ -18,13 +18,18 @@ async fn ship_under(store: Arc<dyn ObjectStore>, prefix: &str, org: &OrgId, x: i
     let mut claim = replica.claim(org, "writer-a", false).await?;
     let conn = rusqlite::Connection::open_in_memory()?;
     conn.execute_batch(&format!("CREATE TABLE t(x); INSERT INTO t VALUES ({x});"))?;
-    replica.ship(&mut claim, Snapshot::take(&conn, |_| Ok(1))?).await?;
+    replica
+        .ship(&mut claim, Snapshot::take(&conn, |_| Ok(1))?)
+        .await?;
     replica.release(&mut claim).await?;
     Ok(())
 }
 
 /// Restores `org` through `url` and reads `x` back.
-async fn read_through(url: &StoreUrl, org: &OrgId) -> Result<i64, Box<dyn std::error::Error + Send + Sync>> {
+async fn read_through(
+    url: &StoreUrl,
+    org: &OrgId,
+) -> Result<i64, Box<dyn std::error::Error + Send + Sync>> {
     let replica = url.open_read_only(Settings::default())?;
     assert_eq!(replica.orgs().await?, vec![org.clone()]);
     let dir = tempfile::tempdir()?;
@@ -47,12 +52,21 @@ async fn a_path_and_a_file_url_name_what_the_library_writes_under_a_prefix() -> 
 
     // The store root holds no org itself; the hint names the prefix that does.
     let top = StoreUrl::parse_existing(&root.display().to_string())?;
-    assert!(top.open_read_only(Settings::default())?.orgs().await?.is_empty());
+    assert!(
+        top.open_read_only(Settings::default())?
+            .orgs()
+            .await?
+            .is_empty()
+    );
     assert_eq!(top.prefixes_with_orgs().await?, vec!["prod".to_owned()]);
     assert_eq!(top.url_of("prod"), root.join("prod").display().to_string());
 
     // And the library opens by URL what it wrote by (store, prefix).
-    let replica = Replica::open_url(&root.join("prod").display().to_string(), Settings::default()).await?;
+    let replica = Replica::open_url(
+        &root.join("prod").display().to_string(),
+        Settings::default(),
+    )
+    .await?;
     assert_eq!(replica.orgs().await?, vec![org]);
     Ok(())
 }
@@ -71,7 +85,13 @@ async fn an_s3_url_names_what_the_library_writes_under_a_prefix() -> R {
     assert_eq!(url.prefix(), prefix);
     assert_eq!(read_through(&url, &org).await?, 42);
     let above = StoreUrl::parse(&format!("s3://{bucket}/{top}"))?;
-    assert!(above.open_read_only(Settings::default())?.orgs().await?.is_empty());
+    assert!(
+        above
+            .open_read_only(Settings::default())?
+            .orgs()
+            .await?
+            .is_empty()
+    );
     assert_eq!(read_through(&above.join("prod"), &org).await?, 42);
     Ok(())
 }

@@ -15,12 +15,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_org::{ReadSource, Registry};
 use idem_org::http::{
     Idempotency, IdempotentRequest, Refusal, StoredResponse, error_response, json_error,
     json_fallbacks,
 };
 use idem_org::replica::OrgId;
+use idem_org::{ReadSource, Registry};
 
 use crate::ledger::{self, ApplyError, Transfer};
 

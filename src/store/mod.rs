@@ -68,13 +68,22 @@ pub async fn org_not_found(url: &StoreUrl, org: &OrgId) -> String {
 pub async fn org_hint(url: &StoreUrl) -> String {
     let prefixes = match url.prefixes_with_orgs().await {
         Ok(p) => p,
-        Err(e) => return format!(" (listing the store for a hint failed: {})", crate::chain(&e)),
+        Err(e) => {
+            return format!(
+                " (listing the store for a hint failed: {})",
+                crate::chain(&e)
+            );
+        }
     };
     let others: Vec<String> = prefixes
         .iter()
         .filter(|p| p.as_str() != url.prefix())
         .map(|p| {
-            let name = if p.is_empty() { "(the root)" } else { p.as_str() };
+            let name = if p.is_empty() {
+                "(the root)"
+            } else {
+                p.as_str()
+            };
             format!("{name} (--store {})", url.url_of(p))
         })
         .collect();

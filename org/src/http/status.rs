@@ -173,9 +173,7 @@ fn table_response(e: &Error) -> Response {
     match e.idem() {
         Some(idem::Error::Apply { source, .. }) => {
             return match source.downcast_ref::<Refusal>() {
-                Some(refusal) if refusal.detail.is_some() => {
-                    internal_response(&refusal.kind, &msg)
-                }
+                Some(refusal) if refusal.detail.is_some() => internal_response(&refusal.kind, &msg),
                 Some(refusal) => json_error(refusal.status, &refusal.kind, refusal.message.clone()),
                 // The handler failed or panicked: a server bug, not a state of the key
                 // (a 409 would have the client retry a bug forever).
@@ -377,8 +375,14 @@ mod tests {
         );
         let cases = [
             (apply(Box::new(Refusal::from(sql))), "internal"),
-            (apply(Box::new(Refusal::internal("no such column: ssn"))), "internal"),
-            (apply("no such table: secret_ledger".into()), "handler_failed"),
+            (
+                apply(Box::new(Refusal::internal("no such column: ssn"))),
+                "internal",
+            ),
+            (
+                apply("no such table: secret_ledger".into()),
+                "handler_failed",
+            ),
             (
                 Error::CommitMismatch {
                     org: org.clone(),

@@ -36,8 +36,8 @@ fn a_local_path_is_its_own_root_and_join_goes_inside_it() -> Result<(), Box<dyn 
 }
 
 #[test]
-fn parse_existing_refuses_a_missing_directory_and_creates_nothing() -> Result<(), Box<dyn std::error::Error>>
-{
+fn parse_existing_refuses_a_missing_directory_and_creates_nothing()
+-> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let missing = dir.path().join("nope");
     let err = StoreUrl::parse_existing(&missing.display().to_string())
