@@ -102,7 +102,7 @@ async fn replica(
     store: Arc<dyn ObjectStore>,
     data: &std::path::Path,
 ) -> Result<(Registry, String, App), BoxError> {
-    let replica = Replica::open(store, "", Settings::default()).await?;
+    let replica = Replica::open(store, "prod", Settings::default()).await?;
     let registry = Registry::builder(data, replica, name)
         .on_open(|c| {
             c.execute_batch(

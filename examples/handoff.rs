@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let data = dir.path().join(name);
         let name = name.to_owned();
         async move {
-            let replica = Replica::open(store, "", Settings::default()).await?;
+            let replica = Replica::open(store, "prod", Settings::default()).await?;
             Registry::builder(data, replica, name)
                 .settings(RegistrySettings {
                     force_claim: force,
