@@ -72,8 +72,11 @@ impl StoreUrl {
             return Self::local(text, PathBuf::from(text));
         }
         let url = Url::parse(text).map_err(|e| invalid(format!("malformed: {e}")))?;
-        let (scheme, path) =
-            ObjectStoreScheme::parse(&url).map_err(|e| invalid(format!("unsupported: {e}")))?;
+        let (scheme, path) = ObjectStoreScheme::parse(&url).map_err(|e| {
+            invalid(format!(
+                "unsupported scheme (use a path, file://, memory://, s3://, gs:// or az://): {e}"
+            ))
+        })?;
         let prefix = path.as_ref().trim_matches('/').to_owned();
         let built: Result<Arc<dyn ObjectStore>, object_store::Error> = match scheme {
             ObjectStoreScheme::Local => {
