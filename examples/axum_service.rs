@@ -79,11 +79,11 @@ async fn create_order(
             }
             let order: NewOrder = serde_json::from_slice(req.body())
                 .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, format!("bad order: {e}")))?;
+            // `?` on an SQL error: a 500 "internal error (id …)"; the SQL text goes to the log.
             tx.execute(
                 "INSERT INTO orders (sku, qty) VALUES (?1, ?2)",
                 rusqlite::params![order.sku, order.qty],
-            )
-            .map_err(Refusal::internal)?;
+            )?;
             let id = tx.last_insert_rowid();
             let receipt = serde_json::json!({ "order": id, "sku": order.sku, "qty": order.qty });
             Ok(StoredResponse::json(StatusCode::CREATED, &receipt)
@@ -102,7 +102,7 @@ async fn replica(
     store: Arc<dyn ObjectStore>,
     data: &std::path::Path,
 ) -> Result<(Registry, String, App), BoxError> {
-    let replica = Replica::open(store, "", Settings::default()).await?;
+    let replica = Replica::open(store, "prod", Settings::default()).await?;
     let registry = Registry::builder(data, replica, name)
         .on_open(|c| {
             c.execute_batch(

@@ -6,7 +6,7 @@
 //! Run: `cargo run --example handoff`
 
 use idem_org::replica::{OrgId, Replica, Settings};
-use idem_org::{ErrorKind, Registry, Settings as OrgSettings, rusqlite};
+use idem_org::{ErrorKind, Registry, RegistrySettings, rusqlite};
 
 fn pay(tx: &rusqlite::Transaction<'_>) -> Result<Vec<u8>, rusqlite::Error> {
     tx.execute("INSERT INTO ledger VALUES (1250)", [])?;
@@ -22,11 +22,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let data = dir.path().join(name);
         let name = name.to_owned();
         async move {
-            let replica = Replica::open(store, "", Settings::default()).await?;
+            let replica = Replica::open(store, "prod", Settings::default()).await?;
             Registry::builder(data, replica, name)
-                .settings(OrgSettings {
+                .settings(RegistrySettings {
                     force_claim: force,
-                    ..OrgSettings::default()
+                    ..RegistrySettings::default()
                 })
                 .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (cents INT)"))
                 .build()

@@ -15,7 +15,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Replica::local_store(&dir.path().join("store"))?;
 
     // Some history: a server applied keys in three orgs, then shut down gracefully.
-    let replica = Replica::open(store.clone(), "", Settings::default()).await?;
+    let replica = Replica::open(store.clone(), "prod", Settings::default()).await?;
     let server = Registry::builder(dir.path().join("server"), replica, "server").build()?;
     for org in ["acme", "globex", "initech"] {
         let h = server.acquire(&OrgId::new(org)?).await?;
@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The cron job: its own writer id and scratch directory; a live lease makes it skip an
     // org (retry next run) rather than fence a serving replica.
-    let replica = Replica::open(store, "", Settings::default()).await?;
+    let replica = Replica::open(store, "prod", Settings::default()).await?;
     let orgs = replica.orgs().await?;
     let cron = Registry::builder(dir.path().join("cron"), replica, "prune-cron").build()?;
     let window = Duration::ZERO; // real jobs: 7 days

@@ -9,8 +9,10 @@ use idem_org::{Registry, rusqlite};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let store = Replica::local_store(&dir.path().join("store"))?; // fsync'd local directory
-    let replica = Replica::open(store, "", Settings::default()).await?;
+    // The store URL `idem --store` takes, prefix included: here the prefix `prod` of a local
+    // directory (fsync'd); `s3://bucket/prod`, `gs://…`, `az://…` in production.
+    let url = dir.path().join("store/prod").display().to_string();
+    let replica = Replica::open_url(&url, Settings::default()).await?;
     let registry = Registry::builder(dir.path().join("data"), replica, "quickstart")
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (key TEXT, cents INT)"))
         .build()?;

@@ -19,6 +19,8 @@ enum Command {
     Serve(crate::serve::ServeArgs),
     /// Delete idempotency keys older than a cutoff in every (or the given) org; for cron.
     Prune(crate::ops::PruneArgs),
+    /// List the orgs a store holds (under its prefix), with the head of each org's log.
+    Orgs(crate::ops::OrgsArgs),
     /// Show an org's rounds, history, lease, newest snapshot and key count.
     Inspect(crate::ops::OrgArgs),
     /// List an org's published positions: full snapshots and the deltas after them.
@@ -57,6 +59,7 @@ impl Cli {
         match self.command {
             Command::Serve(a) => crate::serve::run(a).await.map(|()| ExitCode::SUCCESS),
             Command::Prune(a) => crate::ops::prune(a).await,
+            Command::Orgs(a) => crate::ops::orgs(a).await,
             Command::Inspect(a) => crate::ops::inspect(a).await,
             Command::Snapshots(a) => crate::ops::snapshots(a).await,
             Command::Restore(a) => crate::ops::restore(a).await,

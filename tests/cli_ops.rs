@@ -164,7 +164,7 @@ fn bad_inputs_fail_with_one_clear_line() -> TestResult {
     assert_clean_failure(&run(&["verify", "nobody", "--store", &store]), "not found");
     assert_clean_failure(
         &run(&["inspect", "acme", "--store", "ftp://host/x"]),
-        "unsupported store URL",
+        "store URL \"ftp://host/x\": unsupported scheme",
     );
     assert_clean_failure(&run(&["inspect", "acme", "--store", "s3://"]), "store");
     assert_clean_failure(

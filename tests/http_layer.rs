@@ -52,8 +52,7 @@ async fn note(State(app): State<App>, Tenant(org): Tenant, req: IdempotentReques
                     "try again later",
                 ));
             }
-            tx.execute("INSERT INTO notes (text) VALUES (?1)", [&text])
-                .map_err(Refusal::internal)?;
+            tx.execute("INSERT INTO notes (text) VALUES (?1)", [&text])?;
             let status = if text == "teapot" {
                 StatusCode::IM_A_TEAPOT
             } else {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_org::replica::{OrgId, Replica};
-use idem_org::{Registry, Settings, idem, replica, rusqlite};
+use idem_org::{Registry, RegistrySettings, idem, replica, rusqlite};
 use tokio::sync::oneshot;
 
 use super::{BenchResult, ms, quantile};
@@ -36,18 +36,18 @@ pub(crate) struct Row {
 
 /// A registry over a fresh local-directory store in `dir`.
 pub(crate) async fn registry(dir: &Path) -> BenchResult<Registry> {
-    registry_with(dir, Settings::default()).await
+    registry_with(dir, RegistrySettings::default()).await
 }
 
 /// [`registry`] with other settings.
-pub(crate) async fn registry_with(dir: &Path, settings: Settings) -> BenchResult<Registry> {
+pub(crate) async fn registry_with(dir: &Path, settings: RegistrySettings) -> BenchResult<Registry> {
     registry_with_replica(dir, settings, replica::Settings::default()).await
 }
 
 /// [`registry_with`] over a replica with `replica_settings`.
 pub(crate) async fn registry_with_replica(
     dir: &Path,
-    settings: Settings,
+    settings: RegistrySettings,
     replica_settings: replica::Settings,
 ) -> BenchResult<Registry> {
     let store = Replica::local_store(&dir.join("store"))?;

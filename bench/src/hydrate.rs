@@ -142,12 +142,12 @@ pub async fn chain(dir: &Path, quick: bool) -> BenchResult<()> {
     let mb: u64 = if quick { 4 } else { 100 };
     let cap = Duration::from_secs(if quick { 3 } else { 300 });
     let work = dir.join("p5-chain");
-    let settings = idem_org::Settings {
+    let settings = idem_org::RegistrySettings {
         ship: replica::ShipPolicy {
             compact_every_deltas: 0,
             ..replica::ShipPolicy::default()
         },
-        ..idem_org::Settings::default()
+        ..idem_org::RegistrySettings::default()
     };
     let budget = settings.ship.delta_budget_percent;
     let reg = registry_with(&work, settings).await?;

@@ -33,6 +33,14 @@ use std::time::Duration;
 use clap::Parser;
 use idem_cli::{PEAK_RSS_ENV, PEAK_RSS_LINE, chain, store};
 
+/// The `--segment-kib` help, naming the replica's default segment size as built.
+fn segment_kib_help() -> String {
+    format!(
+        "Segment sizes P9 compares, in KiB (default: the replica's default, {} KiB)",
+        idem_org::replica::Settings::default().segment_bytes >> 10
+    )
+}
+
 /// `idem-bench`.
 #[derive(Debug, Parser)]
 #[command(name = "idem-bench", version)]
@@ -57,8 +65,8 @@ pub struct BenchArgs {
     /// Database size of P9 in MB (default 1024; 4 with `--quick`).
     #[arg(long)]
     p9_mb: Option<u64>,
-    /// Segment sizes P9 compares, in KiB (default: the replica's default, 1024).
-    #[arg(long, value_delimiter = ',')]
+    /// Segment sizes P9 compares, in KiB (default: the replica's default).
+    #[arg(long, value_delimiter = ',', help = segment_kib_help())]
     segment_kib: Vec<usize>,
     /// The Litestream binary for P4 (default: `litestream` on PATH; the row says when absent).
     #[arg(long)]

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_org::replica::{OrgId, Replica, StoreRequests};
-use idem_org::{ErrorKind, Registry, Settings, replica};
+use idem_org::{ErrorKind, Registry, RegistrySettings, replica};
 
 use super::group::write;
 use super::{BenchResult, ms, quantile};
@@ -77,9 +77,9 @@ async fn registry(store: &Path, data: &Path, writer: &str) -> BenchResult<(Repli
 }
 
 fn build(replica: &Replica, data: &Path, writer: &str) -> BenchResult<Registry> {
-    let settings = Settings {
+    let settings = RegistrySettings {
         max_open_orgs: 20_000,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     Ok(Registry::builder(data, replica.clone(), writer)
         .settings(settings)
@@ -360,9 +360,8 @@ fn idle_store(dir: &Path) -> (String, &'static str) {
 
 async fn idle(dir: &Path, window: Duration) -> BenchResult<()> {
     let (url, api) = idle_store(dir);
-    let replica = crate::store::parse(&url)?
-        .open(replica::Settings::default())
-        .await?;
+    let replica =
+        crate::store::open(&crate::store::parse(&url)?, replica::Settings::default()).await?;
     let reg = build(&replica, &dir.join("data"), "p7")?;
     let n = 100;
     each_once(&reg, 0..n, "touch", 16).await?;

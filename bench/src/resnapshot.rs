@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_org::replica::OrgId;
 
 use super::BenchResult;
@@ -53,9 +53,9 @@ pub async fn run(dir: &Path, mb: u64, segment_kib: &[usize]) -> BenchResult<()> 
 async fn one(dir: &Path, mb: u64, kib: usize, header: bool) -> BenchResult<()> {
     let work = dir.join("p9");
     let _ = std::fs::remove_dir_all(&work);
-    let settings = Settings {
+    let settings = RegistrySettings {
         retain_every_ships: 0,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let replica_settings = idem_org::replica::Settings {
         segment_bytes: kib << 10,

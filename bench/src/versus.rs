@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use idem_org::replica::OrgId;
-use idem_org::{Settings, rusqlite};
+use idem_org::{RegistrySettings, rusqlite};
 
 use super::BenchResult;
 use super::group::{acked_row_with, registry_with};
@@ -127,9 +127,9 @@ pub async fn run(
 
 async fn idem_row(work: &Path, mb: u64, time: Duration) -> BenchResult<Idem> {
     let _ = std::fs::remove_dir_all(work);
-    let settings = Settings {
+    let settings = RegistrySettings {
         retain_every_ships: 0,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let reg = registry_with(work, settings).await?;
     let org = reg.acquire(&OrgId::new("acme")?).await?;

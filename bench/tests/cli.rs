@@ -19,6 +19,23 @@ fn bench_has_help() -> TestResult {
     Ok(())
 }
 
+/// Regression: the help said 1024 KiB while the replica's default segment was 256 KiB.
+#[test]
+fn help_names_the_replicas_default_segment_size() -> TestResult {
+    let out = bench().arg("--help").output()?;
+    let help = String::from_utf8(out.stdout)?;
+    let kib = idem_org::replica::Settings::default().segment_bytes >> 10;
+    let line = help
+        .lines()
+        .find(|l| l.contains("--segment-kib"))
+        .ok_or("no --segment-kib in --help")?;
+    assert!(
+        help.contains(&format!("the replica's default, {kib} KiB")),
+        "{line}: {help}"
+    );
+    Ok(())
+}
+
 #[test]
 fn an_idem_command_runs_through_the_bench_binary() -> TestResult {
     let out = bench().args(["idem", "restore", "--help"]).output()?;

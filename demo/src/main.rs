@@ -211,9 +211,11 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     rep_c.terminate().await?;
 
     let stats = std::mem::take(&mut *shared.stats.lock().unwrap_or_else(|p| p.into_inner()));
-    let replica = crate::store::parse(&store.display().to_string())?
-        .open(idem_replica::Settings::default())
-        .await?;
+    let replica = store::open(
+        &store::parse(&store.display().to_string())?,
+        idem_replica::Settings::default(),
+    )
+    .await?;
     say("auditing the store's newest published states".into());
     let audit = audit::audit(&replica, &orgs, &stats.acked).await;
     let handoffs: Vec<Handoff> = events

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use idem_base::{Clock, Stopwatch, SystemClock};
 
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::{OrgId, Replica, conformance};
 use object_store::ObjectStore;
 
@@ -76,7 +76,7 @@ async fn acks(store: Arc<dyn ObjectStore>, clients: usize, secs: f64) -> (f64, D
         .await
         .unwrap();
     let reg = Registry::builder(dir.path().join("data"), replica, "bench")
-        .settings(Settings::default())
+        .settings(RegistrySettings::default())
         .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT, v BLOB)"))
         .build()
         .unwrap();

@@ -20,7 +20,7 @@
 //!   With the common hard limit of 20 000 and 10 000 open orgs: `(18 976 - 10 000) / 4 =
 //!   2 244` active orgs, 18 976 descriptors in all; asked for 30 000 open orgs, the same
 //!   limit allows `18 976 - 4 × 1 186 = 14 232` of them with 1 186 active.
-//! - **Memory.** [`crate::Settings::memory_budget_bytes`] is split evenly across the
+//! - **Memory.** [`crate::RegistrySettings::memory_budget_bytes`] is split evenly across the
 //!   active-org limit (a parked org has no caches): half of an org's share is its SQLite
 //!   page cache (`PRAGMA cache_size`). The other half of the budget is the shippers' caches
 //!   of shipped pages, shared by the orgs active *now* (`crate::active::Active`): each gets
@@ -32,7 +32,7 @@
 //!   the orgs active before held. A share below [`MIN_ORG_BYTES`] lowers the active-org
 //!   limit instead, so the caches of all active orgs together stay within the budget.
 
-use crate::Settings;
+use crate::RegistrySettings;
 
 /// Descriptors an active org keeps: the SQLite connection's database and WAL files, the
 /// capture's read-only descriptors of the same two files (`idem_replica::sqlite::OwnedFiles`),
@@ -65,10 +65,10 @@ const FDS_TO_ACTIVATE: u64 = FDS_PER_ORG - FDS_PER_PARKED_ORG;
 /// An org's limits, derived once per registry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Budget {
-    /// Orgs open (claimed) at once: `Settings::max_open_orgs`, lowered by the descriptor
+    /// Orgs open (claimed) at once: `RegistrySettings::max_open_orgs`, lowered by the descriptor
     /// limit.
     pub open_orgs: usize,
-    /// Orgs with a connection at once: `Settings::max_active_orgs`, lowered to the open-org
+    /// Orgs with a connection at once: `RegistrySettings::max_active_orgs`, lowered to the open-org
     /// limit, the descriptors left by the open orgs and the memory budget.
     pub active_orgs: usize,
     /// SQLite page cache of each writer connection, in KiB.
@@ -88,7 +88,7 @@ fn to_usize(n: u64) -> usize {
 impl Budget {
     /// The limits for `settings` when the process may hold `fd_limit` descriptors (`None`:
     /// unknown, no descriptor cap).
-    pub(crate) fn plan(settings: &Settings, fd_limit: Option<u64>) -> Budget {
+    pub(crate) fn plan(settings: &RegistrySettings, fd_limit: Option<u64>) -> Budget {
         let usable = fd_limit.map(|limit| limit.saturating_sub(RESERVED_FDS));
         let by_memory = to_usize(settings.memory_budget_bytes / MIN_ORG_BYTES).max(1);
         let wanted_active = settings.max_active_orgs.min(by_memory).max(1);
@@ -150,17 +150,17 @@ mod tests {
 
     #[test]
     fn the_budget_is_split_across_the_active_org_limit() {
-        let s = Settings {
+        let s = RegistrySettings {
             max_open_orgs: 1000,
             memory_budget_bytes: 256 << 20,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         let b = Budget::plan(&s, None);
         assert_eq!((b.open_orgs, b.active_orgs), (1000, 1000));
         // 268 435 456 / 1000 = 268 435 bytes: 131 KiB of page cache, 32 shipped pages.
         assert_eq!(b.sqlite_cache_kib, 131);
         assert_eq!(b.ship_cache_pages, 32);
-        let s = Settings {
+        let s = RegistrySettings {
             max_active_orgs: 100,
             ..s
         };
@@ -170,10 +170,10 @@ mod tests {
 
     #[test]
     fn ten_thousand_open_orgs_fit_in_twenty_thousand_descriptors() {
-        let s = Settings {
+        let s = RegistrySettings {
             max_open_orgs: 10_000,
             memory_budget_bytes: 1 << 30,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         let b = Budget::plan(&s, Some(20_000));
         // (20 000 - 1024 - 10 000 × 1) / 4 = 2244 active orgs.
@@ -186,10 +186,10 @@ mod tests {
 
     #[test]
     fn descriptors_and_memory_lower_the_limits() {
-        let s = Settings {
+        let s = RegistrySettings {
             max_open_orgs: 10_000,
             memory_budget_bytes: 64 << 20,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         // 64 MiB / 32 KiB = 2048 active orgs by memory; 2244 by descriptors.
         assert_eq!(Budget::plan(&s, Some(20_000)).active_orgs, 2048);
@@ -199,7 +199,7 @@ mod tests {
         assert_eq!((b.open_orgs, b.active_orgs), (80, 6));
         // More open orgs asked for than descriptors allow: they never squeeze activation
         // below its share (an active limit of 1 parked an org at every acquire).
-        let s = Settings {
+        let s = RegistrySettings {
             max_open_orgs: 30_000,
             ..s
         };
@@ -208,7 +208,7 @@ mod tests {
         let fds = b.open_orgs as u64 + b.active_orgs as u64 * FDS_TO_ACTIVATE;
         assert!(fds <= 20_000 - RESERVED_FDS, "{fds}");
         // Fewer active orgs wanted than the share: open orgs get the rest.
-        let s = Settings {
+        let s = RegistrySettings {
             max_active_orgs: 10,
             ..s
         };
@@ -218,9 +218,9 @@ mod tests {
 
     #[test]
     fn the_ship_cache_never_exceeds_the_configured_pages() {
-        let mut s = Settings {
+        let mut s = RegistrySettings {
             max_open_orgs: 1,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         s.ship.delta_cache_pages = 100;
         assert_eq!(Budget::plan(&s, None).ship_cache_pages, 100);

@@ -17,8 +17,10 @@
 //! use idem_org::{Registry, rusqlite};
 //!
 //! let dir = tempfile::tempdir()?;
-//! let store = Replica::local_store(&dir.path().join("store"))?;
-//! let replica = Replica::open(store, "", Settings::default()).await?;
+//! // One URL names the store and the prefix inside it, as `idem … --store URL` takes it:
+//! // a directory (here `<tmp>/store/prod`), `s3://bucket/prod`, `gs://…`, `az://…`.
+//! let url = dir.path().join("store/prod").display().to_string();
+//! let replica = Replica::open_url(&url, Settings::default()).await?;
 //! let registry = Registry::builder(dir.path().join("data"), replica, "replica-a")
 //!     .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS ledger (key TEXT, cents INT)"))
 //!     .build()?;
@@ -39,9 +41,60 @@
 //! # }
 //! ```
 //!
+//! The store URL's path is the prefix (`idem_replica::StoreUrl`): `s3://bucket/prod` in
+//! code and `--store s3://bucket/prod` on the command line name the same objects, and a
+//! local store at `DIR` with the prefix `prod` is `DIR/prod`. `Replica::open(store, prefix,
+//! ..)` takes a store built by hand and the same prefix.
+//!
+//! # Running it in a service
+//! - **Runtime.** A multi-thread tokio runtime (`#[tokio::main]`). The registry runs each
+//!   org's SQLite work on its own writer pool ([`RegistrySettings::writer_threads`]); hydrates,
+//!   compression, connection opens and local-store I/O go to tokio's blocking pool, which
+//!   `idem serve` caps at 32 threads (`max_blocking_threads(32)`, tokio's default is 512) so
+//!   a handoff that hydrates thousands of orgs at once queues for a few dozen threads
+//!   instead of starting hundreds.
+//! - **Logs.** The library logs through `tracing`: failed ships (`ship failed`, `warn`),
+//!   retention failures, and every internal error answered as a 500 by the HTTP layer (its
+//!   `error_id` and cause, `error`). Without a subscriber these lines go nowhere; install
+//!   one (`tracing-subscriber = { version = "0.3", features = ["env-filter"] }`).
+//! - **Metrics.** Recorded through the `metrics` facade; install any exporter, then call
+//!   [`metrics::describe`] for their help text and units. With
+//!   `metrics-exporter-prometheus = { version = "0.17", default-features = false }`:
+//!
+//! ```
+//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! use tracing_subscriber::EnvFilter;
+//!
+//! fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     tracing_subscriber::fmt().with_env_filter(EnvFilter::new("info")).init();
+//!     let runtime = tokio::runtime::Builder::new_multi_thread()
+//!         .max_blocking_threads(32)
+//!         .enable_all()
+//!         .build()?;
+//!     let prometheus = PrometheusBuilder::new()
+//!         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &[0.001, 0.01, 0.1, 1.0])?
+//!         .install_recorder()?; // histograms with buckets, not summaries
+//!     idem_org::metrics::describe();
+//!     runtime.block_on(async {
+//!         # let dir = tempfile::tempdir()?;
+//!         # let url = dir.path().join("store/prod").display().to_string();
+//!         let replica = idem_org::replica::Replica::open_url(&url, Default::default()).await?;
+//!         let registry = idem_org::Registry::builder(dir.path().join("data"), replica, "a").build()?;
+//!         let acme = idem_org::replica::OrgId::new("acme")?;
+//!         registry.once(&acme, "k", |_tx| Ok::<_, rusqlite::Error>(b"ok".to_vec())).await?;
+//!         // Serve `prometheus.render()` at GET /metrics; call `run_upkeep()` every few seconds.
+//!         prometheus.run_upkeep();
+//!         assert!(prometheus.render().contains("idem_ack_seconds_bucket"));
+//!         registry.shutdown().await;
+//!         Ok::<_, Box<dyn std::error::Error>>(())
+//!     })
+//! }
+//! ```
+//!
 //! # Core types
 //! - [`Registry`] (built with [`Registry::builder`]): one writer per org, opened on demand,
-//!   at most [`Settings::max_open_orgs`] open and [`Settings::max_active_orgs`] of them with a
+//!   configured by [`RegistrySettings`] (named apart from the replica's `Settings`),
+//!   at most [`RegistrySettings::max_open_orgs`] open and [`RegistrySettings::max_active_orgs`] of them with a
 //!   connection (idle ones park); `acquire`, and `once` / `once_with` / `effect`
 //!   that acquire and retry once on a handle closed meanwhile; `prune_all`, `shutdown`.
 //! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
@@ -85,6 +138,7 @@ mod park;
 mod pipeline;
 mod pool;
 mod prepare;
+mod published;
 mod registry;
 mod settings;
 mod ship;
@@ -109,6 +163,11 @@ pub use error::{Error, ErrorKind};
 pub use local::home_id;
 pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
+pub use published::{ReadOutcome, ReadSource};
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
-pub use settings::{Settings, WARM_POLL_MS, WarmSettings};
+pub use settings::{RegistrySettings, WARM_POLL_MS, WarmSettings};
+
+/// The registry's settings under their former name, which `idem_replica::Settings` shares.
+#[deprecated(note = "renamed `RegistrySettings`: `idem_replica::Settings` has the same name")]
+pub type Settings = RegistrySettings;
 pub use writer::InitFn;

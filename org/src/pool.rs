@@ -14,7 +14,7 @@
 //!                                   └───────────────────────────────┘
 //! ```
 //!
-//! Workers start on demand, up to the pool's width ([`crate::Settings::writer_threads`]), and
+//! Workers start on demand, up to the pool's width ([`crate::RegistrySettings::writer_threads`]), and
 //! live until the last handle on the pool is dropped: the registry and every open org hold
 //! one, so an org handle that outlives its registry still has workers to run and close it.
 //!

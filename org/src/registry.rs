@@ -14,11 +14,11 @@ use crate::budget::Budget;
 use crate::pool::Pool;
 use crate::sync::lock;
 use crate::writer::InitFn;
-use crate::{Error, ErrorKind, Org, Settings};
+use crate::{Error, ErrorKind, Org, RegistrySettings};
 
 type Slot = Arc<OnceCell<Org>>;
 
-/// Releases [`Registry::shutdown`] runs at once by default ([`Settings::shutdown_concurrency`]). Each is mostly waiting (a drain on the
+/// Releases [`Registry::shutdown`] runs at once by default ([`RegistrySettings::shutdown_concurrency`]). Each is mostly waiting (a drain on the
 /// writer pool, a final ship, a Release entry, a checkpoint on close), so a rolling upgrade
 /// of a thousand orgs is bounded by the store and the disk, not by this: 16 took 6.1 s for
 /// 1000 orgs in `idem-bench` P7, 128 took 3.7 s on the same 2-core machine.
@@ -29,14 +29,14 @@ pub struct RegistryBuilder {
     data_dir: PathBuf,
     replica: Replica,
     writer_id: String,
-    settings: Settings,
+    settings: RegistrySettings,
     clock: Arc<dyn idem::Clock>,
     init: Option<InitFn>,
 }
 
 impl RegistryBuilder {
     /// Plain settings (limits, timeouts, retention).
-    pub fn settings(mut self, settings: Settings) -> Self {
+    pub fn settings(mut self, settings: RegistrySettings) -> Self {
         self.settings = settings;
         self
     }
@@ -64,11 +64,11 @@ impl RegistryBuilder {
     ///
     /// The registry raises the process's soft open-files limit to its hard limit and sizes
     /// its open-org and active-org limits, page caches and writer pool from the settings
-    /// (see [`Settings::max_open_orgs`], [`Settings::max_active_orgs`],
-    /// [`Settings::memory_budget_bytes`], [`Settings::writer_threads`]).
+    /// (see [`RegistrySettings::max_open_orgs`], [`RegistrySettings::max_active_orgs`],
+    /// [`RegistrySettings::memory_budget_bytes`], [`RegistrySettings::writer_threads`]).
     ///
     /// # Errors
-    /// With [`Settings::warm`] enabled, the warm takeover's watcher starts on the current
+    /// With [`RegistrySettings::warm`] enabled, the warm takeover's watcher starts on the current
     /// tokio runtime.
     ///
     /// # Errors
@@ -105,6 +105,11 @@ impl RegistryBuilder {
             path: self.data_dir.clone(),
             source,
         })?;
+        if home.locked() {
+            // This process owns the data directory: temp folders of reads a killed process
+            // left behind go (`Registry::read`).
+            let _ = std::fs::remove_dir_all(self.data_dir.join(crate::published::READS_DIR));
+        }
         let budget = Budget::plan(&self.settings, crate::budget::raise_fd_limit());
         if budget.open_orgs < self.settings.max_open_orgs {
             tracing::info!(
@@ -179,7 +184,7 @@ pub(crate) struct RegistryInner {
     writer_id: String,
     /// The settings in force: `max_open_orgs`, `max_active_orgs` and
     /// `ship.delta_cache_pages` as `budget` set.
-    settings: Settings,
+    settings: RegistrySettings,
     budget: Budget,
     /// The orgs holding a connection; beyond `budget.active_orgs` idle ones park.
     active: Arc<crate::tenure::state::ActiveOrgs>,
@@ -191,7 +196,7 @@ pub(crate) struct RegistryInner {
     orgs: Mutex<HashMap<OrgId, Slot>>,
     /// Set by [`Registry::shutdown`]: no org opens any more.
     shutting_down: std::sync::atomic::AtomicBool,
-    /// The warm takeover, when [`Settings::warm`] enables it.
+    /// The warm takeover, when [`RegistrySettings::warm`] enables it.
     warm: Option<Arc<crate::warm::Warm>>,
 }
 
@@ -219,10 +224,20 @@ impl Registry {
             data_dir: data_dir.as_ref().to_owned(),
             replica,
             writer_id: writer_id.into(),
-            settings: Settings::default(),
+            settings: RegistrySettings::default(),
             clock: Arc::new(idem::SystemClock),
             init: None,
         }
+    }
+
+    /// The data directory.
+    pub(crate) fn data_dir(&self) -> &Path {
+        &self.inner.data_dir
+    }
+
+    /// The `on_open` hook, if one was given.
+    pub(crate) fn init_fn(&self) -> Option<InitFn> {
+        self.inner.init.clone()
     }
 
     pub(crate) fn from_inner(inner: Arc<RegistryInner>) -> Registry {
@@ -233,7 +248,7 @@ impl Registry {
         Arc::downgrade(&self.inner)
     }
 
-    /// Orgs the warm takeover ([`Settings::warm`]) opened in the background so far: those a
+    /// Orgs the warm takeover ([`RegistrySettings::warm`]) opened in the background so far: those a
     /// draining process listed and those a held lease refused before its holder lapsed.
     pub fn warm_claims(&self) -> u64 {
         self.inner.warm.as_ref().map_or(0, |w| w.claimed())
@@ -251,13 +266,13 @@ impl Registry {
         &self.inner.replica
     }
 
-    /// The open-org limit in force: [`Settings::max_open_orgs`], lowered to what the open-files
+    /// The open-org limit in force: [`RegistrySettings::max_open_orgs`], lowered to what the open-files
     /// limit allows (a parked org holds one descriptor).
     pub fn max_open_orgs(&self) -> usize {
         self.inner.budget.open_orgs
     }
 
-    /// The active-org limit in force: [`Settings::max_active_orgs`], lowered to what the
+    /// The active-org limit in force: [`RegistrySettings::max_active_orgs`], lowered to what the
     /// open-files limit left by the open orgs and the memory budget allow. Beyond it, idle
     /// orgs park (connection closed, claim kept).
     pub fn max_active_orgs(&self) -> usize {
@@ -270,13 +285,13 @@ impl Registry {
     }
 
     /// Each writer connection's SQLite page cache, in KiB (`PRAGMA cache_size = -KiB`): the
-    /// connection's half of one active org's share of [`Settings::memory_budget_bytes`].
+    /// connection's half of one active org's share of [`RegistrySettings::memory_budget_bytes`].
     pub fn sqlite_cache_kib(&self) -> u64 {
         self.inner.budget.sqlite_cache_kib
     }
 
     /// Pages each active org's shipper may keep of what it shipped, now: the shippers' half
-    /// of [`Settings::memory_budget_bytes`] shared by the orgs active at this moment, at
+    /// of [`RegistrySettings::memory_budget_bytes`] shared by the orgs active at this moment, at
     /// least their share at [`Registry::max_active_orgs`], and at most
     /// `ship.delta_cache_pages` (which bounds it again at every ship).
     pub fn ship_cache_pages(&self) -> usize {
@@ -287,7 +302,7 @@ impl Registry {
             .min(self.inner.settings.ship.delta_cache_pages)
     }
 
-    /// Writer threads started so far (at most [`Settings::writer_threads`]).
+    /// Writer threads started so far (at most [`RegistrySettings::writer_threads`]).
     pub fn writer_threads(&self) -> usize {
         self.inner.pool.threads()
     }
@@ -516,7 +531,7 @@ impl Registry {
     /// First the process lease says the process is draining and lists the orgs it releases
     /// (one PUT, [`idem_replica::Replica::drain`]), so a successor running the warm
     /// takeover claims each as its Release entry lands. Releases then run
-    /// [`Settings::shutdown_concurrency`] at a time: each is a final ship and a Release
+    /// [`RegistrySettings::shutdown_concurrency`] at a time: each is a final ship and a Release
     /// entry (a few store round trips), so hundreds of orgs move to their successors in
     /// seconds instead of one after another. Once every release landed, the process lease
     /// is deleted ([`idem_replica::Replica::retire`]): the registry must be the replica

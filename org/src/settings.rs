@@ -2,7 +2,7 @@
 
 /// Tunables of a registry. Components (store, clock, schema hook) are given to the builder.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct RegistrySettings {
     /// Most orgs held open (claimed) at once; idle orgs beyond it are released (final ship,
     /// Release entry) and closed, least recently used first, so claims, open files and memory
     /// stay bounded. Default 10 000. The registry lowers it to what the process's open-files
@@ -80,7 +80,7 @@ pub const WARM_POLL_MS: u64 = 1_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmSettings {
     /// Run the watcher (needs a tokio runtime when the registry is built). Refused together
-    /// with [`Settings::force_claim`], which would take orgs from live holders. Default false.
+    /// with [`RegistrySettings::force_claim`], which would take orgs from live holders. Default false.
     pub enabled: bool,
     /// Background claims (claim and hydrate or resume) in flight at once. Default
     /// [`crate::SHUTDOWN_CONCURRENCY`], the releases a draining predecessor runs at once, so
@@ -113,9 +113,9 @@ impl Default for WarmSettings {
     }
 }
 
-impl Default for Settings {
+impl Default for RegistrySettings {
     fn default() -> Self {
-        Settings {
+        RegistrySettings {
             max_open_orgs: 10_000,
             max_active_orgs: usize::MAX,
             writer_threads: default_writer_threads(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{R, registry, replica};
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::{FailPoint, Failpoints, OrgId};
 use object_store::memory::InMemory;
 use tokio::sync::{Mutex, oneshot};
@@ -53,7 +53,7 @@ async fn a_failed_first_acquire_does_not_orphan_the_concurrent_one() -> R {
         dir.path(),
         replica(Arc::new(InMemory::new()), Some(fp.clone())).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let (r1, r2) = (reg.clone(), reg.clone());
     let acme = idem_replica::OrgId::new("acme")?;

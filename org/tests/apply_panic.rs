@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect, published, registry, replica};
-use idem_org::{ErrorKind, Settings};
+use idem_org::{ErrorKind, RegistrySettings};
 use object_store::memory::InMemory;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,7 +16,7 @@ async fn a_panic_in_apply_fails_that_request_only() -> R {
         dir.path(),
         replica(Arc::new(InMemory::new()), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let err = org

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use common::{BoxErr, R, effect, force, registry, replica};
 use idem::Options;
-use idem_org::{Error, ErrorKind, Registry, Settings};
+use idem_org::{Error, ErrorKind, Registry, RegistrySettings};
 use idem_replica::fault::{Fault, FaultStore, Op};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -37,7 +37,7 @@ async fn faulty(
         dir,
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     Ok((store, reg))
 }
@@ -181,13 +181,13 @@ async fn two_processes_with_one_writer_id_do_not_fence_each_other() -> R {
         &dir.path().join("p1"),
         replica(store.clone(), None).await?,
         "idem",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let p2 = registry(
         &dir.path().join("p2"),
         replica(store.clone(), None).await?,
         "idem",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org1 = p1.acquire(&idem_replica::OrgId::new("o")?).await?;
     org1.once("k1", effect("o", "k1")).await?;
@@ -213,7 +213,7 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
         &data,
         replica(store.clone(), None).await?,
         "w",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     old.acquire(&idem_replica::OrgId::new("o")?)
         .await?
@@ -225,7 +225,7 @@ async fn a_second_process_in_the_same_data_directory_waits_for_the_first() -> R 
         &data,
         replica(store.clone(), None).await?,
         "w",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     match new.acquire(&idem_replica::OrgId::new("o")?).await {
         Err(e) if format!("{e:?}").contains("LeaseHeld") => {}
@@ -294,7 +294,7 @@ async fn a_fenced_writer_answers_no_read_error_either() -> R {
         &dir.path().join("a"),
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org_a = a.acquire(&idem_replica::OrgId::new("o")?).await?;
     org_a.once("k0", effect("o", "k0")).await?;

@@ -14,7 +14,7 @@ use common::outside::{all_locked, outside};
 use common::{BoxErr, R};
 // Deterministic per seed (printed on failure), so a failing seed replays.
 use idem_base::SeededRng as Rng;
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::Replica;
 use idem_replica::fault::{Fault, FaultStore, Op};
 use object_store::ObjectStore;
@@ -63,7 +63,7 @@ async fn registry(
     dir: &Path,
     store: Arc<dyn ObjectStore>,
     writer: &str,
-    settings: Settings,
+    settings: RegistrySettings,
 ) -> Result<Registry, BoxErr> {
     let replica = Replica::open(store, "t", idem_replica::Settings::default()).await?;
     Ok(Registry::builder(dir.join("data"), replica, writer)
@@ -75,7 +75,7 @@ async fn registry(
 }
 
 async fn open(dir: &Path, writer: &str) -> Result<Registry, BoxErr> {
-    let settings = Settings {
+    let settings = RegistrySettings {
         ship: idem_replica::ShipPolicy {
             // Small enough that checkpoints reset the WAL many times during the run.
             wal_checkpoint_bytes: 256 << 10,
@@ -87,7 +87,7 @@ async fn open(dir: &Path, writer: &str) -> Result<Registry, BoxErr> {
             ..idem_replica::ShipPolicy::default()
         },
         force_claim: true,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let store = Replica::local_store(&dir.join("store"))?;
     registry(dir, store, writer, settings).await
@@ -203,7 +203,7 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
     let store = Arc::new(FaultStore::new(Replica::local_store(
         &dir.path().join("store"),
     )?));
-    let settings = Settings {
+    let settings = RegistrySettings {
         ship: idem_replica::ShipPolicy {
             wal_checkpoint_bytes: 64 << 10,
             delta_budget_percent: 10_000,
@@ -211,7 +211,7 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
             ..idem_replica::ShipPolicy::default()
         },
         force_claim: true,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let reg = registry(dir.path(), store.clone(), "w0", settings).await?;
     let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
@@ -272,12 +272,12 @@ async fn every_restore_equals_the_writer_under_store_faults() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compactions_keep_the_hydrate_chain_short() -> R {
     let dir = tempfile::tempdir()?;
-    let settings = Settings {
+    let settings = RegistrySettings {
         ship: idem_replica::ShipPolicy {
             compact_every_deltas: 8,
             ..idem_replica::ShipPolicy::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let store = Replica::local_store(&dir.path().join("store"))?;
     let reg = registry(dir.path(), store, "w", settings).await?;

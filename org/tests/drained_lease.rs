@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, effect, registry};
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::{OrgId, Replica, SystemClock};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -52,7 +52,12 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone()).await?;
-    let a = registry(&dir.path().join("a"), ra.clone(), "wa", Settings::default())?;
+    let a = registry(
+        &dir.path().join("a"),
+        ra.clone(),
+        "wa",
+        RegistrySettings::default(),
+    )?;
     let mut acked = Vec::new();
     for org in ["org0", "org1", "org2"] {
         let out = a.once(&OrgId::new(org)?, "k", effect(org, "k")).await?;
@@ -72,7 +77,12 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
     // A live process renews every third of its term; once it has renewed six times, two
     // of A's renewal periods have passed, in which A wrote nothing.
     let rw = open(store.clone()).await?;
-    let w = registry(&dir.path().join("w"), rw.clone(), "ww", Settings::default())?;
+    let w = registry(
+        &dir.path().join("w"),
+        rw.clone(),
+        "ww",
+        RegistrySettings::default(),
+    )?;
     w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
         .await?;
     let a_puts = ra.store_requests().put;
@@ -87,7 +97,12 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
     // The orgs move at their first request on a successor (each Release is at the head)
     // and replay what A acknowledged.
     let rb = open(store.clone()).await?;
-    let b = registry(&dir.path().join("b"), rb.clone(), "wb", Settings::default())?;
+    let b = registry(
+        &dir.path().join("b"),
+        rb.clone(),
+        "wb",
+        RegistrySettings::default(),
+    )?;
     for org in &acked {
         let out = b.once(&OrgId::new(org)?, "k", effect(org, "k")).await?;
         assert!(!out.applied, "{org}/k replayed, not run again");
@@ -99,7 +114,7 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
         &dir.path().join("a2"),
         ra.clone(),
         "wa",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     again
         .once(&OrgId::new("org9")?, "k", effect("org9", "k"))

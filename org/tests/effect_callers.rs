@@ -16,7 +16,7 @@ use common::remote::{Gate, Remote};
 use common::{R, registry, replica};
 use idem::effect::{self, State};
 use idem::failpoint::{FailPoint, Write};
-use idem_org::{Org, Registry, Settings};
+use idem_org::{Org, Registry, RegistrySettings};
 use object_store::memory::InMemory;
 
 async fn acme(dir: &std::path::Path) -> Result<(Registry, Org), common::BoxErr> {
@@ -24,7 +24,7 @@ async fn acme(dir: &std::path::Path) -> Result<(Registry, Org), common::BoxErr> 
         &dir.join("a"),
         replica(Arc::new(InMemory::new()), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     Ok((reg, org))

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::remote::Remote;
 use common::{R, force, registry, replica};
 use idem::effect::{self, Resolution, State};
-use idem_org::{Error, OpenEffects, Org, Registry, Settings};
+use idem_org::{Error, OpenEffects, Org, Registry, RegistrySettings};
 use idem_replica::OrgId;
 use object_store::memory::InMemory;
 
@@ -44,7 +44,7 @@ async fn a_successor_judges_the_lease_by_its_own_clock_and_resolves_through_itse
         &dir.path().join("a"),
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let id = OrgId::new("acme")?;
     let org_a = a.acquire(&id).await?;
@@ -199,7 +199,7 @@ async fn an_oversized_result_is_recorded_as_executed_and_never_charged_again() -
         &dir.path().join("a"),
         replica(Arc::new(InMemory::new()), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = a.acquire(&OrgId::new("acme")?).await?;
     let remote = Arc::new(Remote::default());
@@ -288,7 +288,7 @@ async fn a_settle_whose_commit_fails_on_a_full_disk_hands_back_the_result() -> R
         &data,
         replica(Arc::new(InMemory::new()), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org: Org = a.acquire(&OrgId::new("acme")?).await?;
     let remote = Arc::new(Remote::default());

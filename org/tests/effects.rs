@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use common::{R, force, registry, replica};
 use idem::effect::{self, Resolution};
-use idem_org::{Error, Settings};
+use idem_org::{Error, RegistrySettings};
 use object_store::memory::InMemory;
 
 #[derive(Debug)]
@@ -47,7 +47,7 @@ async fn an_effect_runs_once_and_its_settlement_is_shipped_before_the_ack() -> R
         &dir.path().join("a"),
         replica(store, None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let acme = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let runs = Arc::new(AtomicUsize::new(0));
@@ -112,7 +112,7 @@ async fn a_handoff_between_reserve_and_settle_never_executes_twice() -> R {
         &dir.path().join("a"),
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org_a = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let runs = Arc::new(AtomicUsize::new(0));

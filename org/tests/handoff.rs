@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, registry, replica, scenarios};
-use idem_org::{ErrorKind, Settings};
+use idem_org::{ErrorKind, RegistrySettings};
 use object_store::memory::InMemory;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,14 +27,14 @@ async fn a_live_lease_blocks_a_second_writer_without_force() -> R {
         &dir.path().join("a"),
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let b = registry(
         &dir.path().join("b"),
         replica(store, None).await?,
         "B",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let err = b
         .acquire(&idem_replica::OrgId::new("acme")?)
@@ -58,7 +58,7 @@ async fn shutdown_releases_orgs_concurrently() -> R {
         dir.path(),
         replica(Arc::new(InMemory::new()), Some(pause.clone())).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let orgs = [OrgId::new("a")?, OrgId::new("b")?];
     for org in &orgs {

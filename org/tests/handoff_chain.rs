@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::{BoxErr, R, effect, registry, replica};
-use idem_org::{Org, Registry, Settings};
+use idem_org::{Org, Registry, RegistrySettings};
 use idem_replica::fault::{Fault, FaultStore, Op};
 use idem_replica::{LogEntry, OrgId, Replica};
 use object_store::ObjectStore;
@@ -83,12 +83,12 @@ async fn newest_entry(replica: &Replica, org: &OrgId) -> Result<LogEntry, BoxErr
 /// A registry whose full snapshots come only from the chain's start (a budget large enough
 /// for these short runs), so every full ship a test sees is one a claim chose.
 fn reg(data: &Path, replica: Replica, writer: &str) -> Result<Registry, BoxErr> {
-    let settings = Settings {
+    let settings = RegistrySettings {
         ship: idem_replica::ShipPolicy {
             delta_budget_percent: 100_000,
             ..idem_replica::ShipPolicy::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     registry(data, replica, writer, settings)
 }
@@ -339,12 +339,12 @@ async fn a_full_snapshot_after_a_reused_file_uploads_only_changed_segments() -> 
         r?;
     }
     // Every ship of the second claim is a full snapshot.
-    let every_ship_full = Settings {
+    let every_ship_full = RegistrySettings {
         ship: idem_replica::ShipPolicy {
             max_deltas: 0,
             ..idem_replica::ShipPolicy::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let a2 = registry(&data, small_segments().await?, "A", every_ship_full)?;
     let org = a2.acquire(&acme).await?;

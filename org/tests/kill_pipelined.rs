@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 
 use common::{BoxErr, R, effect, registry};
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::latency::{LatencyStore, Shapes};
 use idem_replica::{OrgId, Replica, SystemClock};
 
@@ -30,9 +30,9 @@ async fn child(name: String) -> R {
     let store = std::env::var("IDEM_KILL_STORE")?;
     let data = std::env::var("IDEM_KILL_DATA")?;
     let seed = name.bytes().map(u64::from).sum();
-    let settings = Settings {
+    let settings = RegistrySettings {
         force_claim: true,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let reg = registry(
         data.as_ref(),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{BoxErr, R, effect, registry, replica};
-use idem_org::{Error, Settings};
+use idem_org::{Error, RegistrySettings};
 use idem_replica::{FailPoint, Failpoints, OrgId, Replica};
 
 /// SIGKILLs this process on the `n`-th hit of `point`.
@@ -47,15 +47,15 @@ fn point(name: &str) -> Option<FailPoint> {
     }
 }
 
-fn settings() -> Settings {
-    Settings {
+fn settings() -> RegistrySettings {
+    RegistrySettings {
         ship: idem_replica::ShipPolicy {
             // Every delta capture checkpoints, so kills land around checkpoints too.
             wal_checkpoint_bytes: 0,
             ..idem_replica::ShipPolicy::default()
         },
         force_claim: true,
-        ..Settings::default()
+        ..RegistrySettings::default()
     }
 }
 

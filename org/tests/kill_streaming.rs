@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use common::{BoxErr, R, registry};
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::{FailPoint, Failpoints, OrgId, Replica, Retention};
 
 const ORG: &str = "acme";
@@ -88,15 +88,15 @@ async fn replica(store: &Path, failpoints: Option<Arc<dyn Failpoints>>) -> Resul
 }
 
 /// Every ship is a full snapshot, and retention runs only where a test calls it.
-fn settings() -> Settings {
-    Settings {
+fn settings() -> RegistrySettings {
+    RegistrySettings {
         ship: idem_replica::ShipPolicy {
             max_deltas: 0,
             ..idem_replica::ShipPolicy::default()
         },
         retain_every_ships: 0,
         force_claim: true,
-        ..Settings::default()
+        ..RegistrySettings::default()
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, effect, registry};
-use idem_org::{ErrorKind, Registry, Settings};
+use idem_org::{ErrorKind, Registry, RegistrySettings};
 use idem_replica::{ManualClock, OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -34,7 +34,7 @@ async fn open(
     writer: &str,
 ) -> Result<(Replica, Registry), common::BoxErr> {
     let replica = Replica::open_with(store.clone(), "t", settings(), clock.clone(), None).await?;
-    let registry = registry(data, replica.clone(), writer, Settings::default())?;
+    let registry = registry(data, replica.clone(), writer, RegistrySettings::default())?;
     Ok((replica, registry))
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, effect, oracle, registry};
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::fault::{Fault, FaultStore, Op, SeededRng as Rng};
 use idem_replica::{ManualClock, OrgId, Replica};
 use object_store::ObjectStore;
@@ -82,7 +82,7 @@ async fn schedule(writers: usize, seed: u64) -> Result<Seen, common::BoxErr> {
             &dir.path().join(format!("p{w}")),
             replica,
             &format!("w{w}"),
-            Settings::default(),
+            RegistrySettings::default(),
         )?;
         procs.push(Process {
             clock,

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect, published, registry, replica};
-use idem_org::{ErrorKind, Settings};
+use idem_org::{ErrorKind, RegistrySettings};
 use object_store::memory::InMemory;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,7 +18,7 @@ async fn stale_or_ahead_local_files_are_replaced_by_hydrate() -> R {
         &data,
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     a.acquire(&idem_replica::OrgId::new("acme")?)
         .await?
@@ -39,7 +39,12 @@ async fn stale_or_ahead_local_files_are_replaced_by_hydrate() -> R {
     let temp = org_dir.join(".00000000000000000099-dead.db.hydrate-0123abcd");
     std::fs::write(&temp, vec![0u8; 4096])?;
 
-    let b = registry(&data, replica(store, None).await?, "B", Settings::default())?;
+    let b = registry(
+        &data,
+        replica(store, None).await?,
+        "B",
+        RegistrySettings::default(),
+    )?;
     let org = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     assert!(!dead.exists(), "a dead claim's database is removed");
     assert!(
@@ -71,7 +76,7 @@ async fn hostile_org_ids_are_refused_and_orgs_are_isolated() -> R {
         &data,
         replica(Arc::new(InMemory::new()), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let long = "a".repeat(1024);
     for bad in [
@@ -116,9 +121,9 @@ async fn hostile_org_ids_are_refused_and_orgs_are_isolated() -> R {
 async fn two_thousand_orgs_with_a_low_open_limit_stay_bounded_and_correct() -> R {
     let dir = tempfile::tempdir()?;
     let data = dir.path().join("data");
-    let settings = Settings {
+    let settings = RegistrySettings {
         max_open_orgs: 16,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let reg = registry(
         &data,
@@ -160,7 +165,7 @@ async fn a_writer_that_cannot_make_its_files_claims_nothing() -> R {
     let store = Arc::new(InMemory::new());
     let data = dir.path().join("data");
     let replica = replica(store.clone(), None).await?;
-    let reg = registry(&data, replica.clone(), "A", Settings::default())?;
+    let reg = registry(&data, replica.clone(), "A", RegistrySettings::default())?;
     std::fs::create_dir_all(data.join("orgs"))?;
     std::fs::write(data.join("orgs").join("acme"), b"not a directory")?;
     for _ in 0..3 {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, registry};
-use idem_org::{Settings, rusqlite};
+use idem_org::{RegistrySettings, rusqlite};
 use idem_replica::latency::{LatencyStore, Op, Shape, Shapes};
 use idem_replica::{OrgId, Replica};
 use object_store::ObjectStore;
@@ -40,7 +40,7 @@ async fn a_lone_ack_costs_one_entry_put() -> R {
     let traced = Arc::new(LatencyStore::new(Arc::new(InMemory::new()), shapes, 1));
     let store: Arc<dyn ObjectStore> = traced.clone();
     let replica = Replica::open(store, "t", idem_replica::Settings::default()).await?;
-    let reg = registry(dir.path(), replica, "A", Settings::default())?;
+    let reg = registry(dir.path(), replica, "A", RegistrySettings::default())?;
     let org = reg.acquire(&OrgId::new("acme")?).await?;
     // The org's first ship is its first full snapshot: nothing to continue.
     org.once("first", |tx| write(tx, 0)).await?;

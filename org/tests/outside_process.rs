@@ -17,7 +17,7 @@ use std::process::Command;
 use common::outside::{all_locked, outside};
 use common::{BoxErr, R, effect, registry, replica};
 use idem::Options;
-use idem_org::{Error, Registry, Settings};
+use idem_org::{Error, Registry, RegistrySettings};
 use idem_replica::Replica;
 
 fn wal_of(db: &Path) -> PathBuf {
@@ -33,10 +33,10 @@ struct World {
 }
 
 async fn world() -> Result<World, BoxErr> {
-    world_with(Settings::default()).await
+    world_with(RegistrySettings::default()).await
 }
 
-async fn world_with(settings: Settings) -> Result<World, BoxErr> {
+async fn world_with(settings: RegistrySettings) -> Result<World, BoxErr> {
     let dir = tempfile::tempdir()?;
     let store = Replica::local_store(&dir.path().join("store"))?;
     let replica = replica(store, None).await?;
@@ -202,12 +202,12 @@ async fn an_outside_write_or_backup_is_refused_and_changes_nothing() -> R {
 /// ship after the fault poisons the org (nothing acknowledged under the old round), and the
 /// org re-opens from the store under a new round.
 async fn poisoned_by(prepare: impl FnOnce(&Path) -> R, fault: impl FnOnce(&Path) -> R) -> R {
-    let w = world_with(Settings {
+    let w = world_with(RegistrySettings {
         ship: idem_replica::ShipPolicy {
             wal_checkpoint_bytes: 16 << 10,
             ..idem_replica::ShipPolicy::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     })
     .await?;
     let mut acked = load(&w.reg, "a", 4, 10).await?.0;
@@ -272,12 +272,12 @@ async fn a_database_renamed_over_poisons_the_org() -> R {
 /// looking at the files, so a database overwritten in place could answer from the old copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_after_the_database_was_overwritten_poisons_the_org() -> R {
-    let w = world_with(Settings {
+    let w = world_with(RegistrySettings {
         ship: idem_replica::ShipPolicy {
             wal_checkpoint_bytes: 16 << 10,
             ..idem_replica::ShipPolicy::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     })
     .await?;
     let acked = load(&w.reg, "a", 4, 10).await?.0;

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use common::outside::outside;
 use common::{BoxErr, R, effect, registry, replica};
-use idem_org::{Error, ErrorKind, Org, Registry, Settings};
+use idem_org::{Error, ErrorKind, Org, Registry, RegistrySettings};
 use idem_replica::{OrgId, Replica};
 
 struct World {
@@ -28,9 +28,9 @@ async fn world(active: usize) -> Result<World, BoxErr> {
     let dir = tempfile::tempdir()?;
     let store = Replica::local_store(&dir.path().join("store"))?;
     let replica = replica(store, None).await?;
-    let settings = Settings {
+    let settings = RegistrySettings {
         max_active_orgs: active,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let reg = registry(&dir.path().join("data"), replica.clone(), "w", settings)?;
     assert_eq!(reg.max_active_orgs(), active);
@@ -304,9 +304,9 @@ async fn a_hook_that_writes_at_every_open_ships_before_the_org_parks_again() -> 
     let store = Replica::local_store(&dir.path().join("store"))?;
     let replica = replica(store, None).await?;
     let reg = Registry::builder(dir.path().join("data"), replica.clone(), "w")
-        .settings(Settings {
+        .settings(RegistrySettings {
             max_active_orgs: 1,
-            ..Settings::default()
+            ..RegistrySettings::default()
         })
         .on_open(|c| {
             c.execute_batch(common::LEDGER)?;

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{BoxErr, R, effect, proc_entries, registry, replica, status_kib};
 use futures::StreamExt;
-use idem_org::{FDS_PER_ORG, FDS_PER_PARKED_ORG, Settings};
+use idem_org::{FDS_PER_ORG, FDS_PER_PARKED_ORG, RegistrySettings};
 use idem_replica::OrgId;
 use object_store::memory::InMemory;
 
@@ -39,10 +39,10 @@ fn parked_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
     runtime()?.block_on(async {
         let dir = tempfile::tempdir()?;
         let replica = replica(Arc::new(InMemory::new()), None).await?;
-        let settings = Settings {
+        let settings = RegistrySettings {
             max_active_orgs: ACTIVE,
             writer_threads: 2,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         let reg = registry(dir.path(), replica.clone(), "A", settings)?;
         assert_eq!(reg.max_active_orgs(), ACTIVE);
@@ -136,9 +136,9 @@ fn thousands_of_open_orgs_fit_in_the_descriptor_limit_by_parking_idle_ones() -> 
     let pool = 4;
     runtime()?.block_on(async {
         let dir = tempfile::tempdir()?;
-        let settings = Settings {
+        let settings = RegistrySettings {
             writer_threads: pool,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         let reg = registry(
             dir.path(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::oracle::exactly_once;
 use common::{R, effect, registry};
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::fault::{Fault, FaultStore, Op as FaultOp};
 use idem_replica::latency::{LatencyStore, Op, Shapes};
 use idem_replica::{OrgId, Replica, SystemClock};
@@ -81,7 +81,7 @@ async fn a_busy_org_keeps_several_ships_in_flight_and_acknowledges_every_request
         &dir.path().join("data"),
         replica.clone(),
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = reg.acquire(&OrgId::new("acme")?).await?;
     let trace = latency.trace();
@@ -114,7 +114,7 @@ async fn a_ship_failing_in_the_pipeline_ends_the_tenure_and_loses_no_acknowledge
         &dir.path().join("data"),
         replica.clone(),
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let acme = OrgId::new("acme")?;
     let org = reg.acquire(&acme).await?;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::{BoxErr, R, effect, proc_entries, registry, replica, status_kib};
 use futures::StreamExt;
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::OrgId;
 use object_store::memory::InMemory;
 
@@ -32,9 +32,9 @@ fn five_hundred_open_orgs_run_on_the_pools_threads_with_five_descriptors_each() 
         .build()?;
     rt.block_on(async {
         let dir = tempfile::tempdir()?;
-        let settings = Settings {
+        let settings = RegistrySettings {
             writer_threads: pool,
-            ..Settings::default()
+            ..RegistrySettings::default()
         };
         let reg = registry(
             dir.path(),

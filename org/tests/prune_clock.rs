@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{BoxErr, R, effect, registry};
 use idem::{Clock, SystemClock};
-use idem_org::{ErrorKind, Registry, Settings};
+use idem_org::{ErrorKind, Registry, RegistrySettings};
 use idem_replica::{OrgId, Replica};
 
 const DAY_MS: u64 = 86_400_000;
@@ -35,7 +35,7 @@ async fn open(dir: &std::path::Path, clock: &Arc<idem::ManualClock>) -> Result<R
     )
     .await?;
     Ok(Registry::builder(dir.join("data"), replica, "w")
-        .settings(Settings::default())
+        .settings(RegistrySettings::default())
         .on_open(|c| c.execute_batch(common::LEDGER))
         .clock(host)
         .build()?)
@@ -192,7 +192,7 @@ async fn pruning_every_open_org_reads_the_stores_clock_once() -> R {
         &dir.path().join("data"),
         replica.clone(),
         "w",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     for org in ["a", "b", "c", "d"] {
         apply(&registry, &OrgId::new(org)?, &["k"]).await?;

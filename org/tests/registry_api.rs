@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use common::{R, effect, registry, replica};
 use idem::effect;
-use idem_org::{ErrorKind, Settings};
+use idem_org::{ErrorKind, RegistrySettings};
 use idem_replica::{OrgId, Snapshot};
 use object_store::memory::InMemory;
 
@@ -18,7 +18,7 @@ async fn once_once_with_and_effect_through_the_registry_replay_after_a_release()
         dir.path(),
         replica(Arc::new(InMemory::new()), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let acme = OrgId::new("acme")?;
     assert!(reg.once(&acme, "k1", effect("acme", "k1")).await?.applied);
@@ -87,7 +87,7 @@ async fn a_hydrated_file_whose_commit_sequence_differs_from_its_entry_is_not_ser
         .await?;
     replica.release(&mut claim).await?;
 
-    let reg = registry(dir.path(), replica, "A", Settings::default())?;
+    let reg = registry(dir.path(), replica, "A", RegistrySettings::default())?;
     let err = reg
         .acquire(&acme)
         .await

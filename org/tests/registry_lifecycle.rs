@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{R, effect, registry, replica};
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::{FailPoint, Failpoints, OrgId};
 use object_store::memory::InMemory;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -84,9 +84,9 @@ async fn an_acquire_waits_for_the_eviction_of_that_org_instead_of_fencing_it() -
         dir.path(),
         replica(Arc::new(InMemory::new()), Some(h.clone())).await?,
         "A",
-        Settings {
+        RegistrySettings {
             max_open_orgs: 1,
-            ..Settings::default()
+            ..RegistrySettings::default()
         },
     )?;
     let (a, b) = (OrgId::new("a")?, OrgId::new("b")?);
@@ -143,7 +143,7 @@ async fn shutdown_releases_an_org_that_was_still_opening() -> R {
         dir.path(),
         replica(Arc::new(InMemory::new()), Some(h.clone())).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let acme = OrgId::new("acme")?;
     let request = tokio::spawn({

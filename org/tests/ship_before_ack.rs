@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect, published, registry, replica};
-use idem_org::{Error, ErrorKind, Settings};
+use idem_org::{Error, ErrorKind, RegistrySettings};
 use idem_replica::FailPoint;
 use idem_replica::fault::{Fault, FaultStore, Op, PauseAt};
 use object_store::memory::InMemory;
@@ -18,7 +18,7 @@ async fn a_replay_before_any_ship_succeeded_is_not_acknowledged() -> R {
         dir.path(),
         replica(faults.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     // The next two snapshot uploads fail before reaching the store (a store outage).
@@ -54,7 +54,7 @@ async fn sixty_four_concurrent_requests_share_a_few_ships() -> R {
         &dir.path().join("data"),
         replica(store, Some(pause.clone())).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = reg.acquire(&idem_replica::OrgId::new("acme")?).await?;
     // Hold the first ship so the other 63 requests commit while it is in flight.
@@ -90,7 +90,7 @@ async fn a_publish_of_unknown_outcome_loses_the_claim_and_is_not_called_fenced()
         &dir.path().join("a"),
         replica(faults.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let acme = idem_replica::OrgId::new("acme")?;
     let org = reg.acquire(&acme).await?;

@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect};
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::{OrgId, Replica};
 
 const INTERVAL_MS: u64 = 60_000;
@@ -36,7 +36,7 @@ async fn a_manual_clock_past_the_snapshot_interval_makes_the_next_ship_full() ->
         None,
     )
     .await?;
-    let mut settings = Settings::default();
+    let mut settings = RegistrySettings::default();
     settings.ship.snapshot_interval_ms = INTERVAL_MS;
     let registry = Registry::builder(dir.path().join("data"), replica, "w")
         .settings(settings)

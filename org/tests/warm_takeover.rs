@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, effect, registry};
-use idem_org::{Registry, Settings, WarmSettings};
+use idem_org::{Registry, RegistrySettings, WarmSettings};
 use idem_replica::fault::{Fault, FaultStore, Op};
 use idem_replica::{Clock, ManualClock, OrgId, Replica, SystemClock};
 use object_store::ObjectStore;
@@ -32,15 +32,15 @@ fn orgs() -> Vec<String> {
     (0..ORGS).map(|i| format!("org{i:02}")).collect()
 }
 
-fn warm() -> Settings {
-    Settings {
+fn warm() -> RegistrySettings {
+    RegistrySettings {
         warm: WarmSettings {
             enabled: true,
             poll_ms: 50,
             retry_ms: 20,
             ..WarmSettings::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     }
 }
 
@@ -109,7 +109,7 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone(), Arc::new(SystemClock)).await?;
-    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
     let mut acked = serve(&a, "a", 3).await?;
     let rb = open(store.clone(), Arc::new(SystemClock)).await?;
     let b = registry(&dir.path().join("b"), rb.clone(), "wb", warm())?;
@@ -174,7 +174,12 @@ async fn a_watcher_never_claims_from_a_live_holder_that_is_not_draining() -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone(), Arc::new(SystemClock)).await?;
-    let a = registry(&dir.path().join("a"), ra.clone(), "wa", Settings::default())?;
+    let a = registry(
+        &dir.path().join("a"),
+        ra.clone(),
+        "wa",
+        RegistrySettings::default(),
+    )?;
     let mut acked = serve(&a, "a", 2).await?;
     let rb = open(store.clone(), Arc::new(SystemClock)).await?;
     let b = registry(&dir.path().join("b"), rb, "wb", warm())?;
@@ -219,7 +224,7 @@ async fn after_a_crash_every_refused_org_opens_once_the_holders_lease_lapses() -
     // A's view of the store: once it "dies", its process-lease renewals never land.
     let a_store = Arc::new(FaultStore::new(store.clone()));
     let ra = open(a_store.clone(), Arc::new(SystemClock)).await?;
-    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
     let acked = serve(&a, "a", 3).await?;
     let kept = a.acquire(&OrgId::new("org00")?).await?;
     a_store.inject_times(Op::Put, "processes/", 1, u64::MAX, Fault::FailBefore);
@@ -271,12 +276,12 @@ async fn the_watcher_lists_once_a_second_by_default_whatever_the_lease() -> R {
         ..idem_replica::Settings::default()
     };
     let rb = Replica::open_with(store.clone(), "t", settings, Arc::new(SystemClock), None).await?;
-    let defaults = Settings {
+    let defaults = RegistrySettings {
         warm: WarmSettings {
             enabled: true,
             ..WarmSettings::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     assert_eq!(defaults.warm.poll_ms, idem_org::WARM_POLL_MS);
     let began = idem_base::Stopwatch::start();
@@ -284,7 +289,12 @@ async fn the_watcher_lists_once_a_second_by_default_whatever_the_lease() -> R {
     // The witness of elapsed time: a live process with a 1 s lease renews every 333 ms, so
     // nine renewals span more than 3 s, in which a 1 s poll lists at least three times.
     let rw = open(store.clone(), Arc::new(SystemClock)).await?;
-    let w = registry(&dir.path().join("w"), rw.clone(), "ww", Settings::default())?;
+    let w = registry(
+        &dir.path().join("w"),
+        rw.clone(),
+        "ww",
+        RegistrySettings::default(),
+    )?;
     w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
         .await?;
     let puts = rw.store_requests().put;
@@ -313,12 +323,12 @@ async fn a_refusal_is_repeated_from_memory_for_retry_ms_without_a_store_request(
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone(), Arc::new(SystemClock)).await?;
-    let a = registry(&dir.path().join("a"), ra, "wa", Settings::default())?;
+    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
     let acked = serve(&a, "a", 1).await?;
     let clock = Arc::new(ManualClock::new(1_000_000));
     let rb = open(store.clone(), clock.clone()).await?;
     let retry_ms = 200;
-    let settings = Settings {
+    let settings = RegistrySettings {
         warm: WarmSettings {
             enabled: true,
             // Only the first LIST and the one a refusal asks for.
@@ -326,7 +336,7 @@ async fn a_refusal_is_repeated_from_memory_for_retry_ms_without_a_store_request(
             retry_ms,
             ..WarmSettings::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let b = Registry::builder(dir.path().join("b"), rb.clone(), "wb")
         .settings(settings)

@@ -9,13 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::{BoxErr, R, replica};
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::OrgId;
 use object_store::memory::InMemory;
 
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS seen (n INTEGER NOT NULL);";
 
-async fn pool_registry(dir: &std::path::Path, settings: Settings) -> Result<Registry, BoxErr> {
+async fn pool_registry(
+    dir: &std::path::Path,
+    settings: RegistrySettings,
+) -> Result<Registry, BoxErr> {
     let replica = replica(Arc::new(InMemory::new()), None).await?;
     Ok(Registry::builder(dir, replica, "A")
         .settings(settings)
@@ -23,10 +26,10 @@ async fn pool_registry(dir: &std::path::Path, settings: Settings) -> Result<Regi
         .build()?)
 }
 
-fn width(n: usize) -> Settings {
-    Settings {
+fn width(n: usize) -> RegistrySettings {
+    RegistrySettings {
         writer_threads: n,
-        ..Settings::default()
+        ..RegistrySettings::default()
     }
 }
 
@@ -196,10 +199,10 @@ async fn a_panic_in_apply_leaves_the_only_worker_serving_every_org() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_connection_caches_its_share_of_the_memory_budget() -> R {
     let dir = tempfile::tempdir()?;
-    let settings = Settings {
+    let settings = RegistrySettings {
         max_open_orgs: 256,
         memory_budget_bytes: 64 << 20,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let replica = replica(Arc::new(InMemory::new()), None).await?;
     let reg = Registry::builder(dir.path(), replica, "A")
@@ -227,11 +230,11 @@ async fn each_connection_caches_its_share_of_the_memory_budget() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_page_caches_share_the_budget_among_the_orgs_active_now() -> R {
     let dir = tempfile::tempdir()?;
-    let settings = Settings {
+    let settings = RegistrySettings {
         max_open_orgs: 256,
         max_active_orgs: 64,
         memory_budget_bytes: 64 << 20,
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     let configured = settings.ship.delta_cache_pages;
     let reg = pool_registry(dir.path(), settings).await?;

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect, force, registry, replica};
-use idem_org::{Error, Settings};
+use idem_org::{Error, RegistrySettings};
 use object_store::memory::InMemory;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,7 +20,7 @@ async fn a_fenced_writer_answers_no_read_or_replay() -> R {
         &dir.path().join("a"),
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org_a = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     org_a.once("k1", effect("acme", "k1")).await?;
@@ -61,7 +61,7 @@ async fn a_writer_fenced_before_its_first_ship_acks_no_replay() -> R {
         &dir.path().join("a"),
         replica(store.clone(), None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     a.acquire(&idem_replica::OrgId::new("acme")?)
         .await?
@@ -72,7 +72,7 @@ async fn a_writer_fenced_before_its_first_ship_acks_no_replay() -> R {
         &dir.path().join("b"),
         replica(store.clone(), None).await?,
         "B",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org_b = b.acquire(&idem_replica::OrgId::new("acme")?).await?;
     let c = registry(

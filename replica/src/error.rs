@@ -77,6 +77,19 @@ pub enum Error {
         /// What was refused (claim, retention).
         op: &'static str,
     },
+    /// A store URL ([`crate::StoreUrl::parse`]) that is empty, malformed or of an unsupported
+    /// scheme, a local path that is no directory where one must exist, or a store its
+    /// builder cannot make from the URL and the environment (`source`).
+    #[error("store URL {url:?}: {reason}")]
+    InvalidStoreUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+        /// The store builder's error, when it refused.
+        #[source]
+        source: Option<object_store::Error>,
+    },
     /// Settings or a retention policy are out of range.
     #[error("invalid settings: {reason}")]
     InvalidSettings {
@@ -373,6 +386,7 @@ impl Error {
             | Error::InvalidDelta { .. }
             | Error::DeltaRefused { .. }
             | Error::InvalidSettings { .. }
+            | Error::InvalidStoreUrl { .. }
             | Error::NoSuchSnapshot { .. }
             | Error::NoChainTip { .. } => ErrorKind::Input,
             Error::LeaseHeld { .. }

@@ -93,6 +93,7 @@ mod retention;
 mod settings;
 mod store;
 mod store_clock;
+mod store_url;
 #[cfg(feature = "test-util")]
 mod testing;
 mod verify;
@@ -132,4 +133,5 @@ pub use settings::{
     max_holder_term_ms,
 };
 pub use store_clock::{REMEASURE_AFTER, StoreTime};
+pub use store_url::{MAX_PREFIX_LISTS, StoreUrl};
 pub use verify::VerifyReport;

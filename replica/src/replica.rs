@@ -367,4 +367,19 @@ impl Replica {
         orgs.dedup();
         Ok(orgs)
     }
+
+    /// The newest entry of `org`'s log (its head: the last claim, ship or release), `None`
+    /// for an org with no entry. One LIST and one GET (another GET for each entry retention
+    /// deletes between the two).
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
+    pub async fn newest_entry(&self, org: &OrgId) -> Result<Option<LogEntry>, Error> {
+        for seq in self.inner.log.seqs(org).await?.into_iter().rev() {
+            if let Some(entry) = self.inner.log.read_entry(org, seq).await? {
+                return Ok(Some(entry));
+            }
+        }
+        Ok(None)
+    }
 }

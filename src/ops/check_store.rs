@@ -23,22 +23,9 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
     // The scratch org lives under a prefix of its own, beside (never inside) the store's
     // `orgs/`: a local directory keeps empty folders after its objects are deleted, and those
     // must not show up as orgs for `prune` or `verify`.
-    let scratch = crate::store::StoreUrl {
-        store: url.store.clone(),
-        prefix: [
-            url.prefix.as_str(),
-            &format!("idem-check-{}", hex::encode(nonce)),
-        ]
-        .iter()
-        .filter(|p| !p.is_empty())
-        .copied()
-        .collect::<Vec<_>>()
-        .join("/"),
-        local_root: url.local_root.clone(),
-        hint: url.hint.clone(),
-    };
+    let scratch = url.join(&format!("idem-check-{}", hex::encode(nonce)));
     let t0 = Stopwatch::start();
-    let replica = scratch.open(Settings::default()).await?;
+    let replica = crate::store::open(&scratch, Settings::default()).await?;
     let probe_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let org = OrgId::new("check").map_err(|e| e.to_string())?;
     let step =
@@ -93,13 +80,13 @@ pub async fn check_store(a: CheckStoreArgs) -> Result<ExitCode, String> {
 /// Deletes every object under the scratch prefix (best effort), and on a local store the
 /// folders the deletes leave behind: the check leaves nothing.
 async fn cleanup(scratch: &crate::store::StoreUrl) {
-    let path = object_store::path::Path::from(scratch.prefix.as_str());
-    let listed: Result<Vec<_>, _> = scratch.store.list(Some(&path)).try_collect().await;
+    let path = object_store::path::Path::from(scratch.prefix());
+    let listed: Result<Vec<_>, _> = scratch.store().list(Some(&path)).try_collect().await;
     for meta in listed.unwrap_or_default() {
-        let _ = scratch.store.delete(&meta.location).await;
+        let _ = scratch.store().delete(&meta.location).await;
     }
-    if let Some(root) = &scratch.local_root {
+    if let Some(root) = scratch.local_root() {
         // The scratch prefix is this run's own (a random name), so the whole folder goes.
-        let _ = std::fs::remove_dir_all(root.join(&scratch.prefix));
+        let _ = std::fs::remove_dir_all(root.join(scratch.prefix()));
     }
 }

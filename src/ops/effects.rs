@@ -77,7 +77,7 @@ fn transition_json(t: &Transition) -> Value {
 pub async fn effects(a: EffectsArgs) -> Result<std::process::ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
-    history(&replica, &org).await?;
+    history(&replica, &a.store, &org).await?;
     let restored = crate::store::restored::restore(&replica, &org, None).await?;
     let conn = restored.as_ref().map(|r| r.open()).transpose()?;
     let read =

@@ -1,8 +1,10 @@
-//! Operator commands: prune (cron), inspect, snapshots, restore, verify, check-store, import.
+//! Operator commands: prune (cron), orgs, inspect, snapshots, restore, verify, check-store,
+//! import.
 
 mod check_store;
 mod effects;
 mod import;
+mod orgs;
 mod prune;
 mod read;
 mod resolve;
@@ -19,6 +21,7 @@ pub use check_store::check_store;
 pub(crate) use effects::effect_json;
 pub use effects::{EffectsArgs, effects};
 pub use import::import;
+pub use orgs::orgs;
 pub use prune::prune;
 pub use read::{inspect, restore, snapshots, verify};
 pub use resolve::{ResolveArgs, resolve};
@@ -62,6 +65,17 @@ pub struct OrgArgs {
     #[arg(long)]
     store: String,
     /// Print as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `idem orgs`.
+#[derive(Debug, Args)]
+pub struct OrgsArgs {
+    /// Store URL: a path, file://, memory://, s3://bucket/prefix, gs://, az://; the orgs
+    /// under its prefix are listed.
+    store: String,
+    /// Print as JSON: an array of {org, seq, head, round, writer, at, released, holder_addr}.
     #[arg(long)]
     json: bool,
 }
@@ -131,16 +145,17 @@ pub struct CheckStoreArgs {
 }
 
 async fn open(store: &str) -> Result<Replica, String> {
-    crate::store::parse(store)?
-        .open(replica::Settings::default())
-        .await
+    crate::store::open(&crate::store::parse(store)?, replica::Settings::default()).await
 }
 
 /// Opens for commands that only read: no create-only probe, nothing written, so read-only
 /// credentials suffice; a local store directory must already exist (a mistyped path is an
 /// error, never an empty store).
 fn open_read_only(store: &str) -> Result<Replica, String> {
-    crate::store::parse_existing(store)?.open_read_only(replica::Settings::default())
+    crate::store::open_read_only(
+        &crate::store::parse_existing(store)?,
+        replica::Settings::default(),
+    )
 }
 
 /// `org X: why`, unless `why` already names the org (no repeated prefixes).
@@ -156,14 +171,22 @@ fn org_id(org: &str) -> Result<OrgId, String> {
     OrgId::new(org).map_err(|e| e.to_string())
 }
 
-/// The org's history; an org without any entry is unknown.
-async fn history(replica: &Replica, org: &OrgId) -> Result<Vec<replica::LogEntry>, String> {
+/// The org's history; an org without any entry is unknown, and the error names the prefixes
+/// of `store` (the URL `replica` was opened on) that do hold orgs.
+async fn history(
+    replica: &Replica,
+    store: &str,
+    org: &OrgId,
+) -> Result<Vec<replica::LogEntry>, String> {
     let h = replica
         .history(org)
         .await
         .map_err(|e| about(org, &crate::chain(&e)))?;
     if h.is_empty() {
-        return Err(format!("org {org} not found in the store"));
+        return Err(match crate::store::parse_existing(store) {
+            Ok(url) => crate::store::org_not_found(&url, org).await,
+            Err(_) => format!("org {org} not found under {store}"),
+        });
     }
     Ok(h)
 }

@@ -27,7 +27,7 @@ pub async fn prune(a: PruneArgs) -> Result<ExitCode, String> {
         max_clock_skew_ms: u64::try_from(a.max_clock_skew.as_millis()).unwrap_or(u64::MAX),
         ..replica::Settings::default()
     };
-    let replica = crate::store::parse(&a.store)?.open(settings).await?;
+    let replica = crate::store::open(&crate::store::parse(&a.store)?, settings).await?;
     replica
         .store_time("prune")
         .await

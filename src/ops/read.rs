@@ -37,7 +37,7 @@ fn snapshot_json(e: &LogEntry) -> Option<Value> {
 pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
-    let log = history(&replica, &org).await?;
+    let log = history(&replica, &a.store, &org).await?;
     let lease = replica.lease(&org).await.map_err(|e| crate::chain(&e))?;
     // A Release at the head of the log ends a lease at once. Otherwise it holds until a
     // claimant has seen it unchanged for a whole watch (I15): this command has never watched
@@ -167,7 +167,7 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
 pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
-    let snaps: Vec<Value> = history(&replica, &org)
+    let snaps: Vec<Value> = history(&replica, &a.store, &org)
         .await?
         .iter()
         .filter_map(position_json)
@@ -250,7 +250,7 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
     }
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
-    history(&replica, &org).await?;
+    history(&replica, &a.store, &org).await?;
     let progress = std::sync::Arc::new(idem_org::replica::RestoreProgress::default());
     let restoring = replica.restore_with_progress(&org, a.at, &a.to, progress.clone());
     let got = with_bytes_bar(restoring, &progress)
@@ -311,7 +311,7 @@ pub async fn verify(a: VerifyArgs) -> Result<ExitCode, String> {
     let orgs = match &a.org {
         Some(o) => {
             let id = org_id(o)?;
-            history(&replica, &id).await?;
+            history(&replica, &a.store, &id).await?;
             vec![id]
         }
         None => replica.orgs().await.map_err(|e| crate::chain(&e))?,

@@ -86,7 +86,7 @@ pub async fn resolve(a: ResolveArgs) -> Result<ExitCode, String> {
     }
     let store = a.store.as_deref().ok_or("--store or --via is needed")?;
     let replica = open(store).await?;
-    history(&replica, &org).await?;
+    history(&replica, store, &org).await?;
     // Look before claiming: a claim fences the org's live writer, which is only worth it
     // when the newest published state holds something to resolve.
     let published = match crate::store::restored::restore(&replica, &org, None).await? {

@@ -44,10 +44,10 @@ impl Scratch {
             }
         };
         let registry = Registry::builder(&path, replica, writer)
-            .settings(idem_org::Settings {
+            .settings(idem_org::RegistrySettings {
                 force_claim: force,
                 max_open_orgs: 1,
-                ..idem_org::Settings::default()
+                ..idem_org::RegistrySettings::default()
             })
             .build()
             .map_err(|e| crate::chain(&e))?;

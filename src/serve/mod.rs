@@ -166,9 +166,9 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
         ship_window: a.ship_window,
         ..replica::Settings::default()
     };
-    let replica = store.open(settings).await?;
+    let replica = crate::store::open(&store, settings).await?;
     let registry = Registry::builder(&a.data, replica, writer.clone())
-        .settings(idem_org::Settings {
+        .settings(idem_org::RegistrySettings {
             force_claim: a.force_claim,
             // Claims in the background what a draining or dead process held, so a request
             // finds its org open; never with a forced claim, which would take orgs from live
@@ -177,7 +177,7 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
                 enabled: !a.force_claim,
                 ..idem_org::WarmSettings::default()
             },
-            ..idem_org::Settings::default()
+            ..idem_org::RegistrySettings::default()
         })
         .on_open(ledger::init)
         .build()

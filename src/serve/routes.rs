@@ -15,11 +15,12 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_org::Registry;
 use idem_org::http::{
-    Idempotency, IdempotentRequest, Refusal, StoredResponse, json_error, json_fallbacks,
+    Idempotency, IdempotentRequest, Refusal, StoredResponse, error_response, json_error,
+    json_fallbacks,
 };
 use idem_org::replica::OrgId;
+use idem_org::{ReadSource, Registry};
 
 use crate::ledger::{self, ApplyError, Transfer};
 
@@ -132,44 +133,27 @@ async fn balances(
         Ok(both) => both,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, "input", e),
     };
-    let registry = st.idem.registry();
     // This replica's own writer answers from its database, once confirmed (I6, I7): no
-    // download. An org it does not hold is read from the store's newest published state
-    // (never claimed for a read: that would fence the writer that holds it).
-    if let Some(handle) = registry.serving(&id) {
-        match handle.read(ledger::balances).await {
-            Ok(rows) => {
-                return axum::Json(serde_json::json!({
-                    "org": org, "source": "writer", "round": handle.round(),
-                    "balances": balances_json(rows),
-                }))
-                .into_response();
-            }
-            Err(e) => {
-                tracing::debug!(org = %id, error = %crate::chain(&e), "balances from the store instead")
-            }
-        }
-    }
-    let restored = match crate::store::restored::restore(registry.replica(), &id, None).await {
+    // download. An org it does not hold is read from the store's newest published state,
+    // never claimed for a read (that would fence the writer that holds it), and a tenant
+    // never written reads as empty with nothing created in the store (`Registry::read`).
+    let read = match st.idem.registry().read(&id, ledger::balances).await {
         Ok(r) => r,
-        Err(e) => return json_error(StatusCode::SERVICE_UNAVAILABLE, "retry", e),
+        Err(e) => return error_response(&e),
     };
-    let (seq, rows) = match &restored {
-        None => (None, Vec::new()),
-        Some(r) => {
-            let rows = r
-                .open()
-                .and_then(|c| ledger::balances(&c).map_err(|e| e.to_string()));
-            match rows {
-                Ok(rows) => (r.hydrated.snapshot.as_ref().map(|s| s.seq), rows),
-                Err(e) => return json_error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", e),
-            }
-        }
+    let balances = balances_json(read.value);
+    let body = match read.source {
+        ReadSource::Writer { round } => serde_json::json!({
+            "org": org, "source": "writer", "round": round, "balances": balances,
+        }),
+        ReadSource::Store { seq, .. } => serde_json::json!({
+            "org": org, "source": "store", "snapshot_seq": seq, "balances": balances,
+        }),
+        _ => serde_json::json!({
+            "org": org, "source": "store", "snapshot_seq": null, "balances": balances,
+        }),
     };
-    axum::Json(serde_json::json!({
-        "org": org, "source": "store", "snapshot_seq": seq, "balances": balances_json(rows),
-    }))
-    .into_response()
+    axum::Json(body).into_response()
 }
 
 /// Balances as a JSON object, account id → cents.

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use idem_org::object_store::ObjectStore;
 use idem_org::replica::{OrgId, Replica};
-use idem_org::{Registry, Settings, replica};
+use idem_org::{Registry, RegistrySettings, replica};
 use idem_replica::latency::{LatencyStore, Shape, Shapes};
 
 use super::{BenchResult, ms};
@@ -166,13 +166,13 @@ pub(crate) async fn registry(
         ..replica::Settings::default()
     };
     let replica = Replica::open(store, "", settings).await?;
-    let settings = Settings {
+    let settings = RegistrySettings {
         max_open_orgs: 20_000,
         warm: idem_org::WarmSettings {
             enabled: warm,
             ..idem_org::WarmSettings::default()
         },
-        ..Settings::default()
+        ..RegistrySettings::default()
     };
     Ok(Registry::builder(data, replica, writer)
         .settings(settings)

@@ -8,8 +8,12 @@
 //!              registry.once_with(org, key, fingerprint(method, path, body), handler in the tx)
 //!                first run ─► the handler's StoredResponse, after the ship (I6)
 //!                replay    ─► the stored response, byte for byte, Idempotent-Replayed: true
-//!                other payload under the key ─► 422;  errors by kind (one table, `status`)
+//!                other payload under the key ─► 422;  errors by kind (one table)
 //! ```
+//!
+//! Every answer the layer gives for a failure, its status and its `kind`, is in one table:
+//! [`error_response`]. A 500 never carries the failure's text to the client: its body is
+//! `"internal error (id ID)"`, and the log line with that `error_id` holds the cause.
 //!
 //! **Tenant isolation (I12).** The org is an argument, never read from the request here: the
 //! application passes the tenant its own authentication established (its extractor), so a
@@ -31,8 +35,8 @@
 //!             .ok()
 //!             .and_then(|s| s.trim().parse().ok())
 //!             .ok_or_else(|| Refusal::new(StatusCode::BAD_REQUEST, "body is not cents"))?;
-//!         tx.execute("INSERT INTO orders (cents) VALUES (?1)", [cents])
-//!             .map_err(Refusal::internal)?;
+//!         // `?` on an SQL error: a 500 with an error id; its text goes to the log only.
+//!         tx.execute("INSERT INTO orders (cents) VALUES (?1)", [cents])?;
 //!         Ok(StoredResponse::new(StatusCode::CREATED, format!("order {}", tx.last_insert_rowid())))
 //!     })
 //!     .await
@@ -58,7 +62,7 @@ use sha2::{Digest, Sha256};
 
 pub use fallback::json_fallbacks;
 pub use key::{IDEMPOTENCY_KEY, idempotency_key};
-pub use status::{Refusal, error_response, json_error};
+pub use status::{INTERNAL_MESSAGE, Refusal, error_response, json_error};
 pub use stored::StoredResponse;
 
 use crate::Registry;
@@ -175,10 +179,9 @@ impl Idempotency {
                 }
                 Err(why) => {
                     counted("error");
-                    status::json_error(
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    status::internal_response(
                         "corrupt",
-                        format!("idempotency key {key:?}: {why}"),
+                        &format!("org {org}: idempotency key {key:?}: {why}"),
                     )
                 }
             },

@@ -1,34 +1,31 @@
-//! Every failure as an HTTP answer, in one table, with one JSON shape:
-//! `{"error": "<message>", "kind": "<kind>"}`.
-//!
-//! | failure | status | kind |
-//! |---|---|---|
-//! | another payload under an applied key (I4) | 422 | `mismatch` |
-//! | the handler's [`Refusal`] (not stored) | the refusal's | the refusal's |
-//! | the handler failed otherwise, panicked, or its response is too large to store | 500 | `handler_failed` |
-//! | every attempt the key allows failed | 422 | `attempts_exhausted` |
-//! | other rejections (an effect in the wrong state) | 409 | `rejected` |
-//! | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After: 1` (a held lease: its remaining seconds, and `"holder": <its address>` when advertised) | `retry` |
-//! | `Reacquire`: fenced by a newer round | 503 + `Retry-After: 1` | `fenced` |
-//! | `Reacquire`: closed, claim lost, poisoned (the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
-//! | `Input` (bad key, bad org id) | 400 | `input` |
-//! | `Corrupt` | 500 | `corrupt` |
-//! | `Fatal` | 500 | `fatal` |
+//! Every failure as an HTTP answer, in one table ([`error_response`]), with one JSON shape:
+//! `{"error": "<message>", "kind": "<kind>"}`. A 500 never carries the failure's text: its
+//! message is generic with an error id, and the log line (`tracing::error!`) with that id
+//! holds the text.
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::{Error, ErrorKind};
 
+/// The message of every 500 answer, followed by its error id: what failed is for the
+/// operator's log, never for the client (a database error names tables and columns).
+pub const INTERNAL_MESSAGE: &str = "internal error";
+
 /// An answer the handler gives without storing it: its transaction rolls back, the attempt
 /// is counted, and a retry under the same key runs the handler again. For answers that must
 /// replay (a declined payment), return a [`super::StoredResponse`] with that status instead.
+///
+/// `?` on a `rusqlite::Error` or `std::io::Error` inside a handler makes a
+/// [`Refusal::internal`]: a 500 whose body says only [`INTERNAL_MESSAGE`] and an error id.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{status}: {message}")]
+#[error("{status}: {}", detail.as_deref().unwrap_or(message))]
 pub struct Refusal {
     status: StatusCode,
     kind: String,
     message: String,
+    /// The failure's own text (internal refusals): logged with the error id, never sent.
+    detail: Option<String>,
 }
 
 impl Refusal {
@@ -38,16 +35,19 @@ impl Refusal {
             status,
             kind: "refused".into(),
             message: message.into(),
+            detail: None,
         }
     }
 
-    /// A 500 for a failure of the handler's own work (an SQL error): the message is the
-    /// error's text.
+    /// A 500 (kind `internal`) for a failure of the handler's own work (an SQL error): the
+    /// client gets [`INTERNAL_MESSAGE`] and an error id, the log (`tracing::error!`, field
+    /// `error_id`) gets the id and `e`'s text.
     pub fn internal(e: impl std::fmt::Display) -> Refusal {
         Refusal {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             kind: "internal".into(),
-            message: e.to_string(),
+            message: INTERNAL_MESSAGE.into(),
+            detail: Some(e.to_string()),
         }
     }
 
@@ -55,6 +55,50 @@ impl Refusal {
     pub fn status(&self) -> StatusCode {
         self.status
     }
+
+    /// The `kind` of its JSON body: `refused` or `internal`.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+impl From<rusqlite::Error> for Refusal {
+    /// [`Refusal::internal`]: an SQL failure is the handler's, never the client's to read.
+    fn from(e: rusqlite::Error) -> Refusal {
+        Refusal::internal(idem_base::ErrorChain::new(&e))
+    }
+}
+
+impl From<std::io::Error> for Refusal {
+    /// [`Refusal::internal`].
+    fn from(e: std::io::Error) -> Refusal {
+        Refusal::internal(idem_base::ErrorChain::new(&e))
+    }
+}
+
+/// A short id for one internal error: 12 hex digits, random (a process counter where the
+/// random source fails), unique enough to find its one log line.
+fn error_id() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut b = [0u8; 6];
+    match getrandom::fill(&mut b) {
+        Ok(()) => hex::encode(b),
+        Err(_) => format!(
+            "c{:011x}",
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ),
+    }
+}
+
+/// A 500 answer of `kind`: the body is `{"error": "internal error (id ID)", "kind": kind,
+/// "error_id": ID}`; `detail` (the failure's whole text) goes to the log with the id only.
+pub(crate) fn internal_response(kind: &str, detail: &str) -> Response {
+    let id = error_id();
+    tracing::error!(error_id = %id, kind, error = %detail, "answered 500");
+    let body = serde_json::json!({
+        "error": format!("{INTERNAL_MESSAGE} (id {id})"), "kind": kind, "error_id": id,
+    });
+    (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(body)).into_response()
 }
 
 /// The layer's JSON error answer, `{"error": message, "kind": kind}`, with `Retry-After: 1`
@@ -69,9 +113,35 @@ pub fn json_error(status: StatusCode, kind: &str, message: impl Into<String>) ->
     resp
 }
 
-/// The answer for an org error (the module's table). The message names the cause chain; a
-/// 503 for an org another writer's lease holds says when to retry (`Retry-After`: the seconds,
-/// rounded up, this replica still has to see the lease unchanged before it may claim).
+/// The answer for an org error, by this table (the layer's own answers included); every body
+/// is `{"error": message, "kind": kind}`:
+///
+/// | failure | status | kind |
+/// |---|---|---|
+/// | no, a listed or a malformed `Idempotency-Key`; an unreadable body ([`super::IdempotentRequest`]) | 400 | `input` |
+/// | a body over the router's limit | 413 | `input` |
+/// | the same key still in flight on this replica ([`super::Idempotency::run`]) | 409 | `in_flight` |
+/// | another payload under an applied key (I4) | 422 | `mismatch` |
+/// | the handler's [`Refusal::new`] (not stored) | the refusal's | `refused` |
+/// | the handler's [`Refusal::internal`], or `?` on a `rusqlite::Error` / `std::io::Error` | 500 | `internal` |
+/// | the handler failed otherwise, panicked, or its response is too large to store | 500 | `handler_failed` |
+/// | every attempt the key allows failed | 422 | `attempts_exhausted` |
+/// | other rejections (an effect in the wrong state) | 409 | `rejected` |
+/// | `Retry` (ship failed, store down, lease held elsewhere, busy) | 503 + `Retry-After` | `retry` |
+/// | `Reacquire`: fenced by a newer round | 503 + `Retry-After: 1` | `fenced` |
+/// | `Reacquire`: closed, claim lost, poisoned (the next request re-acquires) | 503 + `Retry-After: 1` | `reacquire` |
+/// | `Input` (bad org id, invalid settings) | 400 | `input` |
+/// | `Corrupt` (stored data damaged; a stored response that does not decode) | 500 | `corrupt` |
+/// | `Fatal` (unsafe store, host clock contradicted) | 500 | `fatal` |
+/// | unknown path, wrong method, undecodable path ([`super::json_fallbacks`]) | 404, 405, 400 | `input` |
+///
+/// Every 500 (`internal`, `handler_failed`, `corrupt`, `fatal`) says only
+/// `"internal error (id ID)"`, with `"error_id": ID` beside: its text (an SQL error names
+/// tables and columns) goes to the log, one `tracing::error!` line with the field
+/// `error_id = ID` and the whole cause chain; install a tracing subscriber to see it. Other
+/// answers name their cause. `Retry-After` is 1 second, or for an org another writer's
+/// lease holds, the seconds (rounded up) this replica still has to see that lease unchanged
+/// before it may claim, with `"holder": <its address>` when the holder advertised one.
 pub fn error_response(e: &Error) -> Response {
     if let Some(addr) = e.holder_addr() {
         let body = serde_json::json!({ "error": idem_base::ErrorChain::new(e).to_string(), "kind": "retry", "holder": addr });
@@ -103,14 +173,15 @@ fn table_response(e: &Error) -> Response {
     match e.idem() {
         Some(idem::Error::Apply { source, .. }) => {
             return match source.downcast_ref::<Refusal>() {
+                Some(refusal) if refusal.detail.is_some() => internal_response(&refusal.kind, &msg),
                 Some(refusal) => json_error(refusal.status, &refusal.kind, refusal.message.clone()),
                 // The handler failed or panicked: a server bug, not a state of the key
                 // (a 409 would have the client retry a bug forever).
-                None => json_error(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed", msg),
+                None => internal_response("handler_failed", &msg),
             };
         }
         Some(idem::Error::ResultTooLarge { .. } | idem::Error::TransactionEnded { .. }) => {
-            return json_error(StatusCode::INTERNAL_SERVER_ERROR, "handler_failed", msg);
+            return internal_response("handler_failed", &msg);
         }
         // Every attempt this key allows failed: retrying it changes nothing; a new request
         // needs a new key.
@@ -127,8 +198,8 @@ fn table_response(e: &Error) -> Response {
         }
         ErrorKind::Reacquire => json_error(StatusCode::SERVICE_UNAVAILABLE, "reacquire", msg),
         ErrorKind::Input => json_error(StatusCode::BAD_REQUEST, "input", msg),
-        ErrorKind::Corrupt => json_error(StatusCode::INTERNAL_SERVER_ERROR, "corrupt", msg),
-        ErrorKind::Fatal => json_error(StatusCode::INTERNAL_SERVER_ERROR, "fatal", msg),
+        ErrorKind::Corrupt => internal_response("corrupt", &msg),
+        ErrorKind::Fatal => internal_response("fatal", &msg),
     }
 }
 
@@ -283,6 +354,54 @@ mod tests {
         for (e, status, retry, kind) in cases {
             let what = e.to_string();
             assert_eq!(answer(e)?, (status, retry, kind.to_owned()), "{what}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_500_says_internal_error_with_an_id_and_nothing_of_its_cause()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let org = OrgId::new("acme")?;
+        let apply = |source: Box<dyn std::error::Error + Send + Sync>| Error::Idem {
+            org: org.clone(),
+            source: Box::new(idem::Error::Apply {
+                key: "k".into(),
+                source,
+            }),
+        };
+        let sql = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(1),
+            Some("no such table: secret_ledger".into()),
+        );
+        let cases = [
+            (apply(Box::new(Refusal::from(sql))), "internal"),
+            (
+                apply(Box::new(Refusal::internal("no such column: ssn"))),
+                "internal",
+            ),
+            (
+                apply("no such table: secret_ledger".into()),
+                "handler_failed",
+            ),
+            (
+                Error::CommitMismatch {
+                    org: org.clone(),
+                    hydrated: 7,
+                    in_file: 5,
+                },
+                "corrupt",
+            ),
+        ];
+        let mut ids = std::collections::HashSet::new();
+        for (e, kind) in cases {
+            let resp = error_response(&e);
+            assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+            let json: serde_json::Value = serde_json::from_slice(&futures_body(resp)?)?;
+            let id = json["error_id"].as_str().ok_or("no error_id")?.to_owned();
+            assert_eq!(id.len(), 12, "{json}");
+            assert_eq!(json["kind"], kind);
+            assert_eq!(json["error"], format!("internal error (id {id})"));
+            assert!(ids.insert(id), "ids repeat");
         }
         Ok(())
     }

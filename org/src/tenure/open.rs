@@ -15,7 +15,7 @@ use crate::commit::{self, CommitSeq};
 use crate::local::LocalFiles;
 use crate::pool::Pool;
 use crate::writer::{self, InitFn, OpenError, Writer, WriterCtx};
-use crate::{Error, Org, Settings};
+use crate::{Error, Org, RegistrySettings};
 
 /// What opening an org needs from its registry.
 pub(crate) struct Opening<'a> {
@@ -23,7 +23,7 @@ pub(crate) struct Opening<'a> {
     pub data_dir: &'a std::path::Path,
     pub writer_id: &'a str,
     pub home: &'a Arc<crate::local::Home>,
-    pub settings: Settings,
+    pub settings: RegistrySettings,
     pub clock: Arc<dyn idem::Clock>,
     pub init: Option<InitFn>,
     /// The registry's writer threads.
@@ -161,7 +161,7 @@ async fn open_files(
     replica: &Replica,
     claim: &mut Claim,
     files: &mut LocalFiles,
-    settings: &Settings,
+    settings: &RegistrySettings,
     cache_kib: u64,
     init: Option<InitFn>,
 ) -> Result<(Owned, u64), Error> {

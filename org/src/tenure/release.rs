@@ -9,7 +9,7 @@ impl Org {
     /// Graceful handoff: refuses new requests, lets queued ones commit (a drain), ships what
     /// is unshipped, publishes a Release entry (so the next claim proceeds at once), closes
     /// the database, and keeps its file for a later acquire on this host
-    /// ([`crate::Settings::reuse_released_files`]; the next acquire uses it only if the store
+    /// ([`crate::RegistrySettings::reuse_released_files`]; the next acquire uses it only if the store
     /// proves it current) or deletes the local files.
     ///
     /// # Errors

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use idem_replica::Replica;
 
 use super::publishing::{Publishing, ShipperLock};
-use crate::Settings;
+use crate::RegistrySettings;
 use crate::ack::Acks;
 use crate::active::{Active, Member};
 use crate::local::LocalFiles;
@@ -21,7 +21,7 @@ pub(crate) type ActiveOrgs = Active<Inner>;
 pub(crate) struct Inner {
     pub(crate) acks: Arc<Acks>,
     pub(crate) replica: Replica,
-    pub(crate) settings: Settings,
+    pub(crate) settings: RegistrySettings,
     /// The claim and the chain: taken only through [`Inner::publishing`].
     pub(super) shipper: ShipperLock,
     pub(crate) writer: Arc<Writer>,

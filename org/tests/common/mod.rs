@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idem_org::{Registry, Settings};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::{Failpoints, Replica};
 use object_store::ObjectStore;
 
@@ -63,7 +63,7 @@ pub fn registry(
     data: &std::path::Path,
     replica: Replica,
     writer: &str,
-    settings: Settings,
+    settings: RegistrySettings,
 ) -> Result<Registry, BoxErr> {
     Ok(Registry::builder(data, replica, writer)
         .settings(settings)
@@ -71,10 +71,10 @@ pub fn registry(
         .build()?)
 }
 
-pub fn force() -> Settings {
-    Settings {
+pub fn force() -> RegistrySettings {
+    RegistrySettings {
         force_claim: true,
-        ..Settings::default()
+        ..RegistrySettings::default()
     }
 }
 

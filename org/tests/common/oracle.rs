@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use idem_org::Settings;
+use idem_org::RegistrySettings;
 use idem_replica::{OrgId, Replica};
 
 use super::{BoxErr, R, effect, registry};
@@ -56,9 +56,9 @@ pub async fn exactly_once(
         &work.join(format!("oracle-successor-{}", std::process::id())),
         replica.clone(),
         "oracle-successor",
-        Settings {
+        RegistrySettings {
             force_claim: true,
-            ..Settings::default()
+            ..RegistrySettings::default()
         },
     )?;
     let handle = successor.acquire(&id).await?;

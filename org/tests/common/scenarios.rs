@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use idem_org::{Error, ErrorKind, Settings};
+use idem_org::{Error, ErrorKind, RegistrySettings};
 use idem_replica::FailPoint;
 use idem_replica::fault::PauseAt;
 use object_store::ObjectStore;
@@ -19,7 +19,7 @@ pub async fn handoff(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         &dir.path().join("a"),
         replica_at(store.clone(), prefix, Some(pause.clone())).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org_a = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     for i in 0..5 {
@@ -99,7 +99,7 @@ pub async fn release(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         &dir.path().join("a"),
         replica_at(store.clone(), prefix, None).await?,
         "A",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let org = a.acquire(&idem_replica::OrgId::new("acme")?).await?;
     org.once("k1", effect("acme", "k1")).await?;
@@ -117,7 +117,7 @@ pub async fn release(store: Arc<dyn ObjectStore>, prefix: &str) -> R {
         &dir.path().join("b"),
         replica_at(store, prefix, None).await?,
         "B",
-        Settings::default(),
+        RegistrySettings::default(),
     )?;
     let out = b
         .once(
