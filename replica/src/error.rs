@@ -96,6 +96,23 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A restore by time ([`crate::Replica::position_at_time`]) named a moment before every
+    /// position the store keeps.
+    #[error(
+        "org {org} has no published position at or before {}: the oldest kept is seq {oldest_seq}, published at {}",
+        rfc3339(*at_ms),
+        rfc3339(*oldest_ms)
+    )]
+    BeforeWindow {
+        /// The org.
+        org: String,
+        /// The moment asked for, ms since the Unix epoch.
+        at_ms: u64,
+        /// The oldest kept position.
+        oldest_seq: u64,
+        /// When it was published (its writer's clock), ms since the Unix epoch.
+        oldest_ms: u64,
+    },
     /// `restore(at: Some(seq))` named a log position that holds no snapshot or delta entry.
     #[error("org {org} has no published snapshot or delta at seq {seq}")]
     NoSuchSnapshot {
@@ -388,6 +405,7 @@ impl Error {
             | Error::InvalidSettings { .. }
             | Error::InvalidStoreUrl { .. }
             | Error::NoSuchSnapshot { .. }
+            | Error::BeforeWindow { .. }
             | Error::NoChainTip { .. } => ErrorKind::Input,
             Error::LeaseHeld { .. }
             | Error::Contended { .. }

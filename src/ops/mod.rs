@@ -93,8 +93,26 @@ pub struct RestoreArgs {
     to: PathBuf,
     /// Log position (seq) of a snapshot or delta to restore (point in time; `idem snapshots`
     /// lists them); default: the newest.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "at_time")]
     at: Option<u64>,
+    /// A moment (RFC 3339, e.g. 2026-12-02T10:15:00Z): restore the newest position published
+    /// at or before it (by its writer's clock, the `at` column of `idem snapshots`); an error
+    /// names the oldest kept position when the moment is before every one.
+    #[arg(long, value_parser = parse_moment)]
+    at_time: Option<u64>,
+}
+
+/// `--at-time`: an RFC 3339 moment as ms since the Unix epoch.
+///
+/// # Errors
+/// Not RFC 3339, or before the epoch: the message clap prints.
+fn parse_moment(s: &str) -> Result<u64, String> {
+    let t = humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time (e.g. 2026-12-02T10:15:00Z): {e}"))?;
+    let since = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| format!("{s:?} is before 1970"))?;
+    u64::try_from(since.as_millis()).map_err(|_| format!("{s:?} is too far in the future"))
 }
 
 /// `idem import`.

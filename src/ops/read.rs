@@ -223,11 +223,23 @@ pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
     for r in &rows {
         line(r);
     }
+    if let (Some(first), Some(last)) = (snaps.first(), snaps.last()) {
+        outln!();
+        outln!(
+            "window: {} positions, seq {} ({}) to seq {} ({}); restore one with --at SEQ or --at-time TIME",
+            snaps.len(),
+            first["seq"],
+            cell(&first["at"]),
+            last["seq"],
+            cell(&last["at"])
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `idem restore ORG --to FILE [--at SEQ]`: a verified published position (a snapshot and
-/// the deltas up to SEQ) as a plain SQLite file.
+/// `idem restore ORG --to FILE [--at SEQ | --at-time TIME]`: a verified published position
+/// (a snapshot and the deltas up to SEQ, or up to the newest one published at or before
+/// TIME) as a plain SQLite file.
 ///
 /// # Errors
 /// Destination exists, unknown org or position, checksum or integrity failure.
@@ -251,8 +263,17 @@ pub async fn restore(a: RestoreArgs) -> Result<ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
     history(&replica, &a.store, &org).await?;
+    let at = match a.at_time {
+        Some(ms) => Some(
+            replica
+                .position_at_time(&org, ms)
+                .await
+                .map_err(|e| crate::chain(&e))?,
+        ),
+        None => a.at,
+    };
     let progress = std::sync::Arc::new(idem_org::replica::RestoreProgress::default());
-    let restoring = replica.restore_with_progress(&org, a.at, &a.to, progress.clone());
+    let restoring = replica.restore_with_progress(&org, at, &a.to, progress.clone());
     let got = with_bytes_bar(restoring, &progress)
         .await
         .map_err(|e| crate::chain(&e))?;

@@ -2,6 +2,7 @@
 //! segments down, deltas applied, SQLite's checks of the image, and its install.
 
 mod apply;
+mod at_time;
 pub(crate) mod check;
 pub(crate) mod download;
 pub(crate) mod hydrate;
