@@ -113,6 +113,15 @@ pub struct ServeArgs {
     /// older replica reads the store.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=replica::MAX_SHIP_WINDOW))]
     ship_window: u64,
+    /// Forward a request for an org another live replica holds to the address it advertised
+    /// (`--advertise`), and relay its answer, instead of answering 503 with that address: any
+    /// replica behind a load balancer then answers. The holder still runs the request; a
+    /// forward that gets no answer within --forward-timeout is the 503.
+    #[arg(long)]
+    forward: bool,
+    /// With --forward: how long a forwarded request may take in all.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    forward_timeout: Duration,
 }
 
 /// The writer id: `--writer`, else `idem-serve-<id of the data directory>`.
@@ -189,7 +198,16 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
             None
         }
     };
-    let app = routes::router(registry.clone(), metrics);
+    let forwarding = if a.forward {
+        // One hop: the holder's own address is current while its lease is.
+        Some(
+            idem_org::http::Forwarding::new(a.forward_timeout, 1)
+                .map_err(|e| format!("cannot build the forwarding client: {e}"))?,
+        )
+    } else {
+        None
+    };
+    let app = routes::router(registry.clone(), metrics, forwarding);
     let listener = tokio::net::TcpListener::bind(&a.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;

@@ -25,16 +25,23 @@ use idem_org::{ReadSource, Registry};
 use crate::ledger::{self, ApplyError, Transfer};
 
 /// The routes of `idem serve` over `registry`.
-pub(super) fn router(registry: Registry, metrics: Option<super::Metrics>) -> Router {
+pub(super) fn router(
+    registry: Registry,
+    metrics: Option<super::Metrics>,
+    forwarding: Option<idem_org::http::Forwarding>,
+) -> Router {
     // The fingerprint is the transfer's canonical form, so a retry that reformats the JSON
     // is the same request; a body that does not parse is refused before the layer.
     let effects = super::effects::router(registry.clone());
     let gauges = registry.clone();
-    let idem = Idempotency::new(registry).fingerprint(|req| {
+    let mut idem = Idempotency::new(registry).fingerprint(|req| {
         serde_json::from_slice::<Transfer>(req.body())
             .map(|t| t.fingerprint())
             .unwrap_or_else(|_| req.body().to_vec())
     });
+    if let Some(f) = forwarding {
+        idem = idem.forwarding(f);
+    }
     let state = Arc::new(AppState {
         idem,
         hold: std::env::var_os("IDEM_TEST_HOLD_DIR").map(PathBuf::from),

@@ -45,6 +45,8 @@
 //! (`examples/axum_service.rs` in the repository is a complete service.)
 
 mod fallback;
+#[cfg(feature = "forward")]
+mod forward;
 mod key;
 mod status;
 mod stored;
@@ -61,6 +63,8 @@ use rusqlite::Transaction;
 use sha2::{Digest, Sha256};
 
 pub use fallback::json_fallbacks;
+#[cfg(feature = "forward")]
+pub use forward::{FORWARDED_HOPS, Forwarding, MAX_FORWARDED_BODY};
 pub use key::{IDEMPOTENCY_KEY, idempotency_key};
 pub use status::{INTERNAL_MESSAGE, Refusal, error_response, json_error};
 pub use stored::StoredResponse;
@@ -83,6 +87,8 @@ struct Inner {
     registry: Registry,
     fingerprint: FingerprintFn,
     inflight: Mutex<HashSet<(OrgId, String)>>,
+    #[cfg(feature = "forward")]
+    forwarding: Option<Forwarding>,
 }
 
 impl std::fmt::Debug for Idempotency {
@@ -115,6 +121,8 @@ impl Idempotency {
                 registry,
                 fingerprint: Arc::new(default_fingerprint),
                 inflight: Mutex::new(HashSet::new()),
+                #[cfg(feature = "forward")]
+                forwarding: None,
             }),
         }
     }
@@ -131,6 +139,24 @@ impl Idempotency {
                 registry: self.inner.registry.clone(),
                 fingerprint: Arc::new(f),
                 inflight: Mutex::new(HashSet::new()),
+                #[cfg(feature = "forward")]
+                forwarding: self.inner.forwarding.clone(),
+            }),
+        }
+    }
+
+    /// Forwards a request for an org another live replica holds, when that replica
+    /// advertised its address, and relays its answer (see [`Forwarding`]); without it such a
+    /// request is a 503 naming the holder. Call before cloning the layer.
+    #[cfg(feature = "forward")]
+    #[must_use]
+    pub fn forwarding(self, forwarding: Forwarding) -> Idempotency {
+        Idempotency {
+            inner: Arc::new(Inner {
+                registry: self.inner.registry.clone(),
+                fingerprint: self.inner.fingerprint.clone(),
+                inflight: Mutex::new(HashSet::new()),
+                forwarding: Some(forwarding),
             }),
         }
     }
@@ -168,6 +194,8 @@ impl Idempotency {
         let _guard = InFlight(&self.inner, id);
         let opts = idem::Options::new().fingerprint((self.inner.fingerprint)(&request));
         let request = Arc::new(request);
+        #[cfg(feature = "forward")]
+        let original = request.clone();
         let apply = move |tx: &Transaction<'_>| {
             handler(tx, &request).and_then(|r| r.encode().map_err(Refusal::internal))
         };
@@ -186,6 +214,20 @@ impl Idempotency {
                 }
             },
             Err(e) => {
+                #[cfg(feature = "forward")]
+                if let (Some(fwd), Some(addr)) = (&self.inner.forwarding, e.holder_addr())
+                    && fwd.may_forward(&original)
+                {
+                    match fwd.forward(addr, &original).await {
+                        Ok(answer) => {
+                            counted("forwarded");
+                            return answer;
+                        }
+                        Err(why) => {
+                            tracing::warn!(%org, key = %original.key(), error = %why, "forwarding to the holder got no answer");
+                        }
+                    }
+                }
                 counted(status::outcome(&e));
                 error_response(&e)
             }
