@@ -34,6 +34,9 @@ enum Command {
     /// Import an existing SQLite database as a new org's first snapshot (refused when the
     /// org already has a log); streamed through a copy in $TMPDIR, in bounded memory.
     Import(crate::ops::ImportArgs),
+    /// Copy an org's state at a published position into a new org (its first snapshot,
+    /// released); refused when the new org already has a log.
+    Clone(crate::ops::CloneArgs),
     /// Probe a store: create-only puts, then a claim / ship / hydrate round trip.
     CheckStore(crate::ops::CheckStoreArgs),
     /// List an org's external effects (from its newest snapshot), e.g. `--state ambiguous`.
@@ -65,6 +68,7 @@ impl Cli {
             Command::Restore(a) => crate::ops::restore(a).await,
             Command::Verify(a) => crate::ops::verify(a).await,
             Command::Import(a) => crate::ops::import(a).await,
+            Command::Clone(a) => crate::ops::clone(a).await,
             Command::CheckStore(a) => crate::ops::check_store(a).await,
             Command::Effects(a) => crate::ops::effects(a).await,
             Command::Resolve(a) => crate::ops::resolve(a).await,

@@ -54,6 +54,7 @@ fn every_subcommand_has_help() {
         "verify",
         "check-store",
         "import",
+        "clone",
     ] {
         let out = run(&[sub, "--help"]);
         assert!(out.status.success(), "{sub} --help");

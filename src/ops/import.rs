@@ -33,6 +33,9 @@ use error::{ImportError, Kind};
 /// The writer id recorded in the import's claim, snapshot and release.
 const WRITER: &str = "idem-import";
 
+/// The writer id recorded in `idem clone`'s claim, snapshot and release.
+pub(super) const WRITER_CLONE: &str = "idem-clone";
+
 /// The prepared copy and what it holds; the copy lives as long as `_dir`.
 struct Image {
     _dir: tempfile::TempDir,
@@ -59,7 +62,7 @@ pub async fn import(a: ImportArgs) -> Result<ExitCode, String> {
         .map_err(|e| explain(&e))?;
     let replica = super::open(&a.store).await?;
     refuse_existing(&replica, &org).await?;
-    let shipped = publish(&replica, &org, &image.path, image.commit).await?;
+    let shipped = publish(&replica, &org, &image.path, image.commit, WRITER).await?;
     let bytes = image.bytes;
     let pages = bytes / image.page_size.max(1);
     if a.json {
@@ -141,7 +144,7 @@ fn prepare(from: &Path, timeout: Duration) -> Result<Image, ImportError> {
         &deadline::Deadline::new(&clock, timeout),
         &mut || {},
     )?;
-    let (commit, page_size) = finish(from, &path)?;
+    let (commit, page_size) = finish_image(from, &path)?;
     let bytes = std::fs::metadata(&path)
         .map_err(|source| ImportError::Copy {
             file: file(),
@@ -163,7 +166,7 @@ fn prepare(from: &Path, timeout: Duration) -> Result<Image, ImportError> {
 /// Checks the private copy at `path` of `from` and makes it an org's database: integrity,
 /// rollback-journal mode (so the file alone is the whole image once closed), the tables an
 /// org's writer creates. Returns its commit sequence and page size.
-fn finish(from: &Path, path: &Path) -> Result<(u64, u64), ImportError> {
+pub(super) fn finish_image(from: &Path, path: &Path) -> Result<(u64, u64), ImportError> {
     let fail = |e: idem_org::idem::Error| ImportError::Prepare {
         file: from.to_owned(),
         source: e,
@@ -207,7 +210,7 @@ fn integrity(from: &Path, conn: &Connection) -> Result<(), ImportError> {
 }
 
 /// Refuses an org that already has any log entry: an import never overwrites a tenant.
-async fn refuse_existing(replica: &Replica, org: &OrgId) -> Result<(), String> {
+pub(super) async fn refuse_existing(replica: &Replica, org: &OrgId) -> Result<(), String> {
     let log = replica
         .history(org)
         .await
@@ -221,19 +224,20 @@ async fn refuse_existing(replica: &Replica, org: &OrgId) -> Result<(), String> {
     ))
 }
 
-/// Claims the org, ships the prepared file as its first snapshot (streamed from the file)
-/// and releases it, so a server claims at once.
-async fn publish(
+/// Claims the org as `writer`, ships the prepared file as its first snapshot (streamed from
+/// the file) and releases it, so a server claims at once.
+pub(super) async fn publish(
     replica: &Replica,
     org: &OrgId,
     image: &Path,
     commit: u64,
+    writer: &str,
 ) -> Result<idem_org::replica::Shipped, String> {
     let step = |what: &'static str| {
         move |e: idem_org::replica::Error| about(org, &format!("{what}: {}", crate::chain(&e)))
     };
     let mut claim = replica
-        .claim(org, WRITER, false)
+        .claim(org, writer, false)
         .await
         .map_err(step("claim"))?;
     // Another writer created the org between the check and the claim: leave it theirs.

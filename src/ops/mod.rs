@@ -2,6 +2,7 @@
 //! import.
 
 mod check_store;
+mod clone;
 mod effects;
 mod import;
 mod orgs;
@@ -18,6 +19,7 @@ use idem_org::replica;
 use idem_org::replica::{OrgId, Replica};
 
 pub use check_store::check_store;
+pub use clone::clone;
 pub(crate) use effects::effect_json;
 pub use effects::{EffectsArgs, effects};
 pub use import::import;
@@ -113,6 +115,27 @@ fn parse_moment(s: &str) -> Result<u64, String> {
         .duration_since(std::time::UNIX_EPOCH)
         .map_err(|_| format!("{s:?} is before 1970"))?;
     u64::try_from(since.as_millis()).map_err(|_| format!("{s:?} is too far in the future"))
+}
+
+/// `idem clone`.
+#[derive(Debug, Args)]
+pub struct CloneArgs {
+    /// The org to copy (only read).
+    src: String,
+    /// The new org (must have no log entry in the store).
+    dst: String,
+    /// Store URL (both orgs are in it).
+    #[arg(long)]
+    store: String,
+    /// Log position (seq) of SRC to copy; default: the newest.
+    #[arg(long, conflicts_with = "at_time")]
+    at: Option<u64>,
+    /// A moment (RFC 3339): copy SRC's newest position published at or before it.
+    #[arg(long, value_parser = parse_moment)]
+    at_time: Option<u64>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `idem import`.

@@ -1,0 +1,153 @@
+//! `idem clone SRC DST` on the real binary: DST's first snapshot is SRC's state at the
+//! position asked for (the newest, a seq or a moment), DST verifies and restores like any
+//! org, SRC is unchanged; a DST that already has a log, SRC = DST and an unknown SRC are
+//! refused with one line, nothing written.
+
+mod common;
+
+use std::path::Path;
+
+use common::{TestResult, assert_clean_failure, run};
+use idem_org::replica::{OrgId, Replica, Settings};
+use idem_org::rusqlite::Connection;
+
+/// A store with org `acme` (rows k1, k2, k3, one acknowledged request each), released.
+fn seeded_store(dir: &Path) -> TestResult<String> {
+    let store = dir.join("store");
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let replica = Replica::open(Replica::local_store(&store)?, "", Settings::default()).await?;
+        let registry = idem_org::Registry::builder(dir.join("data"), replica, "seed")
+            .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
+            .build()?;
+        let org = registry.acquire(&OrgId::new("acme")?).await?;
+        for k in ["k1", "k2", "k3"] {
+            org.once(k, move |tx| {
+                tx.execute("INSERT INTO t VALUES (?1)", [k])?;
+                Ok::<_, idem_org::rusqlite::Error>(k.as_bytes().to_vec())
+            })
+            .await?;
+        }
+        registry.shutdown().await;
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+    })?;
+    Ok(store.display().to_string())
+}
+
+/// The rows of `t` and the applied keys of `org`'s newest published state.
+fn rows(store: &str, org: &str, dir: &Path) -> TestResult<(Vec<String>, i64)> {
+    let to = dir.join(format!("{org}-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&to);
+    let out = run(&[
+        "restore",
+        org,
+        "--store",
+        store,
+        "--to",
+        to.to_str().ok_or("path")?,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let conn = Connection::open(&to)?;
+    let mut stmt = conn.prepare("SELECT k FROM t ORDER BY k")?;
+    let ks = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<Vec<String>, _>>()?;
+    let keys = conn.query_row(
+        "SELECT count(*) FROM idem_keys WHERE applied = 1",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok((ks, keys))
+}
+
+#[test]
+fn a_clone_is_the_source_at_its_position_and_a_new_org_of_its_own() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let out = run(&["clone", "acme", "beta", "--store", &store]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("into org beta"));
+    let acme = rows(&store, "acme", dir.path())?;
+    assert_eq!(acme.0, ["k1", "k2", "k3"]);
+    assert_eq!(
+        rows(&store, "beta", dir.path())?,
+        acme,
+        "the clone holds the same rows and keys"
+    );
+    let out = run(&["verify", "beta", "--store", &store]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its own log: a claim by idem-clone, its first snapshot, a release.
+    let v: serde_json::Value =
+        serde_json::from_slice(&run(&["inspect", "beta", "--store", &store, "--json"]).stdout)?;
+    assert_eq!(v["head"], "release", "{v}");
+    assert_eq!(v["history"][0]["writer"], "idem-clone", "{v}");
+
+    // At an older position: the state published then, not the newest.
+    let snaps: serde_json::Value =
+        serde_json::from_slice(&run(&["snapshots", "acme", "--store", &store, "--json"]).stdout)?;
+    let first = snaps[0]["seq"].as_u64().ok_or("no seq")?;
+    let out = run(&[
+        "clone",
+        "acme",
+        "gamma",
+        "--store",
+        &store,
+        "--at",
+        &first.to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let gamma = rows(&store, "gamma", dir.path())?;
+    assert!(
+        gamma.0.len() < 3,
+        "{gamma:?}: the first position holds fewer rows"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_clone_into_an_existing_org_or_itself_or_from_nothing_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    assert!(
+        run(&["clone", "acme", "beta", "--store", &store])
+            .status
+            .success()
+    );
+    let before = std::fs::read_dir(Path::new(&store).join("orgs/beta/log"))?.count();
+    assert_clean_failure(
+        &run(&["clone", "acme", "beta", "--store", &store]),
+        "already exists",
+    );
+    assert_eq!(
+        std::fs::read_dir(Path::new(&store).join("orgs/beta/log"))?.count(),
+        before,
+        "a refused clone wrote to the existing org"
+    );
+    assert_clean_failure(
+        &run(&["clone", "acme", "acme", "--store", &store]),
+        "into itself",
+    );
+    assert_clean_failure(
+        &run(&["clone", "nobody", "delta", "--store", &store]),
+        "not found",
+    );
+    assert!(!Path::new(&store).join("orgs/delta").exists());
+    assert_clean_failure(&run(&["clone", "acme", "../x", "--store", &store]), "org");
+    Ok(())
+}
