@@ -38,6 +38,8 @@ pub const PARKS: &str = "idem_parks_total";
 pub const UNPARKS: &str = "idem_unparks_total";
 /// Retention deletions after ships, by `what`: `entries` or `blobs`.
 pub const RETENTION_DELETED: &str = "idem_retention_deleted_total";
+/// Counter: level files written by background compaction (`docs/design.md` 2d).
+pub const LEVEL_FILES_WRITTEN: &str = "idem_level_files_written_total";
 /// External effects settled, by `state`: `committed`, `failed` (proved not executed),
 /// `ambiguous` (outcome unknown: needs `resolve`).
 pub const EFFECTS: &str = "idem_effects_total";
@@ -76,6 +78,10 @@ pub fn describe() {
     describe_counter!(PARKS, "idle orgs parked (connection closed, claim kept)");
     describe_counter!(UNPARKS, "parked orgs reopened, their file proven");
     describe_counter!(RETENTION_DELETED, "retention deletions, by what");
+    describe_counter!(
+        LEVEL_FILES_WRITTEN,
+        "level files of closed chains written by background compaction"
+    );
     describe_counter!(EFFECTS, "external effects settled, by state");
     describe_gauge!(EFFECTS_OPEN, "external effects open now, by state");
 }

@@ -18,6 +18,9 @@ pub(crate) async fn run(inner: Arc<Inner>) {
     let mut ships_since_retain = 0u64;
     let retain_interval = Duration::from_millis(inner.settings.retain_interval_ms);
     let mut last_retain = idem_base::Stopwatch::start();
+    // One level compaction at a time per org, off the shipping path (it rebuilds a closed
+    // chain from the store: `docs/design.md` 2d).
+    let compacting = Arc::new(std::sync::atomic::AtomicBool::new(false));
     loop {
         loop {
             if inner.acks.lock().stop.is_some() {
@@ -76,6 +79,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             {
                 ships_since_retain = 0;
                 last_retain.restart();
+                compact_in_background(&inner, &compacting);
                 match inner
                     .replica
                     .retain(&inner.acks.org, &inner.settings.retention)
@@ -97,4 +101,23 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             tokio::time::sleep(Duration::from_millis(inner.settings.min_ship_interval_ms)).await;
         }
     }
+}
+
+/// Starts [`idem_replica::Replica::compact_levels`] for the org on its own task, unless one
+/// is still running: a new full snapshot has just closed the chain before it. Its level file
+/// lets the next retention run delete that chain's deltas once they are `keep_ms` old.
+fn compact_in_background(inner: &Arc<Inner>, running: &Arc<std::sync::atomic::AtomicBool>) {
+    if inner.settings.retention.level_ms == 0 || running.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let (replica, org) = (inner.replica.clone(), inner.acks.org.clone());
+    let (policy, running) = (inner.settings.retention.clone(), running.clone());
+    tokio::spawn(async move {
+        match replica.compact_levels(&org, &policy).await {
+            Ok(report) => metrics::counter!(m::LEVEL_FILES_WRITTEN)
+                .increment(report.written.len() as u64),
+            Err(e) => tracing::warn!(%org, error = %e, "level compaction failed"),
+        }
+        running.store(false, Ordering::Release);
+    });
 }

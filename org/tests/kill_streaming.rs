@@ -262,6 +262,8 @@ async fn kill_while_a_snapshots_segments_upload_acknowledges_nothing_of_it() -> 
             &Retention {
                 keep_snapshots: 1,
                 keep_ms: 0,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;

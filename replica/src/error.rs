@@ -113,6 +113,19 @@ pub enum Error {
         /// When it was published (its writer's clock), ms since the Unix epoch.
         oldest_ms: u64,
     },
+    /// The position lies in the point-in-time window, but retention kept only its bucket's
+    /// last position (`docs/design.md` 2d): restore one of the kept positions around it.
+    #[error("org {org}: position {seq} is not kept (the kept positions around it: {before:?}, {after:?})")]
+    PositionNotKept {
+        /// The org.
+        org: String,
+        /// The requested log position.
+        seq: u64,
+        /// The nearest kept position below it.
+        before: Option<u64>,
+        /// The nearest kept position above it.
+        after: Option<u64>,
+    },
     /// `restore(at: Some(seq))` named a log position that holds no snapshot or delta entry.
     #[error("org {org} has no published snapshot or delta at seq {seq}")]
     NoSuchSnapshot {
@@ -405,6 +418,7 @@ impl Error {
             | Error::InvalidSettings { .. }
             | Error::InvalidStoreUrl { .. }
             | Error::NoSuchSnapshot { .. }
+            | Error::PositionNotKept { .. }
             | Error::BeforeWindow { .. }
             | Error::NoChainTip { .. } => ErrorKind::Input,
             Error::LeaseHeld { .. }

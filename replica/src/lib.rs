@@ -83,6 +83,7 @@ mod error;
 mod failpoint;
 mod fence;
 mod format;
+mod levels;
 pub mod live;
 pub mod metrics;
 mod org_id;
@@ -127,9 +128,10 @@ pub use publish::snapshot::Snapshot;
 pub use rebuild::hydrate::{Hydrated, RestoreProgress};
 pub use rebuild::resume::{ResumePoint, Resumed};
 pub use replica::Replica;
+pub use levels::{LEVEL_MIN_DELTAS, LevelReport, MAX_LEVEL_BYTES};
 pub use retention::RetentionReport;
 pub use settings::{
-    MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention, Settings,
+    DEFAULT_WINDOW_MS, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention, Settings,
     max_holder_term_ms,
 };
 pub use store_clock::{REMEASURE_AFTER, StoreTime};

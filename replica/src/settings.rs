@@ -143,17 +143,34 @@ impl Settings {
     }
 }
 
-/// Retention policy for [`crate::Replica::retain`].
+/// The default point-in-time window: 30 days, in ms.
+pub const DEFAULT_WINDOW_MS: u64 = 30 * 24 * 3_600_000;
+
+/// Retention policy for [`crate::Replica::retain`] and the point-in-time window's levels
+/// ([`crate::Replica::compact_levels`], `docs/design.md` 2d).
 ///
-/// A snapshot is deleted only if it is beyond the newest `keep_snapshots` AND older than
-/// `keep_ms`; the newest snapshot is always kept whatever the policy says (I11).
+/// Three levels of positions: every acknowledged position (a delta entry) for at least
+/// `keep_ms`; one position per `level_ms` bucket (a level file's section) for the window;
+/// every snapshot for the window. A snapshot is deleted only if it is beyond the newest
+/// `keep_snapshots` AND older than the window (`window_ms`, or `keep_ms` if that is
+/// longer); the newest snapshot is always kept whatever the policy says (I11).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Retention {
     /// Newest snapshots to keep (values below 1 are treated as 1).
     pub keep_snapshots: usize,
-    /// Minimum age in ms before a snapshot may be deleted.
+    /// How long every acknowledged position stays restorable, ms: the deltas of a closed
+    /// chain are deleted once its newest delta is this old and its level file exists.
+    /// Default one hour.
     pub keep_ms: u64,
+    /// The point-in-time window, ms: snapshots and level files younger than this stay, so
+    /// any moment inside it restores to its bucket's last position. Default 30 days
+    /// ([`DEFAULT_WINDOW_MS`]); 0 keeps the window at `keep_ms`.
+    pub window_ms: u64,
+    /// Width of a level file's buckets, ms: a moment older than `keep_ms` restores to the
+    /// last position of its bucket. Default 60 000 (a minute); 0 turns level files off (a
+    /// closed chain's deltas then stay for the whole window).
+    pub level_ms: u64,
 }
 
 impl Default for Retention {
@@ -161,6 +178,16 @@ impl Default for Retention {
         Retention {
             keep_snapshots: 3,
             keep_ms: 3_600_000,
+            window_ms: DEFAULT_WINDOW_MS,
+            level_ms: 60_000,
         }
+    }
+}
+
+impl Retention {
+    /// The minimum age in ms before a snapshot (and its level file) may be deleted: the
+    /// window, or `keep_ms` when that is longer.
+    pub fn snapshot_age_ms(&self) -> u64 {
+        self.window_ms.max(self.keep_ms)
     }
 }

@@ -72,6 +72,8 @@ async fn a_refused_publish_that_lands_late_in_a_slot_retention_freed_is_fenced_n
     let policy = Retention {
         keep_snapshots: 2,
         keep_ms: 1_000,
+        window_ms: 0,
+        level_ms: 0,
     };
     let report = b.retain(&acme, &policy).await?;
     assert!(report.deleted_entries.contains(&3), "{report:?}");

@@ -102,6 +102,8 @@ async fn a_zombie_snapshot_landing_in_a_freed_slot_never_names_deleted_objects()
     let policy = Retention {
         keep_snapshots: 2,
         keep_ms: 1_000,
+        window_ms: 0,
+        level_ms: 0,
     };
     let report = b.retain(&acme, &policy).await?;
     assert!(report.deleted_entries.contains(&3), "{report:?}");

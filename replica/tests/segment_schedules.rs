@@ -177,6 +177,8 @@ fn keep(n: usize) -> Retention {
     Retention {
         keep_snapshots: n,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     }
 }
 

@@ -369,6 +369,8 @@ async fn retention_reads_only_entries_its_handle_has_not_seen() -> R {
     let keep_one = idem_replica::Retention {
         keep_snapshots: 1,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     replica
         .ship(&mut claim, Snapshot::from_bytes(images[4].clone(), 5))

@@ -28,6 +28,8 @@ async fn verify_reads_again_when_retention_retires_what_it_read()
     let policy = Retention {
         keep_snapshots: 1,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     let retired = replica.retain(&org, &policy).await?;
     assert!(retired.deleted_entries.contains(&old.seq), "{retired:?}");

@@ -6,6 +6,7 @@
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<sha256>.manifest.json  snapshot manifests
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.delta.zst  immutable delta blobs
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  whole snapshots (earlier builds)
+//! <prefix>/orgs/<org>/levels/<snap:020>-<end:020>.lvl        a closed chain's level file
 //! <prefix>/orgs/<org>/lease.json                            advisory lease of the org's claim
 //! <prefix>/processes/<instance>.json                        a writer process's lease
 //! ```
@@ -46,6 +47,13 @@ impl Layout {
     }
     pub(crate) fn snap_dir(&self, org: &OrgId) -> Path {
         self.join(&format!("orgs/{org}/snap"))
+    }
+    pub(crate) fn levels_dir(&self, org: &OrgId) -> Path {
+        self.join(&format!("orgs/{org}/levels"))
+    }
+    /// `name` must pass [`crate::format::level::parse_level_name`] (one path segment, I12).
+    pub(crate) fn level(&self, org: &OrgId, name: &str) -> Path {
+        self.join(&format!("orgs/{org}/levels/{name}"))
     }
     pub(crate) fn log(&self, org: &OrgId, seq: u64) -> Path {
         self.join(&format!("orgs/{org}/log/{seq:020}.json"))

@@ -6,6 +6,7 @@ pub(crate) mod body;
 pub(crate) mod checksum;
 pub(crate) mod entry;
 pub(crate) mod layout;
+pub mod level;
 pub mod manifest;
 pub(crate) mod pages;
 pub mod segment;

@@ -6,8 +6,8 @@ use crate::{Error, OrgId, Replica};
 
 impl Replica {
     /// The log position to restore for the moment `at_ms` (ms since the Unix epoch): the
-    /// newest snapshot or delta entry on a chain (never a stray, 3e's R1) whose `at_ms` is at
-    /// or before it. `at_ms` is the publishing writer's clock, as `idem snapshots` shows it:
+    /// newest kept position (a snapshot or delta entry on a chain, never a stray, 3e's R1;
+    /// or a level file's section, `docs/design.md` 2d) whose `at_ms` is at or before it. `at_ms` is the publishing writer's clock, as `idem snapshots` shows it:
     /// an operator's lookup, no fencing or deletion depends on it (I15). When writers' clocks
     /// disagree, the log's order decides: the newest seq whose time qualifies.
     ///
@@ -27,7 +27,10 @@ impl Replica {
             let seq = e.seq();
             let on_chain = chain::newest(org, &log, seq.saturating_add(1))?;
             if on_chain.as_ref().map(chain::Chain::position) == Some(seq) {
-                return Ok(seq);
+                // A closed chain whose deltas retention thinned keeps a position per
+                // bucket in its level file (2d): the last one at or before the moment.
+                let level = self.level_position_at(org, seq, at_ms).await?;
+                return Ok(level.unwrap_or(seq));
             }
         }
         match positions.iter().min_by_key(|e| e.at_ms()) {

@@ -128,6 +128,11 @@ impl Replica {
             }
         };
         let log = self.history(org).await?;
+        // A position of a closed chain with a level file: its sections, then what the log
+        // still holds after them (2d).
+        if let Some(plan) = self.level_plan(org, &log, seq).await? {
+            return self.install_level_plan(org, plan, dest).await;
+        }
         if !log
             .iter()
             .any(|e| e.seq() == seq && (e.is_snapshot() || e.is_delta()))
@@ -354,7 +359,7 @@ impl Replica {
     }
 
     /// Fetches the blobs of `entries`, `n` at a time, in order.
-    async fn fetch_batch(
+    pub(crate) async fn fetch_batch(
         &self,
         org: &OrgId,
         entries: &[LogEntry],

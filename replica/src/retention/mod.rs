@@ -12,6 +12,7 @@ use crate::format::layout::parse_blob_seq;
 use crate::format::manifest::segment_sha;
 use crate::{Error, LogEntry, OrgId, Replica, Retention};
 
+
 /// Result of [`crate::Replica::retain`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RetentionReport {
@@ -77,7 +78,16 @@ impl Replica {
             .filter(|(i, e)| i + keep < snaps.len() && e.seq() < newest)
             .map(|(_, e)| *e)
             .collect();
-        let now = match self.age_now(policy, &beyond_count).await {
+        // Closed chains (below the newest snapshot) whose level file covers them: their
+        // deltas go once the newest is `keep_ms` old (2d). Snapshots beyond the count go
+        // once older than the window.
+        let thinnable = self.thinnable(org, &log, newest).await?;
+        let mut ages: Vec<(u64, u64)> = beyond_count
+            .iter()
+            .map(|e| (e.at_ms(), policy.snapshot_age_ms()))
+            .collect();
+        ages.extend(thinnable.iter().map(|(newest_ms, _)| (*newest_ms, policy.keep_ms)));
+        let now = match self.age_now(&ages).await {
             Ok(now) => Some(now),
             // A clock the store contradicts decides no age (I15); refuse() counted it.
             Err(e @ Error::ClockSkew { .. }) => {
@@ -87,9 +97,15 @@ impl Replica {
             }
             Err(e) => return Err(e),
         };
+        let old_enough = |at_ms: u64, age: u64| now.is_some_and(|now| now.saturating_sub(at_ms) >= age);
         let mut doomed: Vec<&LogEntry> = beyond_count
             .into_iter()
-            .filter(|e| now.is_some_and(|now| now.saturating_sub(e.at_ms()) >= policy.keep_ms))
+            .filter(|e| old_enough(e.at_ms(), policy.snapshot_age_ms()))
+            .collect();
+        let thinned: std::collections::HashSet<u64> = thinnable
+            .iter()
+            .filter(|(newest_ms, _)| old_enough(*newest_ms, policy.keep_ms))
+            .flat_map(|(_, seqs)| seqs.iter().copied())
             .collect();
         // Deltas stay while the snapshot they chain from stays (point-in-time restore);
         // deltas no kept snapshot reaches (a fenced writer's orphans) go. Claims and releases
@@ -115,8 +131,8 @@ impl Replica {
         doomed.extend(log.iter().filter(|e| {
             e.is_delta()
                 && e.seq() < newest
-                && !reachable.contains(&e.seq())
-                && !strays.contains(&e.seq())
+                && ((!reachable.contains(&e.seq()) && !strays.contains(&e.seq()))
+                    || thinned.contains(&e.seq()))
         }));
         report.kept_snapshots = snaps.len() - doomed.iter().filter(|e| e.is_snapshot()).count();
         // Entries first, then blobs: a reader never finds an entry whose blob is gone. Deltas
@@ -217,6 +233,20 @@ impl Replica {
             self.delete(&meta.location).await?;
             report.deleted_blobs.push(meta.location.to_string());
         }
+        // Level files go with their snapshot: one whose snapshot is not kept (deleted now,
+        // or before a late compactor wrote it) is named by no reader.
+        let kept_snaps: std::collections::HashSet<u64> = kept
+            .iter()
+            .filter(|e| e.is_snapshot())
+            .map(|e| e.seq())
+            .collect();
+        for level in self.level_names(org).await? {
+            if level.snapshot < newest && !kept_snaps.contains(&level.snapshot) {
+                let path = self.inner.store.layout.level(org, &level.name);
+                self.delete(&path).await?;
+                report.deleted_blobs.push(path.to_string());
+            }
+        }
         info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(),
               age_skipped = report.age_skipped, "retention ran");
         Ok(report)
@@ -230,13 +260,81 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::ClockSkew`] and the other errors of [`Replica::store_time`].
-    async fn age_now(&self, policy: &Retention, candidates: &[&LogEntry]) -> Result<u64, Error> {
+    async fn age_now(&self, candidates: &[(u64, u64)]) -> Result<u64, Error> {
         let host = self.inner.clock.now_ms();
-        let by_host = |e: &&LogEntry| host.saturating_sub(e.at_ms()) >= policy.keep_ms;
-        if policy.keep_ms == 0 || !candidates.iter().any(by_host) {
+        let by_host = |(at_ms, age): &(u64, u64)| *age > 0 && host.saturating_sub(*at_ms) >= *age;
+        if !candidates.iter().any(by_host) {
             return Ok(host);
         }
         Ok(self.store_time("retention").await?.now_ms())
+    }
+
+    /// The closed chains of `log` (below the snapshot `newest`) that a level file covers
+    /// and that still hold deltas: for each, its newest delta's `at_ms` and its deltas'
+    /// seqs. A level file covers a chain when it parses under its name and its sections
+    /// are positions of the chain ending at the chain's end; each is read once per handle.
+    async fn thinnable(
+        &self,
+        org: &OrgId,
+        log: &[LogEntry],
+        newest: u64,
+    ) -> Result<Vec<(u64, Vec<u64>)>, Error> {
+        let levels = self.level_names(org).await?;
+        let mut out = Vec::new();
+        for (i, s) in log.iter().enumerate() {
+            if !s.is_snapshot() || s.seq() >= newest {
+                continue;
+            }
+            let deltas = chain::after(s, &log[i + 1..]);
+            let Some(last) = deltas.last() else { continue };
+            let Some(level) = levels.iter().find(|l| l.snapshot == s.seq()) else {
+                continue;
+            };
+            // An interrupted run leaves a prefix of the chain: the file ends above it.
+            if level.end < last.seq() {
+                continue;
+            }
+            if !self.level_covers(org, level, &deltas).await? {
+                continue;
+            }
+            let newest_ms = deltas.iter().map(LogEntry::at_ms).max().unwrap_or(0);
+            out.push((newest_ms, deltas.iter().map(LogEntry::seq).collect()));
+        }
+        Ok(out)
+    }
+
+    /// True when `level` reads back and every section is a position of `deltas` or above
+    /// them (an earlier run deleted the rest, newest first), ending at `level.end`.
+    async fn level_covers(
+        &self,
+        org: &OrgId,
+        level: &crate::levels::LevelName,
+        deltas: &[LogEntry],
+    ) -> Result<bool, Error> {
+        let path = self.inner.store.layout.level(org, &level.name).to_string();
+        if self.inner.segment_refs.get(&path).is_some() {
+            return Ok(true);
+        }
+        let file = match self.read_level(org, level).await {
+            Ok(f) => f,
+            // Damaged or gone: the deltas stay (verify reports the file).
+            Err(Error::Corrupt { .. } | Error::MissingObject { .. } | Error::UnknownFormat { .. }) => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e),
+        };
+        let top = deltas.last().map_or(0, LogEntry::seq);
+        let on_chain = file
+            .header
+            .sections
+            .iter()
+            .all(|s| s.seq > top || deltas.iter().any(|d| d.seq() == s.seq));
+        if on_chain {
+            self.inner
+                .segment_refs
+                .insert(&path, std::sync::Arc::new(Vec::new()));
+        }
+        Ok(on_chain)
     }
 
     /// The segment names of the manifest `name` of `org` (for an image of `image_bytes`),

@@ -207,6 +207,8 @@ pub(super) async fn org_isolation(store: Arc<dyn ObjectStore>) -> CaseResult {
         &Retention {
             keep_snapshots: 1,
             keep_ms: 0,
+            window_ms: 0,
+            level_ms: 0,
         },
     )
     .await?;

@@ -34,6 +34,8 @@ pub(super) async fn retention_on_a_skewed_host_deletes_nothing_by_age(
     let policy = |keep_ms| Retention {
         keep_snapshots: 1,
         keep_ms,
+        window_ms: 0,
+        level_ms: 0,
     };
 
     // An orphan: a blob named for a position the log has reached that no entry names (a

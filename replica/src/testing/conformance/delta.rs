@@ -334,6 +334,8 @@ pub(super) async fn a_successor_continues_the_chain_and_a_zombie_stays_fenced(
     let keep_two = crate::Retention {
         keep_snapshots: 2,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     let kept = r.retain(&acme, &keep_two).await?;
     assert!(kept.deleted_entries.is_empty(), "{kept:?}");
@@ -345,6 +347,8 @@ pub(super) async fn a_successor_continues_the_chain_and_a_zombie_stays_fenced(
     let keep_one = crate::Retention {
         keep_snapshots: 1,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     let gone = r.retain(&acme, &keep_one).await?;
     for (seq, _) in &images {

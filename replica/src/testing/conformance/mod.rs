@@ -27,6 +27,7 @@ mod damage;
 mod db;
 mod delta;
 mod faults;
+mod levels;
 mod pipeline;
 mod retention;
 mod s3;
@@ -103,6 +104,7 @@ macro_rules! __conformance_cases {
             pipeline::pipelined_ships_acknowledge_in_slot_order_whatever_order_they_land_in,
             pipeline::a_ship_that_never_lands_fences_its_writer_and_loses_nothing_acknowledged,
             pipeline::retention_keeps_a_blob_that_may_be_in_flight_below_the_head,
+            levels::levels_restore_every_kept_moment_byte_for_byte,
         }
     };
 }

@@ -175,6 +175,8 @@ pub(super) async fn a_ship_that_never_lands_fences_its_writer_and_loses_nothing_
             &Retention {
                 keep_snapshots: 2,
                 keep_ms: 0,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;
@@ -226,6 +228,8 @@ pub(super) async fn retention_keeps_a_blob_that_may_be_in_flight_below_the_head(
             &Retention {
                 keep_snapshots: 1,
                 keep_ms: 0,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;

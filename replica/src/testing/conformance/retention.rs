@@ -32,6 +32,8 @@ async fn paused_replica(
 const KEEP_ONE: Retention = Retention {
     keep_snapshots: 1,
     keep_ms: 0,
+    window_ms: 0,
+    level_ms: 0,
 };
 
 /// A zombie paused after uploading resumes after its successor shipped and retention ran:
@@ -65,6 +67,8 @@ pub(super) async fn zombie_after_retention_is_fenced(store: Arc<dyn ObjectStore>
             &Retention {
                 keep_snapshots: 1,
                 keep_ms: 0,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;
@@ -109,6 +113,8 @@ pub(super) async fn retention_keeps_the_delta_chain(store: Arc<dyn ObjectStore>)
             &Retention {
                 keep_snapshots: 1,
                 keep_ms: 0,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;
@@ -186,6 +192,8 @@ async fn zombie_delta_fenced(store: Arc<dyn ObjectStore>, inline_delta_bytes: us
     let keep_one = Retention {
         keep_snapshots: 1,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     let first_run = rb.retain(&o, &keep_one).await?;
     assert!(
@@ -245,6 +253,8 @@ pub(super) async fn a_zombie_delta_after_retention_never_lands(
     let keep_ten = Retention {
         keep_snapshots: 10,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     let report = replica.retain(&org, &keep_ten).await?;
     assert!(!report.deleted_entries.contains(&w2.seq()), "{report:?}");

@@ -94,6 +94,8 @@ pub(super) async fn a_segment_shared_by_two_snapshots_survives_retention_of_the_
     let policy = Retention {
         keep_snapshots: 1,
         keep_ms: 0,
+        window_ms: 0,
+        level_ms: 0,
     };
     // From another handle, as a cron job would run it: it reads the kept manifest itself.
     let cron = crate::Replica::open(store.clone(), &w.prefix, settings()).await?;

@@ -40,6 +40,8 @@ pub(super) async fn retention_keeps_newest(store: Arc<dyn ObjectStore>) -> CaseR
             &Retention {
                 keep_snapshots: 1,
                 keep_ms: 10_000,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;
@@ -51,6 +53,8 @@ pub(super) async fn retention_keeps_newest(store: Arc<dyn ObjectStore>) -> CaseR
             &Retention {
                 keep_snapshots: 2,
                 keep_ms: 10_000,
+                window_ms: 0,
+                level_ms: 0,
             },
         )
         .await?;
@@ -75,6 +79,8 @@ pub(super) async fn retention_keeps_newest(store: Arc<dyn ObjectStore>) -> CaseR
         &Retention {
             keep_snapshots: 0,
             keep_ms: 0,
+            window_ms: 0,
+            level_ms: 0,
         },
     )
     .await?;

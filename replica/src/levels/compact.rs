@@ -1,0 +1,265 @@
+//! Writing level files: a closed chain rebuilt from the store, one section per bucket.
+
+use std::collections::BTreeSet;
+
+use object_store::{PutMode, PutPayload};
+use tracing::{debug, info};
+
+use super::{LEVEL_MIN_DELTAS, MAX_LEVEL_BYTES};
+use crate::chain::{self, Start};
+use crate::format::body::{self, DeltaBody, WHOLE};
+use crate::format::checksum::{PageHashes, checksum_hex};
+use crate::format::level::{self, LevelHeader, Section, SectionBody, level_name};
+use crate::rebuild::image::{FileImage, PageImage};
+use crate::replica::blocking;
+use crate::{Error, LogEntry, OrgId, Replica, Retention};
+
+/// Result of [`Replica::compact_levels`].
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LevelReport {
+    /// Level files this run created (object names in `orgs/<org>/levels/`).
+    pub written: Vec<String>,
+    /// Closed chains that already had their level file.
+    pub present: usize,
+    /// Closed chains left at their deltas, with why: fewer than [`super::LEVEL_MIN_DELTAS`]
+    /// deltas, a pipelined chain, or sections over [`super::MAX_LEVEL_BYTES`].
+    pub skipped: Vec<(u64, &'static str)>,
+}
+
+/// The sections of a chain as its deltas are applied.
+struct Sections {
+    /// Pages changed since the previous section.
+    touched: BTreeSet<u32>,
+    /// Deltas since the previous section.
+    positions: u64,
+    /// The database checksum at the previous section (or the snapshot).
+    base_checksum: String,
+    /// Uncompressed bytes of the sections so far.
+    bytes: u64,
+    done: Vec<SectionBody>,
+}
+
+impl Sections {
+    /// Closes a section at `entry`, the last delta of its bucket: every page touched since
+    /// the previous one, whole, as `image` holds it now.
+    fn close(
+        &mut self,
+        entry: &LogEntry,
+        image: &mut FileImage,
+        hashes: &PageHashes,
+    ) -> Result<(), Error> {
+        let ps = hashes.page_size();
+        let db_pages = hashes.pages() as u32;
+        let object = image.path().display().to_string();
+        let mut pages = Vec::new();
+        for &pgno in self.touched.iter().filter(|p| **p <= db_pages) {
+            let mut page = vec![0u8; ps as usize];
+            image.read_at(&object, (u64::from(pgno) - 1) * u64::from(ps), &mut page)?;
+            pages.push((pgno, page));
+        }
+        let body = body::write(
+            ps,
+            db_pages,
+            pages.len(),
+            pages.iter().map(|(p, b)| (*p, WHOLE, b.as_slice())),
+        );
+        self.bytes += body.len() as u64;
+        let checksum = checksum_hex(hashes.sum());
+        self.done.push(SectionBody {
+            section: Section {
+                seq: entry.seq(),
+                round: entry.round(),
+                at_ms: entry.at_ms(),
+                commit: entry.commit().unwrap_or(0),
+                db_pages,
+                changed_pages: pages.len() as u32,
+                base_checksum: std::mem::replace(&mut self.base_checksum, checksum.clone()),
+                checksum,
+                positions: std::mem::take(&mut self.positions),
+                offset: 0,
+                len: 0,
+                bytes: 0,
+                sha256: String::new(),
+            },
+            body,
+        });
+        self.touched.clear();
+        Ok(())
+    }
+}
+
+impl Replica {
+    /// Writes the level file of every closed chain of `org` that has none yet: a chain
+    /// whose snapshot has a newer snapshot above it, so its deltas never change again. The
+    /// chain is rebuilt from the store with every check of a restore (sha256 of each
+    /// object, the database checksum before and after each delta, I10), and each bucket of
+    /// `policy.level_ms` (by the deltas' `at_ms`) becomes one section: the pages changed in
+    /// the bucket, whole, at its last position. The file is created create-only under a
+    /// name fixed by the chain (`<snapshot>-<end>.lvl`), so two compactors write the same
+    /// positions and the second finds the first's file. Nothing is fenced: a level file
+    /// holds only positions of a verified chain, which no writer changes once it is
+    /// closed (`docs/design.md` 2d).
+    ///
+    /// Reads each chain as a restore would (its snapshot's segments and its deltas, inline
+    /// ones from their entries) into a temp file under `$TMPDIR`; memory holds the sections
+    /// being written, at most [`super::MAX_LEVEL_BYTES`].
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`]; [`Error::Store`]; [`Error::Corrupt`] or [`Error::ChainBroken`]
+    /// when a chain does not rebuild (nothing is written for it). A chain whose objects
+    /// retention deleted meanwhile is skipped.
+    pub async fn compact_levels(
+        &self,
+        org: &OrgId,
+        policy: &Retention,
+    ) -> Result<LevelReport, Error> {
+        self.writable("compaction")?;
+        let mut report = LevelReport::default();
+        if policy.level_ms == 0 {
+            return Ok(report);
+        }
+        let (log, _) = self.inner.log.history_known(org).await?;
+        let existing = self.level_names(org).await?;
+        let snaps: Vec<usize> = (0..log.len()).filter(|i| log[*i].is_snapshot()).collect();
+        for w in snaps.windows(2) {
+            let snapshot = &log[w[0]];
+            if existing.iter().any(|l| l.snapshot == snapshot.seq()) {
+                report.present += 1;
+                continue;
+            }
+            let deltas = chain::after(snapshot, &log[w[0] + 1..]);
+            let why = if deltas.len() < LEVEL_MIN_DELTAS {
+                Some("fewer deltas than a level file is worth")
+            } else if deltas.iter().any(LogEntry::is_pipelined) {
+                Some("a pipelined chain")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                report.skipped.push((snapshot.seq(), why));
+                continue;
+            }
+            match self
+                .compact_chain(org, snapshot, &deltas, policy.level_ms)
+                .await
+            {
+                Ok(Some(name)) => report.written.push(name),
+                Ok(None) => report.skipped.push((snapshot.seq(), "sections too large")),
+                Err(Error::MissingObject { path }) => {
+                    debug!(%org, seq = snapshot.seq(), path, "chain retired while compacting");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !report.written.is_empty() {
+            info!(%org, written = report.written.len(), "level files written");
+        }
+        Ok(report)
+    }
+
+    /// Rebuilds one closed chain and creates its level file; `None` when its sections
+    /// would pass [`super::MAX_LEVEL_BYTES`].
+    async fn compact_chain(
+        &self,
+        org: &OrgId,
+        snapshot: &LogEntry,
+        deltas: &[LogEntry],
+        bucket_ms: u64,
+    ) -> Result<Option<String>, Error> {
+        let dir = tempfile::Builder::new()
+            .prefix("idem-level-")
+            .tempdir()
+            .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+        let path = dir.path().join("image");
+        let file = blocking("creating a scratch file", move || FileImage::create(&path)).await?;
+        let (image, _, hashes, _) = self.download_snapshot(org, snapshot, file, false).await?;
+        let start = Start {
+            seq: snapshot.seq(),
+            checksum: hashes.sum(),
+        };
+        let page_size = hashes.page_size();
+        let mut sections = Sections {
+            touched: BTreeSet::new(),
+            positions: 0,
+            base_checksum: checksum_hex(start.checksum),
+            bytes: 0,
+            done: Vec::new(),
+        };
+        let bucket = |e: &LogEntry| e.at_ms() / bucket_ms;
+        let mut state = (image, hashes);
+        let n = self.inner.settings.read_concurrency.max(1);
+        for (b, batch) in deltas.chunks(n).enumerate() {
+            // The known-entries cache drops inline bodies: those entries are read again.
+            let mut entries = Vec::with_capacity(batch.len());
+            for e in batch {
+                entries.push(match e.stored() {
+                    Some(s) if s.blob.is_inline() => self
+                        .inner
+                        .log
+                        .read_entry(org, e.seq())
+                        .await?
+                        .ok_or_else(|| Error::MissingObject {
+                            path: self.inner.store.layout.log(org, e.seq()).to_string(),
+                        })?,
+                    _ => e.clone(),
+                });
+            }
+            let bodies = self.fetch_batch(org, &entries, n).await?;
+            let closes: Vec<bool> = (0..entries.len())
+                .map(|i| {
+                    let next = deltas.get(b * n + i + 1);
+                    next.is_none_or(|d| bucket(d) != bucket(&entries[i]))
+                })
+                .collect();
+            let org_id = org.clone();
+            let (image, hashes) = state;
+            let mut secs = sections;
+            (state, sections) = blocking("compacting a chain", move || {
+                let (mut image, mut hashes) = (image, hashes);
+                for ((entry, (obj, body)), closes) in entries.iter().zip(&bodies).zip(closes) {
+                    chain::apply(&org_id, start, entry, obj, body, &mut image, &mut hashes)?;
+                    let parsed = DeltaBody::parse(obj, body)?;
+                    secs.touched.extend(parsed.records().map(|(pgno, _, _)| pgno));
+                    secs.positions += 1;
+                    if closes {
+                        secs.close(entry, &mut image, &hashes)?;
+                    }
+                }
+                Ok(((image, hashes), secs))
+            })
+            .await?;
+            if sections.bytes > MAX_LEVEL_BYTES {
+                return Ok(None);
+            }
+        }
+        let end = deltas.last().map_or(snapshot.seq(), LogEntry::seq);
+        let header = LevelHeader {
+            org: org.to_string(),
+            snapshot: snapshot.seq(),
+            snapshot_checksum: checksum_hex(start.checksum),
+            end,
+            bucket_ms,
+            page_size,
+            sections: Vec::new(),
+        };
+        let (org_name, zstd) = (org.to_string(), self.inner.settings.zstd_level);
+        let done = sections.done;
+        let bytes = blocking("encoding a level file", move || {
+            level::encode(&org_name, header, done, zstd)
+        })
+        .await?;
+        let name = level_name(snapshot.seq(), end);
+        let path = self.inner.store.layout.level(org, &name);
+        let put = self
+            .inner
+            .store
+            .object
+            .put_opts(&path, PutPayload::from(bytes), PutMode::Create.into())
+            .await;
+        match put {
+            // Another compactor wrote this chain's file first: the same positions.
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(Some(name)),
+            Err(e) => Err(Error::store("put", &path, e)),
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The point-in-time window's levels (`docs/design.md` 2d): closed chains compacted into
+//! level files restore every kept moment byte for byte, before and after retention thins
+//! their deltas; a thinned position is refused, never answered with a neighbour.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use idem_base::{Clock, ManualClock, SeededRng, SystemClock};
+use object_store::ObjectStore;
+
+use super::db::{Db, diff, page};
+use super::{CaseResult, org, prefix};
+use crate::{Error, Replica, Retention, Settings, Snapshot};
+
+/// One published position: its seq, its writer's time, and the database there.
+struct Position {
+    seq: u64,
+    at_ms: u64,
+    image: Vec<u8>,
+    snapshot: bool,
+}
+
+const MINUTE: u64 = 60_000;
+
+/// A recorded history of `chains` chains of random writes, published on a manual clock
+/// that starts three hours ago (so the store's clock agrees with "now" at the end), each
+/// chain closed by a full snapshot. Returns the replica, its clock and the positions.
+async fn history(
+    store: Arc<dyn ObjectStore>,
+    seed: u64,
+    chains: usize,
+) -> Result<(Replica, Arc<ManualClock>, Vec<Position>), Box<dyn std::error::Error + Send + Sync>>
+{
+    let now = SystemClock.now_ms();
+    let clock = Arc::new(ManualClock::new(now - 3 * 60 * MINUTE));
+    let r = Replica::open_with(
+        store,
+        &prefix()?,
+        Settings::default(),
+        clock.clone(),
+        None,
+    )
+    .await?;
+    let acme = org("acme");
+    let mut claim = r.claim(&acme, "a", false).await?;
+    let mut rng = SeededRng::new(seed);
+    let mut db = Db::new()?;
+    db.exec("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 30) INSERT INTO t SELECT i, randomblob(200) FROM n")?;
+    let mut prev = db.image()?;
+    let mut commit = 1;
+    let s = r
+        .ship(&mut claim, Snapshot::from_bytes(prev.clone(), commit))
+        .await?;
+    let mut out = vec![Position {
+        seq: s.seq,
+        at_ms: clock.now_ms(),
+        image: prev.clone(),
+        snapshot: true,
+    }];
+    for _ in 0..chains {
+        for step in 0..6 + rng.below(10) {
+            // Seconds to minutes apart: some buckets get several positions, some one.
+            clock.advance(2_000 + rng.below(100_000));
+            let id = rng.below(60);
+            let q = match rng.below(4) {
+                0 => format!("INSERT OR REPLACE INTO t VALUES ({id}, randomblob({}))", 50 + rng.below(3000)),
+                1 => format!("UPDATE t SET v = randomblob(20) WHERE id % {} = 0", 2 + rng.below(5)),
+                2 => format!("DELETE FROM t WHERE id = {id}"),
+                _ => "DELETE FROM t WHERE id > 40; VACUUM".to_owned(),
+            };
+            db.exec(&q)?;
+            let next = db.image()?;
+            commit += 1;
+            let mut delta = diff(&prev, &next, commit)?;
+            if step % 2 == 1 {
+                delta = delta.encode_against(|p| page(&prev, p));
+            }
+            let shipped = r.ship_delta(&mut claim, delta).await?;
+            out.push(Position {
+                seq: shipped.seq,
+                at_ms: clock.now_ms(),
+                image: next.clone(),
+                snapshot: false,
+            });
+            prev = next;
+        }
+        clock.advance(1_000 + rng.below(MINUTE));
+        commit += 1;
+        let s = r
+            .ship(&mut claim, Snapshot::from_bytes(prev.clone(), commit))
+            .await?;
+        out.push(Position {
+            seq: s.seq,
+            at_ms: clock.now_ms(),
+            image: prev.clone(),
+            snapshot: true,
+        });
+    }
+    Ok((r, clock, out))
+}
+
+/// The positions a window keeps once closed chains are thinned: every snapshot, and the
+/// last delta of each minute of each chain (a chain of fewer than four deltas keeps all).
+fn kept_after_thinning(positions: &[Position]) -> BTreeMap<u64, bool> {
+    let mut kept = BTreeMap::new();
+    let mut chain: Vec<&Position> = Vec::new();
+    let flush = |chain: &mut Vec<&Position>, kept: &mut BTreeMap<u64, bool>| {
+        let all = chain.len() < crate::LEVEL_MIN_DELTAS;
+        for (i, p) in chain.iter().enumerate() {
+            let last = chain.get(i + 1).is_none_or(|n| n.at_ms / MINUTE != p.at_ms / MINUTE);
+            kept.insert(p.seq, all || last);
+        }
+        chain.clear();
+    };
+    for p in positions {
+        if p.snapshot {
+            flush(&mut chain, &mut kept);
+            kept.insert(p.seq, true);
+        } else {
+            chain.push(p);
+        }
+    }
+    kept
+}
+
+/// Every position of three closed chains restores byte for byte from the log and from
+/// level files alike; once retention thinned the closed chains, every kept position (a
+/// snapshot, a bucket's last delta) still restores byte for byte, every other one is
+/// `PositionNotKept`, and a random moment restores to the newest kept position at or
+/// before it, reading a snapshot, one level file and at most a bucket of deltas.
+pub(super) async fn levels_restore_every_kept_moment_byte_for_byte(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let (r, clock, positions) = history(store, 7, 3).await?;
+    let acme = org("acme");
+    let policy = Retention {
+        keep_snapshots: 1,
+        keep_ms: 60 * MINUTE,
+        window_ms: crate::DEFAULT_WINDOW_MS,
+        level_ms: MINUTE,
+    };
+    let report = r.compact_levels(&acme, &policy).await?;
+    assert_eq!(report.written.len(), 3, "one level file per closed chain: {report:?}");
+    let again = r.compact_levels(&acme, &policy).await?;
+    assert!(again.written.is_empty() && again.present == 3, "{again:?}");
+    let tmp = tempfile::tempdir()?;
+    let restore = |seq: u64| {
+        let r = r.clone();
+        let acme = acme.clone();
+        let dest = tmp.path().join(format!("at-{seq}"));
+        async move {
+            let h = r.restore(&acme, Some(seq), &dest).await?;
+            let got = std::fs::read(&dest).map_err(|e| Error::io(&dest, e))?;
+            Ok::<_, Error>((h, got))
+        }
+    };
+    for p in &positions {
+        let (h, got) = restore(p.seq).await?;
+        assert_eq!(h.position, Some(p.seq));
+        assert!(got == p.image, "restore at {} differs before thinning", p.seq);
+    }
+    // Two hours on: every delta of a closed chain is older than keep_ms.
+    clock.set(SystemClock.now_ms());
+    let report = r.retain(&acme, &policy).await?;
+    assert!(!report.age_skipped);
+    let kept = kept_after_thinning(&positions);
+    let thinned: Vec<u64> = kept.iter().filter(|(_, k)| !**k).map(|(s, _)| *s).collect();
+    assert!(!thinned.is_empty(), "the history thinned nothing");
+    // Every delta of a closed chain went: its kept positions live on in the level files.
+    let deltas: Vec<u64> = positions.iter().filter(|p| !p.snapshot).map(|p| p.seq).collect();
+    assert_eq!(report.deleted_entries, deltas);
+    for p in &positions {
+        let dest = tmp.path().join(format!("after-{}", p.seq));
+        let got = r.restore(&acme, Some(p.seq), &dest).await;
+        if kept.get(&p.seq).copied().unwrap_or(false) {
+            let h = got?;
+            assert_eq!(h.position, Some(p.seq));
+            assert!(std::fs::read(&dest)? == p.image, "restore at {} differs after thinning", p.seq);
+        } else {
+            assert!(
+                matches!(got, Err(Error::PositionNotKept { seq, .. }) if seq == p.seq),
+                "thinned position {} answered {got:?}",
+                p.seq
+            );
+            assert!(!dest.exists(), "a refused restore left a file");
+        }
+    }
+    let mut rng = SeededRng::new(11);
+    let (first, last) = (positions[0].at_ms, positions.last().map_or(0, |p| p.at_ms));
+    for _ in 0..40 {
+        let at = first + rng.below(last - first + 1);
+        let want = positions
+            .iter()
+            .rev()
+            .find(|p| p.at_ms <= at && kept.get(&p.seq).copied().unwrap_or(false))
+            .map(|p| p.seq);
+        let got = r.position_at_time(&acme, at).await?;
+        assert_eq!(Some(got), want, "moment {at}");
+        let before = r.store_requests();
+        let (_, image) = restore(got).await?;
+        let reads = r.store_requests().since(&before);
+        let p = positions.iter().find(|p| p.seq == got).map(|p| &p.image);
+        assert!(Some(&image) == p, "restore for moment {at} differs");
+        // The log's entries (a claim, four snapshots), a manifest, its segment, one level
+        // file and at most a bucket of deltas.
+        assert!(reads.get <= 16, "a restore read {} objects", reads.get);
+    }
+    Ok(())
+}
