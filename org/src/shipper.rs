@@ -114,8 +114,9 @@ fn compact_in_background(inner: &Arc<Inner>, running: &Arc<std::sync::atomic::At
     let (policy, running) = (inner.settings.retention.clone(), running.clone());
     tokio::spawn(async move {
         match replica.compact_levels(&org, &policy).await {
-            Ok(report) => metrics::counter!(m::LEVEL_FILES_WRITTEN)
-                .increment(report.written.len() as u64),
+            Ok(report) => {
+                metrics::counter!(m::LEVEL_FILES_WRITTEN).increment(report.written.len() as u64)
+            }
             Err(e) => tracing::warn!(%org, error = %e, "level compaction failed"),
         }
         running.store(false, Ordering::Release);

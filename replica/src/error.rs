@@ -115,7 +115,9 @@ pub enum Error {
     },
     /// The position lies in the point-in-time window, but retention kept only its bucket's
     /// last position (`docs/design.md` 2d): restore one of the kept positions around it.
-    #[error("org {org}: position {seq} is not kept (the kept positions around it: {before:?}, {after:?})")]
+    #[error(
+        "org {org}: position {seq} is not kept (the kept positions around it: {before:?}, {after:?})"
+    )]
     PositionNotKept {
         /// The org.
         org: String,

@@ -117,6 +117,7 @@ pub use format::entry::{
     LogEntry, MANIFEST_ENTRY_VERSION, MAX_SHIP_WINDOW, PIPELINED_ENTRY_VERSION, Pipeline, Stored,
 };
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
+pub use levels::{LEVEL_MIN_DELTAS, LevelReport, MAX_LEVEL_BYTES};
 pub use live::shipper::{
     CaptureSource, FLOOR_MAX_DELTAS, Issued, ShipKind, ShipPolicy, ShipReport, Shipper,
 };
@@ -128,11 +129,10 @@ pub use publish::snapshot::Snapshot;
 pub use rebuild::hydrate::{Hydrated, RestoreProgress};
 pub use rebuild::resume::{ResumePoint, Resumed};
 pub use replica::Replica;
-pub use levels::{LEVEL_MIN_DELTAS, LevelReport, MAX_LEVEL_BYTES};
 pub use retention::RetentionReport;
 pub use settings::{
-    DEFAULT_WINDOW_MS, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention, Settings,
-    max_holder_term_ms,
+    DEFAULT_WINDOW_MS, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention,
+    Settings, max_holder_term_ms,
 };
 pub use store_clock::{REMEASURE_AFTER, StoreTime};
 pub use store_url::{MAX_PREFIX_LISTS, StoreUrl};

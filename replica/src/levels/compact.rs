@@ -219,7 +219,8 @@ impl Replica {
                 for ((entry, (obj, body)), closes) in entries.iter().zip(&bodies).zip(closes) {
                     chain::apply(&org_id, start, entry, obj, body, &mut image, &mut hashes)?;
                     let parsed = DeltaBody::parse(obj, body)?;
-                    secs.touched.extend(parsed.records().map(|(pgno, _, _)| pgno));
+                    secs.touched
+                        .extend(parsed.records().map(|(pgno, _, _)| pgno));
                     secs.positions += 1;
                     if closes {
                         secs.close(entry, &mut image, &hashes)?;

@@ -178,10 +178,7 @@ impl Replica {
         at_ms: u64,
     ) -> Result<Option<u64>, Error> {
         let levels = self.level_names(org).await?;
-        let Some(level) = levels
-            .iter()
-            .find(|l| l.snapshot <= best && best < l.end)
-        else {
+        let Some(level) = levels.iter().find(|l| l.snapshot <= best && best < l.end) else {
             return Ok(None);
         };
         let file = self.read_level(org, level).await?;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::future::Either;
 use futures::{StreamExt, TryStreamExt};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::chain::position::{Inherited, Tip};
 use crate::chain::{self, Chain, Start, broken};
@@ -130,8 +130,24 @@ impl Replica {
         let log = self.history(org).await?;
         // A position of a closed chain with a level file: its sections, then what the log
         // still holds after them (2d).
-        if let Some(plan) = self.level_plan(org, &log, seq).await? {
-            return self.install_level_plan(org, plan, dest).await;
+        match self.level_plan(org, &log, seq).await {
+            Ok(None) => {}
+            Ok(Some(plan)) => match self.install_level_plan(org, plan, dest).await {
+                // A damaged level file: the log may still hold the position itself, which
+                // the chain rules below verify on their own (never an older state, I10).
+                Err(e @ (Error::Corrupt { .. } | Error::ChainBroken { .. }))
+                    if log.iter().any(|x| x.seq() == seq) =>
+                {
+                    warn!(%org, seq, error = %e, "level file unusable; restoring from the log");
+                }
+                other => return other,
+            },
+            Err(e @ (Error::Corrupt { .. } | Error::UnknownFormat { .. }))
+                if log.iter().any(|x| x.seq() == seq) =>
+            {
+                warn!(%org, seq, error = %e, "level file unusable; restoring from the log");
+            }
+            Err(e) => return Err(e),
         }
         if !log
             .iter()

@@ -10,8 +10,8 @@ use tracing::{info, warn};
 use crate::chain;
 use crate::format::layout::parse_blob_seq;
 use crate::format::manifest::segment_sha;
+use crate::replica::blocking;
 use crate::{Error, LogEntry, OrgId, Replica, Retention};
-
 
 /// Result of [`crate::Replica::retain`].
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -81,12 +81,19 @@ impl Replica {
         // Closed chains (below the newest snapshot) whose level file covers them: their
         // deltas go once the newest is `keep_ms` old (2d). Snapshots beyond the count go
         // once older than the window.
-        let thinnable = self.thinnable(org, &log, newest).await?;
+        // One LIST a run, whatever the log's length (I16): level files of kept closed
+        // chains, and any whose snapshot is gone (a compactor that raced a deletion).
+        let levels = self.level_names(org).await?;
+        let thinnable = self.thinnable(org, &log, newest, &levels).await?;
         let mut ages: Vec<(u64, u64)> = beyond_count
             .iter()
             .map(|e| (e.at_ms(), policy.snapshot_age_ms()))
             .collect();
-        ages.extend(thinnable.iter().map(|(newest_ms, _)| (*newest_ms, policy.keep_ms)));
+        ages.extend(
+            thinnable
+                .iter()
+                .map(|(newest_ms, _)| (*newest_ms, policy.keep_ms)),
+        );
         let now = match self.age_now(&ages).await {
             Ok(now) => Some(now),
             // A clock the store contradicts decides no age (I15); refuse() counted it.
@@ -97,7 +104,8 @@ impl Replica {
             }
             Err(e) => return Err(e),
         };
-        let old_enough = |at_ms: u64, age: u64| now.is_some_and(|now| now.saturating_sub(at_ms) >= age);
+        let old_enough =
+            |at_ms: u64, age: u64| now.is_some_and(|now| now.saturating_sub(at_ms) >= age);
         let mut doomed: Vec<&LogEntry> = beyond_count
             .into_iter()
             .filter(|e| old_enough(e.at_ms(), policy.snapshot_age_ms()))
@@ -240,7 +248,7 @@ impl Replica {
             .filter(|e| e.is_snapshot())
             .map(|e| e.seq())
             .collect();
-        for level in self.level_names(org).await? {
+        for level in levels {
             if level.snapshot < newest && !kept_snaps.contains(&level.snapshot) {
                 let path = self.inner.store.layout.level(org, &level.name);
                 self.delete(&path).await?;
@@ -278,8 +286,8 @@ impl Replica {
         org: &OrgId,
         log: &[LogEntry],
         newest: u64,
+        levels: &[crate::levels::LevelName],
     ) -> Result<Vec<(u64, Vec<u64>)>, Error> {
-        let levels = self.level_names(org).await?;
         let mut out = Vec::new();
         for (i, s) in log.iter().enumerate() {
             if !s.is_snapshot() || s.seq() >= newest {
@@ -318,9 +326,24 @@ impl Replica {
         let file = match self.read_level(org, level).await {
             Ok(f) => f,
             // Damaged or gone: the deltas stay (verify reports the file).
-            Err(Error::Corrupt { .. } | Error::MissingObject { .. } | Error::UnknownFormat { .. }) => {
+            Err(
+                Error::Corrupt { .. } | Error::MissingObject { .. } | Error::UnknownFormat { .. },
+            ) => {
                 return Ok(false);
             }
+            Err(e) => return Err(e),
+        };
+        // Every section must read back (size and sha256) before the deltas it stands for go.
+        let file = blocking("checking a level file", move || {
+            for i in 0..file.header.sections.len() {
+                file.body(i)?;
+            }
+            Ok(file)
+        })
+        .await;
+        let file = match file {
+            Ok(f) => f,
+            Err(Error::Corrupt { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
         let top = deltas.last().map_or(0, LogEntry::seq);

@@ -105,6 +105,9 @@ macro_rules! __conformance_cases {
             pipeline::a_ship_that_never_lands_fences_its_writer_and_loses_nothing_acknowledged,
             pipeline::retention_keeps_a_blob_that_may_be_in_flight_below_the_head,
             levels::levels_restore_every_kept_moment_byte_for_byte,
+            levels::a_level_file_put_that_fails_or_lands_unseen_loses_no_position,
+            levels::a_compaction_racing_retention_leaves_no_level_file_behind,
+            levels::a_damaged_level_file_thins_nothing_and_restores_from_the_log,
         }
     };
 }
