@@ -117,7 +117,7 @@ pub use format::entry::{
     LogEntry, MANIFEST_ENTRY_VERSION, MAX_SHIP_WINDOW, PIPELINED_ENTRY_VERSION, Pipeline, Stored,
 };
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
-pub use levels::{LEVEL_MIN_DELTAS, LevelReport, MAX_LEVEL_BYTES};
+pub use levels::{LEVEL_MIN_DELTAS, LevelPosition, LevelReport, MAX_LEVEL_BYTES};
 pub use live::shipper::{
     CaptureSource, FLOOR_MAX_DELTAS, Issued, ShipKind, ShipPolicy, ShipReport, Shipper,
 };

@@ -159,19 +159,32 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `idem snapshots ORG`: every published position, snapshots and deltas (each a valid
-/// `restore --at`).
+/// `idem snapshots ORG`: every kept position: snapshots, deltas and level-file sections
+/// (each a valid `restore --at`).
 ///
 /// # Errors
 /// As [`inspect`].
 pub async fn snapshots(a: OrgArgs) -> Result<ExitCode, String> {
     let replica = open_read_only(&a.store)?;
     let org = org_id(&a.org)?;
-    let snaps: Vec<Value> = history(&replica, &a.store, &org)
-        .await?
+    let log = history(&replica, &a.store, &org).await?;
+    let mut snaps: Vec<Value> = log.iter().filter_map(position_json).collect();
+    // Positions of closed chains whose deltas retention thinned live on in level files.
+    let levels = replica
+        .level_positions(&org)
+        .await
+        .map_err(|e| crate::chain(&e))?;
+    for p in levels
         .iter()
-        .filter_map(position_json)
-        .collect();
+        .filter(|p| !log.iter().any(|e| e.seq() == p.seq))
+    {
+        snaps.push(json!({
+            "seq": p.seq, "kind": "level", "round": p.round, "writer": "",
+            "at": rfc3339(p.at_ms), "bytes": p.bytes, "compressed_bytes": p.compressed_bytes,
+            "commit": p.commit, "snapshot": p.snapshot, "positions": p.positions,
+        }));
+    }
+    snaps.sort_by_key(|v| v["seq"].as_u64().unwrap_or(0));
     if a.json {
         print_json(&Value::Array(snaps));
         return Ok(ExitCode::SUCCESS);

@@ -7,6 +7,7 @@
 
 mod compact;
 mod restore;
+mod verify;
 
 pub use compact::LevelReport;
 
@@ -25,6 +26,28 @@ pub const LEVEL_MIN_DELTAS: usize = 4;
 /// by this setting, not by the database (I14).
 pub const MAX_LEVEL_BYTES: u64 = 64 << 20;
 
+/// A position a level file keeps: the last position of one bucket of a closed chain, which
+/// [`Replica::restore`] rebuilds even after retention deleted the chain's deltas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LevelPosition {
+    /// The log position it stands for.
+    pub seq: u64,
+    /// The round that published it.
+    pub round: u64,
+    /// When it was published, ms since the Unix epoch (its writer's clock).
+    pub at_ms: u64,
+    /// The commit counter there.
+    pub commit: u64,
+    /// The seq of its chain's snapshot.
+    pub snapshot: u64,
+    /// Stored bytes of its section (compressed).
+    pub compressed_bytes: u64,
+    /// Uncompressed bytes of its section (whole pages and their headers).
+    pub bytes: u64,
+    /// The chain's deltas it stands for.
+    pub positions: u64,
+}
+
 /// A level file named in `orgs/<org>/levels/`: the chain it covers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LevelName {
@@ -34,6 +57,37 @@ pub(crate) struct LevelName {
 }
 
 impl Replica {
+    /// Every position the level files of `org` keep, ascending by seq (`docs/design.md`
+    /// 2d): one LIST and a GET per level file. Positions the log still holds as deltas are
+    /// listed too (a section stands for the same state).
+    ///
+    /// # Errors
+    /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for a level file that
+    /// does not read back.
+    pub async fn level_positions(&self, org: &OrgId) -> Result<Vec<LevelPosition>, Error> {
+        let mut out = Vec::new();
+        for level in self.level_names(org).await? {
+            let file = match self.read_level(org, &level).await {
+                Ok(f) => f,
+                // Deleted by retention since the LIST.
+                Err(Error::MissingObject { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            out.extend(file.header.sections.iter().map(|s| LevelPosition {
+                seq: s.seq,
+                round: s.round,
+                at_ms: s.at_ms,
+                commit: s.commit,
+                snapshot: level.snapshot,
+                compressed_bytes: s.len,
+                bytes: s.bytes,
+                positions: s.positions,
+            }));
+        }
+        out.sort_by_key(|p| p.seq);
+        Ok(out)
+    }
+
     /// The level files of `org`, by their names (one LIST). Objects with other names are
     /// left out (nothing else is written there).
     ///

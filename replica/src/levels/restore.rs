@@ -194,7 +194,7 @@ impl Replica {
 
 /// Applies sections `0..upto` of `file` to `image`, checking the snapshot's checksum first
 /// and each section's before and after (I10).
-fn apply_sections(
+pub(crate) fn apply_sections(
     org: &OrgId,
     file: &LevelFile,
     upto: usize,

@@ -204,6 +204,11 @@ pub(super) async fn levels_restore_every_kept_moment_byte_for_byte(
             assert!(!dest.exists(), "a refused restore left a file");
         }
     }
+    // Verify checks every level file on its snapshot: every kept position passes.
+    let verified = r.verify(&acme).await?;
+    assert!(verified.failed.is_empty(), "{:?}", verified.failed);
+    let want: Vec<u64> = kept.iter().filter(|(_, k)| **k).map(|(s, _)| *s).collect();
+    assert_eq!(verified.ok, want);
     let mut rng = SeededRng::new(11);
     let (first, last) = (positions[0].at_ms, positions.last().map_or(0, |p| p.at_ms));
     for _ in 0..40 {
