@@ -1,4 +1,4 @@
-//! `idem-bench`: the side-by-side benchmark table (P1–P10 of BENCHMARKS.md), in one run.
+//! `idem-bench`: the side-by-side benchmark table (P1–P11 of BENCHMARKS.md), in one run.
 //!
 //! Every row is measured in this process run, so ratios compare like with like on a noisy
 //! shared machine. `--quick` shrinks every size for a CI smoke run. P8 runs each operation
@@ -25,6 +25,7 @@ mod p10;
 mod resnapshot;
 mod uploaded;
 mod versus;
+mod window;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -232,6 +233,9 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         p10::run(&dir, args.latency, sizes, args.p10_rows)
             .await
             .map_err(fail("p10"))?;
+    }
+    if args.wants("p11") {
+        window::run(&dir, args.quick).await.map_err(fail("p11"))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -136,12 +136,15 @@ pub(super) async fn levels_restore_every_kept_moment_byte_for_byte(
 ) -> CaseResult {
     let (r, clock, positions) = history(store, 7, 3).await?;
     let acme = org("acme");
+    // The defaults: every position for an hour, a minute's last for 30 days.
     let policy = Retention {
         keep_snapshots: 1,
-        keep_ms: 60 * MINUTE,
-        window_ms: crate::DEFAULT_WINDOW_MS,
-        level_ms: MINUTE,
+        ..Retention::default()
     };
+    assert_eq!(
+        (policy.keep_ms, policy.level_ms, policy.window_ms),
+        (60 * MINUTE, MINUTE, 30 * 24 * 60 * MINUTE)
+    );
     let report = r.compact_levels(&acme, &policy).await?;
     assert_eq!(
         report.written.len(),
