@@ -116,7 +116,8 @@ pub enum Error {
     /// The position lies in the point-in-time window, but retention kept only its bucket's
     /// last position (`docs/design.md` 2d): restore one of the kept positions around it.
     #[error(
-        "org {org}: position {seq} is not kept (the kept positions around it: {before:?}, {after:?})"
+        "org {org}: position {seq} is not kept (older than keep_ms, only its minute's last position is); {}",
+        kept_around(*.before, *.after)
     )]
     PositionNotKept {
         /// The org.
@@ -548,5 +549,15 @@ mod message_tests {
                 .starts_with("retention refused: this host's clock is 2m 5s behind the store's"),
             "{behind}"
         );
+    }
+}
+
+/// Where to restore instead, for [`Error::PositionNotKept`].
+fn kept_around(before: Option<u64>, after: Option<u64>) -> String {
+    match (before, after) {
+        (Some(b), Some(a)) => format!("the kept positions around it are seq {b} and seq {a}"),
+        (Some(b), None) => format!("the kept position before it is seq {b}"),
+        (None, Some(a)) => format!("the kept position after it is seq {a}"),
+        (None, None) => "no position around it is kept".to_owned(),
     }
 }
