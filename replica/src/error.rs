@@ -505,6 +505,16 @@ fn store_kind(e: &object_store::Error) -> ErrorKind {
     }
 }
 
+/// Where to restore instead, for [`Error::PositionNotKept`].
+fn kept_around(before: Option<u64>, after: Option<u64>) -> String {
+    match (before, after) {
+        (Some(b), Some(a)) => format!("the kept positions around it are seq {b} and seq {a}"),
+        (Some(b), None) => format!("the kept position before it is seq {b}"),
+        (None, Some(a)) => format!("the kept position after it is seq {a}"),
+        (None, None) => "no position around it is kept".to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod message_tests {
     use super::Error;
@@ -549,15 +559,5 @@ mod message_tests {
                 .starts_with("retention refused: this host's clock is 2m 5s behind the store's"),
             "{behind}"
         );
-    }
-}
-
-/// Where to restore instead, for [`Error::PositionNotKept`].
-fn kept_around(before: Option<u64>, after: Option<u64>) -> String {
-    match (before, after) {
-        (Some(b), Some(a)) => format!("the kept positions around it are seq {b} and seq {a}"),
-        (Some(b), None) => format!("the kept position before it is seq {b}"),
-        (None, Some(a)) => format!("the kept position after it is seq {a}"),
-        (None, None) => "no position around it is kept".to_owned(),
     }
 }
