@@ -44,7 +44,11 @@ impl Replica {
             return Ok(None);
         };
         let snapshot = &log[i];
-        if snapshot.seq() == seq {
+        // A snapshot, or an entry that is no position (a claim, a release): the log answers.
+        let not_a_position = log
+            .iter()
+            .any(|e| e.seq() == seq && !(e.is_delta() || e.is_snapshot()));
+        if snapshot.seq() == seq || not_a_position {
             return Ok(None);
         }
         let levels = self.level_names(org).await?;
@@ -55,32 +59,39 @@ impl Replica {
             return Ok(None);
         };
         let file = self.read_level(org, level).await?;
-        let sections = file
-            .header
-            .sections
-            .iter()
-            .take_while(|s| s.seq <= seq)
-            .count();
-        let from = sections
-            .checked_sub(1)
-            .map_or(snapshot.seq(), |k| file.header.sections[k].seq);
-        // The deltas the log still holds form a prefix of the chain (retention deletes a
-        // closed chain's deltas newest first).
-        let tail: Vec<LogEntry> = chain::after(snapshot, &log[i + 1..])
-            .into_iter()
-            .filter(|d| d.seq() > from && d.seq() <= seq)
-            .collect();
-        let reached = tail.last().map_or(from, LogEntry::seq);
-        if reached != seq {
-            let kept_before = Some(from);
-            let kept_after = file.header.sections.get(sections).map(|s| s.seq);
-            return Err(Error::PositionNotKept {
-                org: org.to_string(),
-                seq,
-                before: kept_before,
-                after: kept_after,
-            });
-        }
+        let sections = &file.header.sections;
+        let (upto, tail) = if log.iter().any(|e| e.seq() == seq && e.is_delta()) {
+            // The log still holds the position: its path from the snapshot (from the newest
+            // compaction on), shortened by the newest section on that path.
+            let Some(path) = chain::newest(org, log, seq.saturating_add(1))?
+                .filter(|c| c.position() == seq && c.snapshot.seq() == snapshot.seq())
+            else {
+                return Ok(None);
+            };
+            let on_path = |s: u64| path.deltas.iter().any(|d| d.seq() == s);
+            let Some(k) = sections
+                .iter()
+                .rposition(|s| s.seq <= seq && on_path(s.seq))
+            else {
+                return Ok(None);
+            };
+            let from = sections[k].seq;
+            let tail: Vec<LogEntry> = path.deltas.into_iter().filter(|d| d.seq() > from).collect();
+            (k + 1, tail)
+        } else {
+            // Thinned out of the log: only a section stands for it.
+            let Some(k) = sections.iter().position(|s| s.seq == seq) else {
+                let k = sections.iter().take_while(|s| s.seq < seq).count();
+                return Err(Error::PositionNotKept {
+                    org: org.to_string(),
+                    seq,
+                    before: Some(k.checked_sub(1).map_or(snapshot.seq(), |k| sections[k].seq)),
+                    after: sections.get(k).map(|s| s.seq),
+                });
+            };
+            (k + 1, Vec::new())
+        };
+        let sections = upto;
         let commit = match tail.last() {
             Some(e) => e.commit().unwrap_or(0),
             None => sections

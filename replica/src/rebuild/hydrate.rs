@@ -127,7 +127,9 @@ impl Replica {
                 }
             }
         };
-        let log = self.history(org).await?;
+        // The entries from the newest snapshot below the position up to it, read from the
+        // position down: a restore reads its chain, not the whole log (2d, I16).
+        let log = self.tail(org, seq.saturating_add(1)).await?;
         // A position of a closed chain with a level file: its sections, then what the log
         // still holds after them (2d).
         match self.level_plan(org, &log, seq).await {
