@@ -52,6 +52,22 @@ impl Store {
         }
     }
 
+    /// Every object below `dir` (one LIST, paged by the store).
+    ///
+    /// # Errors
+    /// [`Error::Store`].
+    pub(crate) async fn list_all(
+        &self,
+        dir: &Path,
+    ) -> Result<Vec<object_store::ObjectMeta>, Error> {
+        use futures::TryStreamExt;
+        self.object
+            .list(Some(dir))
+            .try_collect()
+            .await
+            .map_err(|e| Error::store("list", dir, e))
+    }
+
     /// The bytes of the object at `path`; `None` when it does not exist.
     ///
     /// # Errors

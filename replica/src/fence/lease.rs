@@ -447,15 +447,8 @@ impl Leases {
     /// # Errors
     /// [`Error::Store`].
     pub(crate) async fn process_leases(&self) -> Result<Vec<ProcessListing>, Error> {
-        use futures::TryStreamExt;
         let dir = self.store.layout.processes();
-        let metas: Vec<object_store::ObjectMeta> = self
-            .store
-            .object
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("list", &dir, e))?;
+        let metas = self.store.list_all(&dir).await?;
         let mut out: Vec<ProcessListing> = metas
             .into_iter()
             .filter_map(|m| {

@@ -11,8 +11,6 @@ mod verify;
 
 pub use compact::LevelReport;
 
-use futures::TryStreamExt;
-
 use crate::format::level::{LevelFile, parse_level_name};
 use crate::{Error, OrgId, Replica};
 
@@ -95,14 +93,7 @@ impl Replica {
     /// [`Error::Store`].
     pub(crate) async fn level_names(&self, org: &OrgId) -> Result<Vec<LevelName>, Error> {
         let dir = self.inner.store.layout.levels_dir(org);
-        let listed: Vec<_> = self
-            .inner
-            .store
-            .object
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("list", &dir, e))?;
+        let listed = self.inner.store.list_all(&dir).await?;
         let mut out: Vec<LevelName> = listed
             .iter()
             .filter_map(|m| {

@@ -3,7 +3,6 @@
 
 pub(crate) mod refs;
 
-use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
 use tracing::{info, warn};
 
@@ -180,14 +179,7 @@ impl Replica {
             .map(str::to_owned)
             .collect();
         let dir = self.inner.store.layout.snap_dir(org);
-        let blobs: Vec<_> = self
-            .inner
-            .store
-            .object
-            .list(Some(&dir))
-            .try_collect()
-            .await
-            .map_err(|e| Error::store("list", &dir, e))?;
+        let blobs = self.inner.store.list_all(&dir).await?;
         // Only objects uploaded for a position the log has settled can be orphans (R4,
         // `docs/design.md` 3e): one below the newest snapshot (no ship of its claim was in
         // flight when it was issued, and nobody else's can land there), or one whose slot
