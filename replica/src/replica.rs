@@ -40,6 +40,9 @@ pub(crate) struct Inner {
     pub(crate) segment_refs: crate::retention::refs::SegmentRefs,
     /// The store's clock as this handle measures it (`store_clock.rs`).
     pub(crate) store_clock: StoreClock,
+    /// Permits for chains being compacted into level files
+    /// ([`Settings::compaction_concurrency`]).
+    pub(crate) compactions: tokio::sync::Semaphore,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -164,6 +167,7 @@ impl Replica {
                 ),
                 leases,
                 segment_refs: Default::default(),
+                compactions: tokio::sync::Semaphore::new(settings.compaction_concurrency),
                 store,
                 settings,
                 clock,

@@ -77,6 +77,10 @@ pub struct Settings {
     /// milliseconds, S3 refuses requests signed more than 15 minutes off, and retention
     /// windows are hours or days. At least 1.
     pub max_clock_skew_ms: u64,
+    /// Closed chains this handle compacts into level files at once, across every org
+    /// ([`crate::Replica::compact_levels`]): each holds a temp image on disk and at most
+    /// [`crate::MAX_LEVEL_BYTES`] of sections in memory. At least 1; default 2.
+    pub compaction_concurrency: usize,
 }
 
 impl Default for Settings {
@@ -93,6 +97,7 @@ impl Default for Settings {
             segment_bytes: 256 << 10,
             upload_concurrency: 8,
             max_clock_skew_ms: 300_000,
+            compaction_concurrency: 2,
         }
     }
 }
@@ -122,6 +127,9 @@ impl Settings {
         }
         if self.max_clock_skew_ms == 0 {
             return bad("max_clock_skew_ms must be at least 1".into());
+        }
+        if self.compaction_concurrency == 0 {
+            return bad("compaction_concurrency must be at least 1".into());
         }
         if self.upload_concurrency == 0 {
             return bad("upload_concurrency must be at least 1".into());

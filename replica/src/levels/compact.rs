@@ -139,10 +139,13 @@ impl Replica {
                 report.skipped.push((snapshot.seq(), why));
                 continue;
             }
-            match self
+            // Bounded across orgs: each compaction holds a temp image and its sections.
+            let permit = self.inner.compactions.acquire().await;
+            let compacted = self
                 .compact_chain(org, snapshot, &deltas, policy.level_ms)
-                .await
-            {
+                .await;
+            drop(permit);
+            match compacted {
                 Ok(Some(name)) => report.written.push(name),
                 Ok(None) => report.skipped.push((snapshot.seq(), "sections too large")),
                 Err(Error::MissingObject { path }) => {
