@@ -84,6 +84,30 @@ impl PageHashes {
         }
     }
 
+    /// The table of a sparse rebuild (`levels/sparse.rs`): `pages` pages of `page_size`
+    /// bytes whose checksum `sum` is known from elsewhere and whose hashes are not, every
+    /// slot 0 until [`PageHashes::learn`] fills it. A page must be learned before it is
+    /// [set](PageHashes::set) or [resized](PageHashes::resize) away, or the checksum is
+    /// wrong from then on (which the chain's next checksum comparison reports).
+    pub(crate) fn sparse(page_size: u32, pages: usize, sum: u64) -> PageHashes {
+        PageHashes {
+            page_size,
+            hashes: vec![0; pages],
+            sum,
+        }
+    }
+
+    /// Records page `pgno`'s hash in a [sparse](PageHashes::sparse) table without changing
+    /// the checksum, which already counts it.
+    pub(crate) fn learn(&mut self, pgno: u32, hash: u64) {
+        if let Some(slot) = (pgno as usize)
+            .checked_sub(1)
+            .and_then(|i| self.hashes.get_mut(i))
+        {
+            *slot = hash;
+        }
+    }
+
     /// The database checksum.
     pub(crate) fn sum(&self) -> u64 {
         self.sum

@@ -9,7 +9,10 @@ use super::{LEVEL_MIN_DELTAS, MAX_LEVEL_BYTES};
 use crate::chain::{self, Start};
 use crate::format::body::{self, DeltaBody, WHOLE};
 use crate::format::checksum::{PageHashes, checksum_hex};
+use crate::format::entry::{BlobRef, Stored};
 use crate::format::level::{self, LevelHeader, Section, SectionBody, level_name};
+use crate::format::segment::Manifest;
+use crate::levels::sparse::SparseImage;
 use crate::rebuild::image::{FileImage, PageImage};
 use crate::replica::blocking;
 use crate::{Error, LogEntry, OrgId, Replica, Retention};
@@ -45,12 +48,12 @@ impl Sections {
     fn close(
         &mut self,
         entry: &LogEntry,
-        image: &mut FileImage,
+        image: &mut Image,
         hashes: &PageHashes,
     ) -> Result<(), Error> {
         let ps = hashes.page_size();
         let db_pages = hashes.pages() as u32;
-        let object = image.path().display().to_string();
+        let object = format!("the rebuild of seq {}", entry.seq());
         let mut pages = Vec::new();
         for &pgno in self.touched.iter().filter(|p| **p <= db_pages) {
             let mut page = vec![0u8; ps as usize];
@@ -88,7 +91,86 @@ impl Sections {
     }
 }
 
+/// The image a compaction rebuilds a chain in: sparse for a segmented snapshot (the
+/// segments its deltas touch), a temp file otherwise (a whole-blob snapshot of an earlier
+/// build).
+pub(crate) enum Image {
+    Sparse(SparseImage),
+    File(FileImage),
+}
+
+impl PageImage for Image {
+    fn set_len(&mut self, bytes: u64) -> Result<(), Error> {
+        match self {
+            Image::Sparse(i) => i.set_len(bytes),
+            Image::File(i) => i.set_len(bytes),
+        }
+    }
+    fn read_at(&mut self, object: &str, at: u64, buf: &mut [u8]) -> Result<(), Error> {
+        match self {
+            Image::Sparse(i) => i.read_at(object, at, buf),
+            Image::File(i) => i.read_at(object, at, buf),
+        }
+    }
+    fn write_at(&mut self, object: &str, at: u64, buf: &[u8]) -> Result<(), Error> {
+        match self {
+            Image::Sparse(i) => i.write_at(object, at, buf),
+            Image::File(i) => i.write_at(object, at, buf),
+        }
+    }
+}
+
 impl Replica {
+    /// The image and hash table a compaction of `snapshot`'s chain (`deltas`) starts from:
+    /// for a segmented snapshot, a sparse image whose checksum is the first delta's
+    /// `base_checksum` (nothing downloaded yet; `levels/sparse.rs`), with its manifest; for a
+    /// whole-blob snapshot, the snapshot downloaded into a temp file (kept alive by the
+    /// returned directory).
+    ///
+    /// # Errors
+    /// The manifest's or the download's errors; [`Error::ChainBroken`] when the first
+    /// delta's base checksum is not a checksum.
+    async fn chain_image(
+        &self,
+        org: &OrgId,
+        snapshot: &LogEntry,
+        deltas: &[LogEntry],
+    ) -> Result<
+        (
+            Image,
+            PageHashes,
+            Option<Manifest>,
+            Option<tempfile::TempDir>,
+        ),
+        Error,
+    > {
+        if let Some(Stored {
+            blob: BlobRef::Manifest(name),
+            bytes,
+            ..
+        }) = snapshot.stored()
+        {
+            let manifest = self.read_manifest(org, name, *bytes).await?;
+            let first = deltas.first().and_then(LogEntry::delta);
+            let sum = first
+                .and_then(|d| u64::from_str_radix(&d.base_checksum, 16).ok())
+                .ok_or_else(|| {
+                    crate::chain::broken(org, snapshot.seq(), "first delta names no base checksum")
+                })?;
+            let hashes = PageHashes::sparse(manifest.page_size, manifest.pages as usize, sum);
+            let image = Image::Sparse(SparseImage::new(&manifest));
+            return Ok((image, hashes, Some(manifest), None));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("idem-level-")
+            .tempdir()
+            .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
+        let path = dir.path().join("image");
+        let file = blocking("creating a scratch file", move || FileImage::create(&path)).await?;
+        let (image, _, hashes, _) = self.download_snapshot(org, snapshot, file, false).await?;
+        Ok((Image::File(image), hashes, None, Some(dir)))
+    }
+
     /// Writes the level file of every closed chain of `org` that has none yet: a chain
     /// whose snapshot has a newer snapshot above it, so its deltas never change again. The
     /// chain is rebuilt from the store with every check of a restore (sha256 of each
@@ -169,13 +251,7 @@ impl Replica {
         deltas: &[LogEntry],
         bucket_ms: u64,
     ) -> Result<Option<String>, Error> {
-        let dir = tempfile::Builder::new()
-            .prefix("idem-level-")
-            .tempdir()
-            .map_err(|e| Error::io(&std::env::temp_dir(), e))?;
-        let path = dir.path().join("image");
-        let file = blocking("creating a scratch file", move || FileImage::create(&path)).await?;
-        let (image, _, hashes, _) = self.download_snapshot(org, snapshot, file, false).await?;
+        let (image, hashes, manifest, _dir) = self.chain_image(org, snapshot, deltas).await?;
         let start = Start {
             seq: snapshot.seq(),
             checksum: hashes.sum(),
@@ -208,6 +284,12 @@ impl Replica {
                 });
             }
             let bodies = self.fetch_batch(org, &entries, n).await?;
+            let (mut image, mut hashes) = state;
+            if let (Image::Sparse(sparse), Some(m)) = (&mut image, manifest.as_ref()) {
+                self.load_sparse(org, m, &entries, &bodies, sparse, &mut hashes)
+                    .await?;
+            }
+            state = (image, hashes);
             let closes: Vec<bool> = (0..entries.len())
                 .map(|i| {
                     let next = deltas.get(b * n + i + 1);
@@ -232,7 +314,11 @@ impl Replica {
                 Ok(((image, hashes), secs))
             })
             .await?;
-            if sections.bytes > MAX_LEVEL_BYTES {
+            let dirty = match &state.0 {
+                Image::Sparse(sparse) => sparse.dirty_bytes(),
+                Image::File(_) => 0,
+            };
+            if sections.bytes > MAX_LEVEL_BYTES || dirty > MAX_LEVEL_BYTES {
                 return Ok(None);
             }
         }

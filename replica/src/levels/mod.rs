@@ -7,6 +7,7 @@
 
 mod compact;
 mod restore;
+mod sparse;
 mod verify;
 
 pub use compact::LevelReport;

@@ -140,7 +140,7 @@ impl Replica {
     /// Downloads one segment (`pages` pages of `page_size` bytes from page `first`), checks
     /// it against its name and hashes its pages, on the blocking pool: the segments in
     /// flight decompress and hash in parallel.
-    async fn fetch_segment(
+    pub(crate) async fn fetch_segment(
         &self,
         org: &OrgId,
         seg: SegmentRef,
@@ -206,9 +206,9 @@ impl Replica {
 }
 
 /// A downloaded segment, checked: its pages and their hashes.
-struct Fetched {
-    bytes: Vec<u8>,
-    hashes: Vec<u64>,
+pub(crate) struct Fetched {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) hashes: Vec<u64>,
 }
 
 /// What a download has written so far: the image, the page hashes of the segments written,

@@ -108,6 +108,7 @@ macro_rules! __conformance_cases {
             levels::a_level_file_put_that_fails_or_lands_unseen_loses_no_position,
             levels::a_compaction_racing_retention_leaves_no_level_file_behind,
             levels::a_damaged_level_file_thins_nothing_and_restores_from_the_log,
+            levels::a_compaction_reads_only_the_segments_its_deltas_touch,
         }
     };
 }

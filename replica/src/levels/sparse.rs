@@ -1,0 +1,202 @@
+//! A sparse rebuild of a closed chain for its level file: only the snapshot's segments that
+//! hold a page the chain's deltas touch (or truncate away) are downloaded, so a compaction
+//! reads what the chain changed, not the whole database (I14, I16).
+//!
+//! The page-hash checksum is a XOR over pages, so it can follow a chain without every page:
+//! the table starts from the snapshot's checksum (the first delta's `base_checksum`, which the
+//! level file records and every restore checks against the snapshot it downloads), and each
+//! page's snapshot hash is *learned* before a delta changes or removes it. Every delta's
+//! checksum after is then compared with its entry, as in any rebuild (`chain::apply`).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use crate::format::body::{DeltaBody, WHOLE};
+use crate::format::checksum::PageHashes;
+use crate::format::segment::Manifest;
+use crate::rebuild::image::PageImage;
+use crate::{Error, LogEntry, OrgId, Replica};
+
+/// The pages of a closed chain's rebuild: every page a delta wrote, and the snapshot pages the
+/// current batch decodes against.
+pub(crate) struct SparseImage {
+    page_size: u32,
+    /// The image's length in pages.
+    pages: u32,
+    /// Pages at or below this number hold the snapshot's content until written; a
+    /// truncation lowers it (pages past it that grow back are carried whole).
+    snapshot_pages: u32,
+    /// Pages written since the snapshot, as they are now.
+    dirty: BTreeMap<u32, Vec<u8>>,
+    /// Snapshot pages the current batch reads as bases; cleared after each batch.
+    clean: BTreeMap<u32, Vec<u8>>,
+    /// Snapshot pages whose hash the table has learned.
+    learned: HashSet<u32>,
+}
+
+impl SparseImage {
+    /// An image of the snapshot `manifest` describes, no page loaded.
+    pub(crate) fn new(manifest: &Manifest) -> SparseImage {
+        SparseImage {
+            page_size: manifest.page_size,
+            pages: manifest.pages,
+            snapshot_pages: manifest.pages,
+            dirty: BTreeMap::new(),
+            clean: BTreeMap::new(),
+            learned: HashSet::new(),
+        }
+    }
+
+    /// Bytes of pages written since the snapshot.
+    pub(crate) fn dirty_bytes(&self) -> u64 {
+        self.dirty.len() as u64 * u64::from(self.page_size)
+    }
+
+    fn page(&self, object: &str, at: u64, len: usize) -> Result<u32, Error> {
+        let ps = u64::from(self.page_size);
+        if len as u64 != ps || !at.is_multiple_of(ps) {
+            return Err(Error::corrupt(
+                object,
+                "a sparse image reads whole pages only",
+            ));
+        }
+        let pgno = u32::try_from(at / ps + 1).map_err(|_| Error::corrupt(object, "page number"))?;
+        if pgno > self.pages {
+            return Err(Error::corrupt(
+                object,
+                format!("page {pgno} lies outside the image"),
+            ));
+        }
+        Ok(pgno)
+    }
+
+    /// What the snapshot's segments must supply before `batch` (delta bodies in order, each
+    /// parsed) applies: pages whose hash must be learned (every page a delta writes or a
+    /// truncation removes, while it still holds the snapshot's content) and pages read as
+    /// bases (encoded records on pages not written since the snapshot).
+    fn needs(&self, batch: &[DeltaBody<'_>]) -> (BTreeSet<u32>, BTreeSet<u32>) {
+        let (mut learn, mut base) = (BTreeSet::new(), BTreeSet::new());
+        let (mut pages, mut snapshot_pages) = (self.pages, self.snapshot_pages);
+        let from_snapshot = |p: u32, snapshot_pages: u32, dirty: &BTreeSet<u32>| {
+            p <= snapshot_pages && !dirty.contains(&p)
+        };
+        let mut written: BTreeSet<u32> = BTreeSet::new();
+        for delta in batch {
+            let dirty: BTreeSet<u32> = self
+                .dirty
+                .keys()
+                .copied()
+                .chain(written.iter().copied())
+                .collect();
+            if delta.db_pages() < pages {
+                for p in delta.db_pages() + 1..=pages.min(snapshot_pages) {
+                    if !self.learned.contains(&p) && from_snapshot(p, snapshot_pages, &dirty) {
+                        learn.insert(p);
+                    }
+                }
+                snapshot_pages = snapshot_pages.min(delta.db_pages());
+            }
+            for (pgno, encoding, _) in delta.records() {
+                if from_snapshot(pgno, snapshot_pages, &dirty) {
+                    if !self.learned.contains(&pgno) {
+                        learn.insert(pgno);
+                    }
+                    if encoding != WHOLE {
+                        base.insert(pgno);
+                    }
+                }
+                written.insert(pgno);
+            }
+            pages = delta.db_pages();
+        }
+        (learn, base)
+    }
+}
+
+impl PageImage for SparseImage {
+    fn set_len(&mut self, bytes: u64) -> Result<(), Error> {
+        let pages = u32::try_from(bytes / u64::from(self.page_size))
+            .map_err(|_| Error::corrupt("sparse image", "length"))?;
+        self.pages = pages;
+        self.snapshot_pages = self.snapshot_pages.min(pages);
+        self.dirty.retain(|p, _| *p <= pages);
+        self.clean.retain(|p, _| *p <= pages);
+        Ok(())
+    }
+
+    fn read_at(&mut self, object: &str, at: u64, buf: &mut [u8]) -> Result<(), Error> {
+        let pgno = self.page(object, at, buf.len())?;
+        match self.dirty.get(&pgno).or_else(|| self.clean.get(&pgno)) {
+            Some(page) => buf.copy_from_slice(page),
+            None if pgno > self.snapshot_pages => buf.fill(0),
+            None => {
+                return Err(Error::corrupt(
+                    object,
+                    format!("page {pgno} was not loaded for a sparse rebuild"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&mut self, object: &str, at: u64, buf: &[u8]) -> Result<(), Error> {
+        let pgno = self.page(object, at, buf.len())?;
+        self.dirty.insert(pgno, buf.to_vec());
+        Ok(())
+    }
+}
+
+impl Replica {
+    /// Downloads the snapshot segments `bodies` (the next batch of the chain, in order) need
+    /// on `image` and records them: hashes learned into `hashes`, base pages into the image.
+    /// Each segment is checked against its name's sha256 as a hydrate checks it (I10).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a body that does not parse or a segment that fails its checks;
+    /// [`Error::MissingObject`]; [`Error::Store`].
+    pub(crate) async fn load_sparse(
+        &self,
+        org: &OrgId,
+        manifest: &Manifest,
+        batch: &[LogEntry],
+        bodies: &[(String, Vec<u8>)],
+        image: &mut SparseImage,
+        hashes: &mut PageHashes,
+    ) -> Result<(), Error> {
+        image.clean.clear();
+        let parsed: Vec<DeltaBody<'_>> = bodies
+            .iter()
+            .map(|(obj, body)| DeltaBody::parse(obj, body))
+            .collect::<Result<_, _>>()?;
+        debug_assert_eq!(parsed.len(), batch.len());
+        let (learn, base) = image.needs(&parsed);
+        let per = manifest.segment_pages.max(1);
+        let segments: BTreeSet<usize> = learn
+            .iter()
+            .chain(&base)
+            .map(|p| ((p - 1) / per) as usize)
+            .collect();
+        for i in segments {
+            let Some(seg) = manifest.segments.get(i) else {
+                return Err(Error::corrupt(
+                    org.as_str(),
+                    "a delta page outside the snapshot's segments",
+                ));
+            };
+            let first = i as u32 * per + 1;
+            let shape = (first, manifest.pages_in(i), manifest.page_size);
+            let fetched = self.fetch_segment(org, seg.clone(), shape).await?;
+            let ps = manifest.page_size as usize;
+            for (k, (page, hash)) in fetched.bytes.chunks(ps).zip(&fetched.hashes).enumerate() {
+                let pgno = first + k as u32;
+                if learn.contains(&pgno) {
+                    hashes.learn(pgno, *hash);
+                    image.learned.insert(pgno);
+                }
+                if base.contains(&pgno) {
+                    image.clean.insert(pgno, page.to_vec());
+                }
+            }
+        }
+        Ok(())
+    }
+}
