@@ -16,6 +16,9 @@ use crate::format::segment::Manifest;
 use crate::rebuild::image::PageImage;
 use crate::{Error, LogEntry, OrgId, Replica};
 
+/// The most snapshot page content a sparse rebuild keeps for bases: 16 MiB.
+const CLEAN_BYTES: u64 = 16 << 20;
+
 /// The pages of a closed chain's rebuild: every page a delta wrote, and the snapshot pages the
 /// current batch decodes against.
 pub(crate) struct SparseImage {
@@ -27,7 +30,8 @@ pub(crate) struct SparseImage {
     snapshot_pages: u32,
     /// Pages written since the snapshot, as they are now.
     dirty: BTreeMap<u32, Vec<u8>>,
-    /// Snapshot pages the current batch reads as bases; cleared after each batch.
+    /// Snapshot pages of the segments downloaded so far, as bases for encoded pages; at
+    /// most [`CLEAN_BYTES`], dropped whole beyond it (and downloaded again if needed).
     clean: BTreeMap<u32, Vec<u8>>,
     /// Snapshot pages whose hash the table has learned.
     learned: HashSet<u32>,
@@ -100,7 +104,7 @@ impl SparseImage {
                     if !self.learned.contains(&pgno) {
                         learn.insert(pgno);
                     }
-                    if encoding != WHOLE {
+                    if encoding != WHOLE && !self.clean.contains_key(&pgno) {
                         base.insert(pgno);
                     }
                 }
@@ -162,7 +166,6 @@ impl Replica {
         image: &mut SparseImage,
         hashes: &mut PageHashes,
     ) -> Result<(), Error> {
-        image.clean.clear();
         let parsed: Vec<DeltaBody<'_>> = bodies
             .iter()
             .map(|(obj, body)| DeltaBody::parse(obj, body))
@@ -186,15 +189,21 @@ impl Replica {
             let shape = (first, manifest.pages_in(i), manifest.page_size);
             let fetched = self.fetch_segment(org, seg.clone(), shape).await?;
             let ps = manifest.page_size as usize;
+            if (image.clean.len() + fetched.hashes.len()) as u64 * ps as u64 > CLEAN_BYTES {
+                image.clean.clear();
+            }
+            // Every page of the segment that still holds the snapshot's content is learned
+            // and kept as a base: the segment is not downloaded again for the chain's later
+            // deltas (unless its bases were dropped for memory).
             for (k, (page, hash)) in fetched.bytes.chunks(ps).zip(&fetched.hashes).enumerate() {
                 let pgno = first + k as u32;
-                if learn.contains(&pgno) {
+                if pgno > image.snapshot_pages || image.dirty.contains_key(&pgno) {
+                    continue;
+                }
+                if image.learned.insert(pgno) {
                     hashes.learn(pgno, *hash);
-                    image.learned.insert(pgno);
                 }
-                if base.contains(&pgno) {
-                    image.clean.insert(pgno, page.to_vec());
-                }
+                image.clean.insert(pgno, page.to_vec());
             }
         }
         Ok(())
