@@ -53,14 +53,12 @@ pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
 /// run must not count as passed. Such tests are `#[ignore = "needs a loopback S3 server:
 /// run under scripts/s3-server"]`, and run with `--include-ignored`.
 pub fn s3_store() -> Arc<dyn ObjectStore> {
-    match s3_store_from_env() {
-        Ok(Some(store)) => store,
-        Ok(None) => panic!(
-            "{S3_ENDPOINT_ENV} is not set: this test needs a loopback S3 server; run it under \
-             scripts/s3-server (scripts/s3-server -- cargo test -- --include-ignored)"
-        ),
-        Err(e) => panic!("building the S3 test store: {e}"),
-    }
+    super::required(
+        "a loopback S3 server",
+        S3_ENDPOINT_ENV,
+        "scripts/s3-server",
+        s3_store_from_env(),
+    )
 }
 
 /// A prefix no other test (or earlier run against the same bucket) uses: `tag`, the process
