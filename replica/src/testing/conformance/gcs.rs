@@ -14,15 +14,18 @@ use crate::Error;
 pub const GCS_ENDPOINT_ENV: &str = "IDEM_GCS_ENDPOINT";
 /// Names the base URL of gcp-storage-emulator (`scripts/gcs-server` sets it).
 pub const GCS_STUB_ENDPOINT_ENV: &str = "IDEM_GCS_STUB_ENDPOINT";
-/// Names the bucket on both servers (default `idem-test`).
+/// Names the bucket on both servers (default `idemtest`: letters only, as object_store
+/// percent-encodes every other character of a bucket name and gcp-storage-emulator routes on
+/// the raw path).
 pub const GCS_BUCKET_ENV: &str = "IDEM_GCS_BUCKET";
 
 /// The GCS emulator whose base URL the variable `endpoint_env` names ([`GCS_ENDPOINT_ENV`]
 /// or [`GCS_STUB_ENDPOINT_ENV`]), or `None` when it is unset.
 ///
-/// Built as `GOOGLE_BASE_URL`, `GOOGLE_SKIP_SIGNATURE=true` and `GOOGLE_ALLOW_HTTP=true`
-/// build it for a `gs://` URL: the emulator's base URL, unsigned requests (emulators take no
-/// credentials), plain HTTP. object_store 0.14 speaks the XML API to it (`PUT
+/// Built as `GOOGLE_BASE_URL`, `GOOGLE_BEARER_TOKEN=test` and `GOOGLE_ALLOW_HTTP=true` build
+/// it for a `gs://` URL: the emulator's base URL, a static bearer token the emulators do not
+/// check (object_store 0.14 fetches a token for every write, even with `skip_signature`, so
+/// without one it asks the instance metadata server), plain HTTP. object_store 0.14 speaks the XML API to it (`PUT
 /// /{bucket}/{object}`, create-only as `x-goog-if-generation-match: 0`).
 ///
 /// # Errors
@@ -31,11 +34,11 @@ pub fn gcs_store_from_env(endpoint_env: &str) -> Result<Option<Arc<dyn ObjectSto
     let Ok(endpoint) = std::env::var(endpoint_env) else {
         return Ok(None);
     };
-    let bucket = std::env::var(GCS_BUCKET_ENV).unwrap_or_else(|_| "idem-test".to_owned());
+    let bucket = std::env::var(GCS_BUCKET_ENV).unwrap_or_else(|_| "idemtest".to_owned());
     let store = object_store::gcp::GoogleCloudStorageBuilder::new()
         .with_bucket_name(&bucket)
         .with_base_url(endpoint.trim_end_matches('/'))
-        .with_skip_signature(true)
+        .with_bearer_token("test")
         .with_client_options(ClientOptions::new().with_allow_http(true))
         .build()
         .map_err(|source| Error::Store {
