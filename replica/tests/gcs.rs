@@ -15,7 +15,7 @@ use idem_replica::conformance::{
 };
 use idem_replica::{Error, Replica, Settings};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+use object_store::{ObjectStore, PutMode, PutPayload};
 
 type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
