@@ -36,19 +36,14 @@ pub fn azure_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
     };
     let container = std::env::var(AZURE_CONTAINER_ENV).unwrap_or_else(|_| "idem-test".to_owned());
     let account_url = format!("{}/{AZURITE_ACCOUNT}", endpoint.trim_end_matches('/'));
-    let store = object_store::azure::MicrosoftAzureBuilder::new()
+    let built = object_store::azure::MicrosoftAzureBuilder::new()
         .with_account(AZURITE_ACCOUNT)
         .with_access_key(AZURITE_ACCOUNT_KEY)
         .with_endpoint(account_url.clone())
         .with_allow_http(true)
         .with_container_name(&container)
-        .build()
-        .map_err(|source| Error::Store {
-            op: "build",
-            path: format!("az://{container} at {account_url}"),
-            source,
-        })?;
-    Ok(Some(Arc::new(store)))
+        .build();
+    super::built(built, || format!("az://{container} at {account_url}"))
 }
 
 /// The Azure test server, for a test that needs one.

@@ -35,18 +35,13 @@ pub fn gcs_store_from_env(endpoint_env: &str) -> Result<Option<Arc<dyn ObjectSto
         return Ok(None);
     };
     let bucket = std::env::var(GCS_BUCKET_ENV).unwrap_or_else(|_| "idemtest".to_owned());
-    let store = object_store::gcp::GoogleCloudStorageBuilder::new()
+    let built = object_store::gcp::GoogleCloudStorageBuilder::new()
         .with_bucket_name(&bucket)
         .with_base_url(endpoint.trim_end_matches('/'))
         .with_bearer_token("test")
         .with_client_options(ClientOptions::new().with_allow_http(true))
-        .build()
-        .map_err(|source| Error::Store {
-            op: "build",
-            path: format!("gs://{bucket} at {endpoint}"),
-            source,
-        })?;
-    Ok(Some(Arc::new(store)))
+        .build();
+    super::built(built, || format!("gs://{bucket} at {endpoint}"))
 }
 
 /// The GCS emulator `endpoint_env` names, for a test that needs it.

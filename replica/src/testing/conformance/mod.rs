@@ -283,6 +283,22 @@ impl<E> IntoTestStore<E> for Result<TestStore, E> {
     }
 }
 
+/// A test server's store as its builder made it, or [`Error::Store`] naming `what` (the URL
+/// and endpoint) when the builder refused its settings.
+fn built<S: ObjectStore>(
+    built: object_store::Result<S>,
+    what: impl FnOnce() -> String,
+) -> Result<Option<Arc<dyn ObjectStore>>, Error> {
+    match built {
+        Ok(store) => Ok(Some(Arc::new(store))),
+        Err(source) => Err(Error::Store {
+            op: "build",
+            path: what(),
+            source,
+        }),
+    }
+}
+
 /// The store a test server's builder made, for a test that needs it.
 ///
 /// # Panics

@@ -29,7 +29,7 @@ pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
         return Ok(None);
     };
     let bucket = std::env::var(S3_BUCKET_ENV).unwrap_or_else(|_| "idem-test".to_owned());
-    let store = object_store::aws::AmazonS3Builder::new()
+    let built = object_store::aws::AmazonS3Builder::new()
         .with_bucket_name(&bucket)
         .with_endpoint(&endpoint)
         .with_allow_http(true)
@@ -37,13 +37,8 @@ pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
         .with_region("us-east-1")
         .with_access_key_id("test")
         .with_secret_access_key("test")
-        .build()
-        .map_err(|source| Error::Store {
-            op: "build",
-            path: format!("s3://{bucket} at {endpoint}"),
-            source,
-        })?;
-    Ok(Some(Arc::new(store)))
+        .build();
+    super::built(built, || format!("s3://{bucket} at {endpoint}"))
 }
 
 /// The S3 test server, for a test that needs one.
