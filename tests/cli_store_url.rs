@@ -3,8 +3,9 @@
 //! `s3://bucket/prod`) reads; a store URL that leaves the prefix out gets a hint naming it;
 //! `idem orgs` lists what a store holds.
 //!
-//! The S3 case is ignored unless asked for and fails without a server:
-//! `scripts/s3-server -- cargo test --test cli_store_url -- --include-ignored`.
+//! The S3, Azure and GCS cases are ignored unless asked for and fail without their servers:
+//! `scripts/s3-server -- scripts/azure-server -- scripts/gcs-server -- cargo test --test
+//! cli_store_url -- --include-ignored` (or `scripts/cloud-servers -- …`).
 
 mod common;
 
@@ -170,6 +171,73 @@ async fn the_binary_reads_an_s3_url_under_the_prefix_the_library_wrote() -> Test
     assert_eq!(listed[0]["org"], "acme", "{listed}");
     let above = format!("s3://{bucket}/{top}");
     assert_eq!(orgs_json(&above)?, serde_json::json!([]));
+    Ok(())
+}
+
+/// A variable a cloud server's script exports, or the error naming the script to run under.
+fn server_env(name: &str, script: &str) -> TestResult<String> {
+    std::env::var(name).map_err(|_| {
+        format!(
+            "{name} is not set: run under {script} \
+             ({script} -- cargo test --test cli_store_url -- --include-ignored)"
+        )
+        .into()
+    })
+}
+
+/// An `az://` URL pointed at Azurite only through object_store's own variables
+/// (`AZURE_STORAGE_USE_EMULATOR=true`, `AZURITE_BLOB_STORAGE_URL`, which
+/// `scripts/azure-server` exports): the library and the binary name the same objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Azurite: run under scripts/azure-server"]
+async fn the_binary_reads_an_az_url_under_the_prefix_the_library_wrote() -> TestResult {
+    let container = server_env("IDEM_AZURE_CONTAINER", "scripts/azure-server")?;
+    server_env("AZURITE_BLOB_STORAGE_URL", "scripts/azure-server")?;
+    let top = format!("cli-url-{}-{}", std::process::id(), hex_nanos());
+    let store = idem_org::replica::StoreUrl::parse(&format!("az://{container}"))?;
+    library_writes(store.store().clone(), &format!("{top}/prod")).await?;
+    let dir = tempfile::tempdir()?;
+    let url = format!("az://{container}/{top}/prod");
+    assert_eq!(restore_reads(&url, dir.path())?, 7);
+    assert_eq!(orgs_json(&url)?[0]["org"], "acme");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs Azurite: run under scripts/azure-server"]
+fn check_store_passes_on_azurite() -> TestResult {
+    let container = server_env("IDEM_AZURE_CONTAINER", "scripts/azure-server")?;
+    let out = run(&[
+        "check-store",
+        &format!("az://{container}/cli-check-{}", hex_nanos()),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("store ok: create-only probe"),
+        "check-store on Azurite: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Neither GCS emulator holds a create-only put through object_store (docs/stores.md):
+/// `check-store` must refuse both, at the probe, with a clean one-line error.
+#[test]
+#[ignore = "needs the GCS emulators: run under scripts/gcs-server"]
+fn check_store_refuses_both_gcs_emulators() -> TestResult {
+    let bucket = server_env("IDEM_GCS_BUCKET", "scripts/gcs-server")?;
+    for (endpoint, why) in [
+        ("IDEM_GCS_ENDPOINT", "invalid uploadType"),
+        ("IDEM_GCS_STUB_ENDPOINT", "ETag Header missing"),
+    ] {
+        let base = server_env(endpoint, "scripts/gcs-server")?;
+        let out = idem()
+            .env("GOOGLE_BASE_URL", base)
+            .args(["check-store", &format!("gs://{bucket}/cli-check")])
+            .output()?;
+        assert_clean_failure(&out, "cannot open store: object store put failed");
+        assert_clean_failure(&out, why);
+    }
     Ok(())
 }
 

@@ -1,12 +1,13 @@
-//! One store URL for the library and the command line: a file URL, a plain path and an S3
-//! URL name the objects the library writes through `Replica::open(store, prefix, ..)`.
+//! One store URL for the library and the command line: a file URL, a plain path, an S3 and
+//! an Azure URL name the objects the library writes through `Replica::open(store, prefix, ..)`.
 //!
-//! The S3 case is ignored unless asked for and fails without a server:
-//! `scripts/s3-server -- cargo test -p idem-replica --test store_url -- --include-ignored`.
+//! The S3 and Azure cases are ignored unless asked for and fail without their servers:
+//! `scripts/s3-server -- scripts/azure-server -- cargo test -p idem-replica --test store_url
+//! -- --include-ignored`.
 
 use std::sync::Arc;
 
-use idem_replica::conformance::{s3_store, unique_prefix};
+use idem_replica::conformance::{azure_store, s3_store, unique_prefix};
 use idem_replica::{OrgId, Replica, Settings, Snapshot, StoreUrl};
 use object_store::ObjectStore;
 
@@ -71,20 +72,23 @@ async fn a_path_and_a_file_url_name_what_the_library_writes_under_a_prefix() -> 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
-async fn an_s3_url_names_what_the_library_writes_under_a_prefix() -> R {
-    // scripts/s3-server exports the AWS_* variables a user would set, which the URL reads.
-    let bucket = std::env::var("IDEM_S3_BUCKET").unwrap_or_else(|_| "idem-test".to_owned());
+/// What the library writes through a store built by hand is what `scheme://bucket/prefix`
+/// names, with the URL's store built only from the environment variables a user would set
+/// (the server's script exports them).
+async fn a_cloud_url_names_what_the_library_writes(
+    store: Arc<dyn ObjectStore>,
+    scheme: &str,
+    bucket: &str,
+) -> R {
     let top = unique_prefix("url");
     let prefix = format!("{top}/prod");
     let org = OrgId::new("acme")?;
-    ship_under(s3_store(), &prefix, &org, 42).await?;
+    ship_under(store, &prefix, &org, 42).await?;
 
-    let url = StoreUrl::parse_existing(&format!("s3://{bucket}/{prefix}"))?;
+    let url = StoreUrl::parse_existing(&format!("{scheme}://{bucket}/{prefix}"))?;
     assert_eq!(url.prefix(), prefix);
     assert_eq!(read_through(&url, &org).await?, 42);
-    let above = StoreUrl::parse(&format!("s3://{bucket}/{top}"))?;
+    let above = StoreUrl::parse(&format!("{scheme}://{bucket}/{top}"))?;
     assert!(
         above
             .open_read_only(Settings::default())?
@@ -94,4 +98,22 @@ async fn an_s3_url_names_what_the_library_writes_under_a_prefix() -> R {
     );
     assert_eq!(read_through(&above.join("prod"), &org).await?, 42);
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a loopback S3 server: run under scripts/s3-server"]
+async fn an_s3_url_names_what_the_library_writes_under_a_prefix() -> R {
+    // scripts/s3-server exports the AWS_* variables a user would set, which the URL reads.
+    let bucket = std::env::var("IDEM_S3_BUCKET").unwrap_or_else(|_| "idem-test".to_owned());
+    a_cloud_url_names_what_the_library_writes(s3_store(), "s3", &bucket).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs Azurite: run under scripts/azure-server"]
+async fn an_az_url_names_what_the_library_writes_under_a_prefix() -> R {
+    // scripts/azure-server exports AZURE_STORAGE_USE_EMULATOR=true and
+    // AZURITE_BLOB_STORAGE_URL, which object_store's Azure builder reads for the URL.
+    let container =
+        std::env::var("IDEM_AZURE_CONTAINER").unwrap_or_else(|_| "idem-test".to_owned());
+    a_cloud_url_names_what_the_library_writes(azure_store(), "az", &container).await
 }

@@ -6,8 +6,8 @@
 //! | `DIR`, `file:///DIR` | local directory `DIR` (created if missing), fsync'd | `""` |
 //! | `memory://` , `memory:///p` | a new in-process store (gone with the process) | `p` |
 //! | `s3://bucket/p` | S3 or S3-compatible, from the `AWS_*` environment variables | `p` |
-//! | `gs://bucket/p` | Google Cloud Storage, from the `GOOGLE_*` variables | `p` |
-//! | `az://container/p` | Azure Blob, from the `AZURE_*` variables | `p` |
+//! | `gs://bucket/p` | Google Cloud Storage, from the `GOOGLE_*` variables (an emulator: `GOOGLE_BASE_URL`) | `p` |
+//! | `az://container/p` | Azure Blob, from the `AZURE_*` variables (Azurite: `AZURE_STORAGE_USE_EMULATOR=true`, `AZURITE_BLOB_STORAGE_URL`) | `p` |
 //!
 //! A local directory is its own root: `DIR/prod` names the objects a store rooted at `DIR`
 //! keeps under the prefix `prod`, so `Replica::open(Replica::local_store(DIR)?, "prod", ..)`
@@ -43,8 +43,11 @@ impl StoreUrl {
     /// stores take credentials, region and endpoint from their standard environment
     /// variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
     /// `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, …; `GOOGLE_SERVICE_ACCOUNT`, …;
-    /// `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY`, …). Nothing is read from
-    /// or written to the store.
+    /// `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY`, …), read by object_store's
+    /// `from_env()`. An emulator is reached the same way: Azurite with
+    /// `AZURE_STORAGE_USE_EMULATOR=true` and `AZURITE_BLOB_STORAGE_URL`; a GCS emulator with
+    /// `GOOGLE_BASE_URL`, `GOOGLE_ALLOW_HTTP=true` and `GOOGLE_BEARER_TOKEN` (docs/stores.md).
+    /// Nothing is read from or written to the store.
     ///
     /// # Errors
     /// [`Error::InvalidStoreUrl`] for an empty or malformed URL, an unsupported scheme, or a

@@ -29,7 +29,7 @@ pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
         return Ok(None);
     };
     let bucket = std::env::var(S3_BUCKET_ENV).unwrap_or_else(|_| "idem-test".to_owned());
-    let store = object_store::aws::AmazonS3Builder::new()
+    let built = object_store::aws::AmazonS3Builder::new()
         .with_bucket_name(&bucket)
         .with_endpoint(&endpoint)
         .with_allow_http(true)
@@ -37,13 +37,8 @@ pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
         .with_region("us-east-1")
         .with_access_key_id("test")
         .with_secret_access_key("test")
-        .build()
-        .map_err(|source| Error::Store {
-            op: "build",
-            path: format!("s3://{bucket} at {endpoint}"),
-            source,
-        })?;
-    Ok(Some(Arc::new(store)))
+        .build();
+    super::built(built, || format!("s3://{bucket} at {endpoint}"))
 }
 
 /// The S3 test server, for a test that needs one.
@@ -53,14 +48,12 @@ pub fn s3_store_from_env() -> Result<Option<Arc<dyn ObjectStore>>, Error> {
 /// run must not count as passed. Such tests are `#[ignore = "needs a loopback S3 server:
 /// run under scripts/s3-server"]`, and run with `--include-ignored`.
 pub fn s3_store() -> Arc<dyn ObjectStore> {
-    match s3_store_from_env() {
-        Ok(Some(store)) => store,
-        Ok(None) => panic!(
-            "{S3_ENDPOINT_ENV} is not set: this test needs a loopback S3 server; run it under \
-             scripts/s3-server (scripts/s3-server -- cargo test -- --include-ignored)"
-        ),
-        Err(e) => panic!("building the S3 test store: {e}"),
-    }
+    super::required(
+        "a loopback S3 server",
+        S3_ENDPOINT_ENV,
+        "scripts/s3-server",
+        s3_store_from_env(),
+    )
 }
 
 /// A prefix no other test (or earlier run against the same bucket) uses: `tag`, the process
