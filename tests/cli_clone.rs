@@ -151,3 +151,62 @@ fn a_clone_into_an_existing_org_or_itself_or_from_nothing_is_refused() -> TestRe
     assert_clean_failure(&run(&["clone", "acme", "../x", "--store", &store]), "org");
     Ok(())
 }
+
+/// A clone is a copy, not a reference: the source writing on, publishing new full snapshots
+/// and running retention that deletes the snapshot the clone was taken from, and the clone's
+/// own retention, leave the clone restoring and verifying its state at the clone.
+#[test]
+fn a_clone_stays_whole_while_its_source_writes_on_and_both_run_retention() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = seeded_store(dir.path())?;
+    let out = run(&["clone", "acme", "beta", "--store", &store]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = tokio::runtime::Runtime::new()?;
+    let deleted = rt.block_on(async {
+        let replica = Replica::open(
+            Replica::local_store(Path::new(&store))?,
+            "",
+            Settings::default(),
+        )
+        .await?;
+        let mut settings = idem_org::RegistrySettings::default();
+        settings.ship.snapshot_interval_ms = 1;
+        let registry = idem_org::Registry::builder(dir.path().join("data2"), replica.clone(), "next")
+            .settings(settings)
+            .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
+            .build()?;
+        let org = registry.acquire(&OrgId::new("acme")?).await?;
+        for k in ["k4", "k5", "k6"] {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            org.once(k, move |tx| {
+                tx.execute("INSERT INTO t VALUES (?1)", [k])?;
+                Ok::<_, idem_org::rusqlite::Error>(k.as_bytes().to_vec())
+            })
+            .await?;
+        }
+        registry.shutdown().await;
+        let keep_one = idem_org::replica::Retention {
+            keep_snapshots: 1,
+            keep_ms: 0,
+            window_ms: 0,
+            level_ms: 0,
+        };
+        let mut deleted = 0;
+        for name in ["acme", "beta"] {
+            deleted += replica
+                .retain(&OrgId::new(name)?, &keep_one)
+                .await?
+                .deleted_entries
+                .len();
+        }
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(deleted)
+    })?;
+    assert!(deleted > 0, "the source's retention deleted nothing");
+    let acme = rows(&store, "acme", dir.path())?;
+    assert_eq!(acme.0, ["k1", "k2", "k3", "k4", "k5", "k6"]);
+    let beta = rows(&store, "beta", dir.path())?;
+    assert_eq!(beta, (vec!["k1".into(), "k2".into(), "k3".into()], 3));
+    let out = run(&["verify", "beta", "--store", &store]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(())
+}
