@@ -160,7 +160,11 @@ fn a_clone_stays_whole_while_its_source_writes_on_and_both_run_retention() -> Te
     let dir = tempfile::tempdir()?;
     let store = seeded_store(dir.path())?;
     let out = run(&["clone", "acme", "beta", "--store", &store]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rt = tokio::runtime::Runtime::new()?;
     let deleted = rt.block_on(async {
         let replica = Replica::open(
@@ -171,10 +175,11 @@ fn a_clone_stays_whole_while_its_source_writes_on_and_both_run_retention() -> Te
         .await?;
         let mut settings = idem_org::RegistrySettings::default();
         settings.ship.snapshot_interval_ms = 1;
-        let registry = idem_org::Registry::builder(dir.path().join("data2"), replica.clone(), "next")
-            .settings(settings)
-            .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
-            .build()?;
+        let registry =
+            idem_org::Registry::builder(dir.path().join("data2"), replica.clone(), "next")
+                .settings(settings)
+                .on_open(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS t (k TEXT)"))
+                .build()?;
         let org = registry.acquire(&OrgId::new("acme")?).await?;
         for k in ["k4", "k5", "k6"] {
             std::thread::sleep(std::time::Duration::from_millis(2));
@@ -207,6 +212,10 @@ fn a_clone_stays_whole_while_its_source_writes_on_and_both_run_retention() -> Te
     let beta = rows(&store, "beta", dir.path())?;
     assert_eq!(beta, (vec!["k1".into(), "k2".into(), "k3".into()], 3));
     let out = run(&["verify", "beta", "--store", &store]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     Ok(())
 }

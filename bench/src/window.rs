@@ -30,6 +30,8 @@ struct Outcome {
     /// critical path (all on the S3-shaped store).
     reads: Vec<(u64, u64, u64)>,
     times: Vec<Duration>,
+    /// Requests of each `position_at_time` before a restore.
+    lookups: Vec<u64>,
 }
 
 /// Prints the P11 table: `hours` simulated hours of one write every `gap_ms`.
@@ -116,6 +118,21 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
         "| its round trips on the critical path | {} | {} |  |",
         reads(&with, |r| r.2),
         reads(&without, |r| r.2)
+    );
+    let lookups = |o: &Outcome| {
+        let mut r = o.lookups.clone();
+        r.sort_unstable();
+        let q = |f: f64| {
+            r.get(((r.len() as f64 - 1.0) * f) as usize)
+                .copied()
+                .unwrap_or(0)
+        };
+        format!("p50 {}, max {}", q(0.5), q(1.0))
+    };
+    outln!(
+        "| finding the position of the moment first (position_at_time reads the log once): requests | {} | {} |  |",
+        lookups(&with),
+        lookups(&without)
     );
     let times = |o: &Outcome| {
         let mut t = o.times.clone();
@@ -235,7 +252,7 @@ async fn simulate(
     // itself was written without delay: only what a restore reads is timed).
     let shaped = Arc::new(LatencyStore::new(store.clone(), Shapes::s3(), 11));
     let reader = Replica::open(shaped.clone(), "", Settings::default()).await?;
-    let (mut reads, mut times) = (Vec::new(), Vec::new());
+    let (mut reads, mut times, mut lookups) = (Vec::new(), Vec::new(), Vec::new());
     std::fs::create_dir_all(&work)?;
     let old = moments
         .iter()
@@ -246,7 +263,9 @@ async fn simulate(
         let Some(at) = old.get((next_rand() as usize) % old.len().max(1)).copied() else {
             break;
         };
-        let seq = replica.position_at_time(&org, at).await?;
+        let trace = shaped.trace();
+        let seq = reader.position_at_time(&org, at).await?;
+        lookups.push(trace.finish().requests.len() as u64);
         let dest = work.join(format!("restore-{i}.db"));
         let trace = shaped.trace();
         let t = Instant::now();
@@ -271,6 +290,7 @@ async fn simulate(
         compaction,
         reads,
         times,
+        lookups,
     })
 }
 

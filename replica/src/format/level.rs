@@ -192,8 +192,14 @@ impl LevelFile {
             return Err(bad("level file names another org or chain than its path"));
         }
         let frames = bytes.len() - PREFIX - len;
-        let (mut last, mut next_offset) = (snapshot, 0u64);
+        let (mut last, mut next_offset, mut total) = (snapshot, 0u64, 0u64);
         for s in &header.sections {
+            // A compactor never writes more (`MAX_LEVEL_BYTES`): a header claiming more is
+            // crafted or damaged, and decompressing it would reserve what it claims.
+            total = total.saturating_add(s.bytes);
+            if total > crate::MAX_LEVEL_BYTES {
+                return Err(bad("level sections larger than a level file holds"));
+            }
             if s.seq <= last || s.seq > end {
                 return Err(bad("level sections out of order or outside the chain"));
             }

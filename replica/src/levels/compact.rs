@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use object_store::{PutMode, PutPayload};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{LEVEL_MIN_DELTAS, MAX_LEVEL_BYTES};
 use crate::chain::{self, Start};
@@ -221,6 +221,13 @@ impl Replica {
                 report.skipped.push((snapshot.seq(), why));
                 continue;
             }
+            let skip_key = format!("level-skip:{org}/{}", snapshot.seq());
+            if self.inner.segment_refs.get(&skip_key).is_some() {
+                report
+                    .skipped
+                    .push((snapshot.seq(), "left at its deltas by an earlier run"));
+                continue;
+            }
             // Bounded across orgs: each compaction holds a temp image and its sections.
             let permit = self.inner.compactions.acquire().await;
             let compacted = self
@@ -229,9 +236,24 @@ impl Replica {
             drop(permit);
             match compacted {
                 Ok(Some(name)) => report.written.push(name),
-                Ok(None) => report.skipped.push((snapshot.seq(), "sections too large")),
+                Ok(None) => {
+                    // Closed chains do not change: this handle does not rebuild it again.
+                    self.inner
+                        .segment_refs
+                        .insert(&skip_key, std::sync::Arc::new(Vec::new()));
+                    report.skipped.push((snapshot.seq(), "sections too large"));
+                }
                 Err(Error::MissingObject { path }) => {
                     debug!(%org, seq = snapshot.seq(), path, "chain retired while compacting");
+                }
+                // A chain that does not rebuild keeps its deltas (verify reports it); the
+                // org's later chains still get their level files.
+                Err(e @ (Error::Corrupt { .. } | Error::ChainBroken { .. })) => {
+                    warn!(%org, seq = snapshot.seq(), error = %e, "chain left at its deltas");
+                    self.inner
+                        .segment_refs
+                        .insert(&skip_key, std::sync::Arc::new(Vec::new()));
+                    report.skipped.push((snapshot.seq(), "does not rebuild"));
                 }
                 Err(e) => return Err(e),
             }
@@ -266,6 +288,9 @@ impl Replica {
         };
         let bucket = |e: &LogEntry| e.at_ms() / bucket_ms;
         let mut state = (image, hashes);
+        // Every page a delta of the chain changed so far: the sparse image holds them, and
+        // the sections hold at most them once each.
+        let mut chain_pages: BTreeSet<u32> = BTreeSet::new();
         let n = self.inner.settings.read_concurrency.max(1);
         for (b, batch) in deltas.chunks(n).enumerate() {
             // The known-entries cache drops inline bodies: those entries are read again.
@@ -284,6 +309,14 @@ impl Replica {
                 });
             }
             let bodies = self.fetch_batch(org, &entries, n).await?;
+            // The bound is checked before anything is downloaded for or built from these
+            // deltas: the pages the chain changed so far plus theirs, whole, must fit.
+            for (obj, body) in &bodies {
+                chain_pages.extend(DeltaBody::parse(obj, body)?.records().map(|(p, _, _)| p));
+            }
+            if chain_pages.len() as u64 * u64::from(page_size) + sections.bytes > MAX_LEVEL_BYTES {
+                return Ok(None);
+            }
             let (mut image, mut hashes) = state;
             if let (Image::Sparse(sparse), Some(m)) = (&mut image, manifest.as_ref()) {
                 self.load_sparse(org, m, &entries, &bodies, sparse, &mut hashes)
@@ -314,13 +347,6 @@ impl Replica {
                 Ok(((image, hashes), secs))
             })
             .await?;
-            let dirty = match &state.0 {
-                Image::Sparse(sparse) => sparse.dirty_bytes(),
-                Image::File(_) => 0,
-            };
-            if sections.bytes > MAX_LEVEL_BYTES || dirty > MAX_LEVEL_BYTES {
-                return Ok(None);
-            }
         }
         let end = deltas.last().map_or(snapshot.seq(), LogEntry::seq);
         let header = LevelHeader {

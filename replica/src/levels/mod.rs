@@ -123,12 +123,11 @@ impl Replica {
     ) -> Result<LevelFile, Error> {
         let path = self.inner.store.layout.level(org, &level.name);
         let object = path.to_string();
+        // Never more than a compactor writes (sections of at most MAX_LEVEL_BYTES, which zstd
+        // never expands by more than a small fraction, and the header).
         let bytes = self
-            .get_bytes(&path)
-            .await?
-            .ok_or_else(|| Error::MissingObject {
-                path: object.clone(),
-            })?;
+            .get_capped(&path, 2 * MAX_LEVEL_BYTES + (8 << 20))
+            .await?;
         LevelFile::parse(&object, bytes, org.as_str(), level.snapshot, level.end)
     }
 }

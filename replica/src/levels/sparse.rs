@@ -50,11 +50,6 @@ impl SparseImage {
         }
     }
 
-    /// Bytes of pages written since the snapshot.
-    pub(crate) fn dirty_bytes(&self) -> u64 {
-        self.dirty.len() as u64 * u64::from(self.page_size)
-    }
-
     fn page(&self, object: &str, at: u64, len: usize) -> Result<u32, Error> {
         let ps = u64::from(self.page_size);
         if len as u64 != ps || !at.is_multiple_of(ps) {

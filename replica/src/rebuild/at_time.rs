@@ -23,9 +23,28 @@ impl Replica {
             .iter()
             .filter(|e| e.is_snapshot() || e.is_delta())
             .collect();
+        let mut levels = None;
         for e in positions.iter().rev().filter(|e| e.at_ms() <= at_ms) {
             let seq = e.seq();
-            let on_chain = chain::newest(org, &log, seq.saturating_add(1))?;
+            let on_chain = match chain::newest(org, &log, seq.saturating_add(1)) {
+                Ok(c) => c,
+                // An entry left above a gap thinning made in a closed chain (a late create
+                // in a freed slot): no position; the chain's level file answers for it.
+                Err(e @ Error::ChainBroken { .. }) => {
+                    if levels.is_none() {
+                        levels = Some(self.level_names(org).await?);
+                    }
+                    let covered = levels
+                        .iter()
+                        .flatten()
+                        .any(|l| l.snapshot < seq && seq <= l.end);
+                    if covered {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             if on_chain.as_ref().map(chain::Chain::position) == Some(seq) {
                 // A closed chain whose deltas retention thinned keeps a position per
                 // bucket in its level file (2d): the last one at or before the moment.

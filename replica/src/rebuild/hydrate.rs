@@ -137,16 +137,20 @@ impl Replica {
             Ok(Some(plan)) => match self.install_level_plan(org, plan, dest).await {
                 // A damaged level file: the log may still hold the position itself, which
                 // the chain rules below verify on their own (never an older state, I10).
-                Err(e @ (Error::Corrupt { .. } | Error::ChainBroken { .. }))
-                    if log.iter().any(|x| x.seq() == seq) =>
-                {
+                Err(
+                    e @ (Error::Corrupt { .. }
+                    | Error::ChainBroken { .. }
+                    | Error::MissingObject { .. }),
+                ) if log.iter().any(|x| x.seq() == seq) => {
                     warn!(%org, seq, error = %e, "level file unusable; restoring from the log");
                 }
                 other => return other,
             },
-            Err(e @ (Error::Corrupt { .. } | Error::UnknownFormat { .. }))
-                if log.iter().any(|x| x.seq() == seq) =>
-            {
+            Err(
+                e @ (Error::Corrupt { .. }
+                | Error::UnknownFormat { .. }
+                | Error::MissingObject { .. }),
+            ) if log.iter().any(|x| x.seq() == seq) => {
                 warn!(%org, seq, error = %e, "level file unusable; restoring from the log");
             }
             Err(e) => return Err(e),

@@ -298,7 +298,14 @@ impl Replica {
                 continue;
             }
             let newest_ms = deltas.iter().map(LogEntry::at_ms).max().unwrap_or(0);
-            out.push((newest_ms, deltas.iter().map(LogEntry::seq).collect()));
+            // A stray in the chain (a fenced pipelined ship, never acknowledged, 3e's R1)
+            // goes with it: once the deltas around it are gone it would stand alone in a
+            // gap the chain rules call damage.
+            let strays = chain::strays(s, &log[i + 1..]);
+            out.push((
+                newest_ms,
+                deltas.iter().map(LogEntry::seq).chain(strays).collect(),
+            ));
         }
         Ok(out)
     }
@@ -339,11 +346,14 @@ impl Replica {
             Err(e) => return Err(e),
         };
         let top = deltas.last().map_or(0, LogEntry::seq);
-        let on_chain = file
-            .header
-            .sections
-            .iter()
-            .all(|s| s.seq > top || deltas.iter().any(|d| d.seq() == s.seq));
+        // Every section below the log's top is a position of the chain, with the checksum
+        // the log records there.
+        let on_chain = file.header.sections.iter().all(|s| {
+            s.seq > top
+                || deltas.iter().any(|d| {
+                    d.seq() == s.seq && d.delta().is_some_and(|l| l.checksum == s.checksum)
+                })
+        });
         if on_chain {
             self.inner
                 .segment_refs

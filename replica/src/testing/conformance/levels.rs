@@ -447,3 +447,45 @@ pub(super) async fn a_compaction_reads_only_the_segments_its_deltas_touch(
     .await?;
     Ok(())
 }
+
+/// Guards against an abort (found by an adversarial review): a crafted level file whose header (with a recomputed header
+/// sha256, as anyone able to write the object can do) claims a section decompresses to
+/// 64 TiB. `LevelFile::body` hands that size to `zstd::bulk::decompress` as the capacity it
+/// preallocates, so retention (which reads every section before thinning, inline in the
+/// org's shipper loop), restore and verify abort the whole process on the allocation
+/// instead of reporting `Corrupt`. Blobs guard against exactly this (`format/blob.rs`
+/// `unpack`: "a corrupt entry claiming terabytes would abort the process"). Expected:
+/// retention thins nothing and every position restores from the log.
+pub(super) async fn a_crafted_level_section_size_is_corrupt_not_an_abort(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    use sha2::{Digest, Sha256};
+    let (r, clock, positions) = history(store.clone(), 45, 1).await?;
+    let acme = org("acme");
+    r.compact_levels(&acme, &window()).await?;
+    let levels = r.level_names(&acme).await?;
+    let [level] = levels.as_slice() else {
+        return Err(format!("one level file expected: {levels:?}").into());
+    };
+    let path = r.inner.store.layout.level(&acme, &level.name);
+    let good = store.get(&path).await?.bytes().await?.to_vec();
+    let len = u32::from_le_bytes([good[12], good[13], good[14], good[15]]) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&good[48..48 + len])?;
+    header["sections"][0]["bytes"] = serde_json::json!(1u64 << 46);
+    let json = serde_json::to_vec(&header)?;
+    let mut bad = Vec::new();
+    bad.extend_from_slice(&good[..12]);
+    bad.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    bad.extend_from_slice(&Sha256::digest(&json));
+    bad.extend_from_slice(&json);
+    bad.extend_from_slice(&good[48 + len..]);
+    store.put(&path, bad.into()).await?;
+    clock.set(SystemClock.now_ms());
+    let report = r.retain(&acme, &window()).await?;
+    assert!(
+        report.deleted_entries.is_empty(),
+        "thinned under a crafted level file: {report:?}"
+    );
+    restores(&r, &positions, |_| true).await?;
+    Ok(())
+}

@@ -120,6 +120,8 @@ macro_rules! __conformance_cases {
             levels::a_compaction_racing_retention_leaves_no_level_file_behind,
             levels::a_damaged_level_file_thins_nothing_and_restores_from_the_log,
             levels::a_compaction_reads_only_the_segments_its_deltas_touch,
+            levels::a_crafted_level_section_size_is_corrupt_not_an_abort,
+            pipeline::a_stray_in_a_thinned_chain_goes_with_it_and_breaks_no_lookup,
         }
     };
 }

@@ -242,3 +242,101 @@ pub(super) async fn retention_keeps_a_blob_that_may_be_in_flight_below_the_head(
     assert!(r.settle(&mut a, first, landed)?.is_some());
     Ok(())
 }
+
+/// Guards against a broken lookup (found by an adversarial review of `docs/design.md` 2d): a closed chain continued across a
+/// pipelined writer that left a stray (R1) is compacted (its deltas are not pipelined: the
+/// stray is not one of them) and thinned; retention keeps the stray (it was on a kept
+/// chain's stray list when the run began). The thinned chain now has a gap below the
+/// stray, so `position_at_time` for any moment between the stray's time and the next kept
+/// position walks `chain::newest` from the snapshot, meets the gap and fails the whole
+/// lookup with `ChainBroken` (before thinning it skipped the stray), and `verify` reports
+/// the stray as a delta on no chain. Expected: the lookup answers a kept position and
+/// verify finds nothing wrong.
+pub(super) async fn a_stray_in_a_thinned_chain_goes_with_it_and_breaks_no_lookup(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let z = Replica::open(store.clone(), &p, Settings::default()).await?;
+    let ar = pipelined(store.clone(), &p).await?;
+    let br = Replica::open(store.clone(), &p, Settings::default()).await?;
+    let acme = org("acme");
+    let tmp = tempfile::tempdir()?;
+    let mut db = Db::new()?;
+    db.exec("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 20) INSERT INTO t SELECT i, randomblob(300) FROM n")?;
+    let mut img = vec![db.image()?];
+    for i in 0..12 {
+        db.exec(&format!(
+            "INSERT OR REPLACE INTO t VALUES ({}, randomblob(500))",
+            i % 7
+        ))?;
+        img.push(db.image()?);
+    }
+    let pause = || tokio::time::sleep(std::time::Duration::from_millis(5));
+    // z: a snapshot and four deltas, then a clean release.
+    let mut zc = z.claim(&acme, "z", false).await?;
+    z.ship(&mut zc, Snapshot::from_bytes(img[0].clone(), 1))
+        .await?;
+    for i in 1..=4 {
+        pause().await;
+        z.ship_delta(&mut zc, diff(&img[i - 1], &img[i], i as u64 + 1)?)
+            .await?;
+    }
+    z.release(&mut zc).await?;
+    // a (pipelined) continues the chain: two ships in flight, only the second lands.
+    let mut a = ar.claim(&acme, "a", false).await?;
+    ar.hydrate(&mut a, &tmp.path().join("a")).await?;
+    pause().await;
+    let first = ar.issue_delta(&mut a, diff(&img[4], &img[5], 6)?).await?;
+    let second = ar.issue_delta(&mut a, diff(&img[4], &img[6], 7)?).await?;
+    let stray_seq = second.seq();
+    let landed = ar.land(&second).await;
+    let _ = ar.settle(&mut a, second, landed);
+    // b takes over at the first ship's slot: the landed one is a stray.
+    pause().await;
+    let mut b = br.claim(&acme, "b", true).await?;
+    assert_eq!(b.seq(), first.seq());
+    br.hydrate(&mut b, &tmp.path().join("b")).await?;
+    let mut prev = 4;
+    for i in 7..=10 {
+        pause().await;
+        br.ship_delta(&mut b, diff(&img[prev], &img[i], i as u64)?)
+            .await?;
+        prev = i;
+    }
+    pause().await;
+    br.ship(&mut b, Snapshot::from_bytes(img[10].clone(), 11))
+        .await?;
+    let log = br.history(&acme).await?;
+    let stray_at = log
+        .iter()
+        .find(|e| e.seq() == stray_seq)
+        .map(crate::LogEntry::at_ms)
+        .ok_or("the stray did not land")?;
+    // Before thinning the moment of the stray answers the snapshot's chain.
+    let before = br.position_at_time(&acme, stray_at).await?;
+    let policy = Retention {
+        keep_snapshots: 1,
+        keep_ms: 0,
+        window_ms: crate::DEFAULT_WINDOW_MS,
+        level_ms: 60_000,
+    };
+    let compacted = br.compact_levels(&acme, &policy).await?;
+    assert_eq!(compacted.written.len(), 1, "{compacted:?}");
+    let report = br.retain(&acme, &policy).await?;
+    assert!(!report.deleted_entries.is_empty(), "{report:?}");
+    assert!(
+        !br.history(&acme)
+            .await?
+            .iter()
+            .any(|e| e.seq() == stray_seq),
+        "the stray outlived the chain it strayed into"
+    );
+    let after = br.position_at_time(&acme, stray_at).await;
+    assert!(
+        after.is_ok(),
+        "position_at_time for the stray's moment answered {after:?} (before thinning: {before})"
+    );
+    let verified = br.verify(&acme).await?;
+    assert!(verified.failed.is_empty(), "{:?}", verified.failed);
+    Ok(())
+}
