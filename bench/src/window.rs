@@ -95,14 +95,7 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
         total(&without)
     );
     let reads = |o: &Outcome, pick: fn(&(u64, u64, u64)) -> u64| {
-        let mut r: Vec<u64> = o.reads.iter().map(pick).collect();
-        r.sort_unstable();
-        let q = |f: f64| {
-            r.get(((r.len() as f64 - 1.0) * f) as usize)
-                .copied()
-                .unwrap_or(0)
-        };
-        format!("p50 {}, max {}", q(0.5), q(1.0))
+        p50_max(o.reads.iter().map(pick).collect())
     };
     outln!(
         "| restore of a random moment older than an hour: requests besides segments (LISTs, log entries, manifest, level file, deltas) | {} | {} | ≤ 16 objects plus segments |",
@@ -119,16 +112,7 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
         reads(&with, |r| r.2),
         reads(&without, |r| r.2)
     );
-    let lookups = |o: &Outcome| {
-        let mut r = o.lookups.clone();
-        r.sort_unstable();
-        let q = |f: f64| {
-            r.get(((r.len() as f64 - 1.0) * f) as usize)
-                .copied()
-                .unwrap_or(0)
-        };
-        format!("p50 {}, max {}", q(0.5), q(1.0))
-    };
+    let lookups = |o: &Outcome| p50_max(o.lookups.clone());
     outln!(
         "| finding the position of the moment first (position_at_time reads the log once): requests | {} | {} |  |",
         lookups(&with),
@@ -292,6 +276,16 @@ async fn simulate(
         times,
         lookups,
     })
+}
+
+/// "p50 A, max B" of `values`.
+fn p50_max(mut values: Vec<u64>) -> String {
+    values.sort_unstable();
+    let q = |f: f64| {
+        let i = ((values.len() as f64 - 1.0) * f) as usize;
+        values.get(i).copied().unwrap_or(0)
+    };
+    format!("p50 {}, max {}", q(0.5), q(1.0))
 }
 
 /// The database's exact bytes.

@@ -359,16 +359,9 @@ pub(super) async fn a_compaction_racing_retention_leaves_no_level_file_behind(
 pub(super) async fn a_damaged_level_file_thins_nothing_and_restores_from_the_log(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let (r, clock, positions) = history(store.clone(), 45, 1).await?;
+    let (r, clock, positions, path, good) = compacted_one_chain(&store).await?;
     let acme = org("acme");
-    r.compact_levels(&acme, &window()).await?;
-    let levels = r.level_names(&acme).await?;
-    let [level] = levels.as_slice() else {
-        return Err(format!("one level file expected: {levels:?}").into());
-    };
-    let path = r.inner.store.layout.level(&acme, &level.name);
     clock.set(SystemClock.now_ms());
-    let good = store.get(&path).await?.bytes().await?.to_vec();
     for at in [good.len() - 1, 60] {
         let mut bad = good.clone();
         bad[at] ^= 0x55;
@@ -448,27 +441,17 @@ pub(super) async fn a_compaction_reads_only_the_segments_its_deltas_touch(
     Ok(())
 }
 
-/// Guards against an abort (found by an adversarial review): a crafted level file whose header (with a recomputed header
-/// sha256, as anyone able to write the object can do) claims a section decompresses to
-/// 64 TiB. `LevelFile::body` hands that size to `zstd::bulk::decompress` as the capacity it
-/// preallocates, so retention (which reads every section before thinning, inline in the
-/// org's shipper loop), restore and verify abort the whole process on the allocation
-/// instead of reporting `Corrupt`. Blobs guard against exactly this (`format/blob.rs`
-/// `unpack`: "a corrupt entry claiming terabytes would abort the process"). Expected:
-/// retention thins nothing and every position restores from the log.
+/// Guards against an abort (found by an adversarial review): a crafted level file whose
+/// header (its sha256 recomputed, as anyone able to write the object can do) claims a section
+/// of 64 TiB made decompression reserve it, and retention (inline in the org's shipper loop),
+/// restore and verify aborted the process. It must be `Corrupt`: retention thins nothing and
+/// every position restores from the log.
 pub(super) async fn a_crafted_level_section_size_is_corrupt_not_an_abort(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
     use sha2::{Digest, Sha256};
-    let (r, clock, positions) = history(store.clone(), 45, 1).await?;
+    let (r, clock, positions, path, good) = compacted_one_chain(&store).await?;
     let acme = org("acme");
-    r.compact_levels(&acme, &window()).await?;
-    let levels = r.level_names(&acme).await?;
-    let [level] = levels.as_slice() else {
-        return Err(format!("one level file expected: {levels:?}").into());
-    };
-    let path = r.inner.store.layout.level(&acme, &level.name);
-    let good = store.get(&path).await?.bytes().await?.to_vec();
     let len = u32::from_le_bytes([good[12], good[13], good[14], good[15]]) as usize;
     let mut header: serde_json::Value = serde_json::from_slice(&good[48..48 + len])?;
     header["sections"][0]["bytes"] = serde_json::json!(1u64 << 46);
@@ -488,4 +471,30 @@ pub(super) async fn a_crafted_level_section_size_is_corrupt_not_an_abort(
     );
     restores(&r, &positions, |_| true).await?;
     Ok(())
+}
+
+/// A one-chain history compacted: the replica, its clock, the positions, and the path and
+/// bytes of the chain's level file (for the cases that damage it).
+async fn compacted_one_chain(
+    store: &Arc<dyn ObjectStore>,
+) -> Result<
+    (
+        Replica,
+        Arc<ManualClock>,
+        Vec<Position>,
+        object_store::path::Path,
+        Vec<u8>,
+    ),
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    let (r, clock, positions) = history(store.clone(), 45, 1).await?;
+    let acme = org("acme");
+    r.compact_levels(&acme, &window()).await?;
+    let levels = r.level_names(&acme).await?;
+    let [level] = levels.as_slice() else {
+        return Err(format!("one level file expected: {levels:?}").into());
+    };
+    let path = r.inner.store.layout.level(&acme, &level.name);
+    let good = store.get(&path).await?.bytes().await?.to_vec();
+    Ok((r, clock, positions, path, good))
 }
