@@ -764,8 +764,9 @@ def search(scen, quiet=False):
 
 
 def desc(scen):
-    return 'scenario=%s retain=%s late=%s after=%s maxfail=%s maxtry=%s' % (
-        scen, ARGS.get('retain', 'prefix'), ARGS.get('late', '0'), ARGS.get('after', '1'),
+    return 'scenario=%s retain=%s rb=%s from=%s late=%s after=%s maxfail=%s maxtry=%s' % (
+        scen, ARGS.get('retain', 'prefix'), ARGS.get('rb', 'held'), ARGS.get('from', 'next'),
+        ARGS.get('late', '0'), ARGS.get('after', '1'),
         ARGS.get('maxfail', SCENARIOS[scen]['maxfail']), ARGS.get('maxtry', SCENARIOS[scen]['maxtry']))
 
 
