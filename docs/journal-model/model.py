@@ -166,7 +166,8 @@ def owner(run):
 
 
 def mkw(name, held=(), claim='', adopt='', rel=False, crash=False, idle=frozenset()):
-    return FDict(idle=frozenset(idle), name=name, run=name + '1', gen=1, next=1, infl=frozenset(), res=FDict(),
+    return FDict(ent=FDict((h[0], 1) for h in held), clent=frozenset(),
+                 idle=frozenset(idle), name=name, run=name + '1', gen=1, next=1, infl=frozenset(), res=FDict(),
                  sent=FDict(), lost=frozenset(), held=tuple(held), st='live', task=None,
                  tries=0, nc=0, cps=frozenset(), claim=claim, adopt=adopt, rel=rel, crash=crash)
 
@@ -176,6 +177,23 @@ def floor_of(w):
     while w['res'].get(s) in ('o', 'f'):
         s += 1
     return s
+
+
+def from_slot(w):
+    """The `from` a claim, an exclusion or an adopt seal names in the writer's current run:
+    the next unissued slot (`from=next`, the fourth draft) or the writer's floor, its lowest
+    unresolved slot (`from=floor`, the fix of the fifth attack's J4-1)."""
+    return floor_of(w) if ARGS.get('from', 'next') == 'floor' else w['next']
+
+
+def retain_below(w, slot):
+    """T3: the lowest walk entry into the writer's current run it knows of: its held orgs'
+    (fenced ones included until the writer drops them), and with `rb=claims` every claim it
+    created naming this run (the fix of J4-2)."""
+    ents = [e for g, e in w['ent'].items()]
+    if ARGS.get('rb', 'held') == 'claims':
+        ents += list(w['clent'])
+    return min(ents + [slot])
 
 
 def update_acks(w, T):
@@ -277,7 +295,7 @@ def w_moves(S, wi):
                     h = h + ((w['name'], nc),)
                     sects.append((g, r, h))
                 held.append((g, r, h, fs))
-            obj = ('B', fl, tuple(sects))
+            obj = ('B', fl, tuple(sects), retain_below(w, nxt))
             w2 = w.set('nc', nc).set('held', tuple(held)).set('next', nxt + 1)
             w2 = w2.set('infl', w['infl'] | {(nxt, obj)}).set('sent', w['sent'].set(nxt, tuple(sects)))
             out.append(('%s issues %s/%d' % (w['name'], run, nxt), put(w2)))
@@ -292,7 +310,8 @@ def w_moves(S, wi):
             T2 = update_acks(w, T)
             held = tuple(h for h in w['held'] if h[3] is None)
             w2 = w.set('run', cont).set('gen', gen).set('next', 1).set('res', FDict()) \
-                  .set('sent', FDict()).set('held', held)
+                  .set('sent', FDict()).set('held', held) \
+                  .set('ent', FDict((h[0], 1) for h in held)).set('clent', frozenset())
             out.append(('%s self-seals %s/%d -> %s' % (w['name'], run, Ls, cont), put(w2, J2, L, T2)))
         else:
             if cur[0] == 'B':
@@ -344,7 +363,7 @@ def w_moves(S, wi):
         seq = max([s for s, _ in logents], default=0) + 1
         L2 = L.set((g, seq), ('CP', r, run, best[0], best[1]))
         out.append(('%s checkpoints %s through %s/%d' % (w['name'], g, run, best[0]),
-                    put(w.set('cps', w['cps'] | {g}), J, L2)))
+                    put(w.set('cps', w['cps'] | {g}).set('ent', w['ent'].set(g, best[0] + 1)), J, L2)))
     # claim and adopt tasks
     out += claim_moves(S, wi, put)
     out += adopt_moves(S, wi, put)
@@ -383,16 +402,19 @@ def claim_moves(S, wi, put):
         if (org, head + 1) in L:
             out.append(('%s free claim collides' % me, put(w.set('task', None).set('tries', w['tries'] + 1))))
         else:
-            L2 = L.set((org, head + 1), ('CL', rnd, w['run'], w['next'], point, me))
-            out.append(('%s claims %s at log %d after %s (round %d)' % (me, org, head + 1, point, rnd),
-                        put(w.set('task', ('fcheck', head + 1, rnd, hist)), J, L2)))
+            frm = from_slot(w)
+            L2 = L.set((org, head + 1), ('CL', rnd, w['run'], frm, point, me))
+            w2 = w.set('task', ('fcheck', head + 1, rnd, hist, frm)).set('clent', w['clent'] | {frm})
+            out.append(('%s claims %s at log %d after %s (round %d, from %s/%d)'
+                        % (me, org, head + 1, point, rnd, w['run'], frm), put(w2, J, L2)))
     elif kind == 'fcheck':
-        _, seq, rnd, hist = t
+        _, seq, rnd, hist, frm = t
         if any(g == org and s > seq for (g, s) in L):
             out.append(('%s C2 finds an entry above: abandoned' % me,
                         put(w.set('task', None).set('tries', w['tries'] + 1))))
         else:
             w2 = w.set('task', None).set('held', w['held'] + ((org, rnd, hist, None),))
+            w2 = w2.set('ent', w2['ent'].set(org, frm))
             T2 = register(T, org, rnd, me, hist)
             out.append(('%s serves %s after a free walk, round %d, hydrated %s' % (me, org, rnd, hist),
                         put(w2, J, L, T2)))
@@ -403,26 +425,27 @@ def claim_moves(S, wi, put):
         logents = [(s, e) for (g, s), e in L.items() if g == org]
         seq = max([s for s, _ in logents], default=0) + 1
         rnd = max([rnd] + [e[1] + 1 for _, e in logents])
-        L2 = L.set((org, seq), ('CL', rnd, w['run'], w['next'], None, me))
-        task = ('place', rnd, run, entry, listing, f, ())
+        frm = from_slot(w)
+        L2 = L.set((org, seq), ('CL', rnd, w['run'], frm, None, me))
+        task = ('place', rnd, run, entry, listing, f, (), frm)
         out.append(('%s claims %s at log %d (round %d)' % (me, org, seq, rnd),
-                    put(w.set('task', task), J, L2)))
+                    put(w.set('task', task).set('clent', w['clent'] | {frm}), J, L2)))
     elif kind == 'place':
-        _, rnd, run, entry, listing, f, fences = t
+        _, rnd, run, entry, listing, f, fences, frm = t
         slot = f
         while slot in listing:
             slot += 1
         if slot > nslots(run) + 1:
             return [('%s gives up placing' % me, put(w.set('task', None).set('tries', MAXTRY)))]
         cur = jget(J, run, slot)
-        obj = ('X', f, org, rnd, w['run'], w['next'], me)
+        obj = ('X', f, org, rnd, w['run'], frm, me)
         if cur is None:
             J2 = J.set((run, slot), obj)
-            task = ('recheck', rnd, run, entry, f, fences + ((run, slot),))
+            task = ('recheck', rnd, run, entry, f, fences + ((run, slot),), frm)
             out.append(('%s excludes %s at %s/%d (f=%d)' % (me, org, run, slot, f),
                         put(w.set('task', task), J2)))
         elif cur[0] == 'B':
-            task = ('place', rnd, run, entry, listing | {slot}, f, fences)
+            task = ('place', rnd, run, entry, listing | {slot}, f, fences, frm)
             out.append(('%s exclusion collides with a batch at %s/%d: next slot' % (me, run, slot),
                         put(w.set('task', task))))
         else:
@@ -430,25 +453,26 @@ def claim_moves(S, wi, put):
             if wk['kind'] == 'held' and owner(wk['run']) != me and wk['round'] < rnd:
                 lst = frozenset(s for s, _ in run_objs(J, wk['run'], wk['entry']))
                 f2 = max([wk['entry']] + [o[1] for _, o in run_objs(J, wk['run'], wk['entry'])])
-                task = ('place', rnd, wk['run'], wk['entry'], lst, f2, ())
+                task = ('place', rnd, wk['run'], wk['entry'], lst, f2, (), frm)
                 out.append(('%s exclusion collides with %s: re-walk, same claim' % (me, cur[0]),
                             put(w.set('task', task))))
             else:
                 out.append(('%s exclusion collides with %s: claim abandoned' % (me, cur[0]),
                             put(w.set('task', None).set('tries', w['tries'] + 1))))
     elif kind == 'recheck':
-        _, rnd, run, entry, f, fences = t
+        _, rnd, run, entry, f, fences, frm = t
         wk = walk(J, L, org, stop=frozenset(fences))
         if wk['kind'] == 'reached' and wk['reached'][0] == run and wk['entry'] == entry:
             q = wk['reached'][1]
             holes = [s for s in range(f, q) if jget(J, run, s) is None]
             if holes:
                 s = holes[0]
-                J2 = J.set((run, s), ('X', f, org, rnd, w['run'], w['next'], me))
-                task = ('recheck', rnd, run, entry, f, fences + ((run, s),))
+                J2 = J.set((run, s), ('X', f, org, rnd, w['run'], frm, me))
+                task = ('recheck', rnd, run, entry, f, fences + ((run, s),), frm)
                 out.append(('%s second exclusion at %s/%d' % (me, run, s), put(w.set('task', task), J2)))
             else:
                 w2 = w.set('task', None).set('held', w['held'] + ((org, rnd, wk['hist'], None),))
+                w2 = w2.set('ent', w2['ent'].set(org, frm))
                 T2 = register(T, org, rnd, me, wk['hist'])
                 out.append(('%s serves %s, round %d, hydrated %s' % (me, org, rnd, wk['hist']),
                             put(w2, J, L, T2)))
@@ -488,28 +512,28 @@ def adopt_moves(S, wi, put):
         if any(o[0] in ('AS', 'RS') for _, o in objs):
             return [('%s: %s already sealed' % (me, run), put(w.set('tries', 1)))]
         f = max([1] + [o[1] for _, o in objs])
-        task = ('aseal', run, frozenset(s for s, _ in objs), f, ())
+        task = ('aseal', run, frozenset(s for s, _ in objs), f, (), from_slot(w))
         return [('%s lists %s to adopt' % (me, run), put(w.set('task', task)))]
     if t[0] == 'aseal':
-        _, run, listing, f, seals = t
+        _, run, listing, f, seals, frm = t
         slot = f
         while slot in listing:
             slot += 1
         cur = jget(J, run, slot)
         if cur is None:
-            J2 = J.set((run, slot), ('AS', f, w['run'], w['next']))
-            task = ('arecheck', run, f, seals + (slot,))
+            J2 = J.set((run, slot), ('AS', f, w['run'], frm))
+            task = ('arecheck', run, f, seals + (slot,), frm)
             out.append(('%s adopt-seals %s/%d (f=%d)' % (me, run, slot, f), put(w.set('task', task), J2)))
         elif cur[0] in ('B', 'X'):
             out.append(('%s adopt seal collides with %s: next slot' % (me, cur[0]),
-                        put(w.set('task', ('aseal', run, listing | {slot}, f, seals)))))
+                        put(w.set('task', ('aseal', run, listing | {slot}, f, seals, frm)))))
         elif cur[0] == 'SS':
             out.append(('%s adopt seal collides with a self-seal: follow' % me, put(w.set('task', None))))
         else:
             out.append(('%s adopt seal collides with %s: done' % (me, cur[0]),
                         put(w.set('task', None).set('tries', 1))))
     elif t[0] == 'arecheck':
-        _, run, f, seals = t
+        _, run, f, seals, frm = t
         low = min(seals)
         others = [s for s, o in run_objs(J, run) if o[0] in ('SS', 'AS', 'RS') and s < low]
         if others:
@@ -517,10 +541,11 @@ def adopt_moves(S, wi, put):
         holes = [s for s in range(f, low) if jget(J, run, s) is None]
         if holes:
             s = holes[0]
-            J2 = J.set((run, s), ('AS', f, w['run'], w['next']))
+            J2 = J.set((run, s), ('AS', f, w['run'], frm))
             return [('%s second adopt seal at %s/%d' % (me, run, s),
-                     put(w.set('task', ('arecheck', run, f, seals + (s,))), J2))]
+                     put(w.set('task', ('arecheck', run, f, seals + (s,), frm)), J2))]
         held = list(w['held'])
+        ent = w['ent']
         T2 = T
         got = []
         for org in ORGS:
@@ -528,9 +553,10 @@ def adopt_moves(S, wi, put):
             passed = any(r == run and s in seals for (r, s) in wk['seals'])
             if wk['kind'] == 'held' and wk['run'] == w['run'] and passed:
                 held.append((org, wk['round'], wk['hist'], None))
+                ent = ent.set(org, frm)
                 T2 = register(T2, org, wk['round'], me, wk['hist'])
                 got.append(org)
-        w2 = w.set('task', None).set('tries', 1).set('held', tuple(held))
+        w2 = w.set('task', None).set('tries', 1).set('held', tuple(held)).set('ent', ent)
         out.append(('%s adopts %s' % (me, got), put(w2, J, L, T2)))
     return out
 
@@ -554,6 +580,18 @@ def r_moves(S):
     for run in runs:
         F = highest_floor(J, run)
         objs = run_objs(J, run)
+        if mode == 'below':
+            # T3 as written: below min(retain_below of the highest kept batch, highest floor),
+            # retain_below computed by the run's writer from what it knows (not an oracle)
+            bs = [(s, o) for s, o in objs if o[0] == 'B']
+            if not bs:
+                continue
+            m = min(bs[-1][1][3], F)
+            for slot, o in bs:
+                if slot < m:
+                    out.append(('R deletes %s/%d (m=%d)' % (run, slot, m),
+                                (J.drop((run, slot)), L, Ws, T, fails)))
+            continue
         for slot, o in objs:
             if o[0] != 'B' or slot >= F:
                 continue
@@ -608,6 +646,23 @@ SCENARIOS = {
                   slots={'H1': 4}),
 }
 
+# K1b (fifth attack): o starts free; B holds p (window 2) and claims o after the free walk
+# while its own batches are in flight; one of B's puts may fail (self-seal); D claims o
+SCENARIOS['k1b'] = dict(writers=lambda: (mkw('B', held=(('p', 1, (), None),), claim='o'),
+                                         mkw('D', claim='o')), maxfail=1, maxtry=1,
+                        slots={'B1': 3, 'B2': 2})
+# the same after a release seal: H holds o and releases it; B (holding p) and D claim o
+SCENARIOS['k1brel'] = dict(writers=lambda: (mkw('H', held=(('o', 1, (), None),), rel=True),
+                                            mkw('B', held=(('p', 1, (), None),), claim='o'),
+                                            mkw('D', claim='o')), maxfail=1, maxtry=1,
+                           slots={'H1': 1, 'B1': 3, 'B2': 2})
+# T3 (fifth attack): o starts free; P holds p and claims o (K1b); D and E claim o (K1); P's
+# claim may be abandoned by C2 yet stay the highest-seq claim naming the free point, so walks
+# enter P's run at its `from`; retention by the writer's own retain_below (retain=below)
+SCENARIOS['t3'] = dict(writers=lambda: (mkw('P', held=(('p', 1, (), None),), claim='o'),
+                                        mkw('D', claim='o'), mkw('E', claim='o')),
+                       maxfail=0, maxtry=1, slots={'P1': 3})
+
 MAXFAIL = 2
 MAXTRY = 2
 
@@ -652,6 +707,9 @@ def stats_of(S, st):
         st['two successive successors of o serve'] += 1
     if any(e[0] == 'CP' for e in L.values()):
         st['a checkpoint landed'] += 1
+    os_ = sorted((k[1], v) for k, v in T.items() if k[0] == 'o')
+    if len(os_) >= 2 and any(len(v[2]) > len(v[1]) for r, v in os_[:-1]):
+        st['o: an acking tenure, then a later tenure serves'] += 1
 
 
 def search(scen, quiet=False):
@@ -671,7 +729,7 @@ def search(scen, quiet=False):
                          'holder acked and a successor serves', 'the holder is fenced',
                          'a self-seal landed', 'an adopt seal landed', 'a release seal landed',
                          'the adopter serves', 'two successive successors of o serve',
-                         'a checkpoint landed')}
+                         'a checkpoint landed', 'o: an acking tenure, then a later tenure serves')}
     while q:
         s = q.popleft()
         v = violation(s)
@@ -706,8 +764,9 @@ def search(scen, quiet=False):
 
 
 def desc(scen):
-    return 'scenario=%s retain=%s late=%s after=%s maxfail=%s maxtry=%s' % (
-        scen, ARGS.get('retain', 'prefix'), ARGS.get('late', '0'), ARGS.get('after', '1'),
+    return 'scenario=%s retain=%s rb=%s from=%s late=%s after=%s maxfail=%s maxtry=%s' % (
+        scen, ARGS.get('retain', 'prefix'), ARGS.get('rb', 'held'), ARGS.get('from', 'next'),
+        ARGS.get('late', '0'), ARGS.get('after', '1'),
         ARGS.get('maxfail', SCENARIOS[scen]['maxfail']), ARGS.get('maxtry', SCENARIOS[scen]['maxtry']))
 
 
