@@ -75,27 +75,23 @@ impl SparseImage {
     fn needs(&self, batch: &[DeltaBody<'_>]) -> (BTreeSet<u32>, BTreeSet<u32>) {
         let (mut learn, mut base) = (BTreeSet::new(), BTreeSet::new());
         let (mut pages, mut snapshot_pages) = (self.pages, self.snapshot_pages);
-        let from_snapshot = |p: u32, snapshot_pages: u32, dirty: &BTreeSet<u32>| {
-            p <= snapshot_pages && !dirty.contains(&p)
-        };
+        // Pages written in this batch so far, beside those written before it (a delta's
+        // records are unique, so its own earlier records are other pages).
         let mut written: BTreeSet<u32> = BTreeSet::new();
+        let from_snapshot = |p: u32, snapshot_pages: u32, written: &BTreeSet<u32>| {
+            p <= snapshot_pages && !self.dirty.contains_key(&p) && !written.contains(&p)
+        };
         for delta in batch {
-            let dirty: BTreeSet<u32> = self
-                .dirty
-                .keys()
-                .copied()
-                .chain(written.iter().copied())
-                .collect();
             if delta.db_pages() < pages {
                 for p in delta.db_pages() + 1..=pages.min(snapshot_pages) {
-                    if !self.learned.contains(&p) && from_snapshot(p, snapshot_pages, &dirty) {
+                    if !self.learned.contains(&p) && from_snapshot(p, snapshot_pages, &written) {
                         learn.insert(p);
                     }
                 }
                 snapshot_pages = snapshot_pages.min(delta.db_pages());
             }
             for (pgno, encoding, _) in delta.records() {
-                if from_snapshot(pgno, snapshot_pages, &dirty) {
+                if from_snapshot(pgno, snapshot_pages, &written) {
                     if !self.learned.contains(&pgno) {
                         learn.insert(pgno);
                     }
