@@ -68,13 +68,30 @@ fn rows(store: &str, org: &str, dir: &Path) -> TestResult<(Vec<String>, i64)> {
 fn a_clone_is_the_source_at_its_position_and_a_new_org_of_its_own() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = seeded_store(dir.path())?;
-    let out = run(&["clone", "acme", "beta", "--store", &store]);
+    let out = run(&["clone", "acme", "beta", "--store", &store, "--json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("into org beta"));
+    // By reference: beta's snapshot names acme's segments, beta's folder holds none.
+    let made: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(made["dst"], "beta", "{made}");
+    assert!(made["copied"].is_null(), "{made}");
+    assert!(made["shared_segments"].as_u64() >= Some(1), "{made}");
+    let segments = |org: &str| -> TestResult<usize> {
+        let snap = Path::new(&store).join("orgs").join(org).join("snap");
+        Ok(std::fs::read_dir(snap)?
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".seg.zst"))
+            .count())
+    };
+    assert_eq!(segments("beta")?, 0, "the clone copied segments");
+    assert!(segments("acme")? >= 1);
+    assert!(
+        Path::new(&store).join("orgs/acme/refs/beta.json").exists(),
+        "no clone reference in the source"
+    );
     let acme = rows(&store, "acme", dir.path())?;
     assert_eq!(acme.0, ["k1", "k2", "k3"]);
     assert_eq!(
@@ -88,7 +105,8 @@ fn a_clone_is_the_source_at_its_position_and_a_new_org_of_its_own() -> TestResul
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Its own log: a claim by idem-clone, its first snapshot, a release.
+    // Its own log: a claim by idem-clone, its first snapshot (and the delta to the
+    // position), a release.
     let v: serde_json::Value =
         serde_json::from_slice(&run(&["inspect", "beta", "--store", &store, "--json"]).stdout)?;
     assert_eq!(v["head"], "release", "{v}");
@@ -152,9 +170,10 @@ fn a_clone_into_an_existing_org_or_itself_or_from_nothing_is_refused() -> TestRe
     Ok(())
 }
 
-/// A clone is a copy, not a reference: the source writing on, publishing new full snapshots
-/// and running retention that deletes the snapshot the clone was taken from, and the clone's
-/// own retention, leave the clone restoring and verifying its state at the clone.
+/// A clone names its source's segments: the source writing on, publishing new full
+/// snapshots and running retention that deletes the snapshot the clone was taken from, and
+/// the clone's own retention, leave the clone restoring and verifying its state at the
+/// clone (the source keeps what the clone's reference names).
 #[test]
 fn a_clone_stays_whole_while_its_source_writes_on_and_both_run_retention() -> TestResult {
     let dir = tempfile::tempdir()?;

@@ -26,6 +26,9 @@ pub enum FailPoint {
     /// Hydrate/restore: a segment or a delta's body downloaded (fires once per object), not
     /// yet verified or installed.
     HydrateAfterDownload,
+    /// Clone: the clone references are written, the source snapshot's entry not yet read
+    /// again (fires for the clone's org).
+    CloneAfterReferences,
 }
 
 /// Hook called at every [`FailPoint`].

@@ -78,6 +78,7 @@
 #![forbid(unsafe_code)]
 
 mod chain;
+mod clone;
 mod counted;
 mod error;
 mod failpoint;
@@ -106,6 +107,7 @@ pub use format::segment;
 pub use live as sqlite;
 pub use live::commit;
 
+pub use clone::{CloneOutcome, Cloned};
 pub use counted::{CountedStore, StoreRequests};
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};

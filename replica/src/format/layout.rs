@@ -7,6 +7,7 @@
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.delta.zst  immutable delta blobs
 //! <prefix>/orgs/<org>/snap/<seq:020>-<round>-<nonce>.db.zst  whole snapshots (earlier builds)
 //! <prefix>/orgs/<org>/levels/<snap:020>-<end:020>.lvl        a closed chain's level file
+//! <prefix>/orgs/<org>/refs/<clone>.json                     segments a clone names (2e)
 //! <prefix>/orgs/<org>/lease.json                            advisory lease of the org's claim
 //! <prefix>/processes/<instance>.json                        a writer process's lease
 //! ```
@@ -60,6 +61,31 @@ impl Layout {
     }
     pub(crate) fn blob(&self, org: &OrgId, name: &str) -> Path {
         self.join(&format!("orgs/{org}/snap/{name}"))
+    }
+    /// Where a segment of a manifest of `org` lives: in `org`'s `snap/`, or in its origin's
+    /// when another org uploaded it (a clone). The origin was checked as an org id when the
+    /// manifest was decoded; a name that is none is [`crate::Error::Corrupt`].
+    pub(crate) fn segment(
+        &self,
+        org: &OrgId,
+        seg: &crate::format::manifest::SegmentRef,
+    ) -> Result<Path, crate::Error> {
+        match seg.origin() {
+            None => Ok(self.blob(org, seg.name())),
+            Some(origin) => {
+                let origin = OrgId::new(origin)
+                    .map_err(|e| crate::Error::corrupt(seg.name(), e.to_string()))?;
+                Ok(self.blob(&origin, seg.file()))
+            }
+        }
+    }
+    /// The folder of the clone references of `org` (2e).
+    pub(crate) fn refs_dir(&self, org: &OrgId) -> Path {
+        self.join(&format!("orgs/{org}/refs"))
+    }
+    /// The reference by which the clone `clone` keeps segments of `org` (2e).
+    pub(crate) fn clone_ref(&self, org: &OrgId, clone: &OrgId) -> Path {
+        self.join(&format!("orgs/{org}/refs/{clone}.json"))
     }
     pub(crate) fn lease(&self, org: &OrgId) -> Path {
         self.join(&format!("orgs/{org}/lease.json"))

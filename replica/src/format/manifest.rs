@@ -22,8 +22,12 @@ use sha2::{Digest, Sha256};
 use crate::Error;
 use crate::format::pages::valid_page_size;
 
-/// Manifest format version written by this build.
+/// Manifest format version of a manifest whose segments are all the org's own.
 pub const MANIFEST_VERSION: u64 = 1;
+/// Manifest format version of a manifest that names another org's segments (a clone,
+/// `docs/design.md` 2e): `<org>/<segment name>`. A reader of an earlier build refuses it
+/// ([`Error::UnknownFormat`]) instead of looking for those segments under its own org.
+pub const MANIFEST_VERSION_SHARED: u64 = 2;
 /// Largest segment in uncompressed bytes a manifest may describe (64 MiB): what one segment
 /// download may hold in memory.
 pub const MAX_SEGMENT_BYTES: u64 = 64 << 20;
@@ -35,9 +39,20 @@ pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 pub struct SegmentRef(pub String, pub u64);
 
 impl SegmentRef {
-    /// The segment's object name (one path segment in the org's `snap/` directory).
+    /// The segment's name as the manifest records it: one path segment in the org's
+    /// `snap/` directory, or `<org>/<segment name>` for a segment another org uploaded.
     pub fn name(&self) -> &str {
         &self.0
+    }
+
+    /// The org that uploaded the segment, when it is not the manifest's own (a clone).
+    pub fn origin(&self) -> Option<&str> {
+        self.0.split_once('/').map(|(org, _)| org)
+    }
+
+    /// The segment's object name in its origin's `snap/` directory.
+    pub fn file(&self) -> &str {
+        self.0.split_once('/').map_or(&self.0, |(_, file)| file)
     }
 
     /// Packed size in bytes, as uploaded.
@@ -47,7 +62,7 @@ impl SegmentRef {
 
     /// The sha256 (lowercase hex) of the segment's uncompressed pages, from its name.
     pub fn sha256(&self) -> &str {
-        segment_sha(&self.0).unwrap_or("")
+        segment_sha(self.file()).unwrap_or("")
     }
 }
 
@@ -82,6 +97,16 @@ impl Manifest {
     /// Offset in the image of segment `i`, in bytes.
     pub fn offset_of(&self, i: usize) -> u64 {
         (i as u64) * u64::from(self.segment_pages) * u64::from(self.page_size)
+    }
+
+    /// The version a manifest of `segments` is written with: [`MANIFEST_VERSION_SHARED`]
+    /// when one names another org's segment, else [`MANIFEST_VERSION`].
+    pub fn version_for(segments: &[SegmentRef]) -> u64 {
+        if segments.iter().any(|s| s.origin().is_some()) {
+            MANIFEST_VERSION_SHARED
+        } else {
+            MANIFEST_VERSION
+        }
     }
 
     /// Packed bytes of every segment together.
@@ -123,7 +148,7 @@ impl Manifest {
             return bad(format!("manifest sha256 is {sha}, its name says otherwise"));
         }
         let m: Manifest = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
-        if m.v != MANIFEST_VERSION {
+        if m.v != MANIFEST_VERSION && m.v != MANIFEST_VERSION_SHARED {
             return Err(Error::UnknownFormat {
                 object: object.into(),
                 detail: format!("manifest version {}", m.v),
@@ -151,7 +176,17 @@ impl Manifest {
                 m.segment_pages
             ));
         }
-        if let Some(s) = m.segments.iter().find(|s| segment_sha(s.name()).is_none()) {
+        // A version 1 manifest names its own org's segments only; version 2 may name another
+        // org's, by a valid org id (one path segment, I12).
+        let valid = |s: &SegmentRef| match s.name().split_once('/') {
+            None => segment_sha(s.name()).is_some(),
+            Some((org, file)) => {
+                m.v == MANIFEST_VERSION_SHARED
+                    && crate::OrgId::new(org).is_ok()
+                    && segment_sha(file).is_some()
+            }
+        };
+        if let Some(s) = m.segments.iter().find(|s| !valid(s)) {
             return bad(format!("bad segment name {:?}", s.name()));
         }
         Ok(m)
@@ -267,6 +302,49 @@ mod tests {
             roundtrip(&future, 40960),
             Err(Error::UnknownFormat { .. })
         ));
+        Ok(())
+    }
+
+    #[test]
+    fn another_orgs_segment_is_named_only_by_a_shared_manifest_and_a_valid_org() -> Result<(), Error>
+    {
+        let seg = segment_name(3, 1, &"ab".repeat(32));
+        let shared = |name: String| Manifest {
+            segments: vec![SegmentRef(name, 10); 3],
+            ..manifest(10, 4, 3)
+        };
+        let ok = shared(format!("acme/{seg}"));
+        assert_eq!(Manifest::version_for(&ok.segments), MANIFEST_VERSION_SHARED);
+        let ok = Manifest {
+            v: MANIFEST_VERSION_SHARED,
+            ..ok
+        };
+        let back = roundtrip(&ok, 40960)?;
+        assert_eq!(back.segments[0].origin(), Some("acme"));
+        assert_eq!(back.segments[0].file(), seg);
+        assert_eq!(back.segments[0].sha256(), "ab".repeat(32));
+        // Version 1 never names another org's segment; version 2 only by a valid org id.
+        let v1 = Manifest {
+            v: MANIFEST_VERSION,
+            ..shared(format!("acme/{seg}"))
+        };
+        assert!(matches!(roundtrip(&v1, 40960), Err(Error::Corrupt { .. })));
+        for bad in [
+            format!("../{seg}"),
+            format!("Acme/{seg}"),
+            format!("acme/x/{seg}"),
+            format!("/{seg}"),
+            "acme/x.seg.zst".to_owned(),
+        ] {
+            let m = Manifest {
+                v: MANIFEST_VERSION_SHARED,
+                ..shared(bad.clone())
+            };
+            assert!(
+                matches!(roundtrip(&m, 40960), Err(Error::Corrupt { .. })),
+                "{bad}"
+            );
+        }
         Ok(())
     }
 

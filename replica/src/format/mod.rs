@@ -4,6 +4,7 @@
 pub(crate) mod blob;
 pub(crate) mod body;
 pub(crate) mod checksum;
+pub(crate) mod clone_ref;
 pub(crate) mod entry;
 pub(crate) mod layout;
 pub mod level;

@@ -10,5 +10,6 @@
 //! the newest snapshot in the log for as long as the claim can publish.
 
 pub use super::manifest::{
-    MANIFEST_VERSION, MAX_MANIFEST_BYTES, MAX_SEGMENT_BYTES, Manifest, SegmentRef,
+    MANIFEST_VERSION, MANIFEST_VERSION_SHARED, MAX_MANIFEST_BYTES, MAX_SEGMENT_BYTES, Manifest,
+    SegmentRef,
 };

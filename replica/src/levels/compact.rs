@@ -293,21 +293,7 @@ impl Replica {
         let mut chain_pages: BTreeSet<u32> = BTreeSet::new();
         let n = self.inner.settings.read_concurrency.max(1);
         for (b, batch) in deltas.chunks(n).enumerate() {
-            // The known-entries cache drops inline bodies: those entries are read again.
-            let mut entries = Vec::with_capacity(batch.len());
-            for e in batch {
-                entries.push(match e.stored() {
-                    Some(s) if s.blob.is_inline() => self
-                        .inner
-                        .log
-                        .read_entry(org, e.seq())
-                        .await?
-                        .ok_or_else(|| Error::MissingObject {
-                            path: self.inner.store.layout.log(org, e.seq()).to_string(),
-                        })?,
-                    _ => e.clone(),
-                });
-            }
+            let entries = self.with_bodies(org, batch).await?;
             let bodies = self.fetch_batch(org, &entries, n).await?;
             // The bound is checked before anything is downloaded for or built from these
             // deltas: the pages the chain changed so far plus theirs, whole, must fit.
@@ -319,7 +305,7 @@ impl Replica {
             }
             let (mut image, mut hashes) = state;
             if let (Image::Sparse(sparse), Some(m)) = (&mut image, manifest.as_ref()) {
-                self.load_sparse(org, m, &entries, &bodies, sparse, &mut hashes)
+                self.load_sparse(org, m, &bodies, sparse, &mut hashes)
                     .await?;
             }
             state = (image, hashes);

@@ -6,8 +6,8 @@
 //! level files with their snapshot; readers are restore, `position_at_time` and verify.
 
 mod compact;
-mod restore;
-mod sparse;
+pub(crate) mod restore;
+pub(crate) mod sparse;
 mod verify;
 
 pub use compact::LevelReport;

@@ -14,15 +14,15 @@ use crate::{Error, LogEntry, OrgId, Replica};
 
 /// How a position of a closed chain is rebuilt from its level file.
 pub(crate) struct LevelPlan {
-    snapshot: LogEntry,
-    file: LevelFile,
+    pub(crate) snapshot: LogEntry,
+    pub(crate) file: LevelFile,
     /// Sections applied: `0..sections`.
-    sections: usize,
+    pub(crate) sections: usize,
     /// Kept deltas after the last section applied, up to the position.
-    tail: Vec<LogEntry>,
-    position: u64,
+    pub(crate) tail: Vec<LogEntry>,
+    pub(crate) position: u64,
     /// The commit counter at the position.
-    commit: u64,
+    pub(crate) commit: u64,
 }
 
 impl Replica {
@@ -219,41 +219,62 @@ pub(crate) fn apply_sections(
             "snapshot checksum differs from its level file's",
         ));
     }
-    for (i, s) in file.header.sections.iter().take(upto).enumerate() {
-        let before = checksum_hex(hashes.sum());
-        if before != s.base_checksum {
-            return Err(broken(
-                org,
-                s.seq,
-                format!(
-                    "database checksum before the level section is {before}, it expects {}",
-                    s.base_checksum
-                ),
-            ));
-        }
+    for i in 0..upto.min(file.header.sections.len()) {
         let body = file.body(i)?;
-        let delta = DeltaBody::parse(&file.object, &body)?;
-        if delta.page_size() != file.header.page_size
-            || delta.db_pages() != s.db_pages
-            || delta.changed_pages() != s.changed_pages as usize
-        {
-            return Err(Error::corrupt(
-                &file.object,
-                "level section does not match its header",
-            ));
-        }
-        delta.apply(image, hashes)?;
-        let after = checksum_hex(hashes.sum());
-        if after != s.checksum {
-            return Err(broken(
-                org,
-                s.seq,
-                format!(
-                    "database checksum after the level section is {after}, it says {}",
-                    s.checksum
-                ),
-            ));
-        }
+        apply_section(org, file, i, &body, image, hashes)?;
+    }
+    Ok(())
+}
+
+/// Applies section `i` of `file` (its body `body`, read with [`LevelFile::body`]) to
+/// `image`, checking the database checksum before and after it (I10).
+///
+/// # Errors
+/// [`Error::ChainBroken`] when a checksum differs; [`Error::Corrupt`] for a body that does
+/// not match its header or does not apply.
+pub(crate) fn apply_section(
+    org: &OrgId,
+    file: &LevelFile,
+    i: usize,
+    body: &[u8],
+    image: &mut dyn crate::rebuild::image::PageImage,
+    hashes: &mut PageHashes,
+) -> Result<(), Error> {
+    let Some(s) = file.header.sections.get(i) else {
+        return Err(Error::corrupt(&file.object, "no such level section"));
+    };
+    let before = checksum_hex(hashes.sum());
+    if before != s.base_checksum {
+        return Err(broken(
+            org,
+            s.seq,
+            format!(
+                "database checksum before the level section is {before}, it expects {}",
+                s.base_checksum
+            ),
+        ));
+    }
+    let delta = DeltaBody::parse(&file.object, body)?;
+    if delta.page_size() != file.header.page_size
+        || delta.db_pages() != s.db_pages
+        || delta.changed_pages() != s.changed_pages as usize
+    {
+        return Err(Error::corrupt(
+            &file.object,
+            "level section does not match its header",
+        ));
+    }
+    delta.apply(image, hashes)?;
+    let after = checksum_hex(hashes.sum());
+    if after != s.checksum {
+        return Err(broken(
+            org,
+            s.seq,
+            format!(
+                "database checksum after the level section is {after}, it says {}",
+                s.checksum
+            ),
+        ));
     }
     Ok(())
 }

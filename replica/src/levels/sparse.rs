@@ -14,7 +14,7 @@ use crate::format::body::{DeltaBody, WHOLE};
 use crate::format::checksum::PageHashes;
 use crate::format::segment::Manifest;
 use crate::rebuild::image::PageImage;
-use crate::{Error, LogEntry, OrgId, Replica};
+use crate::{Error, OrgId, Replica};
 
 /// The most snapshot page content a sparse rebuild keeps for bases: 16 MiB.
 const CLEAN_BYTES: u64 = 16 << 20;
@@ -141,7 +141,8 @@ impl PageImage for SparseImage {
 }
 
 impl Replica {
-    /// Downloads the snapshot segments `bodies` (the next batch of the chain, in order) need
+    /// Downloads the snapshot segments `bodies` (the next batch of the chain's delta or level
+    /// section bodies, in order) need
     /// on `image` and records them: hashes learned into `hashes`, base pages into the image.
     /// Each segment is checked against its name's sha256 as a hydrate checks it (I10).
     ///
@@ -152,7 +153,6 @@ impl Replica {
         &self,
         org: &OrgId,
         manifest: &Manifest,
-        batch: &[LogEntry],
         bodies: &[(String, Vec<u8>)],
         image: &mut SparseImage,
         hashes: &mut PageHashes,
@@ -161,7 +161,6 @@ impl Replica {
             .iter()
             .map(|(obj, body)| DeltaBody::parse(obj, body))
             .collect::<Result<_, _>>()?;
-        debug_assert_eq!(parsed.len(), batch.len());
         let (learn, base) = image.needs(&parsed);
         let per = manifest.segment_pages.max(1);
         let segments: BTreeSet<usize> = learn

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use super::source::PageSource;
 use crate::format::blob::pack;
 use crate::format::checksum::{PageHashes, page_hash};
-use crate::format::manifest::{MANIFEST_VERSION, Manifest, SegmentRef, segment_name};
+use crate::format::manifest::{Manifest, SegmentRef, segment_name};
 use crate::format::pages::canonical_page1;
 use crate::replica::blocking;
 use crate::{Error, FailPoint, OrgId, Replica};
@@ -223,7 +223,7 @@ impl Replica {
         .await?;
         let reused = reader.segments.len() - reader.uploaded;
         let manifest = Manifest {
-            v: MANIFEST_VERSION,
+            v: Manifest::version_for(&reader.segments),
             page_size,
             pages,
             segment_pages,

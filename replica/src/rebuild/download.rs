@@ -147,7 +147,7 @@ impl Replica {
         (first, pages, page_size): (u32, u32, u32),
     ) -> Result<Fetched, Error> {
         let raw = u64::from(pages) * u64::from(page_size);
-        let path = self.inner.store.layout.blob(org, seg.name());
+        let path = self.inner.store.layout.segment(org, &seg)?;
         let data = self.get_capped(&path, packed_bound(raw)).await?;
         crate::rebuild::hydrate::downloaded(data.len() as u64);
         self.failpoint(FailPoint::HydrateAfterDownload, org).await?;

@@ -1,6 +1,7 @@
 //! Retention: delete old snapshots, entries and orphan blobs, never what a reader needs to
 //! reach the newest snapshot (I11).
 
+mod clones;
 pub(crate) mod refs;
 
 use object_store::ObjectStoreExt;
@@ -173,6 +174,8 @@ impl Replica {
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
             .collect();
+        // A clone whose snapshots are all gone lets go of its origins' segments (2e).
+        self.release_clone_refs(org, &doomed, &kept).await?;
         let mut referenced: std::collections::HashSet<String> = kept
             .iter()
             .filter_map(|e| e.blob())
@@ -221,6 +224,17 @@ impl Replica {
                     }
                     Err(e) => return Err(e),
                 }
+            }
+            // Segments a clone names stay. Listed after this run's entry deletions (2e).
+            match self.cloned_segments(org).await? {
+                Some(names) => referenced.extend(names),
+                None => referenced.extend(
+                    candidates
+                        .iter()
+                        .filter_map(|m| m.location.filename())
+                        .filter(|n| segment_sha(n).is_some())
+                        .map(str::to_owned),
+                ),
             }
         }
         for meta in candidates {
@@ -364,7 +378,7 @@ impl Replica {
 
     /// The segment names of the manifest `name` of `org` (for an image of `image_bytes`),
     /// read once per handle.
-    async fn segment_names(
+    pub(crate) async fn segment_names(
         &self,
         org: &OrgId,
         name: &str,
@@ -382,7 +396,7 @@ impl Replica {
     }
 
     /// Deletes the object at `path`; an object already gone is fine (a repeated run).
-    async fn delete(&self, path: &object_store::path::Path) -> Result<(), Error> {
+    pub(crate) async fn delete(&self, path: &object_store::path::Path) -> Result<(), Error> {
         match self.inner.store.object.delete(path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Error::store("delete", path, e)),

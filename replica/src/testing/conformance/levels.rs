@@ -16,14 +16,14 @@ use crate::testing::fault::{Fault, FaultStore, Op};
 use crate::{Error, Replica, Retention, Settings, Snapshot};
 
 /// One published position: its seq, its writer's time, and the database there.
-struct Position {
-    seq: u64,
-    at_ms: u64,
-    image: Vec<u8>,
-    snapshot: bool,
+pub(super) struct Position {
+    pub(super) seq: u64,
+    pub(super) at_ms: u64,
+    pub(super) image: Vec<u8>,
+    pub(super) snapshot: bool,
 }
 
-const MINUTE: u64 = 60_000;
+pub(super) const MINUTE: u64 = 60_000;
 
 /// A recorded history of `chains` chains of random writes, published on a manual clock
 /// that starts three hours ago (so the store's clock agrees with "now" at the end), each
@@ -33,9 +33,20 @@ async fn history(
     seed: u64,
     chains: usize,
 ) -> Result<(Replica, Arc<ManualClock>, Vec<Position>), Box<dyn std::error::Error + Send + Sync>> {
+    history_with(store, seed, chains, Settings::default(), None).await
+}
+
+/// [`history`] on a replica with `settings` and `failpoints`.
+pub(super) async fn history_with(
+    store: Arc<dyn ObjectStore>,
+    seed: u64,
+    chains: usize,
+    settings: Settings,
+    failpoints: Option<Arc<dyn crate::Failpoints>>,
+) -> Result<(Replica, Arc<ManualClock>, Vec<Position>), Box<dyn std::error::Error + Send + Sync>> {
     let now = SystemClock.now_ms();
     let clock = Arc::new(ManualClock::new(now - 3 * 60 * MINUTE));
-    let r = Replica::open_with(store, &prefix()?, Settings::default(), clock.clone(), None).await?;
+    let r = Replica::open_with(store, &prefix()?, settings, clock.clone(), failpoints).await?;
     let acme = org("acme");
     let mut claim = r.claim(&acme, "a", false).await?;
     let mut rng = SeededRng::new(seed);
@@ -102,7 +113,7 @@ async fn history(
 
 /// The positions a window keeps once closed chains are thinned: every snapshot, and the
 /// last delta of each minute of each chain (a chain of fewer than four deltas keeps all).
-fn kept_after_thinning(positions: &[Position]) -> BTreeMap<u64, bool> {
+pub(super) fn kept_after_thinning(positions: &[Position]) -> BTreeMap<u64, bool> {
     let mut kept = BTreeMap::new();
     let mut chain: Vec<&Position> = Vec::new();
     let flush = |chain: &mut Vec<&Position>, kept: &mut BTreeMap<u64, bool>| {

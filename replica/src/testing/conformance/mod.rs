@@ -26,6 +26,7 @@
 mod azure;
 mod claims;
 mod clock;
+mod clone;
 mod damage;
 mod db;
 mod delta;
@@ -122,6 +123,9 @@ macro_rules! __conformance_cases {
             levels::a_compaction_reads_only_the_segments_its_deltas_touch,
             levels::a_crafted_level_section_size_is_corrupt_not_an_abort,
             pipeline::a_stray_in_a_thinned_chain_goes_with_it_and_breaks_no_lookup,
+            clone::a_clone_by_reference_restores_every_kept_position_byte_for_byte,
+            clone::retention_keeps_what_a_clone_names_until_the_clone_lets_go,
+            clone::a_clone_whose_snapshot_retention_retires_under_it_publishes_nothing,
         }
     };
 }
