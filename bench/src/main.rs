@@ -14,6 +14,7 @@
 #[macro_use]
 extern crate idem_cli;
 
+mod clones;
 mod dedup;
 mod group;
 mod growth;
@@ -236,6 +237,9 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     }
     if args.wants("p11") {
         window::run(&dir, args.quick).await.map_err(fail("p11"))?;
+    }
+    if args.wants("p11") || args.wants("p11b") {
+        clones::run(&dir, args.quick).await.map_err(fail("p11b"))?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -294,7 +294,7 @@ fn image(conn: &mut Connection) -> BenchResult<Vec<u8>> {
 }
 
 /// The pages of `next` that differ from `prev`, as a delta to `next`'s size.
-fn diff(prev: &[u8], next: &[u8], commit: u64) -> BenchResult<Delta> {
+pub(crate) fn diff(prev: &[u8], next: &[u8], commit: u64) -> BenchResult<Delta> {
     const PS: usize = 4096;
     let mut pages = BTreeMap::new();
     for (i, page) in next.chunks(PS).enumerate() {

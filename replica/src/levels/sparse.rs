@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
+use futures::StreamExt;
+
 use crate::format::body::{DeltaBody, WHOLE};
 use crate::format::checksum::PageHashes;
 use crate::format::segment::Manifest;
@@ -168,6 +170,7 @@ impl Replica {
             .chain(&base)
             .map(|p| ((p - 1) / per) as usize)
             .collect();
+        let mut wanted = Vec::with_capacity(segments.len());
         for i in segments {
             let Some(seg) = manifest.segments.get(i) else {
                 return Err(Error::corrupt(
@@ -176,8 +179,24 @@ impl Replica {
                 ));
             };
             let first = i as u32 * per + 1;
-            let shape = (first, manifest.pages_in(i), manifest.page_size);
-            let fetched = self.fetch_segment(org, seg.clone(), shape).await?;
+            wanted.push((
+                seg.clone(),
+                (first, manifest.pages_in(i), manifest.page_size),
+            ));
+        }
+        // The segments go out together, `read_concurrency` at a time, as a hydrate's do:
+        // a batch costs one round trip per that many segments, not one per segment (I16).
+        let n = self.inner.settings.read_concurrency.max(1);
+        let mut fetched = futures::stream::iter(wanted)
+            .map(|(seg, shape)| async move {
+                let first = shape.0;
+                self.fetch_segment(org, seg, shape)
+                    .await
+                    .map(|f| (first, f))
+            })
+            .buffered(n);
+        while let Some(got) = fetched.next().await {
+            let (first, fetched) = got?;
             let ps = manifest.page_size as usize;
             if (image.clean.len() + fetched.hashes.len()) as u64 * ps as u64 > CLEAN_BYTES {
                 image.clean.clear();
