@@ -285,7 +285,12 @@ pub(super) async fn atk_an_interrupted_clone_retention_releases_its_reference_on
 pub(super) async fn atk_a_clone_of_a_clone_costs_eight_puts_or_fewer(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    let r = open(store, None).await?;
+    // Every delta in a blob (a setting, not the size, decides: "whatever the size").
+    let settings = Settings {
+        inline_delta_bytes: 0,
+        ..small_segments()
+    };
+    let r = Replica::open_with(store, &prefix()?, settings, Arc::new(SystemClock), None).await?;
     let (acme, beta, gamma) = (org("acme"), org("beta"), org("gamma"));
     let mut db = sixty_rows()?;
     let first = db.image()?;
