@@ -174,8 +174,6 @@ impl Replica {
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
             .collect();
-        // A clone whose snapshots are all gone lets go of its origins' segments (2e).
-        self.release_clone_refs(org, &doomed, &kept).await?;
         let mut referenced: std::collections::HashSet<String> = kept
             .iter()
             .filter_map(|e| e.blob())
@@ -201,6 +199,18 @@ impl Replica {
                 })
             })
             .collect();
+        // A clone whose snapshots are all gone lets go of its origins' segments (2e). The
+        // origins come from the manifests about to go as orphans (those of the snapshots
+        // deleted now, or by an earlier run that stopped before it got here): they stay
+        // until this returns, so a run that fails or stops before releasing leaves them to
+        // the next (docs/clone-attack.md, ATK-4).
+        let orphan_manifests: Vec<&str> = candidates
+            .iter()
+            .filter_map(|m| m.location.filename())
+            .filter(|n| n.ends_with(".manifest.json"))
+            .collect();
+        self.release_clone_refs(org, &orphan_manifests, &kept)
+            .await?;
         let segments_at_stake = candidates
             .iter()
             .any(|m| m.location.filename().and_then(segment_sha).is_some());
