@@ -90,13 +90,28 @@ pub(super) async fn atk_a_clone_whose_delta_never_lands_leaves_no_other_state(
     let p = r.ship_delta(&mut claim, diff(&first, &at_p, 2)?).await?;
     r.release(&mut claim).await?;
     // beta: claim at 1, snapshot at 2, delta at 3 (its blob, or its entry when inline).
-    faults.inject_times(Op::Put, "/orgs/beta/log/00000000000000000003", 1, 50, Fault::FailBefore);
-    faults.inject_times(Op::Put, "/orgs/beta/snap/00000000000000000003-", 1, 50, Fault::FailBefore);
+    faults.inject_times(
+        Op::Put,
+        "/orgs/beta/log/00000000000000000003",
+        1,
+        50,
+        Fault::FailBefore,
+    );
+    faults.inject_times(
+        Op::Put,
+        "/orgs/beta/snap/00000000000000000003-",
+        1,
+        50,
+        Fault::FailBefore,
+    );
     let mut c = r.claim(&beta, "cloner", false).await?;
     let got = r.clone_into(&mut c, &acme, Some(p.seq)).await;
     faults.clear();
     let _ = r.release(&mut c).await;
-    assert!(got.is_err(), "the clone answered {got:?} with its delta refused");
+    assert!(
+        got.is_err(),
+        "the clone answered {got:?} with its delta refused"
+    );
     match newest(&r, &beta).await {
         Ok(image) => assert!(
             image == at_p,
@@ -257,7 +272,12 @@ pub(super) async fn atk_an_interrupted_clone_retention_releases_its_reference_on
         .await?;
     r.release(&mut c).await?;
     let reference = r.inner.store.layout.clone_ref(&acme, &beta);
-    faults.inject(Op::Delete, "/orgs/acme/refs/beta.json", 1, Fault::FailBefore);
+    faults.inject(
+        Op::Delete,
+        "/orgs/acme/refs/beta.json",
+        1,
+        Fault::FailBefore,
+    );
     let first = r.retain(&beta, &newest_only()).await;
     assert!(first.is_err(), "the injected DELETE did not fail the run");
     faults.clear();
@@ -371,7 +391,10 @@ pub(super) async fn atk_verify_after_the_source_is_gone_and_crafted_references(
             .map_err(|e| Error::store("put", &path, e))?;
         let report = r.retain(&acme, &newest_only()).await?;
         assert!(
-            report.deleted_blobs.iter().all(|b| !b.ends_with(".seg.zst")),
+            report
+                .deleted_blobs
+                .iter()
+                .all(|b| !b.ends_with(".seg.zst")),
             "a crafted reference {name} let segments go: {:?}",
             report.deleted_blobs
         );
