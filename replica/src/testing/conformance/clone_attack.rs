@@ -318,6 +318,7 @@ pub(super) async fn atk_a_clone_of_a_clone_costs_eight_puts_or_fewer(
     r.ship(&mut claim, Snapshot::from_bytes(first.clone(), 1))
         .await?;
     r.release(&mut claim).await?;
+    let before = r.store_requests();
     let mut c = r.claim(&beta, "cloner", false).await?;
     r.clone_into(&mut c, &acme, None).await?;
     r.release(&mut c).await?;
