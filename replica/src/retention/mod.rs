@@ -235,16 +235,26 @@ impl Replica {
                     Err(e) => return Err(e),
                 }
             }
-            // Segments a clone names stay. Listed after this run's entry deletions (2e).
-            match self.cloned_segments(org).await? {
-                Some(names) => referenced.extend(names),
-                None => referenced.extend(
-                    candidates
-                        .iter()
-                        .filter_map(|m| m.location.filename())
-                        .filter(|n| segment_sha(n).is_some())
-                        .map(str::to_owned),
-                ),
+            // Segments a clone names stay. Listed after this run's entry deletions (2e), and
+            // only when a segment could still go once the kept manifests are counted: the
+            // newest snapshot's own segments are candidates on every run until then, and an
+            // org's run costs no LIST of `refs/` for them (docs/clone-attack.md, ATK-8).
+            let unnamed = candidates.iter().any(|m| {
+                m.location
+                    .filename()
+                    .is_some_and(|n| segment_sha(n).is_some() && !referenced.contains(n))
+            });
+            if unnamed {
+                match self.cloned_segments(org).await? {
+                    Some(names) => referenced.extend(names),
+                    None => referenced.extend(
+                        candidates
+                            .iter()
+                            .filter_map(|m| m.location.filename())
+                            .filter(|n| segment_sha(n).is_some())
+                            .map(str::to_owned),
+                    ),
+                }
             }
         }
         for meta in candidates {
