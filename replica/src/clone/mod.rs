@@ -93,6 +93,16 @@ impl Replica {
                 reason: "a clone needs a fresh claim of another org",
             });
         }
+        // Round 1 only: the references of a clone of DST are one object per origin
+        // (`refs/<dst>.json`), so a second clone of DST under a later round would share them
+        // with the first, which deletes them when it gives up (docs/clone-attack.md, ATK-3).
+        if claim.round() != 1 {
+            return Err(Error::ClaimUnusable {
+                org: dst.to_string(),
+                round: claim.round(),
+                reason: "a clone needs the first claim of a new org (round 1)",
+            });
+        }
         let plan = self.clone_plan(src, at).await?;
         let Some(stored) = plan.snapshot.stored().cloned() else {
             return Err(Error::NoSuchSnapshot {
@@ -156,7 +166,23 @@ impl Replica {
                 .collect(),
             ..manifest
         };
-        let snapshot = self.publish_shared(claim, &shared, &stored).await?;
+        let seq = claim.next_seq();
+        let snapshot = match self.publish_shared(claim, &shared, &stored).await {
+            Ok(s) => s,
+            Err(e) => {
+                // Nothing names the references when the snapshot's entry surely did not
+                // land: its manifest was not uploaded, or a later claim of DST fenced it
+                // (a claim of round 2 or above, which clones nothing: above). A refused or
+                // unknown publish may still land, and keeps them (docs/clone-attack.md,
+                // ATK-2).
+                if claim.next_seq() == seq
+                    && matches!(e, Error::Fenced { .. } | Error::Store { .. })
+                {
+                    self.drop_clone_refs(&refs, &dst).await;
+                }
+                return Err(e);
+            }
+        };
         let delta = match patch {
             Some(p) => Some(self.publish_patch(claim, &snapshot, p, plan.commit).await?),
             None => None,

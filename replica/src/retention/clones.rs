@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 use tracing::warn;
 
 use crate::format::clone_ref::CloneRef;
-use crate::format::manifest::MAX_MANIFEST_BYTES;
+use crate::format::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use crate::{Error, LogEntry, OrgId, Replica};
 
 impl Replica {
@@ -44,18 +44,19 @@ impl Replica {
         Ok(Some(names))
     }
 
-    /// Deletes the clone reference of `org` in each origin that a snapshot in `doomed`
-    /// (deleted by this run, before this is called) named and no snapshot in `kept` does.
-    /// A later snapshot of `org` names only segments of the newest one (kept) or its own,
-    /// so none names that origin again. A manifest that cannot be read keeps every
-    /// reference (they only keep segments longer).
+    /// Deletes the clone reference of `org` in each origin that a manifest in `orphans`
+    /// (manifests of `org` no kept entry names, whose snapshots are deleted or never
+    /// landed) named and no snapshot in `kept` does. A later snapshot of `org` names only
+    /// segments of the newest one (kept) or its own, so none names that origin again. A
+    /// kept manifest that cannot be read keeps every reference (they only keep segments
+    /// longer); an orphan that cannot be read releases nothing of its own.
     ///
     /// # Errors
     /// [`Error::Store`].
     pub(crate) async fn release_clone_refs(
         &self,
         org: &OrgId,
-        doomed: &[&LogEntry],
+        orphans: &[&str],
         kept: &[&LogEntry],
     ) -> Result<(), Error> {
         let origins = |names: &[String]| -> BTreeSet<String> {
@@ -65,13 +66,14 @@ impl Replica {
                 .collect()
         };
         let mut gone = BTreeSet::new();
-        for e in doomed.iter().filter(|e| e.is_snapshot()) {
-            let (Some(name), Some(stored)) = (e.manifest(), e.stored()) else {
-                continue;
-            };
-            match self.segment_names(org, name, stored.bytes).await {
+        for name in orphans {
+            match self.orphan_segment_names(org, name).await {
                 Ok(names) => gone.extend(origins(&names)),
-                Err(Error::MissingObject { .. } | Error::Corrupt { .. }) => return Ok(()),
+                Err(
+                    Error::MissingObject { .. }
+                    | Error::Corrupt { .. }
+                    | Error::UnknownFormat { .. },
+                ) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -104,4 +106,34 @@ impl Replica {
         }
         Ok(())
     }
+
+    /// The segment names of the manifest `name` of `org` that no kept entry names (so its
+    /// image size is not known from an entry): checked against the sha256 its name holds
+    /// and decoded as any manifest, for the size it describes. Read once per handle.
+    async fn orphan_segment_names(
+        &self,
+        org: &OrgId,
+        name: &str,
+    ) -> Result<std::sync::Arc<Vec<String>>, Error> {
+        let path = self.inner.store.layout.blob(org, name);
+        let key = path.to_string();
+        if let Some(names) = self.inner.segment_refs.get(&key) {
+            return Ok(names);
+        }
+        let bytes = self.get_capped(&path, MAX_MANIFEST_BYTES).await?;
+        let shape: Shape = serde_json::from_slice(&bytes).map_err(|e| Error::corrupt(&key, e))?;
+        let image = u64::from(shape.pages) * u64::from(shape.page_size);
+        let manifest = Manifest::decode(&key, name, &bytes, image)?;
+        let names: std::sync::Arc<Vec<String>> =
+            std::sync::Arc::new(manifest.segments.into_iter().map(|s| s.0).collect());
+        self.inner.segment_refs.insert(&key, names.clone());
+        Ok(names)
+    }
+}
+
+/// The size fields of a manifest, read before it is decoded against them.
+#[derive(serde::Deserialize)]
+struct Shape {
+    page_size: u32,
+    pages: u32,
 }

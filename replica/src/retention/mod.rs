@@ -174,8 +174,6 @@ impl Replica {
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
             .collect();
-        // A clone whose snapshots are all gone lets go of its origins' segments (2e).
-        self.release_clone_refs(org, &doomed, &kept).await?;
         let mut referenced: std::collections::HashSet<String> = kept
             .iter()
             .filter_map(|e| e.blob())
@@ -201,6 +199,18 @@ impl Replica {
                 })
             })
             .collect();
+        // A clone whose snapshots are all gone lets go of its origins' segments (2e). The
+        // origins come from the manifests about to go as orphans (those of the snapshots
+        // deleted now, or by an earlier run that stopped before it got here): they stay
+        // until this returns, so a run that fails or stops before releasing leaves them to
+        // the next (docs/clone-attack.md, ATK-4).
+        let orphan_manifests: Vec<&str> = candidates
+            .iter()
+            .filter_map(|m| m.location.filename())
+            .filter(|n| n.ends_with(".manifest.json"))
+            .collect();
+        self.release_clone_refs(org, &orphan_manifests, &kept)
+            .await?;
         let segments_at_stake = candidates
             .iter()
             .any(|m| m.location.filename().and_then(segment_sha).is_some());
@@ -225,16 +235,26 @@ impl Replica {
                     Err(e) => return Err(e),
                 }
             }
-            // Segments a clone names stay. Listed after this run's entry deletions (2e).
-            match self.cloned_segments(org).await? {
-                Some(names) => referenced.extend(names),
-                None => referenced.extend(
-                    candidates
-                        .iter()
-                        .filter_map(|m| m.location.filename())
-                        .filter(|n| segment_sha(n).is_some())
-                        .map(str::to_owned),
-                ),
+            // Segments a clone names stay. Listed after this run's entry deletions (2e), and
+            // only when a segment could still go once the kept manifests are counted: the
+            // newest snapshot's own segments are candidates on every run until then, and an
+            // org's run costs no LIST of `refs/` for them (docs/clone-attack.md, ATK-8).
+            let unnamed = candidates.iter().any(|m| {
+                m.location
+                    .filename()
+                    .is_some_and(|n| segment_sha(n).is_some() && !referenced.contains(n))
+            });
+            if unnamed {
+                match self.cloned_segments(org).await? {
+                    Some(names) => referenced.extend(names),
+                    None => referenced.extend(
+                        candidates
+                            .iter()
+                            .filter_map(|m| m.location.filename())
+                            .filter(|n| segment_sha(n).is_some())
+                            .map(str::to_owned),
+                    ),
+                }
             }
         }
         for meta in candidates {
