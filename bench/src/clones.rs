@@ -108,7 +108,7 @@ async fn clone_once(dir: &Path, mib: u64) -> BenchResult<(Cost, Cost)> {
     };
     r.release(&mut claim).await?;
     let wall = t.elapsed();
-    let uploaded = c.snapshot.uploaded_bytes + c.delta.as_ref().map_or(0, |d| d.uploaded_bytes);
+    let uploaded = c.snapshot.uploaded_bytes;
     let shared = Cost::of(&trace.finish(), uploaded, wall);
 
     let dst = OrgId::new("copied")?;

@@ -1,9 +1,10 @@
 //! `idem clone SRC DST [--at SEQ | --at-time TIME]`: a new org whose first snapshot is another
 //! org's state at one published position (a preview, a migration rehearsal, a tenant split).
 //!
-//! By reference (`Replica::clone_into`, `docs/design.md` 2e): DST's snapshot names the
-//! segments of SRC's snapshot below the position, which a clone reference in SRC keeps, and
-//! one delta takes it to the position; what is read and written follows what changed since
+//! By reference (`Replica::clone_into`, `docs/design.md` 2e): DST's one snapshot is SRC's
+//! state at the position; it names the segments of SRC's snapshot below the position that
+//! the position left unchanged (a clone reference in SRC keeps them) and uploads only the
+//! segments holding a changed page, so what is read and written follows what changed since
 //! that snapshot, not the database's size. A position that cannot be shared (a snapshot an
 //! earlier build stored whole, over 64 MiB changed since its snapshot) is restored, verified
 //! as any restore is (I10), into a private temp directory and shipped whole. Both run under
@@ -120,14 +121,13 @@ async fn make(
     };
     let why = match replica.clone_into(claim, src, at).await.map_err(fail)? {
         CloneOutcome::Shared(c) => {
-            let delta = c.delta.as_ref();
             return Ok(Made {
                 snapshot_seq: c.snapshot.seq,
                 round: c.snapshot.round,
                 position: c.position,
                 commit: c.commit,
                 shared: c.shared_segments,
-                uploaded: c.snapshot.uploaded_bytes + delta.map_or(0, |d| d.uploaded_bytes),
+                uploaded: c.snapshot.uploaded_bytes,
                 copied: None,
             });
         }

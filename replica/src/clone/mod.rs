@@ -1,32 +1,34 @@
-//! Cloning an org by reference (`docs/design.md` 2e): the clone's first snapshot names the
-//! source snapshot's segments instead of copying them, a clone reference in the source's
-//! `refs/` keeps them from the source's retention, and one delta of whole pages takes that
-//! snapshot to the position cloned. What a clone reads and writes depends on what changed
-//! since the snapshot, not on the database's size.
+//! Cloning an org by reference (`docs/design.md` 2e): the clone's one snapshot is the
+//! source's state at the position, named by a manifest whose unchanged segments are the
+//! source snapshot's (named, not copied; a clone reference in each origin's `refs/` keeps
+//! them from its retention) and whose segments holding a changed page are new. What a clone
+//! reads and writes follows what changed since the source's snapshot, not the database's
+//! size, and it publishes one entry: a clone that fails publishes nothing.
 //!
 //! ```text
-//! plan (a restore's): snapshot S of SRC + level sections + deltas up to the position
+//! plan (a restore's): snapshot S of SRC + level sections + deltas up to the position P
 //! sparse rebuild: only the segments of S the chain touches      (every check of a restore)
-//! PUT orgs/<origin>/refs/<dst>.json for each org whose segments S names
+//! PUT orgs/<origin>/refs/<dst>.json for each org whose segments the clone names
 //! GET SRC's entry S: still there, so no retention run that could free S's segments
 //!   listed the references before ours landed                    (else: refused, nothing published)
-//! PUT DST manifest (version 2: "<origin>/<segment>") -> create DST's snapshot entry
-//! create DST's delta entry: S -> the position, whole pages
+//! PUT DST's new segments (S's pages with P's changes) and its manifest (version 2)
+//! create DST's snapshot entry: P's image, in one create
 //! ```
 
 mod rebuild;
+mod segments;
 
 use std::collections::BTreeMap;
 
 use object_store::{ObjectStoreExt, PutPayload};
 use tracing::{info, warn};
 
-use crate::format::blob::pack;
 use crate::format::clone_ref::{CLONE_REF_VERSION, CloneRef};
-use crate::format::entry::{BlobRef, DeltaLink, EntryBody, Stored};
+use crate::format::entry::{BlobRef, EntryBody, Stored};
 use crate::format::segment::{Manifest, SegmentRef};
 use crate::{Claim, Error, FailPoint, LogEntry, OrgId, Replica, Shipped};
-use rebuild::{Patch, Patched};
+use rebuild::Patched;
+use segments::{Slot, slots};
 
 /// A clone published by reference: what [`Replica::clone_into`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,14 +39,13 @@ pub struct Cloned {
     pub source_snapshot: u64,
     /// The commit counter at the position.
     pub commit: u64,
-    /// The clone's snapshot entry (its segments are the source's; `uploaded_bytes` is its
-    /// manifest's size).
+    /// The clone's snapshot entry: the position's image. `uploaded_bytes` counts its new
+    /// segments and its manifest; `sha256` is empty (2e: the manifest authenticates it).
     pub snapshot: Shipped,
-    /// The clone's delta from that snapshot to the position; `None` when the position is
-    /// the snapshot itself.
-    pub delta: Option<Shipped>,
     /// Segments named, not copied.
     pub shared_segments: usize,
+    /// Segments uploaded: those holding a page changed since the source's snapshot.
+    pub uploaded_segments: usize,
 }
 
 /// The answer of [`Replica::clone_into`].
@@ -125,17 +126,24 @@ impl Replica {
                 "its snapshot names the clone's own segments",
             ));
         }
-        let patch = match self.clone_patch(src, &plan, &manifest).await? {
+        let rebuilt = match self.clone_image(src, &plan, &manifest).await? {
             Patched::TooLarge => {
                 return Ok(CloneOutcome::Copy(
                     "its changes since the snapshot pass 64 MiB",
                 ));
             }
-            Patched::Unchanged => None,
-            Patched::Patch(p) => Some(p),
+            Patched::Rebuilt(r) => r,
         };
+        let slots = slots(&manifest, &rebuilt);
+        let named: Vec<SegmentRef> = slots
+            .iter()
+            .filter_map(|s| match s {
+                Slot::Named(seg) => Some(seg.clone()),
+                Slot::Built { .. } => None,
+            })
+            .collect();
         let refs = self
-            .write_clone_refs(src, &plan.snapshot, &manifest, &dst)
+            .write_clone_refs(src, &plan.snapshot, &named, &dst)
             .await?;
         if let Err(e) = self.failpoint(FailPoint::CloneAfterReferences, &dst).await {
             self.drop_clone_refs(&refs, &dst).await;
@@ -154,24 +162,33 @@ impl Replica {
                 after: None,
             });
         }
-        let shared = Manifest {
-            v: crate::format::segment::MANIFEST_VERSION_SHARED,
-            segments: manifest
-                .segments
-                .iter()
-                .map(|s| match s.origin() {
-                    Some(_) => s.clone(),
-                    None => SegmentRef(format!("{src}/{}", s.name()), s.compressed_bytes()),
-                })
-                .collect(),
-            ..manifest
-        };
         let seq = claim.next_seq();
-        let snapshot = match self.publish_shared(claim, &shared, &stored).await {
+        let built = slots
+            .iter()
+            .filter(|s| matches!(s, Slot::Built { .. }))
+            .count();
+        let published = async {
+            let (segments, uploaded) = self
+                .upload_clone_segments(src, &dst, (seq, claim.round()), &manifest, slots)
+                .await?;
+            // Always version 2: a clone's snapshot records no whole-image sha256, which
+            // only a version 2 manifest allows (2e).
+            let image = Manifest {
+                v: crate::format::segment::MANIFEST_VERSION_SHARED,
+                page_size: manifest.page_size,
+                pages: rebuilt.db_pages,
+                segment_pages: manifest.segment_pages,
+                segments,
+            };
+            self.publish_shared(claim, &image, plan.commit, uploaded)
+                .await
+        }
+        .await;
+        let snapshot = match published {
             Ok(s) => s,
             Err(e) => {
                 // Nothing names the references when the snapshot's entry surely did not
-                // land: its manifest was not uploaded, or a later claim of DST fenced it
+                // land: its objects were not all uploaded, or a later claim of DST fenced it
                 // (a claim of round 2 or above, which clones nothing: above). A refused or
                 // unknown publish may still land, and keeps them (docs/clone-attack.md,
                 // ATK-2).
@@ -183,33 +200,30 @@ impl Replica {
                 return Err(e);
             }
         };
-        let delta = match patch {
-            Some(p) => Some(self.publish_patch(claim, &snapshot, p, plan.commit).await?),
-            None => None,
-        };
-        info!(%src, %dst, position = plan.position, segments = shared.segments.len(),
+        info!(%src, %dst, position = plan.position, shared = named.len(), uploaded = built,
               "cloned by reference");
         Ok(CloneOutcome::Shared(Box::new(Cloned {
             position: plan.position,
             source_snapshot: plan.snapshot.seq(),
             commit: plan.commit,
             snapshot,
-            delta,
-            shared_segments: shared.segments.len(),
+            shared_segments: named.len(),
+            uploaded_segments: built,
         })))
     }
 
-    /// Writes a clone reference for `dst` into the folder of every org whose segments
-    /// `manifest` (of `snapshot` of `src`) names; returns those orgs.
+    /// Writes a clone reference for `dst` into the folder of every org that uploaded one of
+    /// `named` (segments of the manifest of `snapshot` of `src`, as it names them); returns
+    /// those orgs.
     async fn write_clone_refs(
         &self,
         src: &OrgId,
         snapshot: &LogEntry,
-        manifest: &Manifest,
+        named: &[SegmentRef],
         dst: &OrgId,
     ) -> Result<Vec<OrgId>, Error> {
         let mut by_origin: BTreeMap<OrgId, Vec<String>> = BTreeMap::new();
-        for s in &manifest.segments {
+        for s in named {
             let origin = match s.origin() {
                 None => src.clone(),
                 Some(o) => OrgId::new(o).map_err(|e| Error::corrupt(s.name(), e.to_string()))?,
@@ -257,13 +271,17 @@ impl Replica {
         }
     }
 
-    /// Uploads `manifest` and publishes the clone's snapshot entry: the source snapshot's
-    /// image (`stored`: its size, sha256 and commit) under the claim's round.
+    /// Uploads `manifest` and publishes the clone's snapshot entry: the position's image
+    /// (its size and commit counter) under the claim's round. Its `sha256` is empty: the
+    /// clone never holds the whole image, and the manifest, named by its sha256, names
+    /// every segment by the sha256 of its pages (2e). `uploaded` counts the new segments'
+    /// packed bytes.
     async fn publish_shared(
         &self,
         claim: &mut Claim,
         manifest: &Manifest,
-        stored: &Stored,
+        commit: u64,
+        uploaded: u64,
     ) -> Result<Shipped, Error> {
         let org = claim.org().clone();
         let (seq, round) = (claim.next_seq(), claim.round());
@@ -280,10 +298,10 @@ impl Replica {
             header: claim.next_header(self.inner.clock.now_ms())?,
             body: EntryBody::Snapshot(Stored {
                 blob: BlobRef::Manifest(name),
-                sha256: stored.sha256.clone(),
-                bytes: stored.bytes,
+                sha256: String::new(),
+                bytes: manifest.bytes(),
                 compressed_bytes: manifest.compressed_bytes(),
-                commit: stored.commit,
+                commit,
             }),
         };
         self.publish_for_claim(claim, &entry).await?;
@@ -291,51 +309,12 @@ impl Replica {
             seq,
             delta: false,
             round,
-            commit: stored.commit,
-            bytes: stored.bytes,
+            commit,
+            bytes: manifest.bytes(),
             compressed_bytes: manifest.compressed_bytes(),
-            uploaded_bytes: manifest_len,
-            sha256: stored.sha256.clone(),
+            uploaded_bytes: uploaded + manifest_len,
+            sha256: String::new(),
             blob: path.to_string(),
         })
-    }
-
-    /// Publishes `patch` as the delta after the clone's `snapshot`.
-    async fn publish_patch(
-        &self,
-        claim: &mut Claim,
-        snapshot: &Shipped,
-        patch: Patch,
-        commit: u64,
-    ) -> Result<Shipped, Error> {
-        let org = claim.org().to_string();
-        let level = self.inner.settings.zstd_level;
-        let body = patch.body;
-        let packed =
-            crate::replica::blocking("packing a delta", move || pack(&org, "delta", &body, level))
-                .await?;
-        let in_blob = packed.blob.len() > self.inner.settings.inline_delta_bytes;
-        let link = DeltaLink {
-            stored: Stored {
-                blob: BlobRef::Object(String::new()),
-                sha256: String::new(),
-                bytes: 0,
-                compressed_bytes: 0,
-                commit,
-            },
-            base: snapshot.seq,
-            base_checksum: patch.base_checksum,
-            checksum: patch.checksum,
-            page_size: patch.page_size,
-            db_pages: patch.db_pages,
-            changed_pages: patch.changed_pages,
-        };
-        self.upload_and_publish(claim, packed, in_blob, commit, |stored| {
-            EntryBody::Delta(DeltaLink {
-                stored,
-                ..link.clone()
-            })
-        })
-        .await
     }
 }

@@ -6,14 +6,13 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use crate::chain::{self, Start, broken};
-use crate::format::body::{self, DeltaBody, WHOLE};
-use crate::format::checksum::{PageHashes, checksum_hex};
+use crate::format::body::DeltaBody;
+use crate::format::checksum::PageHashes;
 use crate::format::level::LevelFile;
 use crate::format::segment::Manifest;
 use crate::levels::MAX_LEVEL_BYTES;
 use crate::levels::restore::apply_section;
 use crate::levels::sparse::SparseImage;
-use crate::rebuild::image::PageImage;
 use crate::replica::blocking;
 use crate::{Error, LogEntry, OrgId, Replica};
 
@@ -29,22 +28,19 @@ pub(crate) struct Plan {
     pub(crate) commit: u64,
 }
 
-/// The pages that differ between the snapshot and the position, whole.
-pub(crate) struct Patch {
-    pub(crate) body: Vec<u8>,
-    pub(crate) page_size: u32,
+/// The position rebuilt on a sparse image of the snapshot.
+pub(crate) struct Rebuilt {
+    pub(crate) image: SparseImage,
+    /// Every page that may differ from the snapshot's (written since, or emptied by a
+    /// truncation), at most the position's size.
+    pub(crate) touched: BTreeSet<u32>,
+    /// The position's size in pages.
     pub(crate) db_pages: u32,
-    pub(crate) changed_pages: u32,
-    /// Database checksum of the snapshot, and at the position (16 hex digits each).
-    pub(crate) base_checksum: String,
-    pub(crate) checksum: String,
 }
 
-/// What [`Replica::clone_patch`] found.
+/// What [`Replica::clone_image`] found.
 pub(crate) enum Patched {
-    /// The position is the snapshot itself.
-    Unchanged,
-    Patch(Patch),
+    Rebuilt(Rebuilt),
     /// The pages changed since the snapshot pass [`MAX_LEVEL_BYTES`].
     TooLarge,
 }
@@ -117,14 +113,13 @@ impl Replica {
 
     /// Rebuilds `plan` on a sparse image of its snapshot (`manifest`) with every check of
     /// a restore (each object's sha256, the database checksum before and after each
-    /// section and delta, I10) and returns the pages it changed, whole, as one delta body
-    /// that takes the snapshot to the position. Memory is bounded by [`MAX_LEVEL_BYTES`]:
-    /// beyond it the answer is [`Patched::TooLarge`], checked before a batch's pages are
-    /// downloaded.
+    /// section and delta, I10): the image holds every page the position changed, whole.
+    /// Memory is bounded by [`MAX_LEVEL_BYTES`]: beyond it the answer is
+    /// [`Patched::TooLarge`], checked before a batch's pages are downloaded.
     ///
     /// # Errors
     /// [`Error::ChainBroken`]; [`Error::Corrupt`]; [`Error::MissingObject`]; [`Error::Store`].
-    pub(crate) async fn clone_patch(
+    pub(crate) async fn clone_image(
         &self,
         org: &OrgId,
         plan: &Plan,
@@ -132,9 +127,13 @@ impl Replica {
     ) -> Result<Patched, Error> {
         let sections = plan.level.as_ref().map_or(0, |(_, k)| *k);
         if sections == 0 && plan.deltas.is_empty() {
-            return Ok(Patched::Unchanged);
+            return Ok(Patched::Rebuilt(Rebuilt {
+                image: SparseImage::new(manifest),
+                touched: BTreeSet::new(),
+                db_pages: manifest.pages,
+            }));
         }
-        let base_checksum = match &plan.level {
+        let base = match &plan.level {
             Some((file, k)) if *k > 0 => file.header.snapshot_checksum.clone(),
             _ => plan
                 .deltas
@@ -143,7 +142,7 @@ impl Replica {
                 .map(|d| d.base_checksum.clone())
                 .unwrap_or_default(),
         };
-        let sum = u64::from_str_radix(&base_checksum, 16)
+        let sum = u64::from_str_radix(&base, 16)
             .map_err(|_| broken(org, plan.snapshot.seq(), "the chain names no base checksum"))?;
         let ps = manifest.page_size;
         let mut hashes = PageHashes::sparse(ps, manifest.pages as usize, sum);
@@ -206,31 +205,12 @@ impl Replica {
         if touched.len() as u64 * u64::from(ps) > MAX_LEVEL_BYTES {
             return Ok(Patched::TooLarge);
         }
-        let checksum = checksum_hex(hashes.sum());
-        let object = format!("the clone of {org}@{}", plan.position);
-        blocking("folding a chain into one delta", move || {
-            let mut pages = Vec::new();
-            for &pgno in touched.iter().filter(|p| **p <= db_pages) {
-                let mut page = vec![0u8; ps as usize];
-                image.read_at(&object, (u64::from(pgno) - 1) * u64::from(ps), &mut page)?;
-                pages.push((pgno, page));
-            }
-            let body = body::write(
-                ps,
-                db_pages,
-                pages.len(),
-                pages.iter().map(|(p, b)| (*p, WHOLE, b.as_slice())),
-            );
-            Ok(Patched::Patch(Patch {
-                body,
-                page_size: ps,
-                db_pages,
-                changed_pages: pages.len() as u32,
-                base_checksum,
-                checksum,
-            }))
-        })
-        .await
+        touched.retain(|p| *p <= db_pages);
+        Ok(Patched::Rebuilt(Rebuilt {
+            image,
+            touched,
+            db_pages,
+        }))
     }
 
     /// `batch` with every inline delta read again from its entry: the known-entries cache

@@ -39,7 +39,31 @@ pub(crate) struct SparseImage {
     learned: HashSet<u32>,
 }
 
+/// A page of a [`SparseImage`] as the rebuild holds it.
+pub(crate) enum Held<'a> {
+    /// Its content: written since the snapshot, or the snapshot's, loaded.
+    Page(&'a [u8]),
+    /// Past what the snapshot still holds (a truncation) and not written since: zeros.
+    Zero,
+    /// The snapshot's content, not loaded.
+    Snapshot,
+}
+
 impl SparseImage {
+    /// Page `pgno` as the rebuild holds it now.
+    pub(crate) fn held(&self, pgno: u32) -> Held<'_> {
+        match self.dirty.get(&pgno).or_else(|| self.clean.get(&pgno)) {
+            Some(page) => Held::Page(page),
+            None if pgno > self.snapshot_pages => Held::Zero,
+            None => Held::Snapshot,
+        }
+    }
+
+    /// Pages at or below this number hold the snapshot's content unless written since.
+    pub(crate) fn snapshot_pages(&self) -> u32 {
+        self.snapshot_pages
+    }
+
     /// An image of the snapshot `manifest` describes, no page loaded.
     pub(crate) fn new(manifest: &Manifest) -> SparseImage {
         SparseImage {

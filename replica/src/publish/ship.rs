@@ -412,7 +412,7 @@ impl Replica {
     ///
     /// No successor check after the create: the create-only slot after the claim's own last
     /// entry already proves it (module docs; I7, I11).
-    pub(crate) async fn upload_and_publish(
+    async fn upload_and_publish(
         &self,
         claim: &mut Claim,
         packed: Packed,

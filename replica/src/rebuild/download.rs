@@ -94,10 +94,14 @@ impl Replica {
         .await?;
         // Not `m.pages`: a crafted manifest may claim 2^32 pages within every other bound (32
         // GiB of hashes, an abort); the table grows with the verified segments that arrive.
+        // A clone's snapshot (a version 2 manifest) may record no whole-image sha256: its
+        // manifest, named by its sha256, names every segment by its pages' (2e).
+        let unrecorded = stored.sha256.is_empty()
+            && manifest.v == crate::format::segment::MANIFEST_VERSION_SHARED;
         let written = Written {
             image,
             hashes: Vec::with_capacity((manifest.pages as usize).min(1 << 20)),
-            sha: whole_image.then(Sha256::new),
+            sha: (whole_image && !unrecorded).then(Sha256::new),
         };
         // Futures are made as the stream pulls them (only `n` exist at a time, whatever the
         // segment count a manifest claims), from indices: a closure over `&SegmentRef` items

@@ -127,7 +127,7 @@ macro_rules! __conformance_cases {
             clone::a_clone_by_reference_restores_every_kept_position_byte_for_byte,
             clone::retention_keeps_what_a_clone_names_until_the_clone_lets_go,
             clone::a_clone_whose_snapshot_retention_retires_under_it_publishes_nothing,
-            clone_attack::atk_a_clone_whose_delta_never_lands_leaves_no_other_state,
+            clone_attack::atk_a_clone_whose_entry_never_lands_leaves_no_state,
             clone_attack::atk_a_fenced_clone_leaves_no_reference,
             clone_attack::atk_a_zombie_clone_deletes_the_reference_of_the_clone_that_fenced_it,
             clone_attack::atk_an_interrupted_clone_retention_releases_its_reference_on_the_next_run,
