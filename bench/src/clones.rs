@@ -1,7 +1,9 @@
 //! P11b: cloning a tenant (`docs/design.md` 2e). One org of a given size (incompressible
 //! rows) with a snapshot and ten deltas after it is cloned at its newest position twice
 //! through an S3-shaped store: by reference (`Replica::clone_into`), and as the whole copy
-//! `idem clone` falls back to (restore, then ship the file as a full snapshot).
+//! `idem clone` falls back to (restore, then ship the file as a full snapshot). The deltas
+//! either rewrite rows spread over the whole database (every 997th row: the worst case for
+//! sharing) or the newest rows and append (what a tenant's recent activity looks like).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -55,20 +57,28 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
         "| database | by reference (names the source's segments) | whole copy (restore, then a full snapshot) | target |"
     );
     outln!("|---|---|---|---|");
-    for &mib in sizes {
-        let (shared, copied) = clone_once(dir, mib).await?;
-        outln!(
-            "| {mib} MiB | {} | {} | cost independent of size |",
-            shared.cell(),
-            copied.cell()
-        );
+    for &spread in &[true, false] {
+        for &mib in sizes {
+            let (shared, copied) = clone_once(dir, mib, spread).await?;
+            let how = if spread {
+                "changes spread over every part"
+            } else {
+                "changes to the newest rows"
+            };
+            outln!(
+                "| {mib} MiB, {how} | {} | {} | cost independent of size |",
+                shared.cell(),
+                copied.cell()
+            );
+        }
     }
     Ok(())
 }
 
-/// Builds an org of about `mib` MiB and clones it both ways.
-async fn clone_once(dir: &Path, mib: u64) -> BenchResult<(Cost, Cost)> {
-    let root = dir.join(format!("p11b-{mib}"));
+/// Builds an org of about `mib` MiB and clones it both ways; its ten deltas rewrite rows
+/// spread over the database (`spread`) or the newest rows, with a few appended.
+async fn clone_once(dir: &Path, mib: u64, spread: bool) -> BenchResult<(Cost, Cost)> {
+    let root = dir.join(format!("p11b-{mib}-{spread}"));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
     let store = Replica::local_store(&root.join("store"))?;
@@ -85,11 +95,22 @@ async fn clone_once(dir: &Path, mib: u64) -> BenchResult<(Cost, Cost)> {
     writer
         .ship(&mut claim, Snapshot::from_bytes(prev.clone(), 1))
         .await?;
+    let rows = mib as i64 * 1024;
     for commit in 2..12u64 {
-        conn.execute(
-            "UPDATE t SET v = randomblob(1000) WHERE id % 997 = ?1",
-            [commit as i64],
-        )?;
+        if spread {
+            conn.execute(
+                "UPDATE t SET v = randomblob(1000) WHERE id % 997 = ?1",
+                [commit as i64],
+            )?;
+        } else {
+            conn.execute(
+                "UPDATE t SET v = randomblob(1000) WHERE id > ?1 - 60 AND id % 3 = ?2 % 3",
+                [rows, commit as i64],
+            )?;
+            conn.execute_batch(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 6) INSERT INTO t (v) SELECT randomblob(1000) FROM n",
+            )?;
+        }
         let next = conn.serialize(MAIN_DB)?.to_vec();
         let delta = super::window::diff(&prev, &next, commit)?;
         writer.ship_delta(&mut claim, delta).await?;
@@ -109,7 +130,8 @@ async fn clone_once(dir: &Path, mib: u64) -> BenchResult<(Cost, Cost)> {
     r.release(&mut claim).await?;
     let wall = t.elapsed();
     let uploaded = c.snapshot.uploaded_bytes;
-    let shared = Cost::of(&trace.finish(), uploaded, wall);
+    let done = trace.finish();
+    let shared = Cost::of(&done, uploaded, wall);
 
     let dst = OrgId::new("copied")?;
     let file = root.join("copy.db");

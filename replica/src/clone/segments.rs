@@ -82,20 +82,29 @@ impl Replica {
         let n = self.inner.settings.upload_concurrency.max(1);
         let level = self.inner.settings.zstd_level;
         let ps = manifest.page_size as usize;
-        let done: Vec<Result<(SegmentRef, u64), Error>> = futures::stream::iter(slots)
-            .map(|slot| async move {
-                let (index, first, pages) = match slot {
-                    Slot::Named(seg) if seg.origin().is_some() => return Ok((seg, 0)),
-                    Slot::Named(seg) => {
-                        let name = format!("{src}/{}", seg.name());
-                        return Ok((SegmentRef(name, seg.compressed_bytes()), 0));
-                    }
-                    Slot::Built {
-                        index,
-                        first,
-                        pages,
-                    } => (index, first, pages),
-                };
+        // Named segments cost nothing; only the built ones go through the bounded stream, so
+        // `n` uploads are in flight whatever the mix (named ones would hold places in it).
+        let mut segments: Vec<Option<SegmentRef>> = Vec::with_capacity(slots.len());
+        let mut built = Vec::new();
+        for (k, slot) in slots.into_iter().enumerate() {
+            match slot {
+                Slot::Named(seg) if seg.origin().is_some() => segments.push(Some(seg)),
+                Slot::Named(seg) => {
+                    let name = format!("{src}/{}", seg.name());
+                    segments.push(Some(SegmentRef(name, seg.compressed_bytes())));
+                }
+                Slot::Built {
+                    index,
+                    first,
+                    pages,
+                } => {
+                    segments.push(None);
+                    built.push((k, index, first, pages));
+                }
+            }
+        }
+        let done: Vec<Result<(usize, SegmentRef), Error>> = futures::stream::iter(built)
+            .map(|(k, index, first, pages)| async move {
                 let mut buf = vec![0u8; pages.len() * ps];
                 if pages.iter().any(Option::is_none) {
                     let seg = manifest.segments.get(index).cloned().ok_or_else(|| {
@@ -106,9 +115,9 @@ impl Replica {
                     let n = fetched.bytes.len().min(buf.len());
                     buf[..n].copy_from_slice(&fetched.bytes[..n]);
                 }
-                for (k, page) in pages.iter().enumerate() {
+                for (i, page) in pages.iter().enumerate() {
                     if let Some(page) = page {
-                        buf[k * ps..(k + 1) * ps].copy_from_slice(page);
+                        buf[i * ps..(i + 1) * ps].copy_from_slice(page);
                     }
                 }
                 let org = dst.to_string();
@@ -129,18 +138,21 @@ impl Replica {
                     .put(&path, PutPayload::from(blob))
                     .await
                     .map_err(|e| Error::store("put", &path, e))?;
-                Ok((SegmentRef(name, size), size))
+                Ok((k, SegmentRef(name, size)))
             })
-            .buffered(n)
+            .buffer_unordered(n)
             .collect()
             .await;
-        let mut segments = Vec::with_capacity(done.len());
         let mut uploaded = 0;
         for d in done {
-            let (seg, bytes) = d?;
-            uploaded += bytes;
-            segments.push(seg);
+            let (k, seg) = d?;
+            uploaded += seg.compressed_bytes();
+            segments[k] = Some(seg);
         }
+        let segments = segments
+            .into_iter()
+            .collect::<Option<Vec<SegmentRef>>>()
+            .ok_or_else(|| Error::corrupt(dst.as_str(), "a clone's segment was not built"))?;
         Ok((segments, uploaded))
     }
 }
