@@ -17,8 +17,10 @@ use crate::{
     CloneOutcome, Error, FailPoint, LogEntry, OrgId, Replica, Retention, Settings, Snapshot,
 };
 
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// One page of 1 KiB per segment: the small databases of these cases span many.
-fn small_segments() -> Settings {
+pub(super) fn small_segments() -> Settings {
     Settings {
         segment_bytes: 1024,
         ..Settings::default()
@@ -26,7 +28,7 @@ fn small_segments() -> Settings {
 }
 
 /// Keep only the newest snapshot, nothing by age.
-fn newest_only() -> Retention {
+pub(super) fn newest_only() -> Retention {
     Retention {
         keep_snapshots: 1,
         keep_ms: 0,
@@ -49,10 +51,7 @@ async fn clone(
 }
 
 /// The newest state of `org`, installed in a temp file and read back.
-async fn newest(
-    r: &Replica,
-    org: &OrgId,
-) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+pub(super) async fn newest(r: &Replica, org: &OrgId) -> Result<Vec<u8>, BoxError> {
     let tmp = tempfile::tempdir()?;
     let dest = tmp.path().join("db");
     r.restore(org, None, &dest).await?;

@@ -7,30 +7,11 @@ use std::sync::Arc;
 use idem_base::SystemClock;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+use super::clone::{BoxError, newest, newest_only, small_segments};
 use super::db::{Db, diff};
 use super::{CaseResult, org, prefix};
 use crate::testing::fault::{Fault, FaultStore, Op, PauseAt};
-use crate::{CloneOutcome, Error, FailPoint, OrgId, Replica, Retention, Settings, Snapshot};
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// One page of 1 KiB per segment: the small databases of these cases span many.
-fn small_segments() -> Settings {
-    Settings {
-        segment_bytes: 1024,
-        ..Settings::default()
-    }
-}
-
-/// Keep only the newest snapshot, nothing by age.
-fn newest_only() -> Retention {
-    Retention {
-        keep_snapshots: 1,
-        keep_ms: 0,
-        window_ms: 0,
-        level_ms: 0,
-    }
-}
+use crate::{CloneOutcome, Error, FailPoint, Replica, Settings, Snapshot};
 
 async fn open(
     store: Arc<dyn ObjectStore>,
@@ -44,14 +25,6 @@ async fn open(
         failpoints,
     )
     .await
-}
-
-/// The newest state of `org`, installed in a temp file and read back.
-async fn newest(r: &Replica, org: &OrgId) -> Result<Vec<u8>, BoxError> {
-    let tmp = tempfile::tempdir()?;
-    let dest = tmp.path().join("db");
-    r.restore(org, None, &dest).await?;
-    Ok(std::fs::read(&dest)?)
 }
 
 async fn exists(r: &Replica, path: &object_store::path::Path) -> Result<bool, Error> {
