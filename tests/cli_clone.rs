@@ -133,6 +133,17 @@ fn a_clone_is_the_source_at_its_position_and_a_new_org_of_its_own() -> TestResul
         Path::new(&store).join("orgs/acme/refs/gamma.json").exists(),
         "no clone reference in the source"
     );
+    // `idem inspect` of the source names the clone, for an operator about to delete it.
+    let v: serde_json::Value =
+        serde_json::from_slice(&run(&["inspect", "acme", "--store", &store, "--json"]).stdout)?;
+    assert_eq!(v["clones"][0]["org"], "gamma", "{v}");
+    assert!(v["clones"][0]["segments"].as_u64() >= Some(1), "{v}");
+    let text = run(&["inspect", "acme", "--store", &store]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("clones         gamma"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
     let gamma = rows(&store, "gamma", dir.path())?;
     assert!(
         gamma.0.len() < 3,

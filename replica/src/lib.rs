@@ -132,6 +132,7 @@ pub use rebuild::hydrate::{Hydrated, RestoreProgress};
 pub use rebuild::resume::{ResumePoint, Resumed};
 pub use replica::Replica;
 pub use retention::RetentionReport;
+pub use retention::clones::CloneReference;
 pub use settings::{
     DEFAULT_WINDOW_MS, MAX_HOLDER_TERM_MS, MAX_INLINE_DELTA_BYTES, MIN_LEASE_MS, Retention,
     Settings, max_holder_term_ms,

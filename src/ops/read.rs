@@ -88,6 +88,15 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         .collect();
     let current = log.iter().map(LogEntry::round).max().unwrap_or(0);
     let head = log.last().map(|e| e.kind_name()).unwrap_or("none");
+    // Clones naming this org's segments: deleting its objects would break them (2e).
+    let clones = replica
+        .clones_of(&org)
+        .await
+        .map_err(|e| crate::chain(&e))?;
+    let clones_json: Vec<Value> = clones
+        .iter()
+        .map(|c| json!({"org": c.clone.as_str(), "snapshot": c.snapshot, "segments": c.segments}))
+        .collect();
     let lease_json = lease.as_ref().map(|l| {
         json!({
             "writer": l.writer, "round": l.round, "released": released,
@@ -101,6 +110,7 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
             "lease": lease_json, "newest_snapshot": newest, "newest_position": position,
             "deltas_after_snapshot": deltas_after,
             "applied_keys": applied, "failed_keys": failed, "history": entries,
+            "clones": clones_json,
         }));
         return Ok(ExitCode::SUCCESS);
     }
@@ -145,6 +155,21 @@ pub async fn inspect(a: OrgArgs) -> Result<ExitCode, String> {
         );
     }
     outln!("keys           {applied} applied, {failed} with failed attempts only");
+    if !clones.is_empty() {
+        let names: Vec<String> = clones
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} ({} segments of seq {})",
+                    c.clone, c.segments, c.snapshot
+                )
+            })
+            .collect();
+        outln!(
+            "clones         {}: they name this org's segments; delete them first",
+            names.join(", ")
+        );
+    }
     outln!("history        {} entries (last 10):", log.len());
     for e in log.iter().rev().take(10).rev() {
         outln!(

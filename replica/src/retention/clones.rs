@@ -10,7 +10,47 @@ use crate::format::clone_ref::CloneRef;
 use crate::format::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use crate::{Error, LogEntry, OrgId, Replica};
 
+/// A clone that names segments of an org: what its reference in the org's `refs/` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloneReference {
+    /// The org whose manifests name the segments.
+    pub clone: OrgId,
+    /// The snapshot of the origin it was cloned from (its seq).
+    pub snapshot: u64,
+    /// How many of the origin's segments it names.
+    pub segments: usize,
+}
+
 impl Replica {
+    /// The clones that name segments of `org` (`docs/design.md` 2e): one LIST of its
+    /// `refs/` and a GET per reference. An operator reads it before deleting `org`'s
+    /// objects, which would break these clones.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`]/[`Error::UnknownFormat`] for a reference that does not read back;
+    /// [`Error::Store`].
+    pub async fn clones_of(&self, org: &OrgId) -> Result<Vec<CloneReference>, Error> {
+        let dir = self.inner.store.layout.refs_dir(org);
+        let mut out = Vec::new();
+        for meta in self.inner.store.list_all(&dir).await? {
+            let object = meta.location.to_string();
+            let bytes = match self.get_capped(&meta.location, MAX_MANIFEST_BYTES).await {
+                Ok(b) => b,
+                Err(Error::MissingObject { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let r = CloneRef::decode(&object, org.as_str(), &bytes)?;
+            let clone = OrgId::new(&r.clone).map_err(|e| Error::corrupt(&object, e.to_string()))?;
+            out.push(CloneReference {
+                clone,
+                snapshot: r.snapshot,
+                segments: r.segments.len(),
+            });
+        }
+        out.sort_by(|a, b| a.clone.cmp(&b.clone));
+        Ok(out)
+    }
+
     /// Every segment of `org` that a clone reference names (one LIST, a GET per
     /// reference); `None` when one does not read back, so no segment may be judged.
     /// Called after the run's entry deletions: a clone whose reference landed after this

@@ -1,7 +1,7 @@
 //! Retention: delete old snapshots, entries and orphan blobs, never what a reader needs to
 //! reach the newest snapshot (I11).
 
-mod clones;
+pub(crate) mod clones;
 pub(crate) mod refs;
 
 use object_store::ObjectStoreExt;
