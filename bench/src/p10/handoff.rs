@@ -347,7 +347,9 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
         lapse_cells.push(spread(&after));
         gap_cells.push(spread(&gaps(at, &seen)));
         warm_cells.push(format!("{} of {n}", b.warm_claims()));
-        drop(a);
+        // A's orgs hold its replica (and so its lease renewals) until they are closed: a
+        // severed A that was only dropped would go on failing writes through later rows.
+        a.shutdown().await;
         b.shutdown().await;
         let _ = std::fs::remove_dir_all(&work);
     }
