@@ -173,6 +173,12 @@ impl RegistryBuilder {
 }
 
 /// Every org this process writes, keyed by org id. Cheap to clone.
+///
+/// End it with [`Registry::shutdown`], which releases every org to its successors at once.
+/// Dropping the last handle without it stops every open org as a crash would: [`Org`]
+/// handles still held answer [`crate::ErrorKind::Reacquire`], nothing more is acknowledged
+/// or published, and successors take the orgs once this process's lease lapses, which is
+/// one watch after the last clone of the [`Replica`] handle is gone.
 #[derive(Clone)]
 pub struct Registry {
     inner: Arc<RegistryInner>,
@@ -198,6 +204,30 @@ pub(crate) struct RegistryInner {
     shutting_down: std::sync::atomic::AtomicBool,
     /// The warm takeover, when [`RegistrySettings::warm`] enables it.
     warm: Option<Arc<crate::warm::Warm>>,
+}
+
+/// The last handle dropped without [`Registry::shutdown`]: every open org stops as in a
+/// crash (I7, I14). Requests are refused, waiters fail unacknowledged and each shipper task
+/// returns, so nothing more is published for them; their tasks, connections and the replica
+/// handle they hold go with them, and with the last clone of that handle the process lease
+/// renewals stop, so successors take the orgs after one watch (I15). Nothing is released:
+/// that needs the store, which a drop cannot wait for.
+impl Drop for RegistryInner {
+    fn drop(&mut self) {
+        let slots: Vec<Slot> = lock(&self.orgs).drain().map(|(_, slot)| slot).collect();
+        let mut stopped = 0usize;
+        for org in slots.iter().filter_map(|slot| slot.get()) {
+            org.inner().writer.refuse();
+            org.inner().acks.stop(crate::ack::Stop::Closed);
+            stopped += 1;
+        }
+        if stopped > 0 {
+            tracing::warn!(
+                orgs = stopped,
+                "registry dropped without shutdown: its orgs stopped unreleased; successors take them once this process's lease lapses"
+            );
+        }
+    }
 }
 
 /// Progress of [`Registry::prune_all`], reported after each org.

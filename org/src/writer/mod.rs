@@ -260,6 +260,12 @@ impl Writer {
         q.accepting && q.open
     }
 
+    /// Refuses new requests from now on ([`Refused::Closed`]); the jobs already queued still
+    /// run. For a stop that cannot wait ([`crate::Registry`]'s drop).
+    pub(crate) fn refuse(&self) {
+        lock(&self.org.queue).accepting = false;
+    }
+
     /// Refuses new requests and waits until every request queued before runs: after it, the
     /// commit sequence covers them all. False when the writer had stopped.
     pub(crate) async fn drain(&self) -> bool {

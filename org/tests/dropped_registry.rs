@@ -1,0 +1,122 @@
+//! A registry dropped without `shutdown` stops its orgs as a crashed process would (I7, I14,
+//! I15): nothing more is shipped or acknowledged, its tasks end, and once no clone of its
+//! replica handle remains its process lease is renewed no more, so a successor takes every
+//! org after one watch. Guards against dropped registries whose org tasks kept the replica
+//! alive, and with it the lease renewals, so their orgs stayed held for as long as the
+//! process lived.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{R, effect, registry};
+use idem_org::{ErrorKind, RegistrySettings};
+use idem_replica::{OrgId, Replica, SystemClock};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const LEASE_MS: u64 = 1_000;
+
+async fn open(store: Arc<dyn ObjectStore>) -> Result<Replica, common::BoxErr> {
+    let settings = idem_replica::Settings {
+        lease_ms: LEASE_MS,
+        ..idem_replica::Settings::default()
+    };
+    Ok(Replica::open_with(store, "t", settings, Arc::new(SystemClock), None).await?)
+}
+
+/// The version (ETag) of A's process lease as the store lists it, `None` when absent.
+async fn renewals(observer: &Replica, instance: &str) -> Result<Option<String>, common::BoxErr> {
+    Ok(observer
+        .process_leases()
+        .await?
+        .into_iter()
+        .find(|l| l.instance == instance)
+        .map(|l| l.version))
+}
+
+/// Waits until the witness `w` has written `n` more PUTs (its lease renewals): the measure
+/// of renewal periods passing, never a sleep.
+async fn witness_puts(w: &Replica, n: u64) -> bool {
+    let from = w.store_requests().put;
+    let waited = idem_base::Stopwatch::start();
+    while w.store_requests().put < from + n {
+        if waited.elapsed() > Duration::from_secs(20) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_registry_stops_its_orgs_and_its_lease_lapses() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone()).await?;
+    let instance = ra.instance().to_owned();
+    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
+    let orgs = ["org0", "org1", "org2"];
+    for org in orgs {
+        assert!(
+            a.once(&OrgId::new(org)?, "k", effect(org, "k"))
+                .await?
+                .applied
+        );
+    }
+    // An org handle the embedder kept answers, after the drop, that the org is closed.
+    let kept = a.acquire(&OrgId::new("org0")?).await?;
+    drop(a);
+    let after = kept.once("k2", effect("org0", "k2")).await;
+    assert!(
+        matches!(&after, Err(e) if e.kind() == ErrorKind::Reacquire || e.kind() == ErrorKind::Retry),
+        "a kept handle of a dropped registry acknowledged: {after:?}"
+    );
+    drop(kept);
+
+    // The witness renews every third of its lease; six of its renewals are two of A's
+    // renewal periods. A renewal A had in flight at the drop may land in the first two.
+    let rw = open(store.clone()).await?;
+    let w = registry(
+        &dir.path().join("w"),
+        rw.clone(),
+        "ww",
+        RegistrySettings::default(),
+    )?;
+    w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
+        .await?;
+    assert!(witness_puts(&rw, 3).await, "the witness did not renew");
+    let before = renewals(&rw, &instance).await?;
+    assert!(witness_puts(&rw, 6).await, "the witness did not renew");
+    assert_eq!(
+        renewals(&rw, &instance).await?,
+        before,
+        "the dropped registry's process lease was still renewed"
+    );
+
+    // A successor takes every org once it has watched A's lease unchanged for a watch, and
+    // replays what A acknowledged.
+    let rb = open(store.clone()).await?;
+    let b = registry(&dir.path().join("b"), rb, "wb", RegistrySettings::default())?;
+    for org in orgs {
+        let id = OrgId::new(org)?;
+        let waited = idem_base::Stopwatch::start();
+        let out = loop {
+            match b.once(&id, "k", effect(org, "k")).await {
+                Ok(out) => break out,
+                Err(e) if e.kind() == ErrorKind::Retry && waited.elapsed().as_secs() < 20 => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(format!("{org}: {e}").into()),
+            }
+        };
+        assert!(!out.applied, "{org}/k replayed, not run again");
+    }
+    for reg in [&b, &w] {
+        for (org, r) in reg.shutdown().await {
+            r.map_err(|e| format!("{org}: {e}"))?;
+        }
+    }
+    Ok(())
+}
