@@ -118,7 +118,7 @@ pub(crate) fn encode(
     let mut frames = Vec::new();
     header.sections.clear();
     for SectionBody { mut section, body } in sections {
-        let frame = zstd::bulk::compress(&body, level).map_err(|source| Error::Compress {
+        let frame = super::blob::compress(&body, level).map_err(|source| Error::Compress {
             org: org.to_owned(),
             what: "level section",
             source,
