@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{R, effect, registry};
-use idem_org::{ErrorKind, RegistrySettings};
+use idem_org::{ErrorKind, RegistrySettings, WarmSettings};
 use idem_replica::{OrgId, Replica, SystemClock};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -52,11 +52,30 @@ async fn witness_puts(w: &Replica, n: u64) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dropped_registry_stops_its_orgs_and_its_lease_lapses() -> R {
+    dropped(RegistrySettings::default()).await
+}
+
+/// The same with the warm takeover's watcher running in A: it holds the registry only
+/// weakly, so it does not keep the orgs (or the lease) alive either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_registry_with_its_watcher_running_stops_too() -> R {
+    dropped(RegistrySettings {
+        warm: WarmSettings {
+            enabled: true,
+            poll_ms: 50,
+            ..WarmSettings::default()
+        },
+        ..RegistrySettings::default()
+    })
+    .await
+}
+
+async fn dropped(settings: RegistrySettings) -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone()).await?;
     let instance = ra.instance().to_owned();
-    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
+    let a = registry(&dir.path().join("a"), ra, "wa", settings)?;
     let orgs = ["org0", "org1", "org2"];
     for org in orgs {
         assert!(
