@@ -49,7 +49,9 @@ pub struct Settings {
     /// Largest packed delta (the `idemsnap` header + zstd frame, in bytes) carried inside its
     /// log entry instead of a blob object: such a ship costs one create-only PUT instead of
     /// two, and a hydrate one GET less per delta. 0 = every delta gets a blob. Full
-    /// snapshots always get a blob. Default 16 KiB (an entry of about 22 KB with base64).
+    /// snapshots always get a blob. Default 256 KiB (an entry of at most about 350 KB with
+    /// base64): on S3 a PUT of that size takes about as long as an empty one, so a blob
+    /// would add a whole sequential round trip to the ack (`docs/design.md` 2a).
     pub inline_delta_bytes: usize,
     /// How many pipelined ships a claim may keep in flight (`docs/design.md` 3e), 1 to
     /// [`crate::MAX_SHIP_WINDOW`]. Above 1 every entry of a claim is written in format
@@ -91,7 +93,7 @@ impl Default for Settings {
             zstd_level: 3,
             read_concurrency: 16,
             advertise: None,
-            inline_delta_bytes: 16 * 1024,
+            inline_delta_bytes: 256 * 1024,
             ship_window: 1,
             known_entries: 65_536,
             segment_bytes: 256 << 10,

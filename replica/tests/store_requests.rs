@@ -251,8 +251,8 @@ async fn a_large_delta_or_inline_off_costs_two_puts_and_no_list() -> R {
         put: 2,
         ..StoreRequests::default()
     };
-    // 40 KB of random bytes: about 40 KB packed, above the 16 KiB default.
-    let big = image(40, 1000)?;
+    // 300 KB of random bytes: about 300 KB packed, above the 256 KiB default.
+    let big = image(300, 1000)?;
     let small = image(0, 0)?;
     let off = Settings {
         inline_delta_bytes: 0,
