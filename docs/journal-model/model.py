@@ -731,7 +731,7 @@ SCENARIOS['t3'] = dict(writers=lambda: (mkw('P', held=(('p', 1, (), None),), cla
 SCENARIOS['k1p'] = dict(writers=lambda: (mkw('H', held=(('o', 1, (), None),)),
                                          mkw('C', held=(('p', 1, (), None),), claim='o'),
                                          mkw('D', claim='o')), maxfail=1, maxtry=1,
-                        slots={'H1': 2, 'C1': 3, 'C2': 2})
+                        slots={'H1': 1, 'C1': 2, 'C2': 2})
 
 MAXFAIL = 2
 MAXTRY = 2
@@ -747,6 +747,9 @@ MUTATIONS = (dict(scenario='release', after='0'),          # J3-1: a free walk i
              dict(scenario='stale', retain='batch'),       # the third draft's per-batch rule
              dict(scenario='k1b', **{'from': 'next'}),     # J4-1
              dict(scenario='t3', rb='held'),               # J4-2
+             dict(scenario='k1b', follow='0'),             # entries dropped at a self-seal
+             dict(scenario='k1p', j2start='0'),            # J2 not applied before the tenure
+             dict(scenario='k1p', xrun='cur'),             # exclusion names the current run
              )
 
 
