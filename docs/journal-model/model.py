@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Exhaustive state search of design.md 3g, fourth draft: the journal with two orgs.
+"""Exhaustive state search of design.md 3g, fifth draft: the journal with two orgs.
 
-Run `python3 model.py` for every scenario under the fourth draft's rules (a few minutes on
-one core), `python3 model.py mutations` for the mutations that must fail, or one run with
-`python3 model.py scenario=NAME [retain=..] [late=0|1] [after=0|1] [maxfail=N]`.
+Run `python3 model.py` for the default scenarios under the fifth draft's rules (DEFAULT_RUNS,
+about 10 minutes on one core), `python3 model.py mutations` for the mutations that must fail
+(MUTATIONS), or one run with `python3 model.py scenario=NAME [OPTION=VALUE ...]`, options as in
+DEFAULTS plus maxfail=N and maxtry=N. Progress (BFS depth, states) goes to stderr every 30 s.
 
 Writers (processes) each own runs; a run is a create-only sequence of slots. Objects:
-  ('B', floor, sects)                    batch; sects = ((org, round, hist), ...)
+  ('B', floor, sects, retain_below)      batch; sects = ((org, round, hist), ...)
   ('SS', floor, cont)                    self-seal, continued run (entered at slot 1)
   ('AS', floor, cont, frm)               adopt seal, adopter's run entered at frm, round + 1
   ('RS', floor)                          release seal: a free point
-  ('X', floor, org, round, run, frm, by) exclusion; floor is the f it was placed by
+  ('X', floor, org, round, run, frm, by) exclusion; floor is the f it was placed by, run and
+                                         frm its claim's (xrun=claim)
 Org logs hold ('CL', round, run, frm, after, by) claims and ('CP', round, run, through, hist)
 checkpoints. A hist is the tuple of commit ids a state holds; a tenure is (org, round).
 
@@ -46,6 +48,8 @@ DEFAULTS = dict(
                       # higher round fences the tenure at birth (it never serves); '0': not judged
     xrun='claim',     # an exclusion (adopt seal) names its claim's (listing's) run and `from`;
                       # 'cur': the writer's current run with the claim's `from`
+    cpwalk='1',       # J5: a higher claim found at a checkpoint triggers a walk (J4-4); '0':
+                      # Fenced at once (the fourth draft; a liveness rule, not a mutation)
     late='0', after='1')
 
 
@@ -402,10 +406,15 @@ def w_moves(S, wi):
             continue
         logents = [(seq, e) for (gg, seq), e in L.items() if gg == g]
         if any(e[0] == 'CL' and e[1] > r for _, e in logents):
-            # J5's re-read: a claim of another writer above ours: Fenced for g
-            w2 = fence_held(w, g, r + 1, floor_of(w))
-            out.append(('%s checkpoint of %s refused: fenced' % (w['name'], g), put(w2)))
-            continue
+            # a claim of a higher round above ours (J5's collision): with cpwalk=1 a walk decides
+            # (J4-4: Fenced only if the walk no longer ends in this tenure); with cpwalk=0 the
+            # fourth draft's rule, Fenced at once (safe, but an abandoned claim fences a live holder)
+            wk = walk(J, L, g)
+            mine = wk['kind'] == 'held' and wk['run'] == run and wk['round'] == r
+            if opt('cpwalk') != '1' or not mine:
+                w2 = fence_held(w, g, r + 1, floor_of(w))
+                out.append(('%s checkpoint of %s refused: fenced' % (w['name'], g), put(w2)))
+                continue
         seq = max([s for s, _ in logents], default=0) + 1
         L2 = L.set((g, seq), ('CP', r, run, best[0], best[1]))
         out.append(('%s checkpoints %s through %s/%d' % (w['name'], g, run, best[0]),
