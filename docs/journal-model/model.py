@@ -2,7 +2,7 @@
 """Exhaustive state search of design.md 3g, fifth draft: the journal with two orgs.
 
 Run `python3 model.py` for the default scenarios under the fifth draft's rules (DEFAULT_RUNS,
-about 10 minutes on one core), `python3 model.py mutations` for the mutations that must fail
+about 13 minutes on one core), `python3 model.py mutations` for the mutations that must fail
 (MUTATIONS), or one run with `python3 model.py scenario=NAME [OPTION=VALUE ...]`, options as in
 DEFAULTS plus maxfail=N and maxtry=N. Progress (BFS depth, states) goes to stderr every 30 s.
 
