@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Exhaustive state search of design.md 3g, fourth draft: the journal with two orgs.
+"""Exhaustive state search of design.md 3g, fifth draft: the journal with two orgs.
 
-Run `python3 model.py` for every scenario under the fourth draft's rules (a few minutes on
-one core), `python3 model.py mutations` for the mutations that must fail, or one run with
-`python3 model.py scenario=NAME [retain=..] [late=0|1] [after=0|1] [maxfail=N]`.
+Run `python3 model.py` for the default scenarios under the fifth draft's rules (DEFAULT_RUNS,
+about 13 minutes on one core), `python3 model.py mutations` for the mutations that must fail
+(MUTATIONS), or one run with `python3 model.py scenario=NAME [OPTION=VALUE ...]`, options as in
+DEFAULTS plus maxfail=N and maxtry=N. Progress (BFS depth, states) goes to stderr every 30 s.
 
 Writers (processes) each own runs; a run is a create-only sequence of slots. Objects:
-  ('B', floor, sects)                    batch; sects = ((org, round, hist), ...)
+  ('B', floor, sects, retain_below)      batch; sects = ((org, round, hist), ...)
   ('SS', floor, cont)                    self-seal, continued run (entered at slot 1)
   ('AS', floor, cont, frm)               adopt seal, adopter's run entered at frm, round + 1
   ('RS', floor)                          release seal: a free point
-  ('X', floor, org, round, run, frm, by) exclusion; floor is the f it was placed by
+  ('X', floor, org, round, run, frm, by) exclusion; floor is the f it was placed by, run and
+                                         frm its claim's (xrun=claim)
 Org logs hold ('CL', round, run, frm, after, by) claims and ('CP', round, run, through, hist)
 checkpoints. A hist is the tuple of commit ids a state holds; a tenure is (org, round).
 
@@ -29,6 +31,30 @@ NSLOT = {'H1': 3, 'H2': 2}    # slots per run (others: DEFAULT_SLOTS)
 DEFAULT_SLOTS = 1
 
 ARGS = {}
+
+# The fifth draft's rules are the defaults; each other value is a mutation that must fail.
+DEFAULTS = dict(
+    retain='below',   # T3: below min(retain_below of the highest batch, highest floor), computed
+                      # by the run's writer; 'prefix' is an oracle (every org's actual walk),
+                      # 'batch' and 'wholerun' the third draft's rules, 'none' no retention
+    rb='claims',      # retain_below counts every claim the writer created naming the run (J4-2);
+                      # 'held': only the orgs it holds (the fourth draft)
+    frm='floor',      # a claim's, exclusion's, adopt seal's `from` is the writer's floor (J4-1);
+                      # 'next': its next unissued slot (the fourth draft)
+    follow='1',       # after a self-seal the writer's entries follow it: a claim naming an
+                      # earlier run enters the continued run at 1 (retain_below, the tenure's
+                      # entry); '0': dropped at the seal
+    j2start='1',      # J2 judges exclusions of o met before the tenure of o starts: one of a
+                      # higher round fences the tenure at birth (it never serves); '0': not judged
+    xrun='claim',     # an exclusion (adopt seal) names its claim's (listing's) run and `from`;
+                      # 'cur': the writer's current run with the claim's `from`
+    cpwalk='1',       # J5: a higher claim found at a checkpoint triggers a walk (J4-4); '0':
+                      # Fenced at once (the fourth draft; a liveness rule, not a mutation)
+    late='0', after='1')
+
+
+def opt(k):
+    return ARGS.get('from' if k == 'frm' else k, DEFAULTS[k])
 
 
 def nslots(run):
@@ -106,7 +132,7 @@ def walk(J, L, org, stop=frozenset()):
         if pos is None:
             # at a free point: the highest-seq claim naming it (K1b), unless after=0
             cands = [(seq, e) for seq, e in logents if e[0] == 'CL' and e[4] == point]
-            if not cands or (ARGS.get('after', '1') == '0' and point[0] == 'RS'):
+            if not cands or (opt('after') == '0' and point[0] == 'RS'):
                 return dict(kind='free', point=point, round=rnd, hist=hist, visits=visits,
                             seals=seals, head=head, maxround=maxround)
             seq, e = max(cands)
@@ -166,7 +192,7 @@ def owner(run):
 
 
 def mkw(name, held=(), claim='', adopt='', rel=False, crash=False, idle=frozenset()):
-    return FDict(ent=FDict((h[0], 1) for h in held), clent=frozenset(),
+    return FDict(ent=FDict((h[0], 1) for h in held), clent=frozenset(), met=frozenset(),
                  idle=frozenset(idle), name=name, run=name + '1', gen=1, next=1, infl=frozenset(), res=FDict(),
                  sent=FDict(), lost=frozenset(), held=tuple(held), st='live', task=None,
                  tries=0, nc=0, cps=frozenset(), claim=claim, adopt=adopt, rel=rel, crash=crash)
@@ -183,17 +209,38 @@ def from_slot(w):
     """The `from` a claim, an exclusion or an adopt seal names in the writer's current run:
     the next unissued slot (`from=next`, the fourth draft) or the writer's floor, its lowest
     unresolved slot (`from=floor`, the fix of the fifth attack's J4-1)."""
-    return floor_of(w) if ARGS.get('from', 'next') == 'floor' else w['next']
+    return floor_of(w) if opt('frm') == 'floor' else w['next']
 
 
 def retain_below(w, slot):
     """T3: the lowest walk entry into the writer's current run it knows of: its held orgs'
     (fenced ones included until the writer drops them), and with `rb=claims` every claim it
-    created naming this run (the fix of J4-2)."""
+    created naming this run (the fix of J4-2). A claim naming an earlier run of the writer
+    enters this run at slot 1 through its self-seals (follow=1)."""
     ents = [e for g, e in w['ent'].items()]
-    if ARGS.get('rb', 'held') == 'claims':
-        ents += list(w['clent'])
+    if opt('rb') == 'claims':
+        ents += [f if r == w['run'] else 1 for (r, f) in w['clent']]
     return min(ents + [slot])
+
+
+def tenure_entry(w, crun, frm):
+    """The entry into the writer's current run of a tenure whose claim (or adopt seal) named
+    (crun, frm): walks enter crun at frm and follow its self-seals into later runs at 1."""
+    if opt('follow') == '1' and crun != w['run']:
+        return 1
+    return frm
+
+
+def born_fenced(w, org, rnd):
+    """J2 applied before the tenure starts: an exclusion of org of a higher round that the
+    writer already resolved (in any of its runs) fences the tenure before it serves."""
+    return opt('j2start') == '1' and any(g == org and r > rnd for (g, r) in w['met'])
+
+
+def meet(w, obj):
+    """Record an exclusion resolved as foreign (J2 judges it for held orgs now, for later
+    tenures at their start)."""
+    return w.set('met', w['met'] | {(obj[2], obj[3])})
 
 
 def update_acks(w, T):
@@ -261,14 +308,14 @@ def w_moves(S, wi):
         else:
             w2 = w2.set('res', w2['res'].set(slot, 'f'))
             if cur[0] == 'X':
-                w2 = fence_held(w2, cur[2], cur[3], slot)
+                w2 = fence_held(meet(w2, cur), cur[2], cur[3], slot)
             elif cur[0] == 'AS':
                 w2 = w2.set('st', 'stopped')
             T2 = update_acks(w2, T)
             out.append(('%s collides %s/%d with %s' % (w['name'], run, slot, cur[0]), put(w2, J, L, T2)))
         if fails < MAXFAIL:
             w3 = w.set('infl', w['infl'] - {item}).set('res', w['res'].set(slot, 'x'))
-            if ARGS.get('late', '0') == '1':
+            if opt('late') == '1':
                 w3 = w3.set('lost', w3['lost'] | {(run, slot, obj)})
             out.append(('%s put fails %s/%d' % (w['name'], run, slot), put(w3, J, L, T, fails + 1)))
     for item in w['lost']:
@@ -311,7 +358,9 @@ def w_moves(S, wi):
             held = tuple(h for h in w['held'] if h[3] is None)
             w2 = w.set('run', cont).set('gen', gen).set('next', 1).set('res', FDict()) \
                   .set('sent', FDict()).set('held', held) \
-                  .set('ent', FDict((h[0], 1) for h in held)).set('clent', frozenset())
+                  .set('ent', FDict((h[0], 1) for h in held))
+            if opt('follow') != '1':
+                w2 = w2.set('clent', frozenset())
             out.append(('%s self-seals %s/%d -> %s' % (w['name'], run, Ls, cont), put(w2, J2, L, T2)))
         else:
             if cur[0] == 'B':
@@ -319,7 +368,7 @@ def w_moves(S, wi):
                 w2 = w.set('res', w['res'].set(Ls, 'o'))
                 w2 = w2.set('lost', frozenset(i for i in w2['lost'] if i[:2] != (run, Ls)))
             elif cur[0] == 'X':
-                w2 = fence_held(w.set('res', w['res'].set(Ls, 'f')), cur[2], cur[3], Ls)
+                w2 = fence_held(meet(w.set('res', w['res'].set(Ls, 'f')), cur), cur[2], cur[3], Ls)
             elif cur[0] == 'AS':
                 w2 = w.set('st', 'stopped')
             else:
@@ -337,7 +386,8 @@ def w_moves(S, wi):
                 out.append(('%s release-seals %s/%d' % (w['name'], run, Ls),
                             put(w.set('st', 'released'), J2)))
             elif cur[0] == 'X':
-                w2 = fence_held(w.set('res', w['res'].set(Ls, 'f')).set('next', Ls + 1), cur[2], cur[3], Ls)
+                w2 = fence_held(meet(w.set('res', w['res'].set(Ls, 'f')).set('next', Ls + 1), cur),
+                                cur[2], cur[3], Ls)
                 out.append(('%s release seal collides with X' % w['name'], put(w2, J, L, update_acks(w2, T))))
             elif cur[0] == 'AS':
                 out.append(('%s release seal collides with AS' % w['name'], put(w.set('st', 'stopped'))))
@@ -356,10 +406,15 @@ def w_moves(S, wi):
             continue
         logents = [(seq, e) for (gg, seq), e in L.items() if gg == g]
         if any(e[0] == 'CL' and e[1] > r for _, e in logents):
-            # J5's re-read: a claim of another writer above ours: Fenced for g
-            w2 = fence_held(w, g, r + 1, floor_of(w))
-            out.append(('%s checkpoint of %s refused: fenced' % (w['name'], g), put(w2)))
-            continue
+            # a claim of a higher round above ours (J5's collision): with cpwalk=1 a walk decides
+            # (J4-4: Fenced only if the walk no longer ends in this tenure); with cpwalk=0 the
+            # fourth draft's rule, Fenced at once (safe, but an abandoned claim fences a live holder)
+            wk = walk(J, L, g)
+            mine = wk['kind'] == 'held' and wk['run'] == run and wk['round'] == r
+            if opt('cpwalk') != '1' or not mine:
+                w2 = fence_held(w, g, r + 1, floor_of(w))
+                out.append(('%s checkpoint of %s refused: fenced' % (w['name'], g), put(w2)))
+                continue
         seq = max([s for s, _ in logents], default=0) + 1
         L2 = L.set((g, seq), ('CP', r, run, best[0], best[1]))
         out.append(('%s checkpoints %s through %s/%d' % (w['name'], g, run, best[0]),
@@ -402,19 +457,23 @@ def claim_moves(S, wi, put):
         if (org, head + 1) in L:
             out.append(('%s free claim collides' % me, put(w.set('task', None).set('tries', w['tries'] + 1))))
         else:
-            frm = from_slot(w)
-            L2 = L.set((org, head + 1), ('CL', rnd, w['run'], frm, point, me))
-            w2 = w.set('task', ('fcheck', head + 1, rnd, hist, frm)).set('clent', w['clent'] | {frm})
+            frm, crun = from_slot(w), w['run']
+            L2 = L.set((org, head + 1), ('CL', rnd, crun, frm, point, me))
+            w2 = w.set('task', ('fcheck', head + 1, rnd, hist, crun, frm))
+            w2 = w2.set('clent', w['clent'] | {(crun, frm)})
             out.append(('%s claims %s at log %d after %s (round %d, from %s/%d)'
                         % (me, org, head + 1, point, rnd, w['run'], frm), put(w2, J, L2)))
     elif kind == 'fcheck':
-        _, seq, rnd, hist, frm = t
+        _, seq, rnd, hist, crun, frm = t
         if any(g == org and s > seq for (g, s) in L):
             out.append(('%s C2 finds an entry above: abandoned' % me,
                         put(w.set('task', None).set('tries', w['tries'] + 1))))
+        elif born_fenced(w, org, rnd):
+            out.append(('%s met an exclusion of %s of a higher round: fenced before serving' % (me, org),
+                        put(w.set('task', None).set('tries', MAXTRY))))
         else:
             w2 = w.set('task', None).set('held', w['held'] + ((org, rnd, hist, None),))
-            w2 = w2.set('ent', w2['ent'].set(org, frm))
+            w2 = w2.set('ent', w2['ent'].set(org, tenure_entry(w, crun, frm)))
             T2 = register(T, org, rnd, me, hist)
             out.append(('%s serves %s after a free walk, round %d, hydrated %s' % (me, org, rnd, hist),
                         put(w2, J, L, T2)))
@@ -425,27 +484,29 @@ def claim_moves(S, wi, put):
         logents = [(s, e) for (g, s), e in L.items() if g == org]
         seq = max([s for s, _ in logents], default=0) + 1
         rnd = max([rnd] + [e[1] + 1 for _, e in logents])
-        frm = from_slot(w)
-        L2 = L.set((org, seq), ('CL', rnd, w['run'], frm, None, me))
-        task = ('place', rnd, run, entry, listing, f, (), frm)
-        out.append(('%s claims %s at log %d (round %d)' % (me, org, seq, rnd),
-                    put(w.set('task', task).set('clent', w['clent'] | {frm}), J, L2)))
+        frm, crun = from_slot(w), w['run']
+        L2 = L.set((org, seq), ('CL', rnd, crun, frm, None, me))
+        task = ('place', rnd, run, entry, listing, f, (), (crun, frm))
+        out.append(('%s claims %s at log %d (round %d, from %s/%d)' % (me, org, seq, rnd, crun, frm),
+                    put(w.set('task', task).set('clent', w['clent'] | {(crun, frm)}), J, L2)))
     elif kind == 'place':
-        _, rnd, run, entry, listing, f, fences, frm = t
+        _, rnd, run, entry, listing, f, fences, cf = t
+        crun, frm = cf
+        xr = crun if opt('xrun') == 'claim' else w['run']
         slot = f
         while slot in listing:
             slot += 1
         if slot > nslots(run) + 1:
             return [('%s gives up placing' % me, put(w.set('task', None).set('tries', MAXTRY)))]
         cur = jget(J, run, slot)
-        obj = ('X', f, org, rnd, w['run'], frm, me)
+        obj = ('X', f, org, rnd, xr, frm, me)
         if cur is None:
             J2 = J.set((run, slot), obj)
-            task = ('recheck', rnd, run, entry, f, fences + ((run, slot),), frm)
+            task = ('recheck', rnd, run, entry, f, fences + ((run, slot),), cf)
             out.append(('%s excludes %s at %s/%d (f=%d)' % (me, org, run, slot, f),
                         put(w.set('task', task), J2)))
         elif cur[0] == 'B':
-            task = ('place', rnd, run, entry, listing | {slot}, f, fences, frm)
+            task = ('place', rnd, run, entry, listing | {slot}, f, fences, cf)
             out.append(('%s exclusion collides with a batch at %s/%d: next slot' % (me, run, slot),
                         put(w.set('task', task))))
         else:
@@ -453,26 +514,31 @@ def claim_moves(S, wi, put):
             if wk['kind'] == 'held' and owner(wk['run']) != me and wk['round'] < rnd:
                 lst = frozenset(s for s, _ in run_objs(J, wk['run'], wk['entry']))
                 f2 = max([wk['entry']] + [o[1] for _, o in run_objs(J, wk['run'], wk['entry'])])
-                task = ('place', rnd, wk['run'], wk['entry'], lst, f2, (), frm)
+                task = ('place', rnd, wk['run'], wk['entry'], lst, f2, (), cf)
                 out.append(('%s exclusion collides with %s: re-walk, same claim' % (me, cur[0]),
                             put(w.set('task', task))))
             else:
                 out.append(('%s exclusion collides with %s: claim abandoned' % (me, cur[0]),
                             put(w.set('task', None).set('tries', w['tries'] + 1))))
     elif kind == 'recheck':
-        _, rnd, run, entry, f, fences, frm = t
+        _, rnd, run, entry, f, fences, cf = t
+        crun, frm = cf
+        xr = crun if opt('xrun') == 'claim' else w['run']
         wk = walk(J, L, org, stop=frozenset(fences))
         if wk['kind'] == 'reached' and wk['reached'][0] == run and wk['entry'] == entry:
             q = wk['reached'][1]
             holes = [s for s in range(f, q) if jget(J, run, s) is None]
             if holes:
                 s = holes[0]
-                J2 = J.set((run, s), ('X', f, org, rnd, w['run'], frm, me))
-                task = ('recheck', rnd, run, entry, f, fences + ((run, s),), frm)
+                J2 = J.set((run, s), ('X', f, org, rnd, xr, frm, me))
+                task = ('recheck', rnd, run, entry, f, fences + ((run, s),), cf)
                 out.append(('%s second exclusion at %s/%d' % (me, run, s), put(w.set('task', task), J2)))
+            elif born_fenced(w, org, rnd):
+                out.append(('%s met an exclusion of %s of a higher round: fenced before serving'
+                            % (me, org), put(w.set('task', None).set('tries', MAXTRY))))
             else:
                 w2 = w.set('task', None).set('held', w['held'] + ((org, rnd, wk['hist'], None),))
-                w2 = w2.set('ent', w2['ent'].set(org, frm))
+                w2 = w2.set('ent', w2['ent'].set(org, tenure_entry(w, crun, frm)))
                 T2 = register(T, org, rnd, me, wk['hist'])
                 out.append(('%s serves %s, round %d, hydrated %s' % (me, org, rnd, wk['hist']),
                             put(w2, J, L, T2)))
@@ -512,28 +578,32 @@ def adopt_moves(S, wi, put):
         if any(o[0] in ('AS', 'RS') for _, o in objs):
             return [('%s: %s already sealed' % (me, run), put(w.set('tries', 1)))]
         f = max([1] + [o[1] for _, o in objs])
-        task = ('aseal', run, frozenset(s for s, _ in objs), f, (), from_slot(w))
+        task = ('aseal', run, frozenset(s for s, _ in objs), f, (), (w['run'], from_slot(w)))
         return [('%s lists %s to adopt' % (me, run), put(w.set('task', task)))]
     if t[0] == 'aseal':
-        _, run, listing, f, seals, frm = t
+        _, run, listing, f, seals, cf = t
+        crun, frm = cf
+        xr = crun if opt('xrun') == 'claim' else w['run']
         slot = f
         while slot in listing:
             slot += 1
         cur = jget(J, run, slot)
         if cur is None:
-            J2 = J.set((run, slot), ('AS', f, w['run'], frm))
-            task = ('arecheck', run, f, seals + (slot,), frm)
+            J2 = J.set((run, slot), ('AS', f, xr, frm))
+            task = ('arecheck', run, f, seals + (slot,), cf)
             out.append(('%s adopt-seals %s/%d (f=%d)' % (me, run, slot, f), put(w.set('task', task), J2)))
         elif cur[0] in ('B', 'X'):
             out.append(('%s adopt seal collides with %s: next slot' % (me, cur[0]),
-                        put(w.set('task', ('aseal', run, listing | {slot}, f, seals, frm)))))
+                        put(w.set('task', ('aseal', run, listing | {slot}, f, seals, cf)))))
         elif cur[0] == 'SS':
             out.append(('%s adopt seal collides with a self-seal: follow' % me, put(w.set('task', None))))
         else:
             out.append(('%s adopt seal collides with %s: done' % (me, cur[0]),
                         put(w.set('task', None).set('tries', 1))))
     elif t[0] == 'arecheck':
-        _, run, f, seals, frm = t
+        _, run, f, seals, cf = t
+        crun, frm = cf
+        xr = crun if opt('xrun') == 'claim' else w['run']
         low = min(seals)
         others = [s for s, o in run_objs(J, run) if o[0] in ('SS', 'AS', 'RS') and s < low]
         if others:
@@ -541,9 +611,9 @@ def adopt_moves(S, wi, put):
         holes = [s for s in range(f, low) if jget(J, run, s) is None]
         if holes:
             s = holes[0]
-            J2 = J.set((run, s), ('AS', f, w['run'], frm))
+            J2 = J.set((run, s), ('AS', f, xr, frm))
             return [('%s second adopt seal at %s/%d' % (me, run, s),
-                     put(w.set('task', ('arecheck', run, f, seals + (s,), frm)), J2))]
+                     put(w.set('task', ('arecheck', run, f, seals + (s,), cf)), J2))]
         held = list(w['held'])
         ent = w['ent']
         T2 = T
@@ -551,9 +621,10 @@ def adopt_moves(S, wi, put):
         for org in ORGS:
             wk = walk(J, L, org)
             passed = any(r == run and s in seals for (r, s) in wk['seals'])
-            if wk['kind'] == 'held' and wk['run'] == w['run'] and passed:
+            if wk['kind'] == 'held' and wk['run'] == w['run'] and passed \
+                    and not born_fenced(w, org, wk['round']):
                 held.append((org, wk['round'], wk['hist'], None))
-                ent = ent.set(org, frm)
+                ent = ent.set(org, tenure_entry(w, crun, frm))
                 T2 = register(T2, org, wk['round'], me, wk['hist'])
                 got.append(org)
         w2 = w.set('task', None).set('tries', 1).set('held', tuple(held)).set('ent', ent)
@@ -565,7 +636,7 @@ def adopt_moves(S, wi, put):
 
 def r_moves(S):
     J, L, Ws, T, fails = S
-    mode = ARGS.get('retain', 'prefix')
+    mode = opt('retain')
     if mode == 'none':
         return []
     entries = {}   # org -> {run: entry}
@@ -663,8 +734,32 @@ SCENARIOS['t3'] = dict(writers=lambda: (mkw('P', held=(('p', 1, (), None),), cla
                                         mkw('D', claim='o'), mkw('E', claim='o')),
                        maxfail=0, maxtry=1, slots={'P1': 3})
 
+# K1 by a claimant with its own org in flight: H holds o; C holds p (window 2, one failed put
+# possible) and claims o by K1 (exclusion in H's run); D claims o (its walk may pass C's
+# exclusion into C's run while C's own batches are in flight there)
+SCENARIOS['k1p'] = dict(writers=lambda: (mkw('H', held=(('o', 1, (), None),)),
+                                         mkw('C', held=(('p', 1, (), None),), claim='o'),
+                                         mkw('D', claim='o')), maxfail=1, maxtry=1,
+                        slots={'H1': 1, 'C1': 2, 'C2': 2})
+
 MAXFAIL = 2
 MAXTRY = 2
+
+# `python3 model.py` runs these (the fifth draft's rules); k1brel is left out: it is not
+# exhaustive within 10 minutes and 6 GB (README).
+DEFAULT_RUNS = (('claim', {}), ('claim', {'late': '1'}), ('adopt', {}), ('adopt', {'maxfail': '1'}),
+                ('release', {}), ('stale', {}), ('k1b', {}), ('t3', {}), ('k1p', {}))
+
+# `python3 model.py mutations`: each must find a violation.
+MUTATIONS = (dict(scenario='release', after='0'),          # J3-1: a free walk ignores `after`
+             dict(scenario='adopt', retain='wholerun'),    # J3-3: whole-run deletion
+             dict(scenario='stale', retain='batch'),       # the third draft's per-batch rule
+             dict(scenario='k1b', **{'from': 'next'}),     # J4-1
+             dict(scenario='t3', rb='held'),               # J4-2
+             dict(scenario='k1b', follow='0'),             # entries dropped at a self-seal
+             dict(scenario='k1p', j2start='0'),            # J2 not applied before the tenure
+             dict(scenario='k1p', xrun='cur'),             # exclusion names the current run
+             )
 
 
 def init_store(scen):
@@ -723,14 +818,24 @@ def search(scen, quiet=False):
     s0 = init_store(scen)
     seen = {s0: None}
     q = deque([s0])
+    nxtq = deque()
+    depth = 0
     deleted = 0
     t0 = time.time()
+    tick = t0
     st = {k: 0 for k in ('a successor serves', 'a successor acknowledges', 'the holder acknowledges',
                          'holder acked and a successor serves', 'the holder is fenced',
                          'a self-seal landed', 'an adopt seal landed', 'a release seal landed',
                          'the adopter serves', 'two successive successors of o serve',
                          'a checkpoint landed', 'o: an acking tenure, then a later tenure serves')}
-    while q:
+    while q or nxtq:
+        if not q:
+            q, nxtq = nxtq, q
+            depth += 1
+        if time.time() - tick > 30:
+            tick = time.time()
+            sys.stderr.write('  %s: depth %d, %d states, %.0f s\n' % (scen, depth, len(seen), tick - t0))
+            sys.stderr.flush()
         s = q.popleft()
         v = violation(s)
         if v:
@@ -740,7 +845,8 @@ def search(scen, quiet=False):
                 trace.append(seen[x][1])
                 x = seen[x][0]
             trace.reverse()
-            print('%s: VIOLATION after %d states: %s' % (desc(scen), len(seen), v))
+            print('%s: VIOLATION after %d states (%.0f s): %s' % (desc(scen), len(seen),
+                                                                 time.time() - t0, v))
             for i, lab in enumerate(trace, 1):
                 print('  %2d. %s' % (i, lab))
             return False, len(seen)
@@ -755,8 +861,9 @@ def search(scen, quiet=False):
         for lab, t in succ:
             if t not in seen:
                 seen[t] = (s, lab)
-                q.append(t)
-    print('%s: no violation in %d states (%.0f s)' % (desc(scen), len(seen), time.time() - t0))
+                nxtq.append(t)
+    print('%s: no violation in %d states, depth %d (%.0f s)' % (desc(scen), len(seen), depth,
+                                                               time.time() - t0))
     if not quiet:
         print('   reachable: ' + '; '.join('%s in %d' % (k, n) for k, n in st.items() if n) +
               '; retention can delete in %d' % deleted)
@@ -764,9 +871,10 @@ def search(scen, quiet=False):
 
 
 def desc(scen):
-    return 'scenario=%s retain=%s rb=%s from=%s late=%s after=%s maxfail=%s maxtry=%s' % (
-        scen, ARGS.get('retain', 'prefix'), ARGS.get('rb', 'held'), ARGS.get('from', 'next'),
-        ARGS.get('late', '0'), ARGS.get('after', '1'),
+    changed = ' '.join('%s=%s' % ('from' if k == 'frm' else k, opt(k)) for k in DEFAULTS
+                       if opt(k) != DEFAULTS[k])
+    return 'scenario=%s%s maxfail=%s maxtry=%s' % (
+        scen, ' ' + changed if changed else ' (defaults)',
         ARGS.get('maxfail', SCENARIOS[scen]['maxfail']), ARGS.get('maxtry', SCENARIOS[scen]['maxtry']))
 
 
@@ -774,9 +882,7 @@ def main(argv):
     global ARGS
     if argv and argv[0] == 'mutations':
         ok = True
-        for a in (dict(scenario='release', after='0'),
-                  dict(scenario='adopt', retain='wholerun'),
-                  dict(scenario='stale', retain='batch')):
+        for a in MUTATIONS:
             # each must find a violation
             ARGS = a
             good, _ = search(a['scenario'], quiet=True)
@@ -787,8 +893,7 @@ def main(argv):
         good, _ = search(ARGS['scenario'])
         return 0 if good else 1
     allgood = True
-    for scen, extra in (('claim', {}), ('claim', {'late': '1'}), ('adopt', {}), ('release', {}),
-                        ('stale', {})):
+    for scen, extra in DEFAULT_RUNS:
         ARGS = dict(extra)
         good, _ = search(scen)
         allgood = allgood and good
