@@ -236,12 +236,12 @@ impl Replica {
         self.inner.store.failpoint(point, org).await
     }
 
-    /// The bytes of the object at `path`; `None` when it does not exist.
+    /// The bytes of the object at `path`, at most `max`; `None` when it does not exist.
     ///
     /// # Errors
-    /// [`Error::Store`].
-    pub(crate) async fn get_bytes(&self, path: &Path) -> Result<Option<Bytes>, Error> {
-        self.inner.store.get_bytes(path).await
+    /// [`Error::Corrupt`] above `max`; [`Error::Store`].
+    pub(crate) async fn get_bytes(&self, path: &Path, max: u64) -> Result<Option<Bytes>, Error> {
+        self.inner.store.get_bytes(path, max).await
     }
 
     /// Every log entry of `org`, sorted by seq. Entries deleted between listing and reading

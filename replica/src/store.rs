@@ -68,20 +68,53 @@ impl Store {
             .map_err(|e| Error::store("list", dir, e))
     }
 
-    /// The bytes of the object at `path`; `None` when it does not exist.
+    /// The bytes of the object at `path`, at most `max` of them; `None` when it does not
+    /// exist. A body above `max` is refused as it streams in, so a store that lies about an
+    /// object (or an object crafted to be huge) cannot make this process hold more than
+    /// `max` bytes for it.
     ///
     /// # Errors
-    /// [`Error::Store`].
-    pub(crate) async fn get_bytes(&self, path: &Path) -> Result<Option<Bytes>, Error> {
+    /// [`Error::Corrupt`] above `max`; [`Error::Store`].
+    pub(crate) async fn get_bytes(&self, path: &Path, max: u64) -> Result<Option<Bytes>, Error> {
+        Ok(self.get_capped(path, max).await?.map(|(bytes, _)| bytes))
+    }
+
+    /// [`Store::get_bytes`] with the object's metadata (size, ETag) as the store gave it.
+    ///
+    /// # Errors
+    /// As [`Store::get_bytes`].
+    pub(crate) async fn get_capped(
+        &self,
+        path: &Path,
+        max: u64,
+    ) -> Result<Option<(Bytes, object_store::ObjectMeta)>, Error> {
+        use futures::StreamExt;
+        let too_big = |what: String| Error::corrupt(path.as_ref(), what);
         let got = match self.object.get(path).await {
             Ok(g) => g,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(Error::store("get", path, e)),
         };
-        match got.bytes().await {
-            Ok(b) => Ok(Some(b)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(Error::store("get", path, e)),
+        if got.meta.size > max {
+            return Err(too_big(format!(
+                "{} bytes, at most {max} expected",
+                got.meta.size
+            )));
         }
+        let meta = got.meta.clone();
+        let mut stream = got.into_stream();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(Error::store("get", path, e)),
+            };
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(too_big(format!("more than the {max} bytes expected")));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(Some((Bytes::from(out), meta)))
     }
 }

@@ -153,7 +153,11 @@ impl Replica {
         // run that frees its segments deletes that entry before it lists the references
         // (`retention`), so it lists ours (2e).
         let entry = self.inner.store.layout.log(src, plan.snapshot.seq());
-        if self.get_bytes(&entry).await?.is_none() {
+        if self
+            .get_bytes(&entry, crate::format::entry::MAX_ENTRY_BYTES)
+            .await?
+            .is_none()
+        {
             self.drop_clone_refs(&refs, &dst).await;
             return Err(Error::PositionNotKept {
                 org: src.to_string(),

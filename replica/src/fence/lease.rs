@@ -147,6 +147,11 @@ struct LeaseWire {
     lease: Lease,
 }
 
+/// Largest lease object read, org or process lease (16 MiB). A lease is a few hundred bytes;
+/// a draining process lease lists the orgs it releases, about 70 bytes each, so this admits
+/// a process releasing 200 000 orgs. A larger object is refused as [`Error::Corrupt`].
+pub(crate) const MAX_LEASE_BYTES: u64 = 16 << 20;
+
 /// How long a liveness object must be seen unchanged before its holder is taken for dead:
 /// the term plus a tenth, in ms of the observer's monotonic clock. The holder renews three
 /// times a term, so a live one that misses two renewals still keeps its orgs; the tenth is
@@ -286,7 +291,7 @@ impl Leases {
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease.
     pub(crate) async fn lease(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
         let path = self.store.layout.lease(org);
-        match self.store.get_bytes(&path).await? {
+        match self.store.get_bytes(&path, MAX_LEASE_BYTES).await? {
             Some(b) => Lease::decode(path.as_ref(), &b).map(Some),
             None => Ok(None),
         }
@@ -305,7 +310,14 @@ impl Leases {
             return Ok(None);
         }
         let path = self.store.layout.process(instance);
-        let bytes = self.store.get_bytes(&path).await?;
+        let bytes = match self.store.get_bytes(&path, MAX_LEASE_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(Error::Corrupt { reason, .. }) => {
+                tracing::warn!(path = %path, reason, "process lease unreadable: taken as absent");
+                None
+            }
+            Err(e) => return Err(e),
+        };
         Ok(bytes.and_then(|b| parse_process_lease(path.as_ref(), instance, &b)))
     }
 
@@ -335,7 +347,7 @@ impl Leases {
         };
         let clock = &self.clock;
         let asked_ms = clock.monotonic_ms();
-        let bytes = self.store.get_bytes(&path).await?;
+        let bytes = self.store.get_bytes(&path, MAX_LEASE_BYTES).await?;
         let read_ms = clock.monotonic_ms();
         let own_ms = self.lease_ms;
         let term_ms = match lease.term_ms {

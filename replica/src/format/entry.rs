@@ -32,6 +32,11 @@ pub const PIPELINED_ENTRY_VERSION: u64 = 4;
 /// Most ships a pipelined claim may keep in flight; a window read from the store is clamped
 /// to it (`docs/design.md` 3e, rule R1), and a claim's `read_concurrency` must exceed it (C3).
 pub const MAX_SHIP_WINDOW: u64 = 8;
+/// Largest log entry object read (4 MiB). The largest entry written is a delta carrying the
+/// largest inline body ([`crate::MAX_INLINE_DELTA_BYTES`], 1 MiB, about 1.4 MB in base64)
+/// with its JSON fields; every other entry is a few hundred bytes. A larger object at a log
+/// position is refused as [`crate::Error::Corrupt`] before it is held.
+pub const MAX_ENTRY_BYTES: u64 = 4 << 20;
 const KINDS: [&str; 4] = ["claim", "snapshot", "delta", "release"];
 
 /// One entry of an org's create-only log (`orgs/<org>/log/<seq:020>.json`): an [`EntryHeader`]

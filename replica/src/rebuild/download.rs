@@ -7,7 +7,6 @@
 
 use bytes::Bytes;
 use futures::{StreamExt, TryFutureExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use sha2::{Digest, Sha256};
 
@@ -174,38 +173,16 @@ impl Replica {
     /// # Errors
     /// [`Error::MissingObject`]; [`Error::Corrupt`] above `max`; [`Error::Store`].
     pub(crate) async fn get_capped(&self, path: &Path, max: u64) -> Result<Bytes, Error> {
-        let missing = || Error::MissingObject {
-            path: path.to_string(),
-        };
-        let got = match self.inner.store.object.get(path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Err(missing()),
-            Err(e) => return Err(Error::store("get", path, e)),
-        };
-        if got.meta.size > max {
-            return Err(Error::corrupt(
-                path.as_ref(),
-                format!("{} bytes, at most {max} expected", got.meta.size),
-            ));
-        }
-        let mut stream = got.into_stream();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(object_store::Error::NotFound { .. }) => return Err(missing()),
-                Err(e) => return Err(Error::store("get", path, e)),
-            };
-            if (out.len() + chunk.len()) as u64 > max {
-                return Err(Error::corrupt(
-                    path.as_ref(),
-                    format!("more than the {max} bytes expected"),
-                ));
-            }
-            out.extend_from_slice(&chunk);
-        }
-        metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(out.len() as u64);
-        Ok(Bytes::from(out))
+        let bytes = self
+            .inner
+            .store
+            .get_bytes(path, max)
+            .await?
+            .ok_or_else(|| Error::MissingObject {
+                path: path.to_string(),
+            })?;
+        metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(bytes.len() as u64);
+        Ok(bytes)
     }
 }
 

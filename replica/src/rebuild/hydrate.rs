@@ -348,14 +348,9 @@ impl Replica {
                 let path = self.inner.store.layout.blob(org, name);
                 let object = path.to_string();
                 // A delta's body, or a whole snapshot of an earlier build: both are held in
-                // memory, the delta bounded by the ship policy.
-                let data = self
-                    .get_bytes(&path)
-                    .await?
-                    .ok_or_else(|| Error::MissingObject {
-                        path: object.clone(),
-                    })?;
-                metrics::counter!(crate::metrics::DOWNLOADED_BYTES).increment(data.len() as u64);
+                // memory, the delta bounded by the ship policy. The entry records the blob's
+                // size: a larger object is not it, and is not held.
+                let data = self.get_capped(&path, stored.compressed_bytes).await?;
                 (object, data.to_vec())
             }
             BlobRef::Manifest(_) => {

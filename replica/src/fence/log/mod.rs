@@ -10,6 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutPayload};
 use tracing::debug;
 
+use crate::format::entry::MAX_ENTRY_BYTES;
 use crate::format::layout::parse_log_name;
 use crate::store::Store;
 use crate::{Error, LogEntry, OrgId, Settings};
@@ -118,7 +119,7 @@ impl Log {
         seq: u64,
     ) -> Result<Option<LogEntry>, Error> {
         let path = self.store.layout.log(org, seq);
-        match self.store.get_bytes(&path).await? {
+        match self.store.get_bytes(&path, MAX_ENTRY_BYTES).await? {
             Some(b) => LogEntry::decode(path.as_ref(), &b, Some(seq)).map(Some),
             None => Ok(None),
         }
@@ -215,16 +216,8 @@ impl Log {
     /// [`Log::read_entry`], recording the entry read with the object's size and ETag.
     async fn read_entry_noting(&self, org: &OrgId, seq: u64) -> Result<Option<LogEntry>, Error> {
         let path = self.store.layout.log(org, seq);
-        let got = match self.store.object.get(&path).await {
-            Ok(g) => g,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(Error::store("get", &path, e)),
-        };
-        let meta = got.meta.clone();
-        let bytes = match got.bytes().await {
-            Ok(b) => b,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(Error::store("get", &path, e)),
+        let Some((bytes, meta)) = self.store.get_capped(&path, MAX_ENTRY_BYTES).await? else {
+            return Ok(None);
         };
         let entry = LogEntry::decode(path.as_ref(), &bytes, Some(seq))?;
         self.known.insert(org, meta.size, meta.e_tag, &entry);
