@@ -71,7 +71,10 @@ async fn an_oversized_object_at_a_log_position_is_corrupt_not_held() -> R {
         .ok_or("a claim read past an oversized entry")?;
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err:?}");
     assert!(err.to_string().contains(head.as_ref()), "{err}");
-    assert!(err.to_string().contains("expected"), "refused for its size: {err}");
+    assert!(
+        err.to_string().contains("expected"),
+        "refused for its size: {err}"
+    );
     let history = other.history(&org).await;
     assert!(
         matches!(&history, Err(e) if e.kind() == ErrorKind::Corrupt),
@@ -131,7 +134,10 @@ async fn a_delta_blob_longer_than_its_entry_records_is_corrupt_and_nothing_is_re
         .ok_or("a blob longer than its entry was restored")?;
     assert_eq!(err.kind(), ErrorKind::Corrupt, "{err:?}");
     assert!(err.to_string().contains(blob.as_ref()), "{err}");
-    assert!(err.to_string().contains("expected"), "refused for its size: {err}");
+    assert!(
+        err.to_string().contains("expected"),
+        "refused for its size: {err}"
+    );
     assert!(!dest.path().join("x.db").exists());
     Ok(())
 }
