@@ -9,35 +9,14 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{R, effect, registry};
+use common::{R, effect, registry, replica_with_lease, until, witness, witness_puts};
 use idem_org::RegistrySettings;
-use idem_replica::{OrgId, Replica, SystemClock};
+use idem_replica::{OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
 const LEASE_MS: u64 = 1_000;
-
-async fn open(store: Arc<dyn ObjectStore>) -> Result<Replica, common::BoxErr> {
-    let settings = idem_replica::Settings {
-        lease_ms: LEASE_MS,
-        ..idem_replica::Settings::default()
-    };
-    Ok(Replica::open_with(store, "t", settings, Arc::new(SystemClock), None).await?)
-}
-
-/// Polls `cond` until it holds, failing after `secs`: a liveness bound, never the assertion.
-async fn within(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let waited = idem_base::Stopwatch::start();
-    while !cond() {
-        if waited.elapsed() > Duration::from_secs(secs) {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    true
-}
 
 async fn listed(replica: &Replica, instance: &str) -> Result<bool, common::BoxErr> {
     Ok(replica
@@ -51,7 +30,7 @@ async fn listed(replica: &Replica, instance: &str) -> Result<bool, common::BoxEr
 async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let ra = open(store.clone()).await?;
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
     let a = registry(
         &dir.path().join("a"),
         ra.clone(),
@@ -76,27 +55,15 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
 
     // A live process renews every third of its term; once it has renewed six times, two
     // of A's renewal periods have passed, in which A wrote nothing.
-    let rw = open(store.clone()).await?;
-    let w = registry(
-        &dir.path().join("w"),
-        rw.clone(),
-        "ww",
-        RegistrySettings::default(),
-    )?;
-    w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
-        .await?;
+    let (rw, w) = witness(&dir.path().join("w"), store.clone(), LEASE_MS).await?;
     let a_puts = ra.store_requests().put;
-    let w_puts = rw.store_requests().put;
-    assert!(
-        within(20, || rw.store_requests().put >= w_puts + 6).await,
-        "the witness did not renew"
-    );
+    witness_puts(&rw, 6).await?;
     assert_eq!(ra.store_requests().put, a_puts, "A renewed after its drain");
     assert!(!listed(&ra, ra.instance()).await?);
 
     // The orgs move at their first request on a successor (each Release is at the head)
     // and replay what A acknowledged.
-    let rb = open(store.clone()).await?;
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
     let b = registry(
         &dir.path().join("b"),
         rb.clone(),
@@ -121,10 +88,7 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
         .await?;
     assert!(listed(&ra, ra.instance()).await?, "A's lease written again");
     let puts = ra.store_requests().put;
-    assert!(
-        within(20, || ra.store_requests().put >= puts + 2).await,
-        "A's renewals did not resume"
-    );
+    until(|| ra.store_requests().put >= puts + 2).await?;
     for reg in [&again, &b, &w] {
         for (org, r) in reg.shutdown().await {
             r.map_err(|e| format!("{org}: {e}"))?;

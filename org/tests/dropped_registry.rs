@@ -10,21 +10,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{R, effect, registry};
+use common::{R, effect, registry, replica_with_lease, witness, witness_puts};
 use idem_org::{ErrorKind, RegistrySettings, WarmSettings};
-use idem_replica::{OrgId, Replica, SystemClock};
+use idem_replica::{OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
 const LEASE_MS: u64 = 1_000;
-
-async fn open(store: Arc<dyn ObjectStore>) -> Result<Replica, common::BoxErr> {
-    let settings = idem_replica::Settings {
-        lease_ms: LEASE_MS,
-        ..idem_replica::Settings::default()
-    };
-    Ok(Replica::open_with(store, "t", settings, Arc::new(SystemClock), None).await?)
-}
 
 /// The version (ETag) of A's process lease as the store lists it, `None` when absent.
 async fn renewals(observer: &Replica, instance: &str) -> Result<Option<String>, common::BoxErr> {
@@ -34,20 +26,6 @@ async fn renewals(observer: &Replica, instance: &str) -> Result<Option<String>, 
         .into_iter()
         .find(|l| l.instance == instance)
         .map(|l| l.version))
-}
-
-/// Waits until the witness `w` has written `n` more PUTs (its lease renewals): the measure
-/// of renewal periods passing, never a sleep.
-async fn witness_puts(w: &Replica, n: u64) -> bool {
-    let from = w.store_requests().put;
-    let waited = idem_base::Stopwatch::start();
-    while w.store_requests().put < from + n {
-        if waited.elapsed() > Duration::from_secs(20) {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    true
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -73,7 +51,7 @@ async fn a_dropped_registry_with_its_watcher_running_stops_too() -> R {
 async fn dropped(settings: RegistrySettings) -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let ra = open(store.clone()).await?;
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
     let instance = ra.instance().to_owned();
     let a = registry(&dir.path().join("a"), ra, "wa", settings)?;
     let orgs = ["org0", "org1", "org2"];
@@ -96,18 +74,10 @@ async fn dropped(settings: RegistrySettings) -> R {
 
     // The witness renews every third of its lease; six of its renewals are two of A's
     // renewal periods. A renewal A had in flight at the drop may land in the first two.
-    let rw = open(store.clone()).await?;
-    let w = registry(
-        &dir.path().join("w"),
-        rw.clone(),
-        "ww",
-        RegistrySettings::default(),
-    )?;
-    w.once(&OrgId::new("witness")?, "k", effect("witness", "k"))
-        .await?;
-    assert!(witness_puts(&rw, 3).await, "the witness did not renew");
+    let (rw, w) = witness(&dir.path().join("w"), store.clone(), LEASE_MS).await?;
+    witness_puts(&rw, 3).await?;
     let before = renewals(&rw, &instance).await?;
-    assert!(witness_puts(&rw, 6).await, "the witness did not renew");
+    witness_puts(&rw, 6).await?;
     assert_eq!(
         renewals(&rw, &instance).await?,
         before,
@@ -116,7 +86,7 @@ async fn dropped(settings: RegistrySettings) -> R {
 
     // A successor takes every org once it has watched A's lease unchanged for a watch, and
     // replays what A acknowledged.
-    let rb = open(store.clone()).await?;
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
     let b = registry(&dir.path().join("b"), rb, "wb", RegistrySettings::default())?;
     for org in orgs {
         let id = OrgId::new(org)?;

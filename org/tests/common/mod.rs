@@ -59,6 +59,50 @@ pub async fn replica_at(
     .await?)
 }
 
+/// A replica under `t` whose process lease has a term of `lease_ms`.
+pub async fn replica_with_lease(
+    store: Arc<dyn ObjectStore>,
+    lease_ms: u64,
+) -> Result<Replica, BoxErr> {
+    let settings = idem_replica::Settings {
+        lease_ms,
+        ..idem_replica::Settings::default()
+    };
+    Ok(Replica::open_with(
+        store,
+        "t",
+        settings,
+        Arc::new(idem_replica::SystemClock),
+        None,
+    )
+    .await?)
+}
+
+/// A live process beside the one under test: a registry holding one org, so its process
+/// lease is renewed every third of `lease_ms`. Its PUTs ([`Replica::store_requests`]) are the
+/// witness that renewal periods passed, without a sleep standing in for them.
+pub async fn witness(
+    dir: &std::path::Path,
+    store: Arc<dyn ObjectStore>,
+    lease_ms: u64,
+) -> Result<(Replica, Registry), BoxErr> {
+    let rw = replica_with_lease(store, lease_ms).await?;
+    let w = registry(dir, rw.clone(), "ww", RegistrySettings::default())?;
+    w.once(
+        &idem_replica::OrgId::new("witness")?,
+        "k",
+        effect("witness", "k"),
+    )
+    .await?;
+    Ok((rw, w))
+}
+
+/// Waits until the witness `rw` has written `n` more PUTs: `n` of its renewals.
+pub async fn witness_puts(rw: &Replica, n: u64) -> R {
+    let from = rw.store_requests().put;
+    until(|| rw.store_requests().put >= from + n).await
+}
+
 pub fn registry(
     data: &std::path::Path,
     replica: Replica,
