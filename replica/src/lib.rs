@@ -112,7 +112,7 @@ pub use counted::{CountedStore, StoreRequests};
 pub use error::{Error, ErrorKind};
 pub use failpoint::{FailPoint, Failpoints};
 pub use fence::claim::Claim;
-pub use fence::lease::{Hold, Lease, ProcessLease, ProcessListing};
+pub use fence::lease::{Hold, Lease, MAX_LEASE_BYTES, ProcessLease, ProcessListing};
 pub use format::blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,

@@ -141,3 +141,37 @@ async fn a_delta_blob_longer_than_its_entry_records_is_corrupt_and_nothing_is_re
     assert!(!dest.path().join("x.db").exists());
     Ok(())
 }
+
+/// A dead holder's process lease over the cap (a lying store, or a drain listing hundreds of
+/// thousands of orgs) is watched like any other: its orgs move after one watch of the
+/// claimant's clock, not never.
+#[tokio::test]
+async fn a_dead_holders_oversized_process_lease_lapses_after_a_watch() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let settings = Settings {
+        lease_ms: 1_000,
+        ..Settings::default()
+    };
+    let a = Replica::open(store.clone(), "", settings.clone()).await?;
+    let org = OrgId::new("acme")?;
+    let mut claim = a.claim(&org, "wa", false).await?;
+    a.ship(&mut claim, Snapshot::take(&conn_with(1)?, |_| Ok(1))?)
+        .await?;
+    let path = Path::from(format!("processes/{}.json", a.instance()));
+    drop(claim);
+    drop(a);
+    store
+        .put(&path, padded(idem_replica::MAX_LEASE_BYTES + 1))
+        .await?;
+
+    let clock = Arc::new(idem_replica::ManualClock::new(1_000_000));
+    let b = Replica::open_with(store.clone(), "", settings, clock.clone(), None).await?;
+    let first = b.claim(&org, "wb", false).await;
+    assert!(
+        matches!(&first, Err(idem_replica::Error::LeaseHeld { .. })),
+        "a first sighting waits a watch: {first:?}"
+    );
+    clock.advance(1_100);
+    b.claim(&org, "wb", false).await?;
+    Ok(())
+}

@@ -150,7 +150,7 @@ struct LeaseWire {
 /// Largest lease object read, org or process lease (16 MiB). A lease is a few hundred bytes;
 /// a draining process lease lists the orgs it releases, about 70 bytes each, so this admits
 /// a process releasing 200 000 orgs. A larger object is refused as [`Error::Corrupt`].
-pub(crate) const MAX_LEASE_BYTES: u64 = 16 << 20;
+pub const MAX_LEASE_BYTES: u64 = 16 << 20;
 
 /// How long a liveness object must be seen unchanged before its holder is taken for dead:
 /// the term plus a tenth, in ms of the observer's monotonic clock. The holder renews three
@@ -347,7 +347,17 @@ impl Leases {
         };
         let clock = &self.clock;
         let asked_ms = clock.monotonic_ms();
-        let bytes = self.store.get_bytes(&path, MAX_LEASE_BYTES).await?;
+        // An object over the cap is still a state to watch: what the refusal says (its size
+        // included) stands for its bytes, so a dead holder's oversized lease lapses after a
+        // watch like any other, and one that keeps changing keeps its holder alive.
+        let bytes = match self.store.get_bytes(&path, MAX_LEASE_BYTES).await {
+            Ok(bytes) => bytes,
+            Err(Error::Corrupt { reason, .. }) => {
+                tracing::warn!(path = %path, reason, "lease over its cap: watched by its size");
+                Some(Bytes::from(format!("oversized: {reason}")))
+            }
+            Err(e) => return Err(e),
+        };
         let read_ms = clock.monotonic_ms();
         let own_ms = self.lease_ms;
         let term_ms = match lease.term_ms {

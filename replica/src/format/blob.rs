@@ -46,12 +46,21 @@ pub(crate) fn frame<'a>(object: &str, blob: &'a [u8]) -> Result<&'a [u8], Error>
 /// Compression contexts kept between blobs, at most [`KEPT_CONTEXTS`]. A fresh context
 /// allocates and zeroes its match tables (about a megabyte at level 3) before its first
 /// frame, which for a delta of a few pages costs more than the compression itself; a kept
-/// one reuses them. Each keeps the workspace of the largest input it compressed (a segment:
-/// about 1.5 MiB at level 3), so the pool holds at most a few MiB.
+/// one reuses them. Each keeps the workspace of the largest input it compressed, and only
+/// small inputs at low levels are kept ([`KEPT_INPUT_BYTES`], [`KEPT_LEVEL`]), so the pool
+/// holds at most about 16 MiB.
 static CONTEXTS: Mutex<Vec<Compressor<'static>>> = Mutex::new(Vec::new());
 
 /// Most compression contexts [`CONTEXTS`] keeps.
 const KEPT_CONTEXTS: usize = 8;
+
+/// A context goes back to [`CONTEXTS`] only after an input of at most this many bytes at a
+/// level of at most [`KEPT_LEVEL`]: its workspace (about 2 MiB then) is what it keeps. One
+/// used above either is dropped, so the pool never holds a high level's tables for good.
+const KEPT_INPUT_BYTES: usize = 1 << 20;
+
+/// Highest zstd level whose contexts [`CONTEXTS`] keeps (the default, 3).
+const KEPT_LEVEL: i32 = 3;
 
 /// One zstd frame of `bytes` at `level`, with the content size in its header, through a
 /// kept context when one is free. The frame's parameters follow the input's size, as a
@@ -68,7 +77,9 @@ pub(crate) fn compress(bytes: &[u8], level: i32) -> std::io::Result<Vec<u8>> {
     };
     context.set_compression_level(level)?;
     let frame = context.compress(bytes)?;
-    if let Ok(mut kept) = CONTEXTS.lock()
+    if bytes.len() <= KEPT_INPUT_BYTES
+        && level <= KEPT_LEVEL
+        && let Ok(mut kept) = CONTEXTS.lock()
         && kept.len() < KEPT_CONTEXTS
     {
         kept.push(context);
