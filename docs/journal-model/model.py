@@ -53,6 +53,9 @@ DEFAULTS = dict(
                       # progress: in the model every tenure start has one, so this is 'never'),
                       # 'ckpt' (the sixth review's candidate rule: once o's log shows a checkpoint
                       # of that round or higher; a mutation that must fail, J6-3)
+    sealraise='frozen',  # a self-sealed run's retention value: 'frozen' at its last batch (the
+                      # model's conservative default), 'seal' raised to its seal (J6-6's
+                      # mutation), 'claims' raised to the lowest entry walks can still take (fix)
     c2gap='0',        # K1b: '0' C2 and the tenure's start are one step; '1' two steps (a
                       # writer resolves slots between its C2 LIST and its first serve)
     cpwalk='1',       # J5: a higher claim found at a checkpoint triggers a walk (J4-4); '0':
@@ -682,6 +685,26 @@ def r_moves(S):
             if not bs:
                 continue
             m = min(bs[-1][1][3], F)
+            ss = [s for s, o in objs if o[0] == 'SS']
+            if ss and opt('sealraise') != 'frozen':
+                # the `retain` raise of a self-sealed run (J4-7): 'seal' raises its value to the
+                # seal (J6-6's mutation); 'claims' to the lowest entry walks can still take into
+                # it: the `from` of every claim, exclusion and adopt seal naming it, and
+                # `through` + 1 of every newest checkpoint through one of its slots (J6-6's fix)
+                raised = ss[0]
+                if opt('sealraise') == 'claims':
+                    # a claim counts until superseded: its org's log shows a newer checkpoint
+                    ents = [e[3] for (g, q), e in L.items() if e[0] == 'CL' and e[2] == run
+                            and not any(gg == g and qq > q and ee[0] == 'CP'
+                                        for (gg, qq), ee in L.items())]
+                    ents += [o[5] for o in J.values() if o[0] == 'X' and o[4] == run]
+                    ents += [o[3] for o in J.values() if o[0] == 'AS' and o[2] == run]
+                    for g in ORGS:
+                        cp = newest_cp(L, g)
+                        if cp is not None and cp[1][2] == run:
+                            ents.append(cp[1][3] + 1)
+                    raised = min([raised] + ents)
+                m = max(m, raised)
             for slot, o in bs:
                 if slot < m:
                     out.append(('R deletes %s/%d (m=%d)' % (run, slot, m),
@@ -784,6 +807,7 @@ MUTATIONS = (dict(scenario='release', after='0'),          # J3-1: a free walk i
              dict(scenario='k1p', j2start='0'),            # J2 not applied before the tenure
              dict(scenario='k1p', xrun='cur'),             # exclusion names the current run
              dict(scenario='k1b', forget='ckpt', c2gap='1'),  # J6-3: forget at a checkpoint
+             dict(scenario='claim', sealraise='seal'),    # J6-6: a sealed run raised to its seal
              )
 
 
