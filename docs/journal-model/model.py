@@ -48,6 +48,16 @@ DEFAULTS = dict(
                       # higher round fences the tenure at birth (it never serves); '0': not judged
     xrun='claim',     # an exclusion (adopt seal) names its claim's (listing's) run and `from`;
                       # 'cur': the writer's current run with the claim's `from`
+    forget='never',   # when a remembered exclusion (j2start) is forgotten: 'never' (the model's
+                      # default), 'idle' (only when no claim, adoption or K4 of the org is in
+                      # progress: in the model every tenure start has one, so this is 'never'),
+                      # 'ckpt' (the sixth review's candidate rule: once o's log shows a checkpoint
+                      # of that round or higher; a mutation that must fail, J6-3)
+    sealraise='frozen',  # a self-sealed run's retention value: 'frozen' at its last batch (the
+                      # model's conservative default), 'seal' raised to its seal (J6-6's
+                      # mutation), 'claims' raised to the lowest entry walks can still take (fix)
+    c2gap='0',        # K1b: '0' C2 and the tenure's start are one step; '1' two steps (a
+                      # writer resolves slots between its C2 LIST and its first serve)
     cpwalk='1',       # J5: a higher claim found at a checkpoint triggers a walk (J4-4); '0':
                       # Fenced at once (the fourth draft; a liveness rule, not a mutation)
     late='0', after='1')
@@ -231,10 +241,18 @@ def tenure_entry(w, crun, frm):
     return frm
 
 
-def born_fenced(w, org, rnd):
+def born_fenced(w, org, rnd, L=None):
     """J2 applied before the tenure starts: an exclusion of org of a higher round that the
-    writer already resolved (in any of its runs) fences the tenure before it serves."""
-    return opt('j2start') == '1' and any(g == org and r > rnd for (g, r) in w['met'])
+    writer already resolved (in any of its runs) fences the tenure before it serves. With
+    forget=ckpt an exclusion is forgotten (ignored) once org's log shows a checkpoint of its
+    round or higher."""
+    if opt('j2start') != '1':
+        return False
+    met = [r for (g, r) in w['met'] if g == org and r > rnd]
+    if opt('forget') == 'ckpt' and L is not None:
+        cps = [e[1] for (g, s), e in L.items() if g == org and e[0] == 'CP']
+        met = [r for r in met if not any(c >= r for c in cps)]
+    return bool(met)
 
 
 def meet(w, obj):
@@ -463,12 +481,21 @@ def claim_moves(S, wi, put):
             w2 = w2.set('clent', w['clent'] | {(crun, frm)})
             out.append(('%s claims %s at log %d after %s (round %d, from %s/%d)'
                         % (me, org, head + 1, point, rnd, w['run'], frm), put(w2, J, L2)))
-    elif kind == 'fcheck':
+    elif kind == 'fcheck' and opt('c2gap') == '1':
+        # K1b.2 and K1b.3 as two steps: C2's LIST passes, then (after the hydrate) the tenure
+        # starts, J2 at birth judged then
         _, seq, rnd, hist, crun, frm = t
         if any(g == org and s > seq for (g, s) in L):
             out.append(('%s C2 finds an entry above: abandoned' % me,
                         put(w.set('task', None).set('tries', w['tries'] + 1))))
-        elif born_fenced(w, org, rnd):
+        else:
+            out.append(('%s C2 passes' % me, put(w.set('task', ('fserve',) + t[1:]))))
+    elif kind in ('fcheck', 'fserve'):
+        _, seq, rnd, hist, crun, frm = t
+        if kind == 'fcheck' and any(g == org and s > seq for (g, s) in L):
+            out.append(('%s C2 finds an entry above: abandoned' % me,
+                        put(w.set('task', None).set('tries', w['tries'] + 1))))
+        elif born_fenced(w, org, rnd, L):
             out.append(('%s met an exclusion of %s of a higher round: fenced before serving' % (me, org),
                         put(w.set('task', None).set('tries', MAXTRY))))
         else:
@@ -533,7 +560,7 @@ def claim_moves(S, wi, put):
                 J2 = J.set((run, s), ('X', f, org, rnd, xr, frm, me))
                 task = ('recheck', rnd, run, entry, f, fences + ((run, s),), cf)
                 out.append(('%s second exclusion at %s/%d' % (me, run, s), put(w.set('task', task), J2)))
-            elif born_fenced(w, org, rnd):
+            elif born_fenced(w, org, rnd, L):
                 out.append(('%s met an exclusion of %s of a higher round: fenced before serving'
                             % (me, org), put(w.set('task', None).set('tries', MAXTRY))))
             else:
@@ -622,7 +649,7 @@ def adopt_moves(S, wi, put):
             wk = walk(J, L, org)
             passed = any(r == run and s in seals for (r, s) in wk['seals'])
             if wk['kind'] == 'held' and wk['run'] == w['run'] and passed \
-                    and not born_fenced(w, org, wk['round']):
+                    and not born_fenced(w, org, wk['round'], L):
                 held.append((org, wk['round'], wk['hist'], None))
                 ent = ent.set(org, tenure_entry(w, crun, frm))
                 T2 = register(T2, org, wk['round'], me, wk['hist'])
@@ -658,6 +685,26 @@ def r_moves(S):
             if not bs:
                 continue
             m = min(bs[-1][1][3], F)
+            ss = [s for s, o in objs if o[0] == 'SS']
+            if ss and opt('sealraise') != 'frozen':
+                # the `retain` raise of a self-sealed run (J4-7): 'seal' raises its value to the
+                # seal (J6-6's mutation); 'claims' to the lowest entry walks can still take into
+                # it: the `from` of every claim, exclusion and adopt seal naming it, and
+                # `through` + 1 of every newest checkpoint through one of its slots (J6-6's fix)
+                raised = ss[0]
+                if opt('sealraise') == 'claims':
+                    # a claim counts until superseded: its org's log shows a newer checkpoint
+                    ents = [e[3] for (g, q), e in L.items() if e[0] == 'CL' and e[2] == run
+                            and not any(gg == g and qq > q and ee[0] == 'CP'
+                                        for (gg, qq), ee in L.items())]
+                    ents += [o[5] for o in J.values() if o[0] == 'X' and o[4] == run]
+                    ents += [o[3] for o in J.values() if o[0] == 'AS' and o[2] == run]
+                    for g in ORGS:
+                        cp = newest_cp(L, g)
+                        if cp is not None and cp[1][2] == run:
+                            ents.append(cp[1][3] + 1)
+                    raised = min([raised] + ents)
+                m = max(m, raised)
             for slot, o in bs:
                 if slot < m:
                     out.append(('R deletes %s/%d (m=%d)' % (run, slot, m),
@@ -759,6 +806,8 @@ MUTATIONS = (dict(scenario='release', after='0'),          # J3-1: a free walk i
              dict(scenario='k1b', follow='0'),             # entries dropped at a self-seal
              dict(scenario='k1p', j2start='0'),            # J2 not applied before the tenure
              dict(scenario='k1p', xrun='cur'),             # exclusion names the current run
+             dict(scenario='k1b', forget='ckpt', c2gap='1'),  # J6-3: forget at a checkpoint
+             dict(scenario='claim', sealraise='seal'),    # J6-6: a sealed run raised to its seal
              )
 
 
