@@ -58,6 +58,9 @@ DEFAULTS = dict(
                       # mutation), 'claims' raised to the lowest entry walks can still take (fix)
     c2gap='0',        # K1b: '0' C2 and the tenure's start are one step; '1' two steps (a
                       # writer resolves slots between its C2 LIST and its first serve)
+    claimsrun='chain',  # J6-1 (scenario j61 only): the roster's `claims` list holds the writer's
+                      # unsuperseded claims naming the run or an earlier run of its chain (the
+                      # fix); 'cur': only claims naming the run itself (the fifth draft, mutation)
     cpwalk='1',       # J5: a higher claim found at a checkpoint triggers a walk (J4-4); '0':
                       # Fenced at once (the fourth draft; a liveness rule, not a mutation)
     late='0', after='1')
@@ -588,6 +591,33 @@ def chain_end(J, victim):
         return run
 
 
+def k23_learned(J, victim):
+    """K2.3 (scenario j61): the orgs the adopter learns: those in the newest roster that exists
+    (a run's first batch; read back along the chain's self-seals) and in the sections and
+    `claims` lists of every batch after it. A batch's optional fifth field is its `claims` list,
+    ((org, run, from), ...)."""
+    chain = []
+    run = victim + '1'
+    while True:
+        chain.append(run)
+        ss = [o for _, o in run_objs(J, run) if o[0] == 'SS']
+        if not ss:
+            break
+        run = ss[0][2]
+    start = 0
+    for i, r in enumerate(chain):
+        if any(o[0] == 'B' for _, o in run_objs(J, r)):
+            start = i
+    learned = set()
+    for r in chain[start:]:
+        for _, o in run_objs(J, r):
+            if o[0] == 'B':
+                learned |= set(g for (g, _, _) in o[2])
+                if len(o) > 4:
+                    learned |= set(c[0] for c in o[4])
+    return learned
+
+
 def adopt_moves(S, wi, put):
     J, L, Ws, T, fails = S
     w = Ws[wi]
@@ -645,10 +675,11 @@ def adopt_moves(S, wi, put):
         ent = w['ent']
         T2 = T
         got = []
+        learned = k23_learned(J, victim) if SCENARIOS[CUR_SCEN].get('roster') else set(ORGS)
         for org in ORGS:
             wk = walk(J, L, org)
             passed = any(r == run and s in seals for (r, s) in wk['seals'])
-            if wk['kind'] == 'held' and wk['run'] == w['run'] and passed \
+            if org in learned and wk['kind'] == 'held' and wk['run'] == w['run'] and passed \
                     and not born_fenced(w, org, wk['round'], L):
                 held.append((org, wk['round'], wk['hist'], None))
                 ent = ent.set(org, tenure_entry(w, crun, frm))
@@ -789,8 +820,32 @@ SCENARIOS['k1p'] = dict(writers=lambda: (mkw('H', held=(('o', 1, (), None),)),
                                          mkw('D', claim='o')), maxfail=1, maxtry=1,
                         slots={'H1': 1, 'C1': 2, 'C2': 2})
 
+# J6-1 (sixth attack): the finding's steps 1-5 as the initial store (W's claim and self-seal are
+# reachable in k1b; starting after them keeps the state count small). o is free at the initial
+# point; W held p in W1 and claimed o by K1b (log o/1: round 1, run W1, from 1, after the free
+# point), the claim in progress (or abandoned but still the highest naming the free point); W's
+# put of W1/1 failed, W self-sealed W1/1 -> W2, and W2/1 landed: the roster, sections [p],
+# `claims` [] (claimsrun=cur: c names W1) or [(o, W1, 1)] (claimsrun=chain); then W stops (dead
+# or paused: A is forced). A adopts W learning orgs by K2.3 (roster + `claims`) and counts in its
+# retain_below only the orgs it adopted; E and F claim o by K1.
+def j61_preset(J, L, T):
+    cl = (('o', 'W1', 1),) if opt('claimsrun') == 'chain' else ()
+    hp = (('W', 1),)
+    J = J.set(('W1', 1), ('SS', 1, 'W2'))
+    J = J.set(('W2', 1), ('B', 1, (('p', 1, hp),), 1, cl))
+    L = L.set(('o', 1), ('CL', 1, 'W1', 1, ('init',), 'W'))
+    L = L.set(('p', 1), ('CL', 1, 'W1', 1, ('init',), 'W'))
+    T = T.set(('p', 1), ('W', (), hp))
+    return J, L, T
+
+
+SCENARIOS['j61'] = dict(writers=lambda: (mkw('W').set('st', 'dead'), mkw('A', adopt='W'),
+                                         mkw('E', claim='o'), mkw('F', claim='o')),
+                        maxfail=0, maxtry=1, slots={'A1': 3}, roster=True, preset=j61_preset)
+
 MAXFAIL = 2
 MAXTRY = 2
+CUR_SCEN = None
 
 # `python3 model.py` runs these (the fifth draft's rules); k1brel is left out: it is not
 # exhaustive within 10 minutes and 6 GB (README).
@@ -820,6 +875,8 @@ def init_store(scen):
         for (org, rnd, hist, _) in w['held']:
             L = L.set((org, 1), ('CL', rnd, w['run'], 1, ('init',), w['name']))
             T = register(T, org, rnd, w['name'], hist)
+    if 'preset' in SCENARIOS[scen]:
+        J, L, T = SCENARIOS[scen]['preset'](J, L, T)
     return (J, L, Ws, T, 0)
 
 
@@ -857,7 +914,8 @@ def stats_of(S, st):
 
 
 def search(scen, quiet=False):
-    global MAXFAIL, MAXTRY
+    global MAXFAIL, MAXTRY, CUR_SCEN
+    CUR_SCEN = scen
     sc = SCENARIOS[scen]
     MAXFAIL = int(ARGS.get('maxfail', sc['maxfail']))
     MAXTRY = int(ARGS.get('maxtry', sc['maxtry']))
