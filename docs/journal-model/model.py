@@ -850,7 +850,7 @@ CUR_SCEN = None
 # `python3 model.py` runs these (the fifth draft's rules); k1brel is left out: it is not
 # exhaustive within 10 minutes and 6 GB (README).
 DEFAULT_RUNS = (('claim', {}), ('claim', {'late': '1'}), ('adopt', {}), ('adopt', {'maxfail': '1'}),
-                ('release', {}), ('stale', {}), ('k1b', {}), ('t3', {}), ('k1p', {}))
+                ('release', {}), ('stale', {}), ('k1b', {}), ('t3', {}), ('k1p', {}), ('j61', {}))
 
 # `python3 model.py mutations`: each must find a violation.
 MUTATIONS = (dict(scenario='release', after='0'),          # J3-1: a free walk ignores `after`
@@ -863,6 +863,7 @@ MUTATIONS = (dict(scenario='release', after='0'),          # J3-1: a free walk i
              dict(scenario='k1p', xrun='cur'),             # exclusion names the current run
              dict(scenario='k1b', forget='ckpt', c2gap='1'),  # J6-3: forget at a checkpoint
              dict(scenario='claim', sealraise='seal'),    # J6-6: a sealed run raised to its seal
+             dict(scenario='j61', claimsrun='cur'),       # J6-1: `claims` lists the current run's
              )
 
 
@@ -904,6 +905,8 @@ def stats_of(S, st):
         st['a release seal landed'] += 1
     if any(v[0] == 'A' for v in T.values()):
         st['the adopter serves'] += 1
+    if any(k[0] == 'o' and v[0] == 'A' for k, v in T.items()):
+        st['the adopter serves o'] += 1
     if sum(1 for k, v in T.items() if k[0] == 'o' and v[0] != 'H') >= 2:
         st['two successive successors of o serve'] += 1
     if any(e[0] == 'CP' for e in L.values()):
@@ -933,7 +936,7 @@ def search(scen, quiet=False):
     st = {k: 0 for k in ('a successor serves', 'a successor acknowledges', 'the holder acknowledges',
                          'holder acked and a successor serves', 'the holder is fenced',
                          'a self-seal landed', 'an adopt seal landed', 'a release seal landed',
-                         'the adopter serves', 'two successive successors of o serve',
+                         'the adopter serves', 'the adopter serves o', 'two successive successors of o serve',
                          'a checkpoint landed', 'o: an acking tenure, then a later tenure serves')}
     while q or nxtq:
         if not q:
