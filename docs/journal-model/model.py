@@ -8,6 +8,8 @@ DEFAULTS plus maxfail=N and maxtry=N. Progress (BFS depth, states) goes to stder
 
 Writers (processes) each own runs; a run is a create-only sequence of slots. Objects:
   ('B', floor, sects, retain_below)      batch; sects = ((org, round, hist), ...)
+                                         (scenario j61's preset roster has a fifth field,
+                                         its `claims` list ((org, run, from), ...), J6-1)
   ('SS', floor, cont)                    self-seal, continued run (entered at slot 1)
   ('AS', floor, cont, frm)               adopt seal, adopter's run entered at frm, round + 1
   ('RS', floor)                          release seal: a free point
