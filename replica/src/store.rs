@@ -103,7 +103,8 @@ impl Store {
         }
         let meta = got.meta.clone();
         let mut stream = got.into_stream();
-        let mut out = Vec::new();
+        // The size the store gave, already under `max`: one allocation for an honest store.
+        let mut out = Vec::with_capacity(usize::try_from(meta.size).unwrap_or(0));
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {
                 Ok(c) => c,
