@@ -173,6 +173,19 @@ pub enum Error {
         /// The round of the entry found in our slot or above it.
         theirs: u64,
     },
+    /// The writer's journal run can acknowledge nothing more: another process sealed it
+    /// (an adoption after a crash, `docs/design.md` 3g K2), or it holds an object this writer
+    /// never made. Every org of the run is lost to this writer (I7): stop them all and drop
+    /// their local files.
+    #[error("journal {run}: fenced at slot {slot}: {reason}")]
+    RunFenced {
+        /// The run.
+        run: String,
+        /// The slot where the writer met the fence.
+        slot: u64,
+        /// What it met.
+        reason: String,
+    },
     /// The slot a ship or release was published at holds a stray: a pipelined ship of the
     /// writer this claim fenced, landed above the claim (`docs/design.md` 3e, W5). The claim
     /// moved past it and stays usable; nothing was published. Ship again.
@@ -432,6 +445,7 @@ impl Error {
             | Error::SlotTaken { .. }
             | Error::Io { .. } => ErrorKind::Retry,
             Error::Fenced { .. }
+            | Error::RunFenced { .. }
             | Error::PublishUnknown { .. }
             | Error::ClaimUnusable { .. }
             | Error::FilesChanged { .. } => ErrorKind::Reacquire,

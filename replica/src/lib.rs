@@ -84,6 +84,7 @@ mod error;
 mod failpoint;
 mod fence;
 mod format;
+pub mod journal;
 mod levels;
 pub mod live;
 pub mod metrics;

@@ -10,6 +10,7 @@
 //! <prefix>/orgs/<org>/refs/<clone>.json                     segments a clone names (2e)
 //! <prefix>/orgs/<org>/lease.json                            advisory lease of the org's claim
 //! <prefix>/processes/<instance>.json                        a writer process's lease
+//! <prefix>/journals/<instance>-<run:020>/<slot:020>.jnl     a writer's journal (3g)
 //! ```
 
 use object_store::path::Path;
@@ -55,6 +56,13 @@ impl Layout {
     /// `name` must pass [`crate::format::level::parse_level_name`] (one path segment, I12).
     pub(crate) fn level(&self, org: &OrgId, name: &str) -> Path {
         self.join(&format!("orgs/{org}/levels/{name}"))
+    }
+    /// The objects of one journal run (`run` validated when parsed or built, I12).
+    pub(crate) fn journal_dir(&self, run: &crate::format::journal::RunName) -> Path {
+        self.join(&format!("journals/{run}"))
+    }
+    pub(crate) fn journal(&self, run: &crate::format::journal::RunName, slot: u64) -> Path {
+        self.join(&format!("journals/{run}/{slot:020}.jnl"))
     }
     pub(crate) fn log(&self, org: &OrgId, seq: u64) -> Path {
         self.join(&format!("orgs/{org}/log/{seq:020}.json"))

@@ -6,6 +6,7 @@ pub(crate) mod body;
 pub(crate) mod checksum;
 pub(crate) mod clone_ref;
 pub(crate) mod entry;
+pub(crate) mod journal;
 pub(crate) mod layout;
 pub mod level;
 pub mod manifest;

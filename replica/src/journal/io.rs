@@ -1,0 +1,280 @@
+//! Reading and creating journal objects (`journals/<run>/<slot:020>.jnl`): the only code
+//! that touches them. A create is settled by re-reading when its outcome is in doubt (I9);
+//! a header is read by a range GET of the object's first bytes, a section by a range GET of
+//! its frame, so a reader of one org never downloads the other orgs' pages.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutPayload};
+use tracing::debug;
+
+use crate::format::journal::{
+    self, JournalHeader, JournalObject, PREFIX, RunName, SectionIndex, parse_slot_name,
+};
+use crate::{Error, Replica};
+
+/// Bytes fetched first when reading a header: a batch of a few hundred orgs' index fits.
+const HEAD_READ: u64 = 64 << 10;
+
+/// One object of a run as a reader saw it: its header and where its frames start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The header, checked against the object's name.
+    pub header: JournalHeader,
+    /// Length of the header JSON, bytes (frames start after the prefix and it).
+    pub(crate) header_len: usize,
+    /// The object's size, bytes.
+    pub size: u64,
+}
+
+/// The objects of one run from a slot up, in slot order, as one LIST saw them (P works from
+/// exactly this, never from a fresh listing: `docs/design.md` 3g, J3-4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunListing {
+    /// The run listed.
+    pub run: RunName,
+    /// The lowest slot listed.
+    pub from: u64,
+    /// Every object at or above `from`, by slot.
+    pub objects: BTreeMap<u64, Listed>,
+}
+
+impl RunListing {
+    /// The slot after the highest listed object (`from` for an empty listing): the run's end
+    /// slot as this listing saw it.
+    pub fn end_slot(&self) -> u64 {
+        self.objects.keys().next_back().map_or(self.from, |s| s + 1)
+    }
+
+    /// The highest `floor` among the listed objects (0 for none): no writer creates below
+    /// the highest floor it wrote (T1).
+    pub fn highest_floor(&self) -> u64 {
+        self.objects
+            .values()
+            .map(|o| o.header.floor)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The outcome of a create-only put of a journal object that did not fail.
+#[derive(Debug)]
+pub enum Created {
+    /// Our object is in the slot (created now, or by an earlier try: the nonce matched).
+    Landed,
+    /// Another object holds the slot.
+    Taken(Box<JournalHeader>),
+}
+
+impl Replica {
+    /// Create-only put of a journal object at its run and slot, settled by re-reading the
+    /// slot's header whenever the put does not plainly succeed (I9): our nonce read back is a
+    /// landing, another's is [`Created::Taken`]; an empty slot is tried once more.
+    ///
+    /// # Errors
+    /// [`Error::StoreRefused`] when the put failed twice and the slot read back empty both
+    /// times; [`Error::PublishUnknown`] when the re-read fails (the object may have landed).
+    pub(crate) async fn journal_create(
+        &self,
+        header: &JournalHeader,
+        bytes: Bytes,
+    ) -> Result<Created, Error> {
+        let store = &self.inner.store;
+        store.writable("journal create")?;
+        let path = store.layout.journal(&header.run, header.slot);
+        let mut retried = false;
+        loop {
+            let put = store
+                .object
+                .put_opts(
+                    &path,
+                    PutPayload::from(bytes.clone()),
+                    PutMode::Create.into(),
+                )
+                .await;
+            let cause = match put {
+                Ok(_) => return Ok(Created::Landed),
+                Err(e) => {
+                    debug!(run = %header.run, slot = header.slot, error = %e, "journal create not plainly landed; re-reading");
+                    e
+                }
+            };
+            let unknown = |source: Error| Error::PublishUnknown {
+                org: format!("journal {}", header.run),
+                seq: header.slot,
+                source: Box::new(source),
+            };
+            match self.read_journal_header(&header.run, header.slot).await {
+                Ok(Some(found)) if found.header.nonce == header.nonce => {
+                    return Ok(Created::Landed);
+                }
+                Ok(Some(found)) => return Ok(Created::Taken(Box::new(found.header))),
+                Ok(None) if !retried => retried = true,
+                Ok(None) => {
+                    return Err(Error::StoreRefused {
+                        org: format!("journal {}", header.run),
+                        seq: header.slot,
+                        source: Box::new(Error::store("put", &path, cause)),
+                    });
+                }
+                // A damaged object in our slot is not ours: we never write one.
+                Err(e @ Error::Corrupt { .. }) => return Err(e),
+                Err(e) => return Err(unknown(e)),
+            }
+        }
+    }
+
+    /// The header of the object at `slot` of `run`; `None` when there is none. One range GET
+    /// when the header fits in the first 64 KiB, two otherwise.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] / [`Error::UnknownFormat`] for a header that fails its checks;
+    /// [`Error::Store`].
+    pub async fn read_journal_header(
+        &self,
+        run: &RunName,
+        slot: u64,
+    ) -> Result<Option<Listed>, Error> {
+        let store = &self.inner.store;
+        let path = store.layout.journal(run, slot);
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(0..HEAD_READ)),
+            ..GetOptions::default()
+        };
+        let got = match store.object.get_opts(&path, opts).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(Error::store("get", &path, e)),
+        };
+        let size = got.meta.size;
+        let mut head = got
+            .bytes()
+            .await
+            .map_err(|e| Error::store("get", &path, e))?
+            .to_vec();
+        let len = journal::header_len(path.as_ref(), &head)?;
+        let want = (PREFIX + len) as u64;
+        if want > size {
+            return Err(Error::corrupt(
+                path.as_ref(),
+                "journal header past the object's end",
+            ));
+        }
+        if (head.len() as u64) < want {
+            let rest = store
+                .object
+                .get_range(&path, head.len() as u64..want)
+                .await
+                .map_err(|e| Error::store("get", &path, e))?;
+            head.extend_from_slice(&rest);
+        }
+        let header = journal::parse_header(path.as_ref(), &head, run, slot, size)?;
+        Ok(Some(Listed {
+            header,
+            header_len: len,
+            size,
+        }))
+    }
+
+    /// Lists `run` from `from` up (S3's start-after, so the cost follows the objects above
+    /// `from`) and reads every listed object's header, `read_concurrency` at a time.
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`] when a listed object is gone before its header is read (the
+    /// caller re-plans, `docs/design.md` 3g "Readers"); [`Error::Corrupt`] for a name or
+    /// header that fails its checks; [`Error::Store`].
+    pub async fn list_run(&self, run: &RunName, from: u64) -> Result<RunListing, Error> {
+        let store = &self.inner.store;
+        let dir = store.layout.journal_dir(run);
+        let from = from.max(1);
+        let listed: Vec<object_store::ObjectMeta> = if from == 1 {
+            store.list_all(&dir).await?
+        } else {
+            let offset = store.layout.journal(run, from - 1);
+            store
+                .object
+                .list_with_offset(Some(&dir), &offset)
+                .try_collect()
+                .await
+                .map_err(|e| Error::store("list", &dir, e))?
+        };
+        let mut slots = Vec::with_capacity(listed.len());
+        for meta in &listed {
+            let name = meta.location.filename().unwrap_or_default();
+            match parse_slot_name(name) {
+                Some(slot) if slot >= from => slots.push(slot),
+                Some(_) => {}
+                None => {
+                    return Err(Error::corrupt(
+                        meta.location.as_ref(),
+                        "not a journal slot name",
+                    ));
+                }
+            }
+        }
+        let reads = futures::stream::iter(slots)
+            .map(|slot| async move {
+                match self.read_journal_header(run, slot).await? {
+                    Some(l) => Ok((slot, l)),
+                    None => Err(Error::MissingObject {
+                        path: self.inner.store.layout.journal(run, slot).to_string(),
+                    }),
+                }
+            })
+            .buffer_unordered(self.inner.settings.read_concurrency.max(1))
+            .try_collect::<BTreeMap<u64, Listed>>()
+            .await?;
+        Ok(RunListing {
+            run: run.clone(),
+            from,
+            objects: reads,
+        })
+    }
+
+    /// The uncompressed delta body of `section` of the batch `listed` (one range GET of its
+    /// frame), checked against the digest that binds it to its org, run and slot.
+    ///
+    /// # Errors
+    /// [`Error::MissingObject`] when the object is gone; [`Error::Corrupt`] when the frame
+    /// fails its checks or `listed` is not a batch holding `section`; [`Error::Store`].
+    pub async fn read_journal_section(
+        &self,
+        listed: &Listed,
+        section: &SectionIndex,
+    ) -> Result<Vec<u8>, Error> {
+        let store = &self.inner.store;
+        let h = &listed.header;
+        let path = store.layout.journal(&h.run, h.slot);
+        let holds = matches!(&h.object, JournalObject::Batch(b) if b.sections.contains(section));
+        if !holds {
+            return Err(Error::corrupt(
+                path.as_ref(),
+                "the batch holds no such section",
+            ));
+        }
+        let range = journal::frame_range(listed.header_len, section);
+        if range.end > listed.size {
+            return Err(Error::corrupt(
+                path.as_ref(),
+                "section frame past the object's end",
+            ));
+        }
+        let frame = match store.object.get_range(&path, range).await {
+            Ok(b) => b,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::MissingObject {
+                    path: path.to_string(),
+                });
+            }
+            Err(e) => return Err(Error::store("get", &path, e)),
+        };
+        let object = path.to_string();
+        let (run, slot, section) = (h.run.clone(), h.slot, section.clone());
+        crate::replica::blocking("journal section", move || {
+            journal::section_body(&object, &run, slot, &section, &frame)
+        })
+        .await
+    }
+}

@@ -1,0 +1,24 @@
+//! The journal (`docs/design.md` 3g): one create-only object per group-commit tick of a
+//! writer process acknowledges every org that committed during the tick, and one seal
+//! fences every org of a dead writer's run.
+//!
+//! This layer is the store protocol of runs: the objects (`format/journal.rs`), a writer's
+//! run ([`Run`]: J1-J4), P's fences ([`Replica::place_fence`], [`Replica::exclude`],
+//! [`Replica::adopt_run`]) and K0's scan of runs ([`scan`], [`Replica::walk_runs`]). The
+//! org logs' format-5 entries (claims naming a run, checkpoints) are not built yet: the
+//! org layer ships per org (3, 3e).
+
+mod io;
+mod place;
+mod run;
+mod walk;
+
+pub use crate::format::journal::{
+    Announced, Base, Batch, Exclusion, JOURNAL_MAGIC, JOURNAL_VERSION, JournalHeader,
+    JournalObject, MAX_JOURNAL_HEADER_BYTES, MAX_SECTION_BYTES, RunName, Seal, SealKind,
+    SectionIndex, Via,
+};
+pub use io::{Created, Listed, RunListing};
+pub use place::{Adoption, Excluded, Placement};
+pub use run::{BatchLanding, IssuedBatch, Run, SectionInput};
+pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};

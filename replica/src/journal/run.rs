@@ -1,0 +1,652 @@
+//! A writer process's run (`docs/design.md` 3g, "Writer rules"): batches issued in slot
+//! order below `floor + window`, landed concurrently, acknowledged as the **resolved prefix**
+//! grows (J1); a slot holding another writer's object resolved by J2; a failed put ending the
+//! run with a self-seal at the lowest unresolved slot once everything in flight has settled
+//! (J3); a drained run ended by a release seal (J4).
+//!
+//! ```text
+//! issue_batch(&mut run, sections)   takes the next slot (below floor + window), encodes
+//! land_batch(&batch)                create-only put, settled by re-reading (I9); no run
+//!                                   borrowed, so several land at once
+//! run.settle(batch, landing)        resolves the slot; returns the prefix's end
+//! run.acknowledges(org, slot)       a commit in that slot's section is acknowledged (J1)
+//! seal_self(&mut run)               J3: the continued run, after the seal landed
+//! seal_release(&mut run)            J4: the drained run's end
+//! ```
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use tracing::{debug, warn};
+
+use crate::format::journal::{
+    self, Batch, Exclusion, JournalHeader, JournalObject, RunName, Seal, SealKind, SectionFrame,
+    SectionIndex,
+};
+use crate::format::layout::new_nonce;
+use crate::journal::io::Created;
+use crate::journal::{Base, Via};
+use crate::{Delta, Error, OrgId, Replica};
+
+/// Tries of a seal's create at one slot, within one call, before the call returns the
+/// error; the next call retries the same body at the same slot (J3.2).
+const SEAL_TRIES: u32 = 3;
+
+/// What a slot of the run holds, as far as its writer knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Slot {
+    /// Issued, not settled.
+    InFlight { nonce: String },
+    /// Our object landed there.
+    Ours,
+    /// Another writer's object (an exclusion) is there, resolved by J2.
+    Foreign,
+    /// Our put failed or its outcome is unknown: unresolved until a seal's collision shows
+    /// whose it is.
+    Failed { nonce: String },
+}
+
+/// Where the run is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Open,
+    /// A put failed: nothing more is issued; J3 seals once everything settled.
+    Failing,
+    /// Ended by our own seal at `slot` (self or release).
+    Sealed {
+        slot: u64,
+    },
+    /// Another process's seal (or an object we never made) at `slot`: nothing more is
+    /// acknowledged.
+    Fenced {
+        slot: u64,
+        reason: String,
+    },
+}
+
+/// One org held in the run: its tenure's round, and where an exclusion ended it.
+#[derive(Clone, Debug)]
+struct Tenure {
+    round: u64,
+    /// The slot and round of the first exclusion that fenced it (J2).
+    fenced: Option<(u64, u64)>,
+}
+
+/// One org's section of a batch to issue: the tenure it is written under and its pages,
+/// cumulative from `base` (`docs/design.md` 3g, "Objects").
+#[derive(Debug)]
+pub struct SectionInput {
+    /// The org.
+    pub org: OrgId,
+    /// How its tenure began.
+    pub via: Via,
+    /// The checkpoint the pages are counted from.
+    pub base: Base,
+    /// The database checksum after the pages are applied to the base.
+    pub checksum: String,
+    /// Every page changed since `base`, and the commit counter they hold.
+    pub pages: Delta,
+    /// The org is released by this section (J4).
+    pub released: bool,
+}
+
+/// A batch issued in a run and not yet settled. Not `Clone`: it is settled once.
+#[derive(Debug)]
+pub struct IssuedBatch {
+    header: JournalHeader,
+    bytes: Bytes,
+    commits: Vec<(OrgId, u64)>,
+}
+
+impl IssuedBatch {
+    /// The batch's slot.
+    pub fn slot(&self) -> u64 {
+        self.header.slot
+    }
+
+    /// The `(org, commit counter)` of every section it holds.
+    pub fn commits(&self) -> &[(OrgId, u64)] {
+        &self.commits
+    }
+
+    /// The encoded object's size, bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// True for a batch of no bytes (never: a batch has at least its header).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+/// The outcome of [`Replica::land_batch`].
+#[derive(Debug)]
+pub enum BatchLanding {
+    /// The batch is in its slot (now, or by an earlier try).
+    Landed,
+    /// Another object holds the slot.
+    Taken(Box<JournalHeader>),
+    /// The put failed, or its outcome is unknown (I9): the slot stays unresolved (J3).
+    Failed(Error),
+}
+
+/// A writer process's run: the slots it issued, the orgs it holds and what fenced them.
+#[derive(Debug)]
+pub struct Run {
+    name: RunName,
+    writer: String,
+    window: u64,
+    next: u64,
+    /// The lowest unresolved slot: every slot below it is resolved (the resolved prefix).
+    prefix: u64,
+    slots: BTreeMap<u64, Slot>,
+    tenures: BTreeMap<OrgId, Tenure>,
+    /// Per org, the highest round of an exclusion resolved foreign in this run or an earlier
+    /// one of its chain (J2, "Before a tenure starts").
+    remembered: BTreeMap<OrgId, u64>,
+    state: State,
+    /// J3.2 / J4: the seal being placed, retried at its slot with the same body.
+    pending_seal: Option<JournalHeader>,
+    /// The zstd level of section frames.
+    level: i32,
+}
+
+impl Run {
+    /// A new run named `name`, written by `writer`, with at most `window` slots in flight
+    /// (1..=[`crate::MAX_SHIP_WINDOW`]). Nothing is written until a batch lands.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] for a window out of range; [`Error::InvalidWriter`].
+    pub fn new(name: RunName, writer: &str, window: u64) -> Result<Run, Error> {
+        crate::org_id::check_writer(writer)?;
+        if !(1..=crate::MAX_SHIP_WINDOW).contains(&window) {
+            return Err(Error::InvalidSettings {
+                reason: format!(
+                    "a journal window of {window}, outside 1..={}",
+                    crate::MAX_SHIP_WINDOW
+                ),
+            });
+        }
+        Ok(Run {
+            name,
+            writer: writer.to_owned(),
+            window,
+            next: 1,
+            prefix: 1,
+            slots: BTreeMap::new(),
+            tenures: BTreeMap::new(),
+            remembered: BTreeMap::new(),
+            state: State::Open,
+            pending_seal: None,
+            level: 3,
+        })
+    }
+
+    /// The run's name.
+    pub fn name(&self) -> &RunName {
+        &self.name
+    }
+
+    /// The lowest slot not resolved: every slot below it is (J1's prefix ends here). A
+    /// claim, exclusion or adopt seal this writer makes names it as `from` (J4-1).
+    pub fn floor(&self) -> u64 {
+        self.prefix
+    }
+
+    /// Slots issued and not settled.
+    pub fn in_flight(&self) -> usize {
+        self.slots
+            .values()
+            .filter(|s| matches!(s, Slot::InFlight { .. }))
+            .count()
+    }
+
+    /// True when a put failed and J3's self-seal is due ([`Replica::seal_self`]) once
+    /// nothing is in flight.
+    pub fn needs_seal(&self) -> bool {
+        self.state == State::Failing
+    }
+
+    /// True while batches may be issued.
+    pub fn is_open(&self) -> bool {
+        self.state == State::Open
+    }
+
+    /// Starts `org`'s tenure of `round` in this run (K1.5, K1b.3, K2.4, K4).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when the writer resolved an exclusion of `org` of a higher round
+    /// (J2 at birth: the tenure never serves); [`Error::RunFenced`] on a fenced run.
+    pub fn attach(&mut self, org: &OrgId, round: u64) -> Result<(), Error> {
+        self.usable()?;
+        if let Some(&theirs) = self.remembered.get(org)
+            && theirs > round
+        {
+            return Err(Error::Fenced {
+                org: org.to_string(),
+                ours: round,
+                theirs,
+            });
+        }
+        self.tenures.insert(
+            org.clone(),
+            Tenure {
+                round,
+                fenced: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// Ends `org`'s tenure here (its release landed, or it moved).
+    pub fn detach(&mut self, org: &OrgId) {
+        self.tenures.remove(org);
+    }
+
+    /// Forgets the exclusions of `org` this writer resolved: call only when no claim,
+    /// adoption or K4 attach of `org` is in progress (J2, J6-3).
+    pub fn forget_exclusions(&mut self, org: &OrgId) {
+        self.remembered.remove(org);
+    }
+
+    /// Whether a commit of `org` in the section at `slot` is acknowledged (J1): `slot` is
+    /// inside the resolved prefix and below any exclusion that fenced `org`.
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when an exclusion at or below `slot` fenced `org`'s tenure;
+    /// [`Error::RunFenced`] when another process's seal ended the run at or below `slot`;
+    /// [`Error::ClaimUnusable`] when `org` holds no tenure here.
+    pub fn acknowledges(&self, org: &OrgId, slot: u64) -> Result<bool, Error> {
+        if let State::Fenced { slot: at, reason } = &self.state
+            && *at <= slot
+        {
+            return Err(self.run_fenced(*at, reason));
+        }
+        let tenure = self.tenures.get(org).ok_or_else(|| Error::ClaimUnusable {
+            org: org.to_string(),
+            round: 0,
+            reason: "no tenure in this journal run",
+        })?;
+        if let Some((at, theirs)) = tenure.fenced
+            && at <= slot
+        {
+            return Err(Error::Fenced {
+                org: org.to_string(),
+                ours: tenure.round,
+                theirs,
+            });
+        }
+        Ok(slot < self.prefix)
+    }
+
+    /// Records `landing`, the outcome of `batch`, and returns the end of the resolved
+    /// prefix: every slot below it is resolved, and a commit in a batch below it is
+    /// acknowledged unless [`Run::acknowledges`] says its org was fenced. A failed put
+    /// leaves its slot unresolved and makes [`Run::needs_seal`] true (J3).
+    ///
+    /// # Errors
+    /// [`Error::RunFenced`] when the slot holds another process's seal or an object this
+    /// writer never made: the run acknowledges nothing at or above it, ever.
+    pub fn settle(&mut self, batch: IssuedBatch, landing: BatchLanding) -> Result<u64, Error> {
+        let slot = batch.slot();
+        match landing {
+            BatchLanding::Landed => {
+                self.slots.insert(slot, Slot::Ours);
+            }
+            BatchLanding::Taken(theirs) => self.resolve_foreign(slot, &theirs)?,
+            BatchLanding::Failed(e) => {
+                warn!(run = %self.name, slot, error = %e, "journal batch not landed; the run ends (J3)");
+                self.slots.insert(
+                    slot,
+                    Slot::Failed {
+                        nonce: batch.header.nonce,
+                    },
+                );
+                if self.state == State::Open {
+                    self.state = State::Failing;
+                }
+            }
+        }
+        self.advance();
+        Ok(self.prefix)
+    }
+
+    fn advance(&mut self) {
+        while let Some(Slot::Ours | Slot::Foreign) = self.slots.get(&self.prefix) {
+            self.slots.remove(&self.prefix);
+            self.prefix += 1;
+        }
+    }
+
+    fn usable(&self) -> Result<(), Error> {
+        match &self.state {
+            State::Fenced { slot, reason } => Err(self.run_fenced(*slot, reason)),
+            _ => Ok(()),
+        }
+    }
+
+    fn run_fenced(&self, slot: u64, reason: &str) -> Error {
+        Error::RunFenced {
+            run: self.name.to_string(),
+            slot,
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// J2: what another writer's object at `slot` means to this run.
+    fn resolve_foreign(&mut self, slot: u64, theirs: &JournalHeader) -> Result<(), Error> {
+        match &theirs.object {
+            JournalObject::Exclusion(ex) => {
+                self.exclude(slot, ex);
+                self.slots.insert(slot, Slot::Foreign);
+                Ok(())
+            }
+            JournalObject::Seal(Seal {
+                seal: SealKind::Adopt,
+                by,
+                ..
+            }) => Err(self.fence_run(slot, format!("adopted by {by}"))),
+            other => Err(self.fence_run(
+                slot,
+                format!(
+                    "an object this writer never made: {}",
+                    match other {
+                        JournalObject::Batch(_) => "a batch",
+                        JournalObject::Seal(_) => "a seal",
+                        JournalObject::Exclusion(_) => "an exclusion",
+                    }
+                ),
+            )),
+        }
+    }
+
+    fn exclude(&mut self, slot: u64, ex: &Exclusion) {
+        let Ok(org) = OrgId::new(&ex.org) else {
+            // An org id that does not validate names no tenure of ours.
+            return;
+        };
+        let remembered = self.remembered.entry(org.clone()).or_insert(0);
+        *remembered = (*remembered).max(ex.round);
+        if let Some(t) = self.tenures.get_mut(&org)
+            && ex.round > t.round
+            && t.fenced.is_none()
+        {
+            debug!(run = %self.name, slot, %org, ours = t.round, theirs = ex.round, "exclusion fences the tenure (J2)");
+            t.fenced = Some((slot, ex.round));
+        }
+    }
+
+    fn fence_run(&mut self, slot: u64, reason: String) -> Error {
+        warn!(run = %self.name, slot, %reason, "journal run fenced; every org of it is lost");
+        self.state = State::Fenced {
+            slot,
+            reason: reason.clone(),
+        };
+        self.run_fenced(slot, &reason)
+    }
+
+    /// The continued run after a self-seal: the same tenures (those an exclusion fenced
+    /// end), the remembered exclusions, a fresh slot space.
+    fn continued(&self) -> Run {
+        Run {
+            name: self.name.next(),
+            writer: self.writer.clone(),
+            window: self.window,
+            next: 1,
+            prefix: 1,
+            slots: BTreeMap::new(),
+            tenures: self
+                .tenures
+                .iter()
+                .filter(|(_, t)| t.fenced.is_none())
+                .map(|(o, t)| (o.clone(), t.clone()))
+                .collect(),
+            remembered: self.remembered.clone(),
+            state: State::Open,
+            pending_seal: None,
+            level: self.level,
+        }
+    }
+}
+
+impl Replica {
+    /// Issues a batch of `sections` in `run`'s next slot (below `floor + window`, W1),
+    /// carrying `roster` when given and `retain_below` (T3). Publishes nothing:
+    /// [`Replica::land_batch`] does. An empty `sections` is an empty batch (a header), which
+    /// confirms and announces (J6, K1.2).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] when the run is not open or its window is full, or a
+    /// section's org holds no tenure here or holds two sections; [`Error::Fenced`] for a
+    /// section of a fenced tenure; [`Error::RunFenced`]; [`Error::Compress`].
+    pub async fn issue_batch(
+        &self,
+        run: &mut Run,
+        sections: Vec<SectionInput>,
+        roster: Option<Vec<String>>,
+        retain_below: u64,
+    ) -> Result<IssuedBatch, Error> {
+        run.usable()?;
+        if run.state != State::Open || run.next >= run.prefix + run.window {
+            return Err(Error::InvalidSettings {
+                reason: format!(
+                    "a journal batch at slot {} with slot {} unresolved, window {}, run {}",
+                    run.next,
+                    run.prefix,
+                    run.window,
+                    if run.state == State::Open {
+                        "open"
+                    } else {
+                        "ending"
+                    }
+                ),
+            });
+        }
+        let mut inputs = Vec::with_capacity(sections.len());
+        let mut commits = Vec::with_capacity(sections.len());
+        for s in sections {
+            let tenure = run
+                .tenures
+                .get(&s.org)
+                .ok_or_else(|| Error::InvalidSettings {
+                    reason: format!("a section of {} with no tenure in the run", s.org),
+                })?;
+            if let Some((_, theirs)) = tenure.fenced {
+                return Err(Error::Fenced {
+                    org: s.org.to_string(),
+                    ours: tenure.round,
+                    theirs,
+                });
+            }
+            if commits.iter().any(|(o, _)| *o == s.org) {
+                return Err(Error::InvalidSettings {
+                    reason: format!("two sections of {} in one batch", s.org),
+                });
+            }
+            commits.push((s.org.clone(), s.pages.commit()));
+            inputs.push((s, tenure.round));
+        }
+        let level = run.level;
+        let frames = crate::replica::blocking("journal batch", move || {
+            inputs
+                .into_iter()
+                .map(|(s, round)| {
+                    let body = s.pages.body();
+                    let frame = crate::format::blob::compress(&body, level).map_err(|source| {
+                        Error::Compress {
+                            org: s.org.to_string(),
+                            what: "journal section",
+                            source,
+                        }
+                    })?;
+                    Ok(SectionFrame {
+                        index: SectionIndex {
+                            org: s.org.to_string(),
+                            round,
+                            via: s.via,
+                            base: s.base,
+                            checksum: s.checksum,
+                            commit: s.pages.commit(),
+                            released: s.released,
+                            offset: 0,
+                            len: 0,
+                            bytes: 0,
+                            sha256: String::new(),
+                        },
+                        frame,
+                        bytes: body.len() as u64,
+                    })
+                })
+                .collect::<Result<Vec<_>, Error>>()
+        })
+        .await?;
+        let header = JournalHeader {
+            run: run.name.clone(),
+            slot: run.next,
+            nonce: new_nonce()?,
+            floor: run.prefix,
+            object: JournalObject::Batch(Batch {
+                window: run.window,
+                retain_below,
+                roster,
+                ..Batch::default()
+            }),
+        };
+        let bytes = Bytes::from(journal::encode(header.clone(), frames)?);
+        run.slots.insert(
+            run.next,
+            Slot::InFlight {
+                nonce: header.nonce.clone(),
+            },
+        );
+        run.next += 1;
+        Ok(IssuedBatch {
+            header,
+            bytes,
+            commits,
+        })
+    }
+
+    /// Creates `batch` in its slot (create-only, settled by re-reading, I9). Borrows no run,
+    /// so several batches of one run land at once.
+    pub async fn land_batch(&self, batch: &IssuedBatch) -> BatchLanding {
+        match self
+            .journal_create(&batch.header, batch.bytes.clone())
+            .await
+        {
+            Ok(Created::Landed) => BatchLanding::Landed,
+            Ok(Created::Taken(theirs)) => BatchLanding::Taken(theirs),
+            Err(e) => BatchLanding::Failed(e),
+        }
+    }
+
+    /// J3: ends `run` after a failed put with a self-seal at its lowest unresolved slot and
+    /// returns the continued run, which holds the same tenures. Call once nothing is in
+    /// flight. A collision with our own late batch or an exclusion resolves that slot and
+    /// the seal moves up; the seal's own failure is retried at the same slot with the same
+    /// body, here and by the next call (J3.2). Once it landed every slot below it is
+    /// resolved, and nothing at or above it is ever acknowledged.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSettings`] while a batch is in flight or after the run ended;
+    /// [`Error::RunFenced`] when another process's seal is met; the create's error after
+    /// three tries (call again: nothing is acknowledged meanwhile).
+    pub async fn seal_self(&self, run: &mut Run, retain_below: u64) -> Result<Run, Error> {
+        let continued = run.name.next();
+        let slot = self
+            .place_own_seal(run, SealKind::SelfSeal, Some(continued), retain_below)
+            .await?;
+        debug!(run = %run.name, slot, "journal run self-sealed (J3)");
+        Ok(run.continued())
+    }
+
+    /// J4: ends a drained `run` (nothing in flight, every issued slot resolved) with a
+    /// release seal at the slot after its prefix, and returns the seal's slot: every org
+    /// whose walk reaches it is free there.
+    ///
+    /// # Errors
+    /// As [`Replica::seal_self`]; [`Error::InvalidSettings`] when a slot is unresolved.
+    pub async fn seal_release(&self, run: &mut Run, retain_below: u64) -> Result<u64, Error> {
+        if run.state == State::Open && run.prefix != run.next {
+            return Err(Error::InvalidSettings {
+                reason: format!("a release seal with slot {} unresolved", run.prefix),
+            });
+        }
+        self.place_own_seal(run, SealKind::Release, None, retain_below)
+            .await
+    }
+
+    async fn place_own_seal(
+        &self,
+        run: &mut Run,
+        kind: SealKind,
+        continued: Option<RunName>,
+        retain_below: u64,
+    ) -> Result<u64, Error> {
+        run.usable()?;
+        if run.in_flight() > 0 || matches!(run.state, State::Sealed { .. }) {
+            return Err(Error::InvalidSettings {
+                reason: format!(
+                    "a seal of run {} with {} batches in flight or after its end",
+                    run.name,
+                    run.in_flight()
+                ),
+            });
+        }
+        loop {
+            // The lowest unresolved slot: a failed one, or the next unissued.
+            let slot = run.prefix;
+            let header = match run.pending_seal.take() {
+                Some(h) if h.slot == slot => h,
+                _ => JournalHeader {
+                    run: run.name.clone(),
+                    slot,
+                    nonce: new_nonce()?,
+                    floor: slot,
+                    object: JournalObject::Seal(Seal {
+                        by: run.writer.clone(),
+                        instance: run.name.instance().to_owned(),
+                        seal: kind,
+                        continued: continued.clone(),
+                        from: 1,
+                        retain_below,
+                    }),
+                },
+            };
+            let bytes = Bytes::from(journal::encode(header.clone(), Vec::new())?);
+            let mut tries = 0;
+            let created = loop {
+                tries += 1;
+                match self.journal_create(&header, bytes.clone()).await {
+                    Ok(c) => break c,
+                    Err(e) if tries < SEAL_TRIES && !matches!(e, Error::Corrupt { .. }) => {
+                        debug!(run = %run.name, slot, error = %e, "seal not settled; retrying in place");
+                    }
+                    Err(e) => {
+                        run.pending_seal = Some(header);
+                        return Err(e);
+                    }
+                }
+            };
+            match created {
+                Created::Landed => {
+                    run.state = State::Sealed { slot };
+                    run.slots.retain(|s, _| *s < slot);
+                    run.next = run.next.max(slot + 1);
+                    return Ok(slot);
+                }
+                Created::Taken(theirs) => {
+                    let own_late = matches!(run.slots.get(&slot), Some(Slot::Failed { nonce }) if *nonce == theirs.nonce);
+                    if own_late {
+                        run.slots.insert(slot, Slot::Ours);
+                    } else {
+                        run.resolve_foreign(slot, &theirs)?;
+                    }
+                    run.next = run.next.max(slot + 1);
+                    run.advance();
+                }
+            }
+        }
+    }
+}
