@@ -8,8 +8,9 @@
 //! issue_batch(&mut run, sections)   takes the next slot (below floor + window), encodes
 //! land_batch(&batch)                create-only put, settled by re-reading (I9); no run
 //!                                   borrowed, so several land at once
-//! run.settle(batch, landing)        resolves the slot; returns the prefix's end
-//! run.acknowledges(org, slot)       a commit in that slot's section is acknowledged (J1)
+//! run.settle(batch, landing)        resolves the slot; returns the commits acknowledged now:
+//!                                   those of our batches the prefix passed, except orgs an
+//!                                   exclusion fenced at or below their slot (J1, J2)
 //! seal_self(&mut run)               J3: the continued run, after the seal landed
 //! seal_release(&mut run)            J4: the drained run's end
 //! ```
@@ -36,15 +37,18 @@ const SEAL_TRIES: u32 = 3;
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
     /// Issued, not settled.
-    InFlight { nonce: String },
-    /// Our object landed there.
-    Ours,
+    InFlight { nonce: String, commits: Commits },
+    /// Our batch landed there.
+    Ours { commits: Commits },
     /// Another writer's object (an exclusion) is there, resolved by J2.
     Foreign,
     /// Our put failed or its outcome is unknown: unresolved until a seal's collision shows
     /// whose it is.
-    Failed { nonce: String },
+    Failed { nonce: String, commits: Commits },
 }
+
+/// The `(org, commit counter)` of each section of a batch.
+pub type Commits = Vec<(OrgId, u64)>;
 
 /// Where the run is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -250,49 +254,56 @@ impl Run {
         self.remembered.remove(org);
     }
 
-    /// Whether a commit of `org` in the section at `slot` is acknowledged (J1): `slot` is
-    /// inside the resolved prefix and below any exclusion that fenced `org`.
+    /// The end of the resolved prefix: every slot below it is resolved (J1).
+    pub fn resolved_below(&self) -> u64 {
+        self.prefix
+    }
+
+    /// Whether `org` may still be served from this run.
     ///
     /// # Errors
-    /// [`Error::Fenced`] when an exclusion at or below `slot` fenced `org`'s tenure;
-    /// [`Error::RunFenced`] when another process's seal ended the run at or below `slot`;
+    /// [`Error::Fenced`] when an exclusion fenced `org`'s tenure (J2);
+    /// [`Error::RunFenced`] when another process's seal ended the run;
     /// [`Error::ClaimUnusable`] when `org` holds no tenure here.
-    pub fn acknowledges(&self, org: &OrgId, slot: u64) -> Result<bool, Error> {
-        if let State::Fenced { slot: at, reason } = &self.state
-            && *at <= slot
-        {
-            return Err(self.run_fenced(*at, reason));
-        }
+    pub fn holds(&self, org: &OrgId) -> Result<(), Error> {
+        self.usable()?;
         let tenure = self.tenures.get(org).ok_or_else(|| Error::ClaimUnusable {
             org: org.to_string(),
             round: 0,
             reason: "no tenure in this journal run",
         })?;
-        if let Some((at, theirs)) = tenure.fenced
-            && at <= slot
-        {
-            return Err(Error::Fenced {
+        match tenure.fenced {
+            Some((_, theirs)) => Err(Error::Fenced {
                 org: org.to_string(),
                 ours: tenure.round,
                 theirs,
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(slot < self.prefix)
     }
 
-    /// Records `landing`, the outcome of `batch`, and returns the end of the resolved
-    /// prefix: every slot below it is resolved, and a commit in a batch below it is
-    /// acknowledged unless [`Run::acknowledges`] says its org was fenced. A failed put
+    /// Records `landing`, the outcome of `batch`, and returns the commits acknowledged now
+    /// (J1): the sections of our batches in the slots the resolved prefix just passed, in
+    /// slot order, except those of an org an exclusion fenced at or below their slot. A
+    /// slot an exclusion holds is resolved but acknowledges nothing: its batch never
+    /// landed, and its pages go with the next batch (cumulative sections). A failed put
     /// leaves its slot unresolved and makes [`Run::needs_seal`] true (J3).
     ///
     /// # Errors
     /// [`Error::RunFenced`] when the slot holds another process's seal or an object this
-    /// writer never made: the run acknowledges nothing at or above it, ever.
-    pub fn settle(&mut self, batch: IssuedBatch, landing: BatchLanding) -> Result<u64, Error> {
+    /// writer never made, or the run was fenced before: nothing is acknowledged from it
+    /// again (J2).
+    pub fn settle(&mut self, batch: IssuedBatch, landing: BatchLanding) -> Result<Commits, Error> {
+        self.usable()?;
         let slot = batch.slot();
         match landing {
             BatchLanding::Landed => {
-                self.slots.insert(slot, Slot::Ours);
+                self.slots.insert(
+                    slot,
+                    Slot::Ours {
+                        commits: batch.commits,
+                    },
+                );
             }
             BatchLanding::Taken(theirs) => self.resolve_foreign(slot, &theirs)?,
             BatchLanding::Failed(e) => {
@@ -301,6 +312,7 @@ impl Run {
                     slot,
                     Slot::Failed {
                         nonce: batch.header.nonce,
+                        commits: batch.commits,
                     },
                 );
                 if self.state == State::Open {
@@ -308,13 +320,29 @@ impl Run {
                 }
             }
         }
-        self.advance();
-        Ok(self.prefix)
+        Ok(self.advance())
     }
 
-    fn advance(&mut self) {
-        while let Some(Slot::Ours | Slot::Foreign) = self.slots.get(&self.prefix) {
-            self.slots.remove(&self.prefix);
+    /// Moves the prefix past every resolved slot and returns the commits it acknowledged.
+    fn advance(&mut self) -> Commits {
+        let mut acked = Vec::new();
+        loop {
+            match self.slots.get(&self.prefix) {
+                Some(Slot::Ours { .. } | Slot::Foreign) => {}
+                _ => return acked,
+            }
+            let slot = self.prefix;
+            if let Some(Slot::Ours { commits }) = self.slots.remove(&slot) {
+                for (org, commit) in commits {
+                    let fenced = self
+                        .tenures
+                        .get(&org)
+                        .is_none_or(|t| t.fenced.is_some_and(|(at, _)| at <= slot));
+                    if !fenced {
+                        acked.push((org, commit));
+                    }
+                }
+            }
             self.prefix += 1;
         }
     }
@@ -518,6 +546,7 @@ impl Replica {
             run.next,
             Slot::InFlight {
                 nonce: header.nonce.clone(),
+                commits: commits.clone(),
             },
         );
         run.next += 1;
@@ -546,19 +575,24 @@ impl Replica {
     /// flight. A collision with our own late batch or an exclusion resolves that slot and
     /// the seal moves up; the seal's own failure is retried at the same slot with the same
     /// body, here and by the next call (J3.2). Once it landed every slot below it is
-    /// resolved, and nothing at or above it is ever acknowledged.
+    /// resolved, and nothing at or above it is ever acknowledged. Returns the continued run
+    /// and the commits acknowledged by the seal (our own late batches it found below it).
     ///
     /// # Errors
     /// [`Error::InvalidSettings`] while a batch is in flight or after the run ended;
     /// [`Error::RunFenced`] when another process's seal is met; the create's error after
     /// three tries (call again: nothing is acknowledged meanwhile).
-    pub async fn seal_self(&self, run: &mut Run, retain_below: u64) -> Result<Run, Error> {
+    pub async fn seal_self(
+        &self,
+        run: &mut Run,
+        retain_below: u64,
+    ) -> Result<(Run, Commits), Error> {
         let continued = run.name.next();
-        let slot = self
+        let (slot, acked) = self
             .place_own_seal(run, SealKind::SelfSeal, Some(continued), retain_below)
             .await?;
         debug!(run = %run.name, slot, "journal run self-sealed (J3)");
-        Ok(run.continued())
+        Ok((run.continued(), acked))
     }
 
     /// J4: ends a drained `run` (nothing in flight, every issued slot resolved) with a
@@ -566,15 +600,18 @@ impl Replica {
     /// whose walk reaches it is free there.
     ///
     /// # Errors
-    /// As [`Replica::seal_self`]; [`Error::InvalidSettings`] when a slot is unresolved.
+    /// As [`Replica::seal_self`]; [`Error::InvalidSettings`] when a slot is unresolved or
+    /// a put failed (J3 seals that run).
     pub async fn seal_release(&self, run: &mut Run, retain_below: u64) -> Result<u64, Error> {
-        if run.state == State::Open && run.prefix != run.next {
+        if run.state != State::Open || run.prefix != run.next {
             return Err(Error::InvalidSettings {
                 reason: format!("a release seal with slot {} unresolved", run.prefix),
             });
         }
-        self.place_own_seal(run, SealKind::Release, None, retain_below)
-            .await
+        let (slot, _) = self
+            .place_own_seal(run, SealKind::Release, None, retain_below)
+            .await?;
+        Ok(slot)
     }
 
     async fn place_own_seal(
@@ -583,7 +620,7 @@ impl Replica {
         kind: SealKind,
         continued: Option<RunName>,
         retain_below: u64,
-    ) -> Result<u64, Error> {
+    ) -> Result<(u64, Commits), Error> {
         run.usable()?;
         if run.in_flight() > 0 || matches!(run.state, State::Sealed { .. }) {
             return Err(Error::InvalidSettings {
@@ -594,6 +631,7 @@ impl Replica {
                 ),
             });
         }
+        let mut acked = Vec::new();
         loop {
             // The lowest unresolved slot: a failed one, or the next unissued.
             let slot = run.prefix;
@@ -634,17 +672,17 @@ impl Replica {
                     run.state = State::Sealed { slot };
                     run.slots.retain(|s, _| *s < slot);
                     run.next = run.next.max(slot + 1);
-                    return Ok(slot);
+                    return Ok((slot, acked));
                 }
                 Created::Taken(theirs) => {
-                    let own_late = matches!(run.slots.get(&slot), Some(Slot::Failed { nonce }) if *nonce == theirs.nonce);
-                    if own_late {
-                        run.slots.insert(slot, Slot::Ours);
-                    } else {
-                        run.resolve_foreign(slot, &theirs)?;
+                    match run.slots.remove(&slot) {
+                        Some(Slot::Failed { nonce, commits }) if nonce == theirs.nonce => {
+                            run.slots.insert(slot, Slot::Ours { commits });
+                        }
+                        _ => run.resolve_foreign(slot, &theirs)?,
                     }
                     run.next = run.next.max(slot + 1);
-                    run.advance();
+                    acked.extend(run.advance());
                 }
             }
         }

@@ -33,6 +33,7 @@ mod db;
 mod delta;
 mod faults;
 mod gcs;
+mod journal;
 mod levels;
 mod pipeline;
 mod retention;
@@ -133,6 +134,11 @@ macro_rules! __conformance_cases {
             clone_attack::atk_an_interrupted_clone_retention_releases_its_reference_on_the_next_run,
             clone_attack::atk_a_clone_of_a_clone_costs_eight_puts_or_fewer,
             clone_attack::atk_verify_after_the_source_is_gone_and_crafted_references,
+            journal::journal_batches_acknowledge_in_slot_order_and_read_back_one_org_each,
+            journal::an_adopt_seal_fences_every_org_of_a_run_with_one_put,
+            journal::an_exclusion_fences_one_org_and_the_run_keeps_acknowledging_the_rest,
+            journal::a_failed_batch_ends_the_run_with_a_self_seal_that_walks_follow,
+            journal::a_damaged_journal_object_is_a_typed_error,
         }
     };
 }

@@ -1,0 +1,373 @@
+//! The journal's store protocol (`docs/design.md` 3g): batches of a run acknowledge in slot
+//! order, one org's section reads back alone by a range GET, an adopt seal fences every org
+//! of a dead writer's run with one PUT, an exclusion fences one org while the rest of the
+//! run keeps acknowledging, a failed put ends the run with a self-seal walks follow, a
+//! release seal frees, and a damaged object is a typed error (I6, I7, I9, I10, I11).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::{CaseResult, org, prefix};
+use crate::format::layout::new_nonce;
+use crate::journal::{
+    Adoption, Base, BatchLanding, Commits, Excluded, Run, RunName, ScanEnd, SectionInput, Via,
+    WalkTenure,
+};
+use crate::{Delta, Error, OrgId, Replica, Settings};
+
+async fn open(store: Arc<dyn ObjectStore>, prefix: &str) -> Result<Replica, Error> {
+    Replica::open(store, prefix, Settings::default()).await
+}
+
+fn run_name() -> Result<RunName, Error> {
+    RunName::new(&new_nonce()?, 1)
+}
+
+/// Pages 2 and 3 of a three-page database filled with `fill`, holding commit `commit`.
+fn pages(commit: u64, fill: u8) -> Result<Delta, Error> {
+    Delta::new(
+        4096,
+        3,
+        BTreeMap::from([(2, vec![fill; 4096]), (3, vec![fill ^ 0x5a; 4096])]),
+        commit,
+    )
+}
+
+fn section(o: &OrgId, claim: u64, commit: u64) -> Result<SectionInput, Error> {
+    Ok(SectionInput {
+        org: o.clone(),
+        via: Via::Claim { seq: claim },
+        base: Base {
+            seq: claim,
+            checksum: "base".into(),
+        },
+        checksum: format!("after-{commit}"),
+        pages: pages(commit, commit as u8)?,
+        released: false,
+    })
+}
+
+fn tenure(round: u64, claim: u64) -> WalkTenure {
+    WalkTenure {
+        round,
+        via: Via::Claim { seq: claim },
+    }
+}
+
+/// Issues one batch of `orgs` at `commit` and lands it; returns the commits it acknowledged.
+async fn ship(r: &Replica, run: &mut Run, orgs: &[&OrgId], commit: u64) -> Result<Commits, Error> {
+    let sections = orgs
+        .iter()
+        .map(|o| section(o, 1, commit))
+        .collect::<Result<Vec<_>, _>>()?;
+    let batch = r.issue_batch(run, sections, None, 1).await?;
+    let landing = r.land_batch(&batch).await;
+    run.settle(batch, landing)
+}
+
+/// Two batches in flight land in reverse order: nothing is acknowledged until the lower
+/// one has, then both at once. Each org's section reads back alone, byte for byte, and a
+/// walk of each org ends at the run's end with its newest section.
+pub(super) async fn journal_batches_acknowledge_in_slot_order_and_read_back_one_org_each(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let r = open(store, &prefix()?).await?;
+    let (acme, beta) = (org("acme"), org("beta"));
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    run.attach(&acme, 1)?;
+    run.attach(&beta, 1)?;
+    let first = r
+        .issue_batch(
+            &mut run,
+            vec![section(&acme, 1, 1)?, section(&beta, 1, 1)?],
+            Some(vec!["acme".into(), "beta".into()]),
+            1,
+        )
+        .await?;
+    let second = r
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .await?;
+    assert_eq!((first.slot(), second.slot()), (1, 2));
+    let landed = r.land_batch(&second).await;
+    assert!(matches!(landed, BatchLanding::Landed), "{landed:?}");
+    assert_eq!(
+        run.settle(second, landed)?,
+        vec![],
+        "acked past a batch in flight"
+    );
+    let landed = r.land_batch(&first).await;
+    let acked = run.settle(first, landed)?;
+    assert_eq!(
+        acked,
+        vec![(acme.clone(), 1), (beta.clone(), 1), (acme.clone(), 2)]
+    );
+    assert_eq!(run.resolved_below(), 3);
+
+    let listing = r.list_run(run.name(), 1).await?;
+    assert_eq!(listing.objects.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    let walk = r.walk_runs(&beta, run.name(), 1, tenure(1, 1)).await?;
+    assert_eq!(walk.end, ScanEnd::Held { end_slot: 3 });
+    let (batch, s) = walk.newest.ok_or("no section of beta read")?;
+    assert_eq!((batch.header.slot, s.commit), (1, 1));
+    assert_eq!(
+        r.read_journal_section(&batch, &s).await?,
+        pages(1, 1)?.body()
+    );
+    let walk = r.walk_runs(&acme, run.name(), 1, tenure(1, 1)).await?;
+    let (batch, s) = walk.newest.ok_or("no section of acme read")?;
+    assert_eq!((batch.header.slot, s.commit), (2, 2));
+    assert_eq!(
+        r.read_journal_section(&batch, &s).await?,
+        pages(2, 2)?.body()
+    );
+    // A section of another tenure (round 2) is passed over.
+    let walk = r.walk_runs(&acme, run.name(), 1, tenure(2, 1)).await?;
+    assert!(walk.newest.is_none());
+    Ok(())
+}
+
+/// A dead writer's run is fenced for every org by one adopt seal placed above its landed
+/// batches: its next batch collides with the seal and acknowledges nothing, ever; every
+/// org's walk crosses the seal into the adopter's run with round + 1 and keeps the newest
+/// acknowledged section.
+pub(super) async fn an_adopt_seal_fences_every_org_of_a_run_with_one_put(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let a = open(store.clone(), &p).await?;
+    let b = open(store, &p).await?;
+    let (acme, beta) = (org("acme"), org("beta"));
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    run.attach(&acme, 1)?;
+    run.attach(&beta, 1)?;
+    assert_eq!(ship(&a, &mut run, &[&acme, &beta], 1).await?.len(), 2);
+    // The zombie's next batch is issued but not yet landed when the adopter seals.
+    let late = a
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .await?;
+
+    let theirs = run_name()?;
+    let before = b.store_requests();
+    let adoption = b.adopt_run(run.name(), "b", &theirs, 1).await?;
+    let cost = b.store_requests().since(&before);
+    let Adoption::Sealed { slot, .. } = adoption else {
+        return Err(format!("not sealed: {adoption:?}").into());
+    };
+    assert_eq!(
+        slot, 2,
+        "the seal goes at the lowest free slot above the floor"
+    );
+    assert_eq!(cost.put, 1, "one PUT fences the whole run: {cost:?}");
+
+    let landing = a.land_batch(&late).await;
+    assert!(matches!(landing, BatchLanding::Taken(_)), "{landing:?}");
+    assert!(matches!(
+        run.settle(late, landing),
+        Err(Error::RunFenced { slot: 2, .. })
+    ));
+    assert!(matches!(run.holds(&beta), Err(Error::RunFenced { .. })));
+    assert!(
+        a.issue_batch(&mut run, vec![section(&beta, 1, 3)?], None, 1)
+            .await
+            .is_err()
+    );
+    for o in [&acme, &beta] {
+        let walk = b.walk_runs(o, run.name(), 1, tenure(1, 1)).await?;
+        assert_eq!(
+            walk.end,
+            ScanEnd::Held { end_slot: 1 },
+            "ends in the adopter's run"
+        );
+        assert_eq!(walk.visited.last().map(|(_, l)| &l.run), Some(&theirs));
+        assert_eq!(walk.tenure.round, 2);
+        let (batch, s) = walk.newest.ok_or("the acknowledged section is lost")?;
+        assert_eq!((batch.header.slot, s.commit), (1, 1));
+    }
+    // A second adopter finds the run adopted; it places nothing.
+    let again = b.adopt_run(run.name(), "c", &run_name()?, 1).await?;
+    assert!(matches!(again, Adoption::AdoptedBy { slot: 2, ref by, .. } if by == "b"));
+    Ok(())
+}
+
+/// A claimant's exclusion of one org fences that org's tenure at the exclusion's slot; the
+/// holder's batch that collides with it acknowledges nothing, and its other orgs go on in
+/// the next batch, acknowledged. The claimant's re-walk reaches its exclusion and serves;
+/// an exclusion that is not above the walk's round is refused.
+pub(super) async fn an_exclusion_fences_one_org_and_the_run_keeps_acknowledging_the_rest(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let a = open(store.clone(), &p).await?;
+    let c = open(store, &p).await?;
+    let (acme, beta) = (org("acme"), org("beta"));
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    run.attach(&acme, 1)?;
+    run.attach(&beta, 1)?;
+    ship(&a, &mut run, &[&acme, &beta], 1).await?;
+
+    let walk = c.walk_runs(&acme, run.name(), 1, tenure(1, 1)).await?;
+    let (entry, listing) = walk.visited.last().ok_or("no run visited")?.clone();
+    let theirs = run_name()?;
+    assert!(
+        c.exclude(&acme, 9, 1, &theirs, 1, "c", &listing, entry, &walk.tenure)
+            .await
+            .is_err(),
+        "an exclusion of the walk's own round fences nothing"
+    );
+    let placed = c
+        .exclude(&acme, 9, 2, &theirs, 1, "c", &listing, entry, &walk.tenure)
+        .await?;
+    let Excluded::Serves { slot, .. } = placed else {
+        return Err(format!("the claimant does not serve: {placed:?}").into());
+    };
+    assert_eq!(slot, 2);
+
+    // The holder had two batches in flight: the one at slot 2 collides (resolved, nothing
+    // acknowledged, acme fenced there), the one at slot 3 lands and acknowledges beta only.
+    let mut flight = Vec::new();
+    for commit in [2, 3] {
+        let sections = vec![section(&acme, 1, commit)?, section(&beta, 1, commit)?];
+        flight.push(a.issue_batch(&mut run, sections, None, 1).await?);
+    }
+    let at3 = flight.pop().ok_or("no batch")?;
+    let at2 = flight.pop().ok_or("no batch")?;
+    let landed = a.land_batch(&at3).await;
+    assert_eq!(run.settle(at3, landed)?, vec![]);
+    let collided = a.land_batch(&at2).await;
+    assert!(matches!(collided, BatchLanding::Taken(_)), "{collided:?}");
+    assert_eq!(run.settle(at2, collided)?, vec![(beta.clone(), 3)]);
+    assert!(matches!(
+        run.holds(&acme),
+        Err(Error::Fenced { theirs: 2, .. })
+    ));
+    assert!(run.holds(&beta).is_ok());
+    assert!(
+        a.issue_batch(&mut run, vec![section(&acme, 1, 3)?], None, 1)
+            .await
+            .is_err(),
+        "a fenced tenure writes no section"
+    );
+    assert_eq!(
+        ship(&a, &mut run, &[&beta], 4).await?,
+        vec![(beta.clone(), 4)]
+    );
+
+    // Walks: acme hops to the claimant's run in round 2; beta stays with the holder.
+    let walk = c.walk_runs(&acme, run.name(), 1, tenure(1, 1)).await?;
+    assert_eq!(walk.tenure, tenure(2, 9));
+    assert_eq!(walk.visited.last().map(|(_, l)| &l.run), Some(&theirs));
+    assert_eq!(walk.newest.map(|(_, s)| s.commit), Some(1));
+    let walk = c.walk_runs(&beta, run.name(), 1, tenure(1, 1)).await?;
+    assert_eq!(walk.end, ScanEnd::Held { end_slot: 5 });
+    assert_eq!(walk.newest.map(|(_, s)| s.commit), Some(4));
+    // A new tenure of acme in the holder's run, of a round below the exclusion's, is fenced
+    // at birth (J2).
+    assert!(matches!(run.attach(&acme, 1), Err(Error::Fenced { .. })));
+    Ok(())
+}
+
+/// A batch whose put fails ends the run: once nothing is in flight, a self-seal goes at
+/// the lowest unresolved slot (above a later batch that landed, which is then never
+/// acknowledged), the continued run acknowledges the commit again, and walks follow the
+/// seal. A release seal after a drain ends the walk free.
+pub(super) async fn a_failed_batch_ends_the_run_with_a_self_seal_that_walks_follow(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let r = open(store, &prefix()?).await?;
+    let acme = org("acme");
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    run.attach(&acme, 1)?;
+    ship(&r, &mut run, &[&acme], 1).await?;
+    let lost = r
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .await?;
+    let above = r
+        .issue_batch(&mut run, vec![section(&acme, 1, 3)?], None, 1)
+        .await?;
+    let landed = r.land_batch(&above).await;
+    assert_eq!(run.settle(above, landed)?, vec![]);
+    let failed = BatchLanding::Failed(Error::InvalidSettings {
+        reason: "injected: the put failed".into(),
+    });
+    assert_eq!(run.settle(lost, failed)?, vec![]);
+    assert!(run.needs_seal());
+    assert!(
+        r.issue_batch(&mut run, vec![section(&acme, 1, 4)?], None, 1)
+            .await
+            .is_err(),
+        "nothing is issued after a failure (J3.1)"
+    );
+    let (mut next, acked) = r.seal_self(&mut run, 1).await?;
+    assert_eq!(acked, vec![]);
+    assert_eq!(next.name(), &run.name().next());
+    let listing = r.list_run(run.name(), 1).await?;
+    assert_eq!(
+        listing.objects.keys().copied().collect::<Vec<_>>(),
+        [1, 2, 3]
+    );
+    // The continued run carries the tenure; the commits go again (cumulative sections).
+    assert_eq!(
+        ship(&r, &mut next, &[&acme], 3).await?,
+        vec![(acme.clone(), 3)]
+    );
+    let walk = r.walk_runs(&acme, run.name(), 1, tenure(1, 1)).await?;
+    assert_eq!(walk.visited.len(), 2);
+    assert_eq!(walk.newest.map(|(_, s)| s.commit), Some(3));
+    // The batch above the seal (commit 3 in the sealed run) was never read: the one read
+    // is the continued run's.
+    let release = r.seal_release(&mut next, 1).await?;
+    assert_eq!(release, 2);
+    let walk = r.walk_runs(&acme, run.name(), 1, tenure(1, 1)).await?;
+    assert_eq!(walk.end, ScanEnd::Released { slot: 2 });
+    Ok(())
+}
+
+/// A damaged or misplaced journal object is a typed error for every reader, and a create
+/// that collides with it does not take it for its own.
+pub(super) async fn a_damaged_journal_object_is_a_typed_error(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let r = open(store.clone(), &p).await?;
+    let acme = org("acme");
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    run.attach(&acme, 1)?;
+    ship(&r, &mut run, &[&acme], 1).await?;
+    let path = |slot: u64| Path::from(format!("{p}/journals/{}/{slot:020}.jnl", run.name()));
+    let good = store.get(&path(1)).await?.bytes().await?;
+
+    // A copy of slot 1 at slot 2 names another slot than its path.
+    store.put(&path(2), PutPayload::from(good.clone())).await?;
+    assert!(matches!(
+        r.list_run(run.name(), 1).await,
+        Err(Error::Corrupt { .. })
+    ));
+    store.delete(&path(2)).await?;
+    // A flipped byte in the section's frame: the header reads, the section does not.
+    let mut bad = good.to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 0xff;
+    store.put(&path(1), PutPayload::from(bad)).await?;
+    let walk = r.walk_runs(&acme, run.name(), 1, tenure(1, 1)).await?;
+    let (batch, s) = walk.newest.ok_or("no section")?;
+    assert!(matches!(
+        r.read_journal_section(&batch, &s).await,
+        Err(Error::Corrupt { .. })
+    ));
+    // Garbage in the next slot: the writer's create there is a typed error, never a landing.
+    store
+        .put(&path(2), PutPayload::from(b"not a journal object".to_vec()))
+        .await?;
+    let batch = r
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .await?;
+    let landing = r.land_batch(&batch).await;
+    assert!(
+        matches!(landing, BatchLanding::Failed(Error::Corrupt { .. })),
+        "{landing:?}"
+    );
+    Ok(())
+}
