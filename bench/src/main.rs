@@ -23,6 +23,7 @@ mod litestream;
 mod memory;
 mod orgs;
 mod p10;
+mod p9b;
 mod resnapshot;
 mod uploaded;
 mod versus;
@@ -224,6 +225,11 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         resnapshot::run(&dir, mb, &args.segment_kib)
             .await
             .map_err(fail("p9"))?;
+    }
+    if args.wants("p9b") {
+        p9b::run(&dir, args.quick, args.latency)
+            .await
+            .map_err(fail("p9b"))?;
     }
     let handoff_only = !args.wants("p10") && args.wants("p10-handoff");
     if args.wants("p10") || handoff_only {
