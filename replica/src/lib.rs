@@ -49,6 +49,9 @@
 //! - [`sqlite`]: the writer's exclusive ownership of its files (I13), WAL frames, captures.
 //! - [`commit`]: the commit counter every write transaction raises, which a capture reads
 //!   and the shipper proves from the captured pages (I6, I13).
+//! - [`journal`]: the journal's store protocol (`docs/design.md` 3g): a writer process's
+//!   [`journal::Run`] of create-only batches acknowledging many orgs per PUT, the seals and
+//!   exclusions that fence it, and the walk of runs. The org layer does not use it yet.
 //! - [`StoreTime`]: this host's clock beside the store's ([`Replica::store_time`]), which
 //!   every decision by wall-clock age checks first (I15).
 //! - With the `test-util` feature (tests only): `fault`, a fault-injecting store wrapper,
