@@ -236,7 +236,7 @@ pub struct SectionIndex {
     pub len: u64,
     /// Uncompressed delta body size, bytes.
     pub bytes: u64,
-    /// sha256 over `org`, the run, the slot and the frame (see [`section_digest`]), hex.
+    /// sha256 over `org`, the run, the slot and the frame (NUL-separated), hex.
     pub sha256: String,
 }
 

@@ -3,8 +3,8 @@
 //! fences every org of a dead writer's run.
 //!
 //! This layer is the store protocol of runs: the objects (`format/journal.rs`), a writer's
-//! run ([`Run`]: J1-J4), P's fences ([`Replica::place_fence`], [`Replica::exclude`],
-//! [`Replica::adopt_run`]) and K0's scan of runs ([`scan`], [`Replica::walk_runs`]). The
+//! run ([`Run`]: J1-J4), P's fences ([`crate::Replica::place_fence`], [`crate::Replica::exclude`],
+//! [`crate::Replica::adopt_run`]) and K0's scan of runs ([`scan`], [`crate::Replica::walk_runs`]). The
 //! org logs' format-5 entries (claims naming a run, checkpoints) are not built yet: the
 //! org layer ships per org (3, 3e).
 
