@@ -10,6 +10,7 @@
 
 mod io;
 mod place;
+mod restore;
 mod run;
 mod walk;
 

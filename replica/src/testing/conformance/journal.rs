@@ -371,3 +371,120 @@ pub(super) async fn a_damaged_journal_object_is_a_typed_error(
     );
     Ok(())
 }
+
+/// The database checksum of a canonical image, as sections name it.
+fn checksum(img: &[u8]) -> Result<String, Error> {
+    Ok(crate::format::checksum::checksum_hex(
+        crate::format::checksum::PageHashes::of_image("image", img)?.sum(),
+    ))
+}
+
+/// A writer holding two orgs journals three commits of each (cumulative sections from each
+/// org's snapshot) and has a fourth in flight when it dies. One adopt seal fences the run;
+/// each org's walk crosses into the adopter's run, and its newest section applied to its
+/// base installs the last acknowledged database byte for byte, never the one in flight.
+pub(super) async fn a_dead_writers_acknowledged_state_restores_from_its_journal_byte_for_byte(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    use super::db::{Db, diff};
+    let p = prefix()?;
+    let a = open(store.clone(), &p).await?;
+    let b = open(store, &p).await?;
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    let mut held = Vec::new();
+    for name in ["acme", "beta"] {
+        let o = org(name);
+        let mut claim = a.claim(&o, "a", false).await?;
+        let mut db = Db::new()?;
+        db.exec("INSERT INTO t VALUES (1, randomblob(3000))")?;
+        let base_img = db.image()?;
+        let base = a
+            .ship(&mut claim, crate::Snapshot::from_bytes(base_img.clone(), 1))
+            .await?;
+        run.attach(&o, claim.round())?;
+        held.push((o, claim, db, base_img, base.seq));
+    }
+    let mut acked_images: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut images = BTreeMap::new();
+    type Held = Vec<(OrgId, crate::Claim, Db, Vec<u8>, u64)>;
+    type Images = BTreeMap<(String, u64), Vec<u8>>;
+    let next_batch = |held: &mut Held,
+                      images: &mut Images,
+                      commit: u64|
+     -> Result<Vec<SectionInput>, Box<dyn std::error::Error + Send + Sync>> {
+        let mut sections = Vec::new();
+        for (o, claim, db, base_img, base_seq) in held.iter_mut() {
+            db.exec(&format!(
+                "INSERT INTO t VALUES ({commit}, randomblob(1500)); UPDATE t SET v = randomblob(40) WHERE id = 1"
+            ))?;
+            let img = db.image()?;
+            sections.push(SectionInput {
+                org: o.clone(),
+                via: Via::Claim { seq: claim.seq() },
+                base: Base {
+                    seq: *base_seq,
+                    checksum: checksum(base_img)?,
+                },
+                checksum: checksum(&img)?,
+                pages: diff(base_img, &img, commit)?,
+                released: false,
+            });
+            images.insert((o.to_string(), commit), img);
+        }
+        Ok(sections)
+    };
+    for commit in 2..=4 {
+        let batch = a
+            .issue_batch(
+                &mut run,
+                next_batch(&mut held, &mut images, commit)?,
+                None,
+                1,
+            )
+            .await?;
+        let landing = a.land_batch(&batch).await;
+        for (o, c) in run.settle(batch, landing)? {
+            let img = images.get(&(o.to_string(), c)).ok_or("no image")?;
+            acked_images.insert(o.to_string(), img.clone());
+        }
+    }
+    let late = a
+        .issue_batch(&mut run, next_batch(&mut held, &mut images, 5)?, None, 1)
+        .await?;
+    let theirs = run_name()?;
+    let adoption = b.adopt_run(run.name(), "b", &theirs, 1).await?;
+    assert!(
+        matches!(adoption, Adoption::Sealed { slot: 4, .. }),
+        "{adoption:?}"
+    );
+    let landing = a.land_batch(&late).await;
+    assert!(
+        run.settle(late, landing).is_err(),
+        "the late batch is fenced"
+    );
+
+    let dir = tempfile::tempdir()?;
+    for (o, claim, ..) in &held {
+        let walk = b
+            .walk_runs(o, run.name(), 1, tenure(claim.round(), claim.seq()))
+            .await?;
+        assert_eq!(walk.visited.last().map(|(_, l)| &l.run), Some(&theirs));
+        let (batch, section) = walk.newest.ok_or("no section read")?;
+        let dest = dir.path().join(format!("{o}.db"));
+        assert_eq!(b.restore_section(o, &batch, &section, &dest).await?, 4);
+        let want = acked_images.get(o.as_str()).ok_or("nothing acknowledged")?;
+        assert!(
+            std::fs::read(&dest)? == *want,
+            "{o}: not the acknowledged image"
+        );
+        // Read as another org's, it is refused and nothing is installed.
+        let other = dir.path().join("other.db");
+        assert!(
+            b.restore_section(&org("gamma"), &batch, &section, &other)
+                .await
+                .is_err()
+        );
+        assert!(!other.exists());
+    }
+    Ok(())
+}

@@ -139,6 +139,7 @@ macro_rules! __conformance_cases {
             journal::an_exclusion_fences_one_org_and_the_run_keeps_acknowledging_the_rest,
             journal::a_failed_batch_ends_the_run_with_a_self_seal_that_walks_follow,
             journal::a_damaged_journal_object_is_a_typed_error,
+            journal::a_dead_writers_acknowledged_state_restores_from_its_journal_byte_for_byte,
         }
     };
 }
