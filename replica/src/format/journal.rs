@@ -120,6 +120,7 @@ pub(crate) fn parse_slot_name(name: &str) -> Option<u64> {
     (stem.len() == 20 && stem.bytes().all(|b| b.is_ascii_digit()))
         .then(|| stem.parse().ok())
         .flatten()
+        .filter(|&slot| slot != 0 && slot != u64::MAX)
 }
 
 /// The header every journal object carries: where it is and who put it there.
@@ -411,10 +412,16 @@ pub(crate) fn parse_header(
     }
     let header: JournalHeader =
         serde_json::from_slice(json).map_err(|e| bad(&format!("journal header: {e}")))?;
-    if header.run != *run || header.slot != slot || slot == 0 {
+    if header.run != *run || header.slot != slot || slot == 0 || slot == u64::MAX {
         return Err(bad(
             "journal object names another run or slot than its path",
         ));
+    }
+    // A batch's floor is the lowest slot unresolved when it was issued, a fence's the `f`
+    // it was placed at or above: never above the object's own slot. A floor above it would
+    // move every later fence out of the holder's reach (P).
+    if header.floor > slot {
+        return Err(bad("journal object's floor above its own slot"));
     }
     let frames = total.saturating_sub((PREFIX + len) as u64);
     match &header.object {
@@ -442,9 +449,10 @@ pub(crate) fn parse_header(
 }
 
 /// Where section `index`'s frame is in its object: a byte range for a range GET.
+/// Saturating: a range past any object's end, which the caller refuses, never a panic.
 pub(crate) fn frame_range(header_len: usize, index: &SectionIndex) -> std::ops::Range<u64> {
-    let at = (PREFIX + header_len) as u64 + index.offset;
-    at..at + index.len
+    let at = ((PREFIX + header_len) as u64).saturating_add(index.offset);
+    at..at.saturating_add(index.len)
 }
 
 /// The uncompressed delta body of a section, from its frame: digest, then size.

@@ -146,7 +146,18 @@ impl Replica {
         let got = match store.object.get_opts(&path, opts).await {
             Ok(g) => g,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(Error::store("get", &path, e)),
+            // A store refuses a range that starts past an empty object's end (S3: 416):
+            // the object's size tells a damaged object from a store that is down.
+            Err(e) => {
+                return match store.object.head(&path).await {
+                    Err(object_store::Error::NotFound { .. }) => Ok(None),
+                    Ok(meta) if meta.size < PREFIX as u64 => Err(Error::corrupt(
+                        path.as_ref(),
+                        "shorter than a journal object's prefix",
+                    )),
+                    _ => Err(Error::store("get", &path, e)),
+                };
+            }
         };
         let size = got.meta.size;
         let mut head = got

@@ -24,6 +24,13 @@ use crate::{Error, OrgId, Replica};
 /// before it gives up as contended: a hole stays only while the holder's create for it is
 /// in flight, at most `window` of them.
 const MAX_SECOND_LISTINGS: u32 = 8;
+/// Tries of one fence's create at one slot before the placement returns the error.
+const FENCE_TRIES: u32 = 3;
+
+/// A run with no free slot left (a crafted listing reaching the highest slot).
+fn full(run: &RunName) -> Error {
+    Error::corrupt(&format!("journals/{run}"), "no free slot left in the run")
+}
 
 /// Where a fence landed, or what stopped it.
 #[derive(Clone, Debug)]
@@ -118,10 +125,9 @@ impl Replica {
         let f = entry.max(listing.highest_floor());
         let mut occupied: BTreeSet<u64> = listing.objects.keys().copied().collect();
         let is_exclusion = matches!(object, JournalObject::Exclusion(_));
-        let lowest_free = |occupied: &BTreeSet<u64>, from: u64| {
-            (from..).find(|s| !occupied.contains(s)).unwrap_or(from)
-        };
-        let mut slot = lowest_free(&occupied, f);
+        let lowest_free =
+            |occupied: &BTreeSet<u64>, from: u64| (from..u64::MAX).find(|s| !occupied.contains(s));
+        let mut slot = lowest_free(&occupied, f).ok_or_else(|| full(run))?;
         loop {
             match self.create_fence(run, slot, f, &object).await? {
                 Created::Landed => break,
@@ -134,10 +140,24 @@ impl Replica {
                         });
                     }
                     occupied.insert(slot);
-                    slot = lowest_free(&occupied, slot);
+                    slot = lowest_free(&occupied, slot).ok_or_else(|| full(run))?;
                 }
             }
         }
+        self.fill_holes(run, entry, f, slot, &object).await
+    }
+
+    /// The second listing of P: lists `run` from `entry` again and places a second fence
+    /// (the same object) at every slot of `[f, slot)` still free, until none is.
+    async fn fill_holes(
+        &self,
+        run: &RunName,
+        entry: u64,
+        f: u64,
+        slot: u64,
+        object: &JournalObject,
+    ) -> Result<Placement, Error> {
+        let is_exclusion = matches!(object, JournalObject::Exclusion(_));
         let mut second = Vec::new();
         for _ in 0..MAX_SECOND_LISTINGS {
             let again = self.list_run(run, entry).await?;
@@ -153,7 +173,7 @@ impl Replica {
                 });
             }
             for hole in holes {
-                match self.create_fence(run, hole, f, &object).await? {
+                match self.create_fence(run, hole, f, object).await? {
                     Created::Landed => second.push(hole),
                     Created::Taken(theirs) => {
                         if voids(&theirs.object, is_exclusion).is_some() {
@@ -172,6 +192,9 @@ impl Replica {
         })
     }
 
+    /// Creates `object` at `slot` with one header, retried in place while its outcome is
+    /// not decided (K2.2: "retried in place until decided"), so a fence that landed unseen
+    /// is found as ours (its nonce) and never taken for another's.
     async fn create_fence(
         &self,
         run: &RunName,
@@ -187,7 +210,16 @@ impl Replica {
             object: object.clone(),
         };
         let bytes = Bytes::from(journal::encode(header.clone(), Vec::new())?);
-        self.journal_create(&header, bytes).await
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.journal_create(&header, bytes.clone()).await {
+                Err(e) if tries < FENCE_TRIES && !matches!(e, Error::Corrupt { .. }) => {
+                    debug!(%run, slot, error = %e, "fence not settled; retrying in place");
+                }
+                other => return other,
+            }
+        }
     }
 
     /// K2.2: seals the dead writer's run `run` (following its `self` seals to the newest
@@ -225,36 +257,48 @@ impl Replica {
                     JournalObject::Seal(_) => Some((s, l.header.clone())),
                     _ => None,
                 });
-            let (slot, header) = match met {
-                Some(m) => m,
-                None => match self.place_fence(&listing, 1, seal.clone()).await? {
-                    Placement::Placed {
-                        slot,
-                        listing: again,
-                        second,
-                        ..
-                    } => {
-                        let below = again.objects.range(..slot).find_map(|(&s, l)| {
-                            match &l.header.object {
-                                JournalObject::Seal(_) if !second.contains(&s) => {
-                                    Some((s, l.header.clone()))
-                                }
-                                _ => None,
-                            }
-                        });
-                        match below {
-                            Some(m) => m,
-                            None => {
-                                return Ok(Adoption::Sealed {
-                                    run,
-                                    slot,
-                                    listing: again,
-                                });
-                            }
+            let placed = match met {
+                // Our own adopt seal, from an earlier call whose outcome was not seen: the
+                // placement goes on from its second listing.
+                Some((slot, h)) if is_ours(&h.object, continued) => {
+                    self.fill_holes(&run, 1, h.floor, slot, &seal).await?
+                }
+                Some((slot, h)) => Placement::Met {
+                    slot,
+                    header: Box::new(h),
+                },
+                None => self.place_fence(&listing, 1, seal.clone()).await?,
+            };
+            let (slot, header) = match placed {
+                Placement::Placed {
+                    slot,
+                    listing: again,
+                    ..
+                } => {
+                    let mut ours = again
+                        .objects
+                        .range(..=slot)
+                        .filter(|(_, l)| is_ours(&l.header.object, continued));
+                    // Walks meet the lowest of our seals first: the adopted tenures come
+                    // through it (a second seal at a hole lies below the first).
+                    let first = ours.next().map_or(slot, |(&s, _)| s);
+                    let below = again.objects.range(..slot).find_map(|(&s, l)| {
+                        let foreign = matches!(l.header.object, JournalObject::Seal(_))
+                            && !is_ours(&l.header.object, continued);
+                        foreign.then(|| (s, l.header.clone()))
+                    });
+                    match below {
+                        Some(m) => m,
+                        None => {
+                            return Ok(Adoption::Sealed {
+                                run,
+                                slot: first,
+                                listing: again,
+                            });
                         }
                     }
-                    Placement::Met { slot, header } => (slot, *header),
-                },
+                }
+                Placement::Met { slot, header } => (slot, *header),
             };
             let JournalObject::Seal(s) = &header.object else {
                 return Err(Error::corrupt(
@@ -361,6 +405,11 @@ impl Replica {
             }),
         }
     }
+}
+
+/// True for an adopt seal continuing in `continued`: this adopter's own.
+fn is_ours(object: &JournalObject, continued: &RunName) -> bool {
+    matches!(object, JournalObject::Seal(Seal { seal: SealKind::Adopt, continued: Some(c), .. }) if c == continued)
 }
 
 /// What stops a fence that collided with `theirs`: a seal always; another exclusion only

@@ -37,18 +37,21 @@ const SEAL_TRIES: u32 = 3;
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
     /// Issued, not settled.
-    InFlight { nonce: String, commits: Commits },
+    InFlight { nonce: String, sections: Sections },
     /// Our batch landed there.
-    Ours { commits: Commits },
-    /// Another writer's object (an exclusion) is there, resolved by J2.
-    Foreign,
+    Ours { sections: Sections },
+    /// Another writer's exclusion is there, resolved by J2: of this org, of this round.
+    Foreign { excludes: Option<(OrgId, u64)> },
     /// Our put failed or its outcome is unknown: unresolved until a seal's collision shows
     /// whose it is.
-    Failed { nonce: String, commits: Commits },
+    Failed { nonce: String, sections: Sections },
 }
 
 /// The `(org, commit counter)` of each section of a batch.
 pub type Commits = Vec<(OrgId, u64)>;
+
+/// The `(org, tenure round, commit counter)` of each section of a batch.
+type Sections = Vec<(OrgId, u64, u64)>;
 
 /// Where the run is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,7 +75,7 @@ enum State {
 #[derive(Clone, Debug)]
 struct Tenure {
     round: u64,
-    /// The slot and round of the first exclusion that fenced it (J2).
+    /// The slot and round of the lowest exclusion that fenced it (J2).
     fenced: Option<(u64, u64)>,
 }
 
@@ -99,7 +102,8 @@ pub struct SectionInput {
 pub struct IssuedBatch {
     header: JournalHeader,
     bytes: Bytes,
-    commits: Vec<(OrgId, u64)>,
+    commits: Commits,
+    sections: Sections,
 }
 
 impl IssuedBatch {
@@ -149,6 +153,10 @@ pub struct Run {
     /// Per org, the highest round of an exclusion resolved foreign in this run or an earlier
     /// one of its chain (J2, "Before a tenure starts").
     remembered: BTreeMap<OrgId, u64>,
+    /// Per org, the highest round of an exclusion in a slot the prefix passed (or in an
+    /// earlier run of the chain): a section of a lower round above it is never acknowledged
+    /// (J1), whatever tenure the org holds now.
+    passed: BTreeMap<OrgId, u64>,
     state: State,
     /// J3.2 / J4: the seal being placed, retried at its slot with the same body.
     pending_seal: Option<JournalHeader>,
@@ -181,6 +189,7 @@ impl Run {
             slots: BTreeMap::new(),
             tenures: BTreeMap::new(),
             remembered: BTreeMap::new(),
+            passed: BTreeMap::new(),
             state: State::Open,
             pending_seal: None,
             level: 3,
@@ -301,18 +310,23 @@ impl Run {
                 self.slots.insert(
                     slot,
                     Slot::Ours {
-                        commits: batch.commits,
+                        sections: batch.sections,
                     },
                 );
             }
             BatchLanding::Taken(theirs) => self.resolve_foreign(slot, &theirs)?,
+            // A damaged object in our slot is one this writer never made: nothing above it
+            // can be placed or read (I10), so the run stops rather than seal over it.
+            BatchLanding::Failed(e @ Error::Corrupt { .. }) => {
+                return Err(self.fence_run(slot, format!("a damaged object in its slot: {e}")));
+            }
             BatchLanding::Failed(e) => {
                 warn!(run = %self.name, slot, error = %e, "journal batch not landed; the run ends (J3)");
                 self.slots.insert(
                     slot,
                     Slot::Failed {
                         nonce: batch.header.nonce,
-                        commits: batch.commits,
+                        sections: batch.sections,
                     },
                 );
                 if self.state == State::Open {
@@ -323,25 +337,32 @@ impl Run {
         Ok(self.advance())
     }
 
-    /// Moves the prefix past every resolved slot and returns the commits it acknowledged.
+    /// Moves the prefix past every resolved slot, in slot order, and returns the commits
+    /// it acknowledged: a section is acknowledged unless an exclusion of its org of a round
+    /// above the section's lies in a slot below it (J1). Judged by the section's own round,
+    /// so a later tenure of the org never revives an earlier one's sections.
     fn advance(&mut self) -> Commits {
         let mut acked = Vec::new();
         loop {
             match self.slots.get(&self.prefix) {
-                Some(Slot::Ours { .. } | Slot::Foreign) => {}
+                Some(Slot::Ours { .. } | Slot::Foreign { .. }) => {}
                 _ => return acked,
             }
-            let slot = self.prefix;
-            if let Some(Slot::Ours { commits }) = self.slots.remove(&slot) {
-                for (org, commit) in commits {
-                    let fenced = self
-                        .tenures
-                        .get(&org)
-                        .is_none_or(|t| t.fenced.is_some_and(|(at, _)| at <= slot));
-                    if !fenced {
-                        acked.push((org, commit));
+            match self.slots.remove(&self.prefix) {
+                Some(Slot::Ours { sections }) => {
+                    for (org, round, commit) in sections {
+                        if self.passed.get(&org).is_none_or(|&r| r <= round) {
+                            acked.push((org, commit));
+                        }
                     }
                 }
+                Some(Slot::Foreign {
+                    excludes: Some((org, round)),
+                }) => {
+                    let r = self.passed.entry(org).or_insert(0);
+                    *r = (*r).max(round);
+                }
+                _ => {}
             }
             self.prefix += 1;
         }
@@ -366,8 +387,8 @@ impl Run {
     fn resolve_foreign(&mut self, slot: u64, theirs: &JournalHeader) -> Result<(), Error> {
         match &theirs.object {
             JournalObject::Exclusion(ex) => {
-                self.exclude(slot, ex);
-                self.slots.insert(slot, Slot::Foreign);
+                let excludes = self.exclude(slot, ex);
+                self.slots.insert(slot, Slot::Foreign { excludes });
                 Ok(())
             }
             JournalObject::Seal(Seal {
@@ -389,20 +410,21 @@ impl Run {
         }
     }
 
-    fn exclude(&mut self, slot: u64, ex: &Exclusion) {
-        let Ok(org) = OrgId::new(&ex.org) else {
-            // An org id that does not validate names no tenure of ours.
-            return;
-        };
+    /// J2 for an exclusion at `slot`: remembers its round, fences the org's tenure of a
+    /// lower round from the lowest such slot, and returns the org and round it excludes.
+    fn exclude(&mut self, slot: u64, ex: &Exclusion) -> Option<(OrgId, u64)> {
+        // An org id that does not validate names no section of ours.
+        let org = OrgId::new(&ex.org).ok()?;
         let remembered = self.remembered.entry(org.clone()).or_insert(0);
         *remembered = (*remembered).max(ex.round);
         if let Some(t) = self.tenures.get_mut(&org)
             && ex.round > t.round
-            && t.fenced.is_none()
+            && t.fenced.is_none_or(|(at, _)| slot < at)
         {
             debug!(run = %self.name, slot, %org, ours = t.round, theirs = ex.round, "exclusion fences the tenure (J2)");
             t.fenced = Some((slot, ex.round));
         }
+        Some((org, ex.round))
     }
 
     fn fence_run(&mut self, slot: u64, reason: String) -> Error {
@@ -431,6 +453,16 @@ impl Run {
                 .map(|(o, t)| (o.clone(), t.clone()))
                 .collect(),
             remembered: self.remembered.clone(),
+            // Every exclusion this run resolved lies below its seal, or above it where no
+            // walk reads: either way none of its orgs' lower rounds is acknowledged again.
+            passed: {
+                let mut passed = self.remembered.clone();
+                for (o, &r) in &self.passed {
+                    let p = passed.entry(o.clone()).or_insert(0);
+                    *p = (*p).max(r);
+                }
+                passed
+            },
             state: State::Open,
             pending_seal: None,
             level: self.level,
@@ -473,6 +505,7 @@ impl Replica {
         }
         let mut inputs = Vec::with_capacity(sections.len());
         let mut commits = Vec::with_capacity(sections.len());
+        let mut sections_of = Vec::with_capacity(sections.len());
         for s in sections {
             let tenure = run
                 .tenures
@@ -493,6 +526,7 @@ impl Replica {
                 });
             }
             commits.push((s.org.clone(), s.pages.commit()));
+            sections_of.push((s.org.clone(), tenure.round, s.pages.commit()));
             inputs.push((s, tenure.round));
         }
         let level = run.level;
@@ -546,7 +580,7 @@ impl Replica {
             run.next,
             Slot::InFlight {
                 nonce: header.nonce.clone(),
-                commits: commits.clone(),
+                sections: sections_of.clone(),
             },
         );
         run.next += 1;
@@ -554,6 +588,7 @@ impl Replica {
             header,
             bytes,
             commits,
+            sections: sections_of,
         })
     }
 
@@ -601,7 +636,9 @@ impl Replica {
     ///
     /// # Errors
     /// As [`Replica::seal_self`]; [`Error::InvalidSettings`] when a slot is unresolved or
-    /// a put failed (J3 seals that run).
+    /// a put failed (J3 seals that run), or a self seal is undecided. After an error of the
+    /// create, call this again: a release seal of unknown outcome is placed again with the
+    /// same body, and `seal_self` refuses the run until it is decided.
     pub async fn seal_release(&self, run: &mut Run, retain_below: u64) -> Result<u64, Error> {
         if run.state != State::Open || run.prefix != run.next {
             return Err(Error::InvalidSettings {
@@ -636,7 +673,22 @@ impl Replica {
             // The lowest unresolved slot: a failed one, or the next unissued.
             let slot = run.prefix;
             let header = match run.pending_seal.take() {
-                Some(h) if h.slot == slot => h,
+                // J3.2: an undecided seal is placed again with the same body, and only it:
+                // a release seal that may have landed must never be followed by a
+                // continued run, nor a self seal by a release (walks follow what landed).
+                Some(h) if h.slot == slot => {
+                    let same = matches!(&h.object, JournalObject::Seal(s) if s.seal == kind && s.continued == continued);
+                    if !same {
+                        run.pending_seal = Some(h);
+                        return Err(Error::InvalidSettings {
+                            reason: format!(
+                                "another seal of run {} at slot {slot} is undecided: place it again",
+                                run.name
+                            ),
+                        });
+                    }
+                    h
+                }
                 _ => JournalHeader {
                     run: run.name.clone(),
                     slot,
@@ -676,8 +728,8 @@ impl Replica {
                 }
                 Created::Taken(theirs) => {
                     match run.slots.remove(&slot) {
-                        Some(Slot::Failed { nonce, commits }) if nonce == theirs.nonce => {
-                            run.slots.insert(slot, Slot::Ours { commits });
+                        Some(Slot::Failed { nonce, sections }) if nonce == theirs.nonce => {
+                            run.slots.insert(slot, Slot::Ours { sections });
                         }
                         _ => run.resolve_foreign(slot, &theirs)?,
                     }

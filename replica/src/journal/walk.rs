@@ -126,7 +126,12 @@ pub fn scan(
                         run: continued()?,
                         from: seal.from,
                         tenure: WalkTenure {
-                            round: tenure.round + 1,
+                            round: tenure.round.checked_add(1).ok_or_else(|| {
+                                Error::corrupt(
+                                    &format!("journals/{}/{slot:020}.jnl", listing.run),
+                                    "an adoption past the highest round",
+                                )
+                            })?,
                             via: Via::Adopt {
                                 run: listing.run.clone(),
                                 slot,
