@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use idem_replica::journal::{Base, Run, RunName, SectionInput, Via};
+use idem_replica::journal::{Base, BatchMeta, Run, RunName, SectionInput, Via};
 use idem_replica::{Delta, OrgId, Replica, Settings};
 
 use super::p10::{Column, Latency, row};
@@ -121,7 +121,9 @@ async fn one_row(replica: &Replica, n: usize, ticks: usize) -> BenchResult<Strin
                     })
                 })
                 .collect::<BenchResult<Vec<_>>>()?;
-            let batch = replica.issue_batch(&mut run, sections, None, 1).await?;
+            let batch = replica
+                .issue_batch(&mut run, sections, BatchMeta::new(1))
+                .await?;
             bytes += batch.len();
             issued += 1;
             in_flight.push(async move {

@@ -209,7 +209,7 @@ async fn schedule(seed: u64) -> R<Outcome> {
                         secs.push(section(o, counter));
                     }
                 }
-                match h.issue_batch(&mut run, secs, None, 1).await {
+                match h.issue_batch(&mut run, secs, BatchMeta::new(1)).await {
                     Ok(batch) => {
                         out.log
                             .push(format!("issue slot {} c{counter}", batch.slot()));
@@ -642,7 +642,7 @@ async fn a_zero_byte_object_is_corrupt() {
     let mut w = Run::new(run.clone(), "h", 4).unwrap();
     w.attach(&org("acme"), 1).unwrap();
     let b = r
-        .issue_batch(&mut w, vec![section(&org("acme"), 1)], None, 1)
+        .issue_batch(&mut w, vec![section(&org("acme"), 1)], BatchMeta::new(1))
         .await
         .unwrap();
     let landing = r.land_batch(&b).await;
@@ -678,7 +678,7 @@ async fn crafted_headers_are_typed_errors() {
     let mut w = Run::new(run.clone(), "h", 4).unwrap();
     w.attach(&acme, 1).unwrap();
     let b = r
-        .issue_batch(&mut w, vec![section(&acme, 1)], None, 1)
+        .issue_batch(&mut w, vec![section(&acme, 1)], BatchMeta::new(1))
         .await
         .unwrap();
     assert!(matches!(r.land_batch(&b).await, BatchLanding::Landed));
@@ -802,8 +802,7 @@ async fn a_later_tenure_never_acknowledges_an_earlier_tenures_section_above_its_
         .issue_batch(
             &mut run,
             vec![section(&acme, 1), section(&beta, 1)],
-            None,
-            1,
+            BatchMeta::new(1),
         )
         .await?;
     let l1 = h.land_batch(&b1).await;
@@ -814,8 +813,7 @@ async fn a_later_tenure_never_acknowledges_an_earlier_tenures_section_above_its_
             h.issue_batch(
                 &mut run,
                 vec![section(&acme, commit), section(&beta, commit)],
-                None,
-                1,
+                BatchMeta::new(1),
             )
             .await?,
         );
@@ -878,7 +876,7 @@ async fn an_undecided_release_seal_is_placed_again_never_turned_into_a_self_seal
     let mut run = Run::new(run1.clone(), "h", 4)?;
     run.attach(&acme, 1)?;
     let b = h
-        .issue_batch(&mut run, vec![section(&acme, 1)], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1)], BatchMeta::new(1))
         .await?;
     let l = h.land_batch(&b).await;
     assert_eq!(run.settle(b, l)?, vec![(acme.clone(), 1)]);
@@ -920,7 +918,7 @@ async fn a_refused_release_seal_blocks_a_self_seal_until_placed_again() -> R {
     let mut run = Run::new(run1.clone(), "h", 4)?;
     run.attach(&acme, 1)?;
     let b = h
-        .issue_batch(&mut run, vec![section(&acme, 1)], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1)], BatchMeta::new(1))
         .await?;
     let l = h.land_batch(&b).await;
     run.settle(b, l)?;
@@ -967,7 +965,7 @@ async fn an_adopt_seal_of_unknown_outcome_is_found_as_ours_on_the_next_call() ->
     let mut run = Run::new(run1.clone(), "h", 4)?;
     run.attach(&acme, 1)?;
     let b = h
-        .issue_batch(&mut run, vec![section(&acme, 1)], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1)], BatchMeta::new(1))
         .await?;
     let l = h.land_batch(&b).await;
     run.settle(b, l)?;

@@ -21,5 +21,5 @@ pub use crate::format::journal::{
 };
 pub use io::{Created, Listed, RunListing};
 pub use place::{Adoption, Excluded, Placement};
-pub use run::{BatchLanding, Commits, IssuedBatch, Run, SectionInput};
+pub use run::{BatchLanding, BatchMeta, Commits, IssuedBatch, Run, SectionInput};
 pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};

@@ -21,8 +21,8 @@ use bytes::Bytes;
 use tracing::{debug, warn};
 
 use crate::format::journal::{
-    self, Batch, Exclusion, JournalHeader, JournalObject, RunName, Seal, SealKind, SectionFrame,
-    SectionIndex,
+    self, Announced, Batch, Exclusion, JournalHeader, JournalObject, RunName, Seal, SealKind,
+    SectionFrame, SectionIndex,
 };
 use crate::format::layout::new_nonce;
 use crate::journal::io::Created;
@@ -95,6 +95,30 @@ pub struct SectionInput {
     pub pages: Delta,
     /// The org is released by this section (J4).
     pub released: bool,
+}
+
+/// What a batch's header carries besides its sections (`docs/design.md` 3g, "Objects").
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchMeta {
+    /// The lowest walk entry into the run its writer knows of (T3).
+    pub retain_below: u64,
+    /// The orgs attached to the run, when this batch carries the roster (every run's first
+    /// batch, every 256th, and any after an attach).
+    pub roster: Option<Vec<OrgId>>,
+    /// Claims announced before their create and not yet superseded (K1.2, J6-1).
+    pub claims: Vec<Announced>,
+    /// Raised `retain_below` values for earlier runs of the chain or adopted runs (T3).
+    pub retain: BTreeMap<RunName, u64>,
+}
+
+impl BatchMeta {
+    /// A header with `retain_below` and nothing else: no roster, no announcements.
+    pub fn new(retain_below: u64) -> BatchMeta {
+        BatchMeta {
+            retain_below,
+            ..BatchMeta::default()
+        }
+    }
 }
 
 /// A batch issued in a run and not yet settled. Not `Clone`: it is settled once.
@@ -471,8 +495,8 @@ impl Run {
 }
 
 impl Replica {
-    /// Issues a batch of `sections` in `run`'s next slot (below `floor + window`, W1),
-    /// carrying `roster` when given and `retain_below` (T3). Publishes nothing:
+    /// Issues a batch of `sections` in `run`'s next slot (below `floor + window`, W1), its
+    /// header carrying `meta` (retention, roster, announced claims). Publishes nothing:
     /// [`Replica::land_batch`] does. An empty `sections` is an empty batch (a header), which
     /// confirms and announces (J6, K1.2).
     ///
@@ -484,8 +508,7 @@ impl Replica {
         &self,
         run: &mut Run,
         sections: Vec<SectionInput>,
-        roster: Option<Vec<String>>,
-        retain_below: u64,
+        meta: BatchMeta,
     ) -> Result<IssuedBatch, Error> {
         run.usable()?;
         if run.state != State::Open || run.next >= run.prefix + run.window {
@@ -570,9 +593,13 @@ impl Replica {
             floor: run.prefix,
             object: JournalObject::Batch(Batch {
                 window: run.window,
-                retain_below,
-                roster,
-                ..Batch::default()
+                retain_below: meta.retain_below,
+                claims: meta.claims,
+                retain: meta.retain,
+                roster: meta
+                    .roster
+                    .map(|orgs| orgs.iter().map(ToString::to_string).collect()),
+                sections: Vec::new(),
             }),
         };
         let bytes = Bytes::from(journal::encode(header.clone(), frames)?);

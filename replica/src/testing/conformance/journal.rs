@@ -13,8 +13,8 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use super::{CaseResult, org, prefix};
 use crate::format::layout::new_nonce;
 use crate::journal::{
-    Adoption, Base, BatchLanding, Commits, Excluded, Run, RunName, ScanEnd, SectionInput, Via,
-    WalkTenure,
+    Adoption, Base, BatchLanding, BatchMeta, Commits, Excluded, Run, RunName, ScanEnd,
+    SectionInput, Via, WalkTenure,
 };
 use crate::{Delta, Error, OrgId, Replica, Settings};
 
@@ -63,7 +63,7 @@ async fn ship(r: &Replica, run: &mut Run, orgs: &[&OrgId], commit: u64) -> Resul
         .iter()
         .map(|o| section(o, 1, commit))
         .collect::<Result<Vec<_>, _>>()?;
-    let batch = r.issue_batch(run, sections, None, 1).await?;
+    let batch = r.issue_batch(run, sections, BatchMeta::new(1)).await?;
     let landing = r.land_batch(&batch).await;
     run.settle(batch, landing)
 }
@@ -83,12 +83,14 @@ pub(super) async fn journal_batches_acknowledge_in_slot_order_and_read_back_one_
         .issue_batch(
             &mut run,
             vec![section(&acme, 1, 1)?, section(&beta, 1, 1)?],
-            Some(vec!["acme".into(), "beta".into()]),
-            1,
+            BatchMeta {
+                roster: Some(vec![acme.clone(), beta.clone()]),
+                ..BatchMeta::new(1)
+            },
         )
         .await?;
     let second = r
-        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], BatchMeta::new(1))
         .await?;
     assert_eq!((first.slot(), second.slot()), (1, 2));
     let landed = r.land_batch(&second).await;
@@ -146,7 +148,7 @@ pub(super) async fn an_adopt_seal_fences_every_org_of_a_run_with_one_put(
     assert_eq!(ship(&a, &mut run, &[&acme, &beta], 1).await?.len(), 2);
     // The zombie's next batch is issued but not yet landed when the adopter seals.
     let late = a
-        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], BatchMeta::new(1))
         .await?;
 
     let theirs = run_name()?;
@@ -170,7 +172,7 @@ pub(super) async fn an_adopt_seal_fences_every_org_of_a_run_with_one_put(
     ));
     assert!(matches!(run.holds(&beta), Err(Error::RunFenced { .. })));
     assert!(
-        a.issue_batch(&mut run, vec![section(&beta, 1, 3)?], None, 1)
+        a.issue_batch(&mut run, vec![section(&beta, 1, 3)?], BatchMeta::new(1))
             .await
             .is_err()
     );
@@ -230,7 +232,7 @@ pub(super) async fn an_exclusion_fences_one_org_and_the_run_keeps_acknowledging_
     let mut flight = Vec::new();
     for commit in [2, 3] {
         let sections = vec![section(&acme, 1, commit)?, section(&beta, 1, commit)?];
-        flight.push(a.issue_batch(&mut run, sections, None, 1).await?);
+        flight.push(a.issue_batch(&mut run, sections, BatchMeta::new(1)).await?);
     }
     let at3 = flight.pop().ok_or("no batch")?;
     let at2 = flight.pop().ok_or("no batch")?;
@@ -245,7 +247,7 @@ pub(super) async fn an_exclusion_fences_one_org_and_the_run_keeps_acknowledging_
     ));
     assert!(run.holds(&beta).is_ok());
     assert!(
-        a.issue_batch(&mut run, vec![section(&acme, 1, 3)?], None, 1)
+        a.issue_batch(&mut run, vec![section(&acme, 1, 3)?], BatchMeta::new(1))
             .await
             .is_err(),
         "a fenced tenure writes no section"
@@ -282,10 +284,10 @@ pub(super) async fn a_failed_batch_ends_the_run_with_a_self_seal_that_walks_foll
     run.attach(&acme, 1)?;
     ship(&r, &mut run, &[&acme], 1).await?;
     let lost = r
-        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], BatchMeta::new(1))
         .await?;
     let above = r
-        .issue_batch(&mut run, vec![section(&acme, 1, 3)?], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1, 3)?], BatchMeta::new(1))
         .await?;
     let landed = r.land_batch(&above).await;
     assert_eq!(run.settle(above, landed)?, vec![]);
@@ -295,7 +297,7 @@ pub(super) async fn a_failed_batch_ends_the_run_with_a_self_seal_that_walks_foll
     assert_eq!(run.settle(lost, failed)?, vec![]);
     assert!(run.needs_seal());
     assert!(
-        r.issue_batch(&mut run, vec![section(&acme, 1, 4)?], None, 1)
+        r.issue_batch(&mut run, vec![section(&acme, 1, 4)?], BatchMeta::new(1))
             .await
             .is_err(),
         "nothing is issued after a failure (J3.1)"
@@ -362,7 +364,7 @@ pub(super) async fn a_damaged_journal_object_is_a_typed_error(
         .put(&path(2), PutPayload::from(b"not a journal object".to_vec()))
         .await?;
     let batch = r
-        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], None, 1)
+        .issue_batch(&mut run, vec![section(&acme, 1, 2)?], BatchMeta::new(1))
         .await?;
     let landing = r.land_batch(&batch).await;
     assert!(
@@ -438,8 +440,7 @@ pub(super) async fn a_dead_writers_acknowledged_state_restores_from_its_journal_
             .issue_batch(
                 &mut run,
                 next_batch(&mut held, &mut images, commit)?,
-                None,
-                1,
+                BatchMeta::new(1),
             )
             .await?;
         let landing = a.land_batch(&batch).await;
@@ -449,7 +450,11 @@ pub(super) async fn a_dead_writers_acknowledged_state_restores_from_its_journal_
         }
     }
     let late = a
-        .issue_batch(&mut run, next_batch(&mut held, &mut images, 5)?, None, 1)
+        .issue_batch(
+            &mut run,
+            next_batch(&mut held, &mut images, 5)?,
+            BatchMeta::new(1),
+        )
         .await?;
     let theirs = run_name()?;
     let adoption = b.adopt_run(run.name(), "b", &theirs, 1).await?;
