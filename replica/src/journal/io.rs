@@ -27,6 +27,9 @@ pub struct Listed {
     pub(crate) header_len: usize,
     /// The object's size, bytes.
     pub size: u64,
+    /// The store's Last-Modified of the object, ms since the Unix epoch (0 when the store
+    /// gave a time before the epoch): retention's age is the store's clock (I15).
+    pub last_modified_ms: u64,
 }
 
 /// The objects of one run from a slot up, in slot order, as one LIST saw them (P works from
@@ -160,6 +163,8 @@ impl Replica {
             }
         };
         let size = got.meta.size;
+        let last_modified_ms =
+            u64::try_from(got.meta.last_modified.timestamp_millis()).unwrap_or(0);
         let mut head = got
             .bytes()
             .await
@@ -186,6 +191,7 @@ impl Replica {
             header,
             header_len: len,
             size,
+            last_modified_ms,
         }))
     }
 

@@ -4,13 +4,18 @@
 //!
 //! This layer is the store protocol of runs: the objects (`format/journal.rs`), a writer's
 //! run ([`Run`]: J1-J4), P's fences ([`crate::Replica::place_fence`], [`crate::Replica::exclude`],
-//! [`crate::Replica::adopt_run`]) and K0's scan of runs ([`scan`], [`crate::Replica::walk_runs`]). The
+//! [`crate::Replica::adopt_run`]), what an adopter learns of a run's orgs
+//! ([`crate::Replica::run_orgs`], K2.3), a run's retention ([`crate::Replica::retain_run`],
+//! T1-T3), a section installed as a database ([`crate::Replica::restore_section`]) and K0's
+//! scan of runs ([`scan`], [`crate::Replica::walk_runs`]). The
 //! org logs' format-5 entries (claims naming a run, checkpoints) are not built yet: the
 //! org layer ships per org (3, 3e).
 
 mod io;
 mod place;
 mod restore;
+mod retain;
+mod roster;
 mod run;
 mod walk;
 
@@ -21,5 +26,7 @@ pub use crate::format::journal::{
 };
 pub use io::{Created, Listed, RunListing};
 pub use place::{Adoption, Excluded, Placement};
+pub use retain::RunRetention;
+pub use roster::RunOrgs;
 pub use run::{BatchLanding, BatchMeta, Commits, IssuedBatch, Run, SectionInput};
 pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};

@@ -493,3 +493,186 @@ pub(super) async fn a_dead_writers_acknowledged_state_restores_from_its_journal_
     }
     Ok(())
 }
+
+/// Lands a batch of `sections` with `meta`; returns its slot.
+async fn land(
+    r: &Replica,
+    run: &mut Run,
+    sections: Vec<SectionInput>,
+    meta: BatchMeta,
+) -> Result<u64, Error> {
+    let batch = r.issue_batch(run, sections, meta).await?;
+    let slot = batch.slot();
+    let landing = r.land_batch(&batch).await;
+    run.settle(batch, landing)?;
+    Ok(slot)
+}
+
+/// An adopter learns a run's orgs from the newest roster, read back along the chain's self
+/// seals when the newest run holds none, plus every org with a section or an announced
+/// claim after it (K2.3); with a roster in the newest run, the earlier runs are not read.
+pub(super) async fn an_adopter_learns_every_org_from_the_newest_roster_back_along_self_seals(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let a = open(store.clone(), &p).await?;
+    let b = open(store, &p).await?;
+    let [acme, beta, gamma, delta, omega] = ["acme", "beta", "gamma", "delta", "omega"].map(org);
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    for o in [&acme, &beta, &gamma] {
+        run.attach(o, 1)?;
+    }
+    let roster = BatchMeta {
+        roster: Some(vec![acme.clone(), beta.clone()]),
+        ..BatchMeta::new(1)
+    };
+    assert_eq!(
+        land(&a, &mut run, vec![section(&acme, 1, 1)?], roster).await?,
+        1
+    );
+    let announced = crate::journal::Announced {
+        org: delta.to_string(),
+        run: run.name().clone(),
+        from: 2,
+    };
+    let meta = BatchMeta {
+        claims: vec![announced.clone()],
+        ..BatchMeta::new(1)
+    };
+    land(&a, &mut run, vec![section(&gamma, 1, 2)?], meta).await?;
+    // A failed put ends the run; the continued run's batch carries no roster here.
+    let lost = a
+        .issue_batch(&mut run, vec![section(&acme, 1, 3)?], BatchMeta::new(1))
+        .await?;
+    let failed = BatchLanding::Failed(Error::InvalidSettings {
+        reason: "injected: the put failed".into(),
+    });
+    run.settle(lost, failed)?;
+    let (mut next, _) = a.seal_self(&mut run, 1).await?;
+    next.attach(&omega, 1)?;
+    land(
+        &a,
+        &mut next,
+        vec![section(&omega, 1, 1)?],
+        BatchMeta::new(1),
+    )
+    .await?;
+
+    let theirs = run_name()?;
+    let Adoption::Sealed {
+        run: sealed,
+        slot,
+        listing,
+    } = b.adopt_run(run.name(), "b", &theirs, 1).await?
+    else {
+        return Err("not sealed".into());
+    };
+    assert_eq!(&sealed, next.name(), "the adoption follows the self seal");
+    let learned = b.run_orgs(&listing, slot).await?;
+    let want: std::collections::BTreeSet<OrgId> = [&acme, &beta, &gamma, &delta, &omega]
+        .into_iter()
+        .cloned()
+        .collect();
+    assert_eq!(learned.orgs, want);
+    assert_eq!(learned.claims, vec![announced]);
+    assert_eq!(learned.roster, Some((run.name().clone(), 1)));
+
+    // A roster in the newest run is enough: nothing before it is read.
+    let mut third = Run::new(run_name()?, "c", 4)?;
+    third.attach(&beta, 1)?;
+    let roster = BatchMeta {
+        roster: Some(vec![beta.clone()]),
+        ..BatchMeta::new(1)
+    };
+    land(&a, &mut third, vec![section(&beta, 1, 1)?], roster).await?;
+    let listing = b.list_run(third.name(), 1).await?;
+    let learned = b.run_orgs(&listing, u64::MAX).await?;
+    assert_eq!(
+        learned.orgs.into_iter().collect::<Vec<_>>(),
+        vec![beta.clone()]
+    );
+    Ok(())
+}
+
+/// Retention of a run deletes batches below every walk's entry (the newest batch's
+/// `retain_below`, capped by the highest floor and the newest roster), only once older than
+/// `keep_ms`, never an exclusion or a seal; walks from the kept entry still read the newest
+/// section. After a release seal whose value is its own slot, every batch goes and the seal
+/// and the exclusion stay.
+pub(super) async fn run_retention_deletes_only_below_every_entry_and_keeps_fences(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    let p = prefix()?;
+    let a = open(store.clone(), &p).await?;
+    let c = open(store, &p).await?;
+    let acme = org("acme");
+    let mut run = Run::new(run_name()?, "a", 4)?;
+    run.attach(&acme, 1)?;
+    land(&a, &mut run, vec![section(&acme, 1, 1)?], BatchMeta::new(1)).await?;
+    land(&a, &mut run, vec![section(&acme, 1, 2)?], BatchMeta::new(1)).await?;
+    // A claimant's exclusion of another org lands at slot 3; the holder's batch collides.
+    let zeta = crate::journal::Exclusion {
+        org: "zeta".into(),
+        claim: 4,
+        round: 2,
+        continued: run_name()?,
+        from: 1,
+        by: "c".into(),
+    };
+    let listing = c.list_run(run.name(), 1).await?;
+    let placed = c
+        .place_fence(&listing, 1, crate::journal::JournalObject::Exclusion(zeta))
+        .await?;
+    assert!(matches!(
+        placed,
+        crate::journal::Placement::Placed { slot: 3, .. }
+    ));
+    assert_eq!(
+        land(&a, &mut run, vec![section(&acme, 1, 3)?], BatchMeta::new(1)).await?,
+        3
+    );
+    for commit in 4..=6 {
+        let meta = BatchMeta {
+            roster: (commit == 6).then(|| vec![acme.clone()]),
+            ..BatchMeta::new(5)
+        };
+        land(&a, &mut run, vec![section(&acme, 1, commit)?], meta).await?;
+    }
+    // Slots: 1, 2 batches; 3 the exclusion (the holder's commit 3 collided with it and goes
+    // with the next batch); 4-6 batches (commits 4-6), the roster at 6.
+    let young = a.retain_run(run.name(), 3_600_000).await?;
+    assert_eq!(
+        (young.deleted.len(), young.young, young.retain_below),
+        (0, 3, 5)
+    );
+    let done = a.retain_run(run.name(), 0).await?;
+    assert_eq!(done.deleted, vec![1, 2, 4]);
+    let kept = a.list_run(run.name(), 1).await?;
+    assert_eq!(kept.objects.keys().copied().collect::<Vec<_>>(), [3, 5, 6]);
+    let walk = a.walk_runs(&acme, run.name(), 5, tenure(1, 1)).await?;
+    assert_eq!(walk.newest.map(|(_, s)| s.commit), Some(6));
+
+    let end = a.seal_release(&mut run, 7).await?;
+    assert_eq!(end, 7);
+    let all = a.retain_run(run.name(), 0).await?;
+    assert_eq!(all.deleted, vec![5, 6]);
+    let kept = a.list_run(run.name(), 1).await?;
+    assert_eq!(kept.objects.keys().copied().collect::<Vec<_>>(), [3, 7]);
+
+    // A value above the run's highest floor (a writer's slip, or a crafted batch) is capped
+    // by it: a paused writer may still create there (T1). With a roster below, by the
+    // roster: an adopter reads it and after (T2).
+    for (roster_at, want) in [(None, vec![1, 2]), (Some(2), vec![1])] {
+        let mut other = Run::new(run_name()?, "a", 4)?;
+        other.attach(&acme, 1)?;
+        for commit in 1..=3 {
+            let meta = BatchMeta {
+                roster: (Some(commit) == roster_at).then(|| vec![acme.clone()]),
+                ..BatchMeta::new(10)
+            };
+            land(&a, &mut other, vec![section(&acme, 1, commit)?], meta).await?;
+        }
+        assert_eq!(a.retain_run(other.name(), 0).await?.deleted, want);
+    }
+    Ok(())
+}

@@ -140,6 +140,8 @@ macro_rules! __conformance_cases {
             journal::a_failed_batch_ends_the_run_with_a_self_seal_that_walks_follow,
             journal::a_damaged_journal_object_is_a_typed_error,
             journal::a_dead_writers_acknowledged_state_restores_from_its_journal_byte_for_byte,
+            journal::an_adopter_learns_every_org_from_the_newest_roster_back_along_self_seals,
+            journal::run_retention_deletes_only_below_every_entry_and_keeps_fences,
         }
     };
 }
