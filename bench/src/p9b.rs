@@ -104,7 +104,7 @@ async fn one_row(replica: &Replica, n: usize, ticks: usize) -> BenchResult<Strin
     let before = replica.store_requests();
     let started = Instant::now();
     loop {
-        while issued < ticks && !waiting.is_empty() && in_flight.len() < WINDOW as usize {
+        while issued < ticks && !waiting.is_empty() && run.room() > 0 {
             let sections = waiting
                 .drain(..)
                 .map(|i| {

@@ -231,6 +231,16 @@ impl Run {
         self.prefix
     }
 
+    /// Batches that may be issued now: the window is a span of slots from the lowest
+    /// unresolved one, not a count of batches in flight (3e's W1), so landed slots above an
+    /// unresolved one still take room. 0 once the run stopped issuing.
+    pub fn room(&self) -> u64 {
+        if self.state != State::Open {
+            return 0;
+        }
+        (self.prefix + self.window).saturating_sub(self.next)
+    }
+
     /// Slots issued and not settled.
     pub fn in_flight(&self) -> usize {
         self.slots
