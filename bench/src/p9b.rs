@@ -22,7 +22,7 @@ use futures::stream::FuturesUnordered;
 use idem_replica::journal::{Base, BatchMeta, Run, RunName, SectionInput, Via};
 use idem_replica::{Delta, OrgId, Replica, Settings};
 
-use super::p10::{Column, Latency, row};
+use super::p10::{Column, Latency, row, table_header};
 use super::{BenchResult, ms};
 
 /// Slots a run keeps in flight.
@@ -47,15 +47,7 @@ pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResul
     outln!(
         "P9b: the journal's store layer: one run acknowledging N orgs with one commit in flight each, window {WINDOW}, {ticks} batches per row ({latency} beside the local directory)"
     );
-    let header: Vec<&str> = columns
-        .iter()
-        .map(|c| match c.shape {
-            None => "local directory",
-            Some(_) => "latency-shaped",
-        })
-        .collect();
-    outln!("| active orgs | {} | target |", header.join(" | "));
-    outln!("|---|{}---|", "---|".repeat(columns.len()));
+    table_header(&columns, "active orgs", "target");
     for &n in counts {
         let mut cells = Vec::new();
         for (i, column) in columns.iter().enumerate() {

@@ -204,15 +204,7 @@ pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes, rows: Rows) 
         sizes.time.as_secs_f64(),
         SHIP_WINDOW.load(std::sync::atomic::Ordering::Relaxed)
     );
-    let header: Vec<&str> = columns
-        .iter()
-        .map(|c| match c.shape {
-            None => "local directory",
-            Some(_) => "latency-shaped",
-        })
-        .collect();
-    outln!("| measure | {} | target (on S3) |", header.join(" | "));
-    outln!("|---|{}---|", "---|".repeat(columns.len()));
+    table_header(&columns, "measure", "target (on S3)");
     if !sizes.handoff_only {
         one_org(dir, &columns, sizes.time).await?;
         if rows == Rows::OneOrg {
@@ -224,6 +216,19 @@ pub(crate) async fn run(dir: &Path, latency: Latency, sizes: Sizes, rows: Rows) 
     handoff::rolling(dir, &columns, sizes.handoff).await?;
     handoff::crash(dir, &columns, sizes.handoff).await?;
     Ok(())
+}
+
+/// Prints a table's header: `first`, one column per store column, `last`.
+pub(crate) fn table_header(columns: &[Column], first: &str, last: &str) {
+    let names: Vec<&str> = columns
+        .iter()
+        .map(|c| match c.shape {
+            None => "local directory",
+            Some(_) => "latency-shaped",
+        })
+        .collect();
+    outln!("| {first} | {} | {last} |", names.join(" | "));
+    outln!("|---|{}---|", "---|".repeat(columns.len()));
 }
 
 /// Prints one table row: a measure, one cell per column, the target.
