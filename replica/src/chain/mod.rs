@@ -402,6 +402,7 @@ mod tests {
                 nonce: "00".into(),
                 at_ms: 0,
                 pipeline: None,
+                journal: None,
             },
             body,
         }

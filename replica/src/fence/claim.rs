@@ -385,6 +385,7 @@ impl Claim {
                 window: self.window,
                 floor: self.floor(),
             }),
+            journal: None,
         })
     }
 }
@@ -532,6 +533,7 @@ impl Replica {
                         window: window_size,
                         floor: slot,
                     }),
+                    journal: None,
                 },
                 body: EntryBody::Claim(Claimer {
                     instance: self.inner.leases.instance().to_owned(),

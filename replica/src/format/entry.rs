@@ -14,11 +14,14 @@
 //! earlier readers. Version 4 is exactly the entries of a pipelined claim (header keys
 //! `"window"` and `"floor"`, [`Pipeline`]; `docs/design.md` 3e), of any body: an earlier reader
 //! refuses them, because the rules for strays and holes change how the entries around them
-//! read (rule V).
+//! read (rule V). Version 5 is exactly the entries with a journal mark (`"journal"`,
+//! [`JournalMark`]; `docs/design.md` 3g): [`LogEntry::decode`] refuses them as every earlier
+//! reader does, and only the journal's readers ([`LogEntry::decode_journal`]) read them (K3).
 
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+use crate::format::mark::JournalMark;
 
 /// Log entry format version of every entry without an inline body (and of leases).
 pub const ENTRY_VERSION: u64 = 1;
@@ -29,6 +32,8 @@ pub const INLINE_ENTRY_VERSION: u64 = 2;
 pub const MANIFEST_ENTRY_VERSION: u64 = 3;
 /// Log entry format version of every entry of a pipelined claim ([`EntryHeader::pipeline`]).
 pub const PIPELINED_ENTRY_VERSION: u64 = 4;
+/// Log entry format version of every entry with a journal mark ([`EntryHeader::journal`]).
+pub const JOURNAL_ENTRY_VERSION: u64 = 5;
 /// Most ships a pipelined claim may keep in flight; a window read from the store is clamped
 /// to it (`docs/design.md` 3e, rule R1), and a claim's `read_concurrency` must exceed it (C3).
 pub const MAX_SHIP_WINDOW: u64 = 8;
@@ -71,6 +76,10 @@ pub struct EntryHeader {
     /// every other entry, which reads as window 1 and floor = its own seq.
     #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
     pub pipeline: Option<Pipeline>,
+    /// What the entry says about the journal (format version 5): a claim naming its run, a
+    /// checkpoint naming its slot. `None` for every entry of the per-org path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal: Option<JournalMark>,
 }
 
 /// The two header keys of an entry of a pipelined claim (`docs/design.md` 3e).
@@ -297,10 +306,14 @@ impl LogEntry {
         self.stored().is_some_and(|s| s.blob.is_inline())
     }
 
-    /// Format version this entry is written with: [`PIPELINED_ENTRY_VERSION`] for an entry
+    /// Format version this entry is written with: [`JOURNAL_ENTRY_VERSION`] for an entry with
+    /// a journal mark, else [`PIPELINED_ENTRY_VERSION`] for an entry
     /// of a pipelined claim, else [`INLINE_ENTRY_VERSION`] when it carries an inline body,
     /// [`MANIFEST_ENTRY_VERSION`] when it names a manifest, else [`ENTRY_VERSION`].
     pub fn version(&self) -> u64 {
+        if self.header.journal.is_some() {
+            return JOURNAL_ENTRY_VERSION;
+        }
         if self.is_pipelined() {
             return PIPELINED_ENTRY_VERSION;
         }
@@ -382,6 +395,30 @@ impl LogEntry {
         bytes: &[u8],
         expected_seq: Option<u64>,
     ) -> Result<LogEntry, Error> {
+        Self::decode_as(object, bytes, expected_seq, false)
+    }
+
+    /// [`LogEntry::decode`] for the journal's readers: entries of format version 5 (with a
+    /// journal mark) are read too, and their mark checked against their kind.
+    ///
+    /// # Errors
+    /// As [`LogEntry::decode`]; [`Error::Corrupt`] for a claim mark on an entry that is not a
+    /// claim, a checkpoint mark on one that is not a snapshot or delta, a slot of 0, or a
+    /// mark on an entry of a pipelined claim.
+    pub fn decode_journal(
+        object: &str,
+        bytes: &[u8],
+        expected_seq: Option<u64>,
+    ) -> Result<LogEntry, Error> {
+        Self::decode_as(object, bytes, expected_seq, true)
+    }
+
+    fn decode_as(
+        object: &str,
+        bytes: &[u8],
+        expected_seq: Option<u64>,
+        journal: bool,
+    ) -> Result<LogEntry, Error> {
         let mut value: serde_json::Value =
             serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
         let map = value
@@ -394,6 +431,15 @@ impl LogEntry {
                 | MANIFEST_ENTRY_VERSION
                 | PIPELINED_ENTRY_VERSION),
             ) => v,
+            Some(JOURNAL_ENTRY_VERSION) if journal => JOURNAL_ENTRY_VERSION,
+            Some(JOURNAL_ENTRY_VERSION) => {
+                return Err(Error::UnknownFormat {
+                    object: object.into(),
+                    detail: "a journal entry (format 5): this org's log is read by the journal's \
+                             readers only, never as a per-org chain (docs/design.md 3g, K3)"
+                        .into(),
+                });
+            }
             other => {
                 return Err(Error::UnknownFormat {
                     object: object.into(),
@@ -420,6 +466,15 @@ impl LogEntry {
                 object: object.into(),
                 detail: format!("entry kind {kind:?}"),
             });
+        }
+        if let Some(mark) = map.get("journal") {
+            let role = mark.get("role").and_then(|r| r.as_str()).unwrap_or("");
+            if !["claim", "checkpoint"].contains(&role) {
+                return Err(Error::UnknownFormat {
+                    object: object.into(),
+                    detail: format!("journal role {role:?}"),
+                });
+            }
         }
         let entry: LogEntry =
             serde_json::from_value(value).map_err(|e| Error::corrupt(object, e))?;
@@ -458,6 +513,21 @@ impl LogEntry {
                     entry.seq()
                 ),
             ));
+        }
+        if let Some(mark) = &entry.header.journal {
+            let fits = match mark {
+                JournalMark::Claim { .. } => entry.is_claim(),
+                JournalMark::Checkpoint { .. } => entry.stored().is_some(),
+            };
+            if !fits || mark.slot() == 0 || entry.is_pipelined() {
+                return Err(Error::corrupt(
+                    object,
+                    format!(
+                        "a {} entry with the journal mark {mark:?}",
+                        entry.kind_name()
+                    ),
+                ));
+            }
         }
         if entry.version() != version {
             return Err(Error::corrupt(
@@ -514,5 +584,79 @@ mod tests {
         );
         assert_eq!(entry.encode()?, homed.to_vec());
         Ok(())
+    }
+
+    const RUN: &str = "0123456789abcdef0123456789abcdef-00000000000000000001";
+
+    fn journal_claim(mark: &str, kind: &str) -> Vec<u8> {
+        format!(
+            r#"{{"at_ms":1,"journal":{mark},"kind":"{kind}","nonce":"n","round":2,"seq":3,"v":5,"writer":"w"}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_journal_entry_reads_back_byte_for_byte_and_only_the_journals_reader_reads_it()
+    -> Result<(), Error> {
+        let bytes = journal_claim(
+            &format!(
+                r#"{{"after":{{"at":"entry","seq":1}},"from":4,"role":"claim","run":"{RUN}"}}"#
+            ),
+            "claim",
+        );
+        let entry = LogEntry::decode_journal("x", &bytes, Some(3))?;
+        assert_eq!(entry.version(), JOURNAL_ENTRY_VERSION);
+        assert!(matches!(
+            &entry.header.journal,
+            Some(JournalMark::Claim {
+                from: 4,
+                after: Some(crate::format::mark::FreePoint::Entry { seq: 1 }),
+                ..
+            })
+        ));
+        assert_eq!(entry.encode()?, bytes);
+        let refused = LogEntry::decode("x", &bytes, Some(3));
+        assert!(
+            matches!(&refused, Err(Error::UnknownFormat { detail, .. }) if detail.contains("K3")),
+            "{refused:?}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_journal_mark_on_the_wrong_kind_a_slot_of_zero_or_an_unknown_role_is_refused() {
+        let claim = format!(r#"{{"from":4,"role":"claim","run":"{RUN}"}}"#);
+        let zero = format!(r#"{{"from":0,"role":"claim","run":"{RUN}"}}"#);
+        let bad_run = r#"{"from":4,"role":"claim","run":"../x-00000000000000000001"}"#;
+        for (mark, kind) in [
+            (claim.as_str(), "release"),
+            (zero.as_str(), "claim"),
+            (bad_run, "claim"),
+        ] {
+            let refused = LogEntry::decode_journal("x", &journal_claim(mark, kind), Some(3));
+            assert!(
+                matches!(refused, Err(Error::Corrupt { .. })),
+                "{mark} {kind}: {refused:?}"
+            );
+        }
+        let later = journal_claim(r#"{"role":"moved","run":"r"}"#, "claim");
+        let refused = LogEntry::decode_journal("x", &later, Some(3));
+        assert!(
+            matches!(refused, Err(Error::UnknownFormat { .. })),
+            "{refused:?}"
+        );
+        // Version 5 without a mark, or a mark under another version, is not what it says.
+        let unmarked =
+            br#"{"at_ms":1,"kind":"claim","nonce":"n","round":2,"seq":3,"v":5,"writer":"w"}"#;
+        assert!(matches!(
+            LogEntry::decode_journal("x", unmarked, Some(3)),
+            Err(Error::Corrupt { .. })
+        ));
+        let v1 = String::from_utf8_lossy(&journal_claim(&claim, "claim"))
+            .replace(r#""v":5"#, r#""v":1"#);
+        assert!(matches!(
+            LogEntry::decode_journal("x", v1.as_bytes(), Some(3)),
+            Err(Error::Corrupt { .. })
+        ));
     }
 }

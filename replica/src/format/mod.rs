@@ -10,5 +10,6 @@ pub(crate) mod journal;
 pub(crate) mod layout;
 pub mod level;
 pub mod manifest;
+pub(crate) mod mark;
 pub(crate) mod pages;
 pub mod segment;

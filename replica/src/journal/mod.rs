@@ -11,7 +11,9 @@
 //! org logs' format-5 entries (claims naming a run, checkpoints) are not built yet: the
 //! org layer ships per org (3, 3e).
 
+mod entries;
 mod io;
+mod org_walk;
 mod place;
 mod restore;
 mod retain;
@@ -24,7 +26,10 @@ pub use crate::format::journal::{
     JournalObject, MAX_JOURNAL_HEADER_BYTES, MAX_SECTION_BYTES, RunName, Seal, SealKind,
     SectionIndex, Via,
 };
+pub use crate::format::mark::{FreePoint, JournalMark};
+pub use entries::{Checkpoint, EntryCreated, JournalClaim};
 pub use io::{Created, Listed, RunListing};
+pub use org_walk::{OrgEnd, OrgWalk, WalkState};
 pub use place::{Adoption, Excluded, Placement};
 pub use retain::RunRetention;
 pub use roster::RunOrgs;

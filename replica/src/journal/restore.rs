@@ -1,10 +1,15 @@
-//! A journal section installed as a database (`docs/design.md` 3g, "Readers"): the state a
-//! walk found is the newest section read applied to the base it names, nothing else. The
-//! base is rebuilt from the org's log by the seq the section names (its chain, checked as
-//! every hydrate checks it), its checksum must be the one the section names, then the
-//! section's pages are applied and the result must have the section's checksum (I10). The
-//! file is built beside `dest` and renamed over it only when every check passed.
+//! A walk's state installed as a database (`docs/design.md` 3g, "Readers"): a log entry's
+//! state (a checkpoint, or a per-org chain's position), or the newest section read applied
+//! to the base it names, nothing else.
+//!
+//! A log position is rebuilt by following its entry's `base` links down to a snapshot, each
+//! delta checked against the checksum before and after it (I10): the links name exactly the
+//! entries the writer built on, whatever else the log holds. A section's base must have the
+//! checksum the section names, then the section's pages are applied and the result must
+//! have the section's checksum. The file is built beside `dest` and renamed over it only
+//! when every check passed.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::chain::{self, Chain};
@@ -13,15 +18,55 @@ use crate::format::checksum::checksum_hex;
 use crate::format::layout::new_nonce;
 use crate::journal::SectionIndex;
 use crate::journal::io::Listed;
+use crate::journal::org_walk::{OrgWalk, WalkState};
 use crate::rebuild::image::FileImage;
 use crate::rebuild::install::{discard, install_file, temp_beside};
 use crate::replica::blocking;
-use crate::{Error, OrgId, Replica};
+use crate::{Error, LogEntry, OrgId, Replica};
 
 impl Replica {
+    /// Installs at `dest` the state `walk` found for `org` ([`Replica::walk_org`]) and
+    /// returns its commit counter; `None`, installing nothing, when the walk found no state
+    /// (the org was never written).
+    ///
+    /// # Errors
+    /// As
+    /// [`Replica::restore_section`] and [`Replica::restore_entry`]. Nothing is installed on
+    /// any error.
+    pub async fn restore_walk(
+        &self,
+        org: &OrgId,
+        walk: &OrgWalk,
+        dest: &Path,
+    ) -> Result<Option<u64>, Error> {
+        let log = Some(&walk.log);
+        match &walk.state {
+            WalkState::Empty => Ok(None),
+            WalkState::Entry { seq } => self
+                .restore_linked(org, *seq, log, dest, None)
+                .await
+                .map(Some),
+            WalkState::Section { batch, section } => self
+                .restore_linked(org, section.base.seq, log, dest, Some((batch, section)))
+                .await
+                .map(Some),
+        }
+    }
+
+    /// Installs at `dest` the state of the snapshot or delta entry at `seq` of `org`'s log
+    /// (format 5 included), rebuilt by following its `base` links; returns its commit counter.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchSnapshot`] when `seq` or a base it links to is not a snapshot or delta
+    /// entry; [`Error::ChainBroken`] when a delta does not apply to the state below it;
+    /// [`Error::Corrupt`] for a base link that does not go down; the store's errors.
+    pub async fn restore_entry(&self, org: &OrgId, seq: u64, dest: &Path) -> Result<u64, Error> {
+        self.restore_linked(org, seq, None, dest, None).await
+    }
+
     /// Installs at `dest` the state of `org` that `section` of the batch `listed` holds: its
-    /// base (the snapshot or delta entry at `section.base.seq` of `org`'s log, rebuilt from
-    /// its chain) with the section's pages applied. Returns the commit counter installed.
+    /// base (the snapshot or delta entry at `section.base.seq` of `org`'s log, rebuilt by
+    /// its links) with the section's pages applied. Returns the commit counter installed.
     ///
     /// # Errors
     /// [`Error::Corrupt`] when the section is not `org`'s or fails its digest, or its pages
@@ -35,47 +80,98 @@ impl Replica {
         section: &SectionIndex,
         dest: &Path,
     ) -> Result<u64, Error> {
-        if section.org != org.as_str() {
-            return Err(Error::corrupt(
-                &format!(
-                    "journals/{}/{:020}.jnl",
+        self.restore_linked(org, section.base.seq, None, dest, Some((listed, section)))
+            .await
+    }
+
+    /// The chain that rebuilds the entry at `seq`: its snapshot and the deltas its `base`
+    /// links go through, from `log` when it holds them, else read one at a time.
+    async fn linked_chain(
+        &self,
+        org: &OrgId,
+        seq: u64,
+        log: Option<&BTreeMap<u64, LogEntry>>,
+    ) -> Result<Chain, Error> {
+        let mut deltas = Vec::new();
+        let mut at = seq;
+        loop {
+            let held = log.and_then(|l| l.get(&at)).cloned();
+            let entry = match held {
+                Some(e) => Some(e),
+                None => self.inner.log.read_journal_entry(org, at).await?,
+            };
+            let Some(entry) = entry.filter(|e| e.stored().is_some()) else {
+                return Err(Error::NoSuchSnapshot {
+                    org: org.to_string(),
+                    seq: at,
+                });
+            };
+            match entry.delta().map(|d| d.base) {
+                None => {
+                    deltas.reverse();
+                    return Ok(Chain {
+                        snapshot: entry,
+                        deltas,
+                    });
+                }
+                Some(base) if base < at => {
+                    deltas.push(entry);
+                    at = base;
+                }
+                Some(base) => {
+                    return Err(Error::corrupt(
+                        &format!("orgs/{org}/log/{at:020}.json"),
+                        format!("a delta at {at} based on {base}, not below it"),
+                    ));
+                }
+            }
+        }
+    }
+
+    async fn restore_linked(
+        &self,
+        org: &OrgId,
+        base: u64,
+        log: Option<&BTreeMap<u64, LogEntry>>,
+        dest: &Path,
+        section: Option<(&Listed, &SectionIndex)>,
+    ) -> Result<u64, Error> {
+        let section = match section {
+            Some((listed, s)) => {
+                let object = format!(
+                    "journals/{}/{:020}.jnl#{org}",
                     listed.header.run, listed.header.slot
-                ),
-                format!("a section of {} read as {org}'s", section.org),
-            ));
-        }
-        let body = self.read_journal_section(listed, section).await?;
-        let base = section.base.seq;
-        let log = self.tail(org, base.saturating_add(1)).await?;
-        let chain = chain::newest(org, &log, base.saturating_add(1))?;
-        if chain.as_ref().map(Chain::position) != Some(base) {
-            return Err(Error::NoSuchSnapshot {
-                org: org.to_string(),
-                seq: base,
-            });
-        }
-        let Some(chain) = chain else {
-            return Err(Error::NoSuchSnapshot {
-                org: org.to_string(),
-                seq: base,
-            });
+                );
+                if s.org != org.as_str() {
+                    return Err(Error::corrupt(
+                        &object,
+                        format!("a section of {} read as {org}'s", s.org),
+                    ));
+                }
+                let body = self.read_journal_section(listed, s).await?;
+                Some((object, s.clone(), body))
+            }
+            None => None,
         };
+        let chain = self.linked_chain(org, base, log).await?;
+        let commit = chain
+            .deltas
+            .last()
+            .unwrap_or(&chain.snapshot)
+            .commit()
+            .unwrap_or(0);
         let tmp = temp_beside(dest, &new_nonce()?)?;
         let file = FileImage::create(&tmp)?;
         let rebuilt = self.rebuild(org, &chain, file).await;
-        let object = format!(
-            "journals/{}/{:020}.jnl#{org}",
-            listed.header.run, listed.header.slot
-        );
-        let (org_id, section, dest_buf, t) = (
-            org.clone(),
-            section.clone(),
-            dest.to_path_buf(),
-            tmp.clone(),
-        );
+        let (org_id, dest_buf, t) = (org.clone(), dest.to_path_buf(), tmp.clone());
         let applied = match rebuilt {
             Ok(mut r) => {
                 blocking("applying a journal section", move || {
+                    let Some((object, section, body)) = section else {
+                        r.image.sync()?;
+                        install_file(&format!("orgs/{org_id}/log/{base:020}.json"), &t, &dest_buf)?;
+                        return Ok(commit);
+                    };
                     let before = checksum_hex(r.hashes.sum());
                     if before != section.base.checksum {
                         return Err(chain::broken(

@@ -72,7 +72,11 @@ impl Log {
                 .await;
             let cause = match put {
                 Ok(done) => {
-                    self.known.insert(org, body.len() as u64, done.e_tag, entry);
+                    // A journal entry is never remembered: the per-org readers of `known`
+                    // (retention) must meet it as the store holds it, and refuse it (K3).
+                    if entry.header.journal.is_none() {
+                        self.known.insert(org, body.len() as u64, done.e_tag, entry);
+                    }
                     return Ok(Published::Landed);
                 }
                 Err(
@@ -84,7 +88,9 @@ impl Log {
                     e
                 }
             };
-            match self.read_entry(org, seq).await {
+            // Read back with the journal's reader: a journal claim in a per-org writer's
+            // slot is a newer entry that fences it (K1.6), not a damaged one.
+            match self.read_journal_entry(org, seq).await {
                 Ok(Some(found)) if found == *entry => return Ok(Published::Landed),
                 Ok(Some(found)) => return Ok(Published::Taken(Box::new(found))),
                 Ok(None) if !retried => {
@@ -112,14 +118,35 @@ impl Log {
         }
     }
 
-    /// Reads one log entry; `None` when absent.
+    /// Reads one log entry; `None` when absent. An entry with a journal mark is refused
+    /// ([`LogEntry::decode`], K3).
     pub(crate) async fn read_entry(
         &self,
         org: &OrgId,
         seq: u64,
     ) -> Result<Option<LogEntry>, Error> {
+        self.read_entry_as(org, seq, false).await
+    }
+
+    /// [`Log::read_entry`] for the journal's readers: entries with a journal mark are read
+    /// too ([`LogEntry::decode_journal`]).
+    pub(crate) async fn read_journal_entry(
+        &self,
+        org: &OrgId,
+        seq: u64,
+    ) -> Result<Option<LogEntry>, Error> {
+        self.read_entry_as(org, seq, true).await
+    }
+
+    async fn read_entry_as(
+        &self,
+        org: &OrgId,
+        seq: u64,
+        journal: bool,
+    ) -> Result<Option<LogEntry>, Error> {
         let path = self.store.layout.log(org, seq);
         match self.store.get_bytes(&path, MAX_ENTRY_BYTES).await? {
+            Some(b) if journal => LogEntry::decode_journal(path.as_ref(), &b, Some(seq)).map(Some),
             Some(b) => LogEntry::decode(path.as_ref(), &b, Some(seq)).map(Some),
             None => Ok(None),
         }
@@ -249,12 +276,26 @@ impl Log {
     /// # Errors
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable entry.
     pub(crate) async fn history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        self.history_as(org, false).await
+    }
+
+    /// [`Log::history`] for the journal's readers: entries with a journal mark are read too.
+    ///
+    /// # Errors
+    /// As [`Log::history`].
+    pub(crate) async fn journal_history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        self.history_as(org, true).await
+    }
+
+    async fn history_as(&self, org: &OrgId, journal: bool) -> Result<Vec<LogEntry>, Error> {
         let seqs = self.seqs(org).await?;
-        let entries: Vec<Option<LogEntry>> =
-            futures::stream::iter(seqs.into_iter().map(|s| self.read_entry(org, s)))
-                .buffered(self.read_concurrency)
-                .try_collect()
-                .await?;
+        let entries: Vec<Option<LogEntry>> = futures::stream::iter(
+            seqs.into_iter()
+                .map(|s| self.read_entry_as(org, s, journal)),
+        )
+        .buffered(self.read_concurrency)
+        .try_collect()
+        .await?;
         Ok(entries.into_iter().flatten().collect())
     }
 }

@@ -54,6 +54,7 @@ fn snap() -> LogEntry {
             nonce: "00".into(),
             at_ms: 5,
             pipeline: None,
+            journal: None,
         },
         body: EntryBody::Snapshot(Stored {
             blob: "00000000000000000007-2-00.db.zst".into(),

@@ -134,6 +134,7 @@ mod tests {
                     window: 4,
                     floor: seq,
                 }),
+                journal: None,
             },
             body,
         }

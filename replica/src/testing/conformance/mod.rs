@@ -34,6 +34,7 @@ mod delta;
 mod faults;
 mod gcs;
 mod journal;
+mod journal_log;
 mod levels;
 mod pipeline;
 mod retention;
@@ -142,6 +143,8 @@ macro_rules! __conformance_cases {
             journal::a_dead_writers_acknowledged_state_restores_from_its_journal_byte_for_byte,
             journal::an_adopter_learns_every_org_from_the_newest_roster_back_along_self_seals,
             journal::run_retention_deletes_only_below_every_entry_and_keeps_fences,
+            journal_log::a_walk_follows_claims_checkpoints_and_free_points_across_runs,
+            journal_log::a_walk_over_damaged_journal_entries_is_a_typed_error,
         }
     };
 }
