@@ -11,6 +11,7 @@
 //! org logs' format-5 entries (claims naming a run, checkpoints) are not built yet: the
 //! org layer ships per org (3, 3e).
 
+mod claim;
 mod entries;
 mod io;
 mod org_walk;
@@ -27,6 +28,7 @@ pub use crate::format::journal::{
     SectionIndex, Via,
 };
 pub use crate::format::mark::{FreePoint, JournalMark};
+pub use claim::{ClaimPlan, FreeClaim, JournalTenure, MAX_FREE_CLAIM_ATTEMPTS, PlannedClaim};
 pub use entries::{Checkpoint, EntryCreated, JournalClaim};
 pub use io::{Created, Listed, RunListing};
 pub use org_walk::{OrgEnd, OrgWalk, WalkState};

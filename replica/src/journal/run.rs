@@ -225,6 +225,11 @@ impl Run {
         &self.name
     }
 
+    /// The writer id its objects and claims carry.
+    pub fn writer(&self) -> &str {
+        &self.writer
+    }
+
     /// The lowest slot not resolved: every slot below it is (J1's prefix ends here). A
     /// claim, exclusion or adopt seal this writer makes names it as `from` (J4-1).
     pub fn floor(&self) -> u64 {

@@ -34,6 +34,7 @@ mod delta;
 mod faults;
 mod gcs;
 mod journal;
+mod journal_claim;
 mod journal_log;
 mod levels;
 mod pipeline;
@@ -145,6 +146,8 @@ macro_rules! __conformance_cases {
             journal::run_retention_deletes_only_below_every_entry_and_keeps_fences,
             journal_log::a_walk_follows_claims_checkpoints_and_free_points_across_runs,
             journal_log::a_walk_over_damaged_journal_entries_is_a_typed_error,
+            journal_claim::two_claimants_after_one_free_point_one_serves_and_the_other_walks_into_it,
+            journal_claim::a_claim_with_an_entry_above_it_is_abandoned_and_walks_still_follow_it,
         }
     };
 }
