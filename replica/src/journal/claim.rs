@@ -5,7 +5,10 @@
 //! exclusion is placed: nobody holds the org after the free point, and the claim is the
 //! fence (a second claimant's walk continues at it and meets this writer as the holder).
 //!
-//! A walk that ends at a holder (K1, K2, K4) is returned to the caller as it is.
+//! K4: a walk that ends in the asker's own run, or an earlier run of its chain (an abandoned
+//! claim walks still follow, an adoption whose roster missed the org), attaches the org with
+//! the walk's tenure: no claim and no exclusion, since no other writer holds that tenure.
+//! A walk that ends at another holder (K1, K2) is returned to the caller as it is.
 
 use crate::format::journal::{Announced, Via};
 use crate::format::mark::FreePoint;
@@ -145,6 +148,47 @@ impl Replica {
             from: announced.from,
             walk,
         })))
+    }
+
+    /// K4: when `walk` ends in `run` or an earlier run of its chain (the same instance, a
+    /// number at or below `run`'s), attaches the org with the walk's tenure and returns it;
+    /// `None` when another process holds the org. The tenure serves once a batch holding its
+    /// attach section is inside the prefix (J1).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when `run` resolved an exclusion of the org of a higher round than
+    /// the walk's (J2 at birth); [`Error::RunFenced`] on a fenced run.
+    pub fn attach_own(
+        &self,
+        org: &OrgId,
+        walk: OrgWalk,
+        run: &mut Run,
+    ) -> Result<Option<JournalTenure>, Error> {
+        let OrgEnd::Held {
+            run: holder,
+            tenure,
+            ..
+        } = &walk.end
+        else {
+            return Ok(None);
+        };
+        let ours =
+            holder.instance() == run.name().instance() && holder.number() <= run.name().number();
+        if !ours {
+            return Ok(None);
+        }
+        let from = walk
+            .runs
+            .last()
+            .and_then(|w| w.visited.last())
+            .map_or(1, |(entry, _)| *entry);
+        run.attach(org, tenure.round)?;
+        Ok(Some(JournalTenure {
+            round: tenure.round,
+            via: tenure.via.clone(),
+            from,
+            walk,
+        }))
     }
 
     /// K1b whole, for a caller with no batch of its own due: plans, announces the claim in

@@ -1,7 +1,7 @@
 //! K1b (`docs/design.md` 3g): claims of an org whose walk ends free. Two claimants after one
 //! free point: one serves, the other's create collides and its next walk ends in the
 //! winner's run; a claim with an entry above it is abandoned (C2) and yet later walks follow
-//! it into its claimant's run (K4's case); an org never written takes a checkpoint as its
+//! it into its claimant's run, which attaches it alone (K4); an org never written takes a checkpoint as its
 //! tenure's first base, and its sections restore byte for byte.
 
 use std::sync::Arc;
@@ -75,6 +75,10 @@ pub(super) async fn two_claimants_after_one_free_point_one_serves_and_the_other_
     let ClaimPlan::Held(walk) = b.plan_free_claim(&o, &rb).await? else {
         return Err("the org is free after a landed claim".into());
     };
+    assert!(
+        b.attach_own(&o, (*walk).clone(), &mut rb)?.is_none(),
+        "attached an org another process holds"
+    );
     assert_eq!(
         walk.end,
         OrgEnd::Held {
@@ -167,5 +171,12 @@ pub(super) async fn a_claim_with_an_entry_above_it_is_abandoned_and_walks_still_
         "{:?}",
         walk.end
     );
+    // K4: the asker is the holder; it attaches the tenure walks follow, no claim made.
+    let tenure = a
+        .attach_own(&o, *walk, &mut ra)?
+        .ok_or("its own run's walk was not attached")?;
+    assert_eq!((tenure.round, tenure.from), (1, 1));
+    assert_eq!(tenure.via, crate::journal::Via::Claim { seq: 1 });
+    ra.holds(&o)?;
     Ok(())
 }
