@@ -120,8 +120,8 @@ pub use fence::lease::{Hold, Lease, MAX_LEASE_BYTES, ProcessLease, ProcessListin
 pub use format::blob::{BLOB_MAGIC, BLOB_VERSION};
 pub use format::entry::{
     BlobRef, Claimer, DeltaLink, ENTRY_VERSION, EntryBody, EntryHeader, INLINE_ENTRY_VERSION,
-    LogEntry, MANIFEST_ENTRY_VERSION, MAX_ENTRY_BYTES, MAX_SHIP_WINDOW, PIPELINED_ENTRY_VERSION,
-    Pipeline, Stored,
+    JOURNAL_ENTRY_VERSION, LogEntry, MANIFEST_ENTRY_VERSION, MAX_ENTRY_BYTES, MAX_SHIP_WINDOW,
+    PIPELINED_ENTRY_VERSION, Pipeline, Stored,
 };
 pub use idem_base::clock::{Clock, ManualClock, SystemClock};
 pub use levels::{LEVEL_MIN_DELTAS, LevelPosition, LevelReport, MAX_LEVEL_BYTES};

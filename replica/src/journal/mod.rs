@@ -6,10 +6,12 @@
 //! run ([`Run`]: J1-J4), P's fences ([`crate::Replica::place_fence`], [`crate::Replica::exclude`],
 //! [`crate::Replica::adopt_run`]), what an adopter learns of a run's orgs
 //! ([`crate::Replica::run_orgs`], K2.3), a run's retention ([`crate::Replica::retain_run`],
-//! T1-T3), a section installed as a database ([`crate::Replica::restore_section`]) and K0's
-//! scan of runs ([`scan`], [`crate::Replica::walk_runs`]). The
-//! org logs' format-5 entries (claims naming a run, checkpoints) are not built yet: the
-//! org layer ships per org (3, 3e).
+//! T1-T3), K0's scan of runs ([`scan`], [`crate::Replica::walk_runs`]) and, over the org
+//! logs' format-5 entries ([`JournalMark`]), K0 from an org's log
+//! ([`crate::Replica::walk_org`]), the state it finds installed
+//! ([`crate::Replica::restore_walk`]), K1b ([`crate::Replica::claim_free`]) and K4
+//! ([`crate::Replica::attach_own`]). The org layer does not use it yet: it ships per org
+//! (3, 3e).
 
 mod claim;
 mod entries;
