@@ -148,6 +148,7 @@ macro_rules! __conformance_cases {
             journal_log::a_walk_over_damaged_journal_entries_is_a_typed_error,
             journal_claim::two_claimants_after_one_free_point_one_serves_and_the_other_walks_into_it,
             journal_claim::a_claim_with_an_entry_above_it_is_abandoned_and_walks_still_follow_it,
+            journal_claim::a_crash_takeover_adopts_every_org_with_one_seal_and_restores_each,
         }
     };
 }
