@@ -1,10 +1,9 @@
-//! K1b (`docs/design.md` 3g): claims of an org whose walk ends free. Two claimants after one
-//! free point: one serves, the other's create collides and its next walk ends in the
-//! winner's run; a claim with an entry above it is abandoned (C2) and yet later walks follow
-//! it into its claimant's run, which attaches it alone (K4); an org never written takes a checkpoint as its
-//! tenure's first base, and its sections restore byte for byte; a crash takeover adopts
-//! every org of a run with one seal (K2) and K4 attaches each.
-
+//! K1b, K4 and K2 (`docs/design.md` 3g). Two claimants after one free point: one serves, the
+//! other's create collides and its next walk ends in the winner's run. A claim with an entry
+//! above it is abandoned (C2), yet later walks follow it into its claimant's run, which
+//! attaches the org alone (K4). An org never written takes a checkpoint as its tenure's
+//! first base, and its sections restore byte for byte. A crash takeover adopts every org of
+//! a run with one seal (K2) and K4 attaches each.
 use std::sync::Arc;
 
 use object_store::ObjectStore;
