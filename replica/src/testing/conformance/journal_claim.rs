@@ -4,6 +4,7 @@
 //! attaches the org alone (K4). An org never written takes a checkpoint as its tenure's
 //! first base, and its sections restore byte for byte. A crash takeover adopts every org of
 //! a run with one seal (K2) and K4 attaches each.
+
 use std::sync::Arc;
 
 use object_store::ObjectStore;
