@@ -10,11 +10,11 @@
 //! the walk's tenure: no claim and no exclusion, since no other writer holds that tenure.
 //! A walk that ends at another holder (K1, K2) is returned to the caller as it is.
 
-use crate::format::journal::{Announced, Via};
+use crate::format::journal::{Announced, RunName, Via};
 use crate::format::mark::FreePoint;
 use crate::journal::entries::{EntryCreated, JournalClaim};
 use crate::journal::org_walk::{OrgEnd, OrgWalk};
-use crate::journal::run::{BatchLanding, BatchMeta, Run};
+use crate::journal::run::Run;
 use crate::{Error, OrgId, Replica};
 
 /// Claims a K1b claim makes at most before [`Error::Contended`]: each lost race is another
@@ -150,6 +150,21 @@ impl Replica {
         })))
     }
 
+    /// A new run of this process, `<instance>-1` by this handle's instance (so a claimant
+    /// judges its writer by this process's lease, C3), written by `writer` with at most
+    /// `window` slots in flight. Writes the process lease first if this handle has not.
+    ///
+    /// # Errors
+    /// As [`Run::new`].
+    pub async fn start_run(&self, writer: &str, window: u64) -> Result<Run, Error> {
+        self.inner.leases.ensure_process_lease().await;
+        Run::new(
+            RunName::new(self.inner.leases.instance(), 1)?,
+            writer,
+            window,
+        )
+    }
+
     /// K4: when `walk` ends in `run` or an earlier run of its chain (the same instance, a
     /// number at or below `run`'s), attaches the org with the walk's tenure and returns it;
     /// `None` when another process holds the org. The tenure serves once a batch holding its
@@ -198,7 +213,7 @@ impl Replica {
     /// # Errors
     /// [`Error::Contended`] after [`MAX_FREE_CLAIM_ATTEMPTS`] lost races;
     /// [`Error::ClaimUnusable`] when the announcing batch failed (the run then needs its
-    /// self-seal, J3); as
+    /// self-seal, J3); [`Error::RunFenced`]; as
     /// [`Replica::make_free_claim`].
     pub async fn claim_free(
         &self,
@@ -210,25 +225,7 @@ impl Replica {
                 ClaimPlan::Free(p) => p,
                 ClaimPlan::Held(walk) => return Ok(Err(walk)),
             };
-            let meta = BatchMeta {
-                claims: vec![planned.announced.clone()],
-                ..BatchMeta::new(planned.announced.from)
-            };
-            let batch = self.issue_batch(run, Vec::new(), meta).await?;
-            let landing = self.land_batch(&batch).await;
-            let landed = matches!(landing, BatchLanding::Landed);
-            run.settle(batch, landing)?;
-            if run.needs_seal() {
-                return Err(Error::ClaimUnusable {
-                    org: org.to_string(),
-                    round: 0,
-                    reason: "the batch announcing the claim failed: the run needs its self-seal (J3)",
-                });
-            }
-            if !landed {
-                // Another writer's exclusion took the slot: announce again above it.
-                continue;
-            }
+            self.announce(org, run, planned.announced.from).await?;
             if let FreeClaim::Claimed(tenure) = self.make_free_claim(planned, run).await? {
                 return Ok(Ok(tenure));
             }

@@ -94,14 +94,21 @@ impl Replica {
             term_ms: self.inner.settings.lease_ms,
             home: None,
         });
-        self.create_marked(
-            org,
-            (claim.seq, claim.round),
-            &claim.writer,
-            Some(mark),
-            body,
+        // The claim names this process, which a claimant watches from the moment the
+        // entry lands (C3): its lease goes out beside the claim's create, as a per-org
+        // claim's does.
+        let (created, ()) = futures::future::join(
+            self.create_marked(
+                org,
+                (claim.seq, claim.round),
+                &claim.writer,
+                Some(mark),
+                body,
+            ),
+            self.inner.leases.ensure_process_lease(),
         )
-        .await
+        .await;
+        created
     }
 
     /// Uploads `checkpoint`'s snapshot as segments, then creates its entry: a snapshot entry

@@ -14,6 +14,7 @@
 //! (3, 3e).
 
 mod claim;
+mod claim_held;
 mod entries;
 mod io;
 mod org_walk;
@@ -31,6 +32,7 @@ pub use crate::format::journal::{
 };
 pub use crate::format::mark::{FreePoint, JournalMark};
 pub use claim::{ClaimPlan, FreeClaim, JournalTenure, MAX_FREE_CLAIM_ATTEMPTS, PlannedClaim};
+pub use claim_held::{HeldClaim, MAX_HELD_CLAIM_ATTEMPTS};
 pub use entries::{Checkpoint, EntryCreated, JournalClaim};
 pub use io::{Created, Listed, RunListing};
 pub use org_walk::{OrgEnd, OrgWalk, WalkState};

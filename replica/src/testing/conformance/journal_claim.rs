@@ -1,9 +1,8 @@
-//! K1b, K4 and K2 (`docs/design.md` 3g). Two claimants after one free point: one serves, the
+//! K1b and K4 (`docs/design.md` 3g). Two claimants after one free point: one serves, the
 //! other's create collides and its next walk ends in the winner's run. A claim with an entry
 //! above it is abandoned (C2), yet later walks follow it into its claimant's run, which
 //! attaches the org alone (K4). An org never written takes a checkpoint as its tenure's
-//! first base, and its sections restore byte for byte. A crash takeover adopts every org of
-//! a run with one seal (K2) and K4 attaches each.
+//! first base, and its sections restore byte for byte.
 
 use std::sync::Arc;
 
@@ -179,125 +178,5 @@ pub(super) async fn a_claim_with_an_entry_above_it_is_abandoned_and_walks_still_
     assert_eq!((tenure.round, tenure.from), (1, 1));
     assert_eq!(tenure.via, crate::journal::Via::Claim { seq: 1 });
     ra.holds(&o)?;
-    Ok(())
-}
-
-/// K2 whole: a writer claims three never-written orgs by K1b, checkpoints each, journals
-/// two commits of each and has a third batch in flight when it dies. One adopt seal fences
-/// the run; the adopter learns the orgs from the roster (K2.3), each org's walk passes the
-/// seal into the adopter's run, K4 attaches each with the implied round, and each restores
-/// the last acknowledged image byte for byte. The dead writer's late batch is fenced.
-pub(super) async fn a_crash_takeover_adopts_every_org_with_one_seal_and_restores_each(
-    store: Arc<dyn ObjectStore>,
-) -> CaseResult {
-    use crate::journal::{Adoption, BatchLanding, Via};
-    use std::collections::BTreeMap;
-    let p = prefix()?;
-    let a = Replica::open(store.clone(), &p, Settings::default()).await?;
-    let b = Replica::open(store, &p, Settings::default()).await?;
-    let orgs = [org("acme"), org("beta"), org("gamma")];
-    let mut ra = Run::new(RunName::new(&new_nonce()?, 1)?, "a", 4)?;
-    let mut held = Vec::new();
-    for o in &orgs {
-        let tenure = a
-            .claim_free(o, &mut ra)
-            .await?
-            .map_err(|w| format!("{o} held: {:?}", w.end))?;
-        let mut db = Db::new()?;
-        let base = db.image()?;
-        let created = a
-            .create_checkpoint(
-                o,
-                Checkpoint {
-                    seq: 2,
-                    round: tenure.round,
-                    writer: "a".into(),
-                    run: ra.name().clone(),
-                    through: ra.resolved_below() - 1,
-                    tenure: tenure.via.clone(),
-                    released: false,
-                    snapshot: Snapshot::from_bytes(base.clone(), 0),
-                },
-            )
-            .await?;
-        assert!(matches!(created, EntryCreated::Landed(_)), "{created:?}");
-        held.push((o.clone(), tenure.via, db, base));
-    }
-    let mut acked: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut late = None;
-    for commit in 1..=3u64 {
-        let mut sections = Vec::new();
-        let mut images = BTreeMap::new();
-        for (o, via, db, base) in held.iter_mut() {
-            db.exec(&format!("INSERT INTO t VALUES ({commit}, randomblob(900))"))?;
-            let img = db.image()?;
-            sections.push(SectionInput {
-                org: o.clone(),
-                via: via.clone(),
-                base: Base {
-                    seq: 2,
-                    checksum: checksum(base)?,
-                },
-                checksum: checksum(&img)?,
-                pages: diff(base, &img, commit)?,
-                released: false,
-            });
-            images.insert(o.to_string(), img);
-        }
-        let meta = BatchMeta {
-            roster: (commit == 1).then(|| orgs.to_vec()),
-            ..BatchMeta::new(1)
-        };
-        let batch = a.issue_batch(&mut ra, sections, meta).await?;
-        if commit == 3 {
-            late = Some(batch);
-            break;
-        }
-        let landing = a.land_batch(&batch).await;
-        for (o, c) in ra.settle(batch, landing)? {
-            assert_eq!(c, commit);
-            acked.insert(o.to_string(), images[o.as_str()].clone());
-        }
-    }
-
-    let mut rb = Run::new(RunName::new(&new_nonce()?, 1)?, "b", 4)?;
-    let Adoption::Sealed { slot, listing, .. } =
-        b.adopt_run(ra.name(), "b", rb.name(), rb.floor()).await?
-    else {
-        return Err("the run was not sealed".into());
-    };
-    let learned = b.run_orgs(&listing, slot).await?;
-    assert_eq!(
-        learned.orgs.iter().collect::<Vec<_>>(),
-        orgs.iter().collect::<Vec<_>>()
-    );
-    let dir = tempfile::tempdir()?;
-    for o in &learned.orgs {
-        let walk = b.walk_org(o).await?;
-        let tenure = b
-            .attach_own(o, walk, &mut rb)?
-            .ok_or_else(|| format!("{o}: its walk does not end in the adopter's run"))?;
-        assert_eq!(tenure.round, 2);
-        assert_eq!(
-            tenure.via,
-            Via::Adopt {
-                run: ra.name().clone(),
-                slot
-            }
-        );
-        let dest = dir.path().join(format!("{o}.db"));
-        assert_eq!(b.restore_walk(o, &tenure.walk, &dest).await?, Some(2));
-        assert!(
-            std::fs::read(&dest)? == acked[o.as_str()],
-            "{o}: not the acknowledged image"
-        );
-    }
-    let late = late.ok_or("no late batch")?;
-    let landing = a.land_batch(&late).await;
-    assert!(matches!(landing, BatchLanding::Taken(_)), "{landing:?}");
-    assert!(matches!(
-        ra.settle(late, landing),
-        Err(Error::RunFenced { .. })
-    ));
     Ok(())
 }

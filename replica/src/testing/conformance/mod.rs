@@ -36,6 +36,7 @@ mod gcs;
 mod journal;
 mod journal_claim;
 mod journal_log;
+mod journal_takeover;
 mod levels;
 mod pipeline;
 mod retention;
@@ -148,7 +149,8 @@ macro_rules! __conformance_cases {
             journal_log::a_walk_over_damaged_journal_entries_is_a_typed_error,
             journal_claim::two_claimants_after_one_free_point_one_serves_and_the_other_walks_into_it,
             journal_claim::a_claim_with_an_entry_above_it_is_abandoned_and_walks_still_follow_it,
-            journal_claim::a_crash_takeover_adopts_every_org_with_one_seal_and_restores_each,
+            journal_takeover::a_crash_takeover_adopts_every_org_with_one_seal_and_restores_each,
+            journal_takeover::a_claim_over_a_live_run_excludes_one_org_and_the_run_keeps_the_rest,
         }
     };
 }
