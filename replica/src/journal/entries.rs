@@ -44,7 +44,7 @@ pub struct JournalClaim {
 }
 
 /// A checkpoint (J5) written as a full snapshot: the org's state exactly at `through`.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Checkpoint {
     /// Log position: the slot after the writer's own newest entry in the org's log (J5: no
     /// LIST before the create).
@@ -174,7 +174,7 @@ impl Replica {
             .await
     }
 
-    async fn create_marked(
+    pub(crate) async fn create_marked(
         &self,
         org: &OrgId,
         (seq, round): (u64, u64),

@@ -13,6 +13,7 @@
 //! ([`crate::Replica::attach_own`]). The org layer does not use it yet: it ships per org
 //! (3, 3e).
 
+mod checkpoint;
 mod claim;
 mod claim_held;
 mod entries;
@@ -31,6 +32,7 @@ pub use crate::format::journal::{
     SectionIndex, Via,
 };
 pub use crate::format::mark::{FreePoint, JournalMark};
+pub use checkpoint::{AnyCheckpoint, DeltaCheckpoint};
 pub use claim::{ClaimPlan, FreeClaim, JournalTenure, MAX_FREE_CLAIM_ATTEMPTS, PlannedClaim};
 pub use claim_held::{HeldClaim, MAX_HELD_CLAIM_ATTEMPTS};
 pub use entries::{Checkpoint, EntryCreated, JournalClaim};

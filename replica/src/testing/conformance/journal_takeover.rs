@@ -228,3 +228,73 @@ pub(super) async fn a_claim_over_a_live_run_excludes_one_org_and_the_run_keeps_t
     );
     Ok(())
 }
+
+/// J5: a delta checkpoint against the writer's own snapshot checkpoint is one inline entry
+/// and restores byte for byte; one whose seq an abandoned claim took is created again above
+/// it (the walk still ends in its tenure); once another writer's claim and exclusion took
+/// the org, the next checkpoint is `Fenced` (J4-4).
+pub(super) async fn a_checkpoint_whose_seq_is_taken_is_settled_by_a_walk(
+    store: Arc<dyn ObjectStore>,
+) -> CaseResult {
+    use crate::journal::{AnyCheckpoint, DeltaCheckpoint, FreePoint, JournalClaim, RunName};
+    let p = prefix()?;
+    let a = Replica::open(store.clone(), &p, Settings::default()).await?;
+    let b = Replica::open(store, &p, Settings::default()).await?;
+    let acme = org("acme");
+    let mut ra = a.start_run("a", 4).await?;
+    let mut held = hold(&a, &mut ra, std::slice::from_ref(&acme)).await?;
+    let (batch, images) = commit_all(&a, &mut ra, &mut held, 1).await?;
+    let landing = a.land_batch(&batch).await;
+    assert_eq!(ra.settle(batch, landing)?.len(), 1);
+    let (img, base) = (images["acme"].clone(), held[0].base.clone());
+    let delta = |seq: u64| -> R<AnyCheckpoint> {
+        Ok(AnyCheckpoint::Delta(DeltaCheckpoint {
+            seq,
+            round: 1,
+            writer: "a".into(),
+            run: ra.name().clone(),
+            through: ra.resolved_below() - 1,
+            tenure: held[0].via.clone(),
+            released: false,
+            base: Base {
+                seq: 2,
+                checksum: checksum(&base)?,
+            },
+            checksum: checksum(&img)?,
+            pages: diff(&base, &img, 1)?,
+        }))
+    };
+    let entry = a.checkpoint(&acme, delta(3)?).await?;
+    assert_eq!(entry.seq(), 3);
+    assert!(entry.is_inline(), "a small checkpoint is one inline entry");
+    let dir = tempfile::tempdir()?;
+    let dest = dir.path().join("acme.db");
+    let walk = b.walk_org(&acme).await?;
+    assert_eq!(b.restore_walk(&acme, &walk, &dest).await?, Some(1));
+    assert!(std::fs::read(&dest)? == img, "not the checkpointed image");
+
+    // An abandoned claim (it names a free point no walk reaches) holds seq 4.
+    let stray = b
+        .create_journal_claim(
+            &acme,
+            JournalClaim {
+                seq: 4,
+                round: 2,
+                writer: "z".into(),
+                run: RunName::new(&crate::format::layout::new_nonce()?, 1)?,
+                from: 1,
+                after: Some(FreePoint::Empty),
+            },
+        )
+        .await?;
+    assert!(matches!(stray, EntryCreated::Landed(_)), "{stray:?}");
+    assert_eq!(a.checkpoint(&acme, delta(4)?).await?.seq(), 5);
+
+    let mut rb = b.start_run("b", 4).await?;
+    let HeldClaim::Claimed(_) = b.claim_held(&acme, &mut rb, true).await? else {
+        return Err("no holder to claim over".into());
+    };
+    let fenced = a.checkpoint(&acme, delta(6)?).await;
+    assert!(matches!(fenced, Err(Error::Fenced { .. })), "{fenced:?}");
+    Ok(())
+}

@@ -151,6 +151,7 @@ macro_rules! __conformance_cases {
             journal_claim::a_claim_with_an_entry_above_it_is_abandoned_and_walks_still_follow_it,
             journal_takeover::a_crash_takeover_adopts_every_org_with_one_seal_and_restores_each,
             journal_takeover::a_claim_over_a_live_run_excludes_one_org_and_the_run_keeps_the_rest,
+            journal_takeover::a_checkpoint_whose_seq_is_taken_is_settled_by_a_walk,
         }
     };
 }
