@@ -22,8 +22,10 @@ use futures::stream::FuturesUnordered;
 use idem_replica::journal::{Base, BatchMeta, Run, RunName, SectionInput, Via};
 use idem_replica::{Delta, OrgId, Replica, Settings};
 
-use super::p10::{Column, Latency, row, table_header};
-use super::{BenchResult, ms};
+use crate::p10::{Column, Latency, row, table_header};
+use crate::{BenchResult, ms};
+
+mod checkpoints;
 
 /// Slots a run keeps in flight.
 const WINDOW: u64 = 4;
@@ -60,6 +62,31 @@ pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResul
             &format!("{n}"),
             &cells,
             "≤ 0.1 req/ack, ≤ $0.50 per M acks; p50 ≤ 2 × RTT p50",
+        );
+    }
+    let (counts, ticks): (&[usize], usize) = if quick {
+        (&[100], 40)
+    } else {
+        (&[100, 1_000], 96)
+    };
+    outln!();
+    outln!(
+        "P9b with J5 checkpoints: each commit appends a 512-byte row; an org is checkpointed (one inline delta PUT) once its section holds {} KiB of fresh bytes; window {WINDOW}, {ticks} batches per row",
+        checkpoints::SECTION_BUDGET / 1024
+    );
+    table_header(&columns, "active orgs", "target");
+    for &n in counts {
+        let mut cells = Vec::new();
+        for (i, column) in columns.iter().enumerate() {
+            let sub = dir.join(format!("p9b-ckpt-{n}-{i}"));
+            let store = column.store(&sub, n as u64)?;
+            let replica = Replica::open(store, "", Settings::default()).await?;
+            cells.push(checkpoints::one_row(&replica, n, ticks).await?);
+        }
+        row(
+            &format!("{n}"),
+            &cells,
+            "≤ 0.1 req/ack including checkpoints, ≤ $0.50 per M acks",
         );
     }
     Ok(())
