@@ -26,6 +26,7 @@ use crate::p10::{Column, Latency, row, table_header};
 use crate::{BenchResult, ms};
 
 mod checkpoints;
+mod takeover;
 
 /// Slots a run keeps in flight.
 const WINDOW: u64 = 4;
@@ -89,6 +90,23 @@ pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResul
             "≤ 0.1 req/ack including checkpoints, ≤ $0.50 per M acks",
         );
     }
+    let n = if quick { 100 } else { 1_000 };
+    outln!();
+    outln!(
+        "P9b crash takeover: a dead writer's run of {n} orgs (each a checkpoint and two journaled commits); the successor seals it, walks and installs every org ({} at a time), attaches each and acknowledges with one batch",
+        64
+    );
+    table_header(&columns, "measure", "target");
+    let mut cells = Vec::new();
+    for (i, column) in columns.iter().enumerate() {
+        let sub = dir.join(format!("p9b-takeover-{n}-{i}"));
+        cells.push(takeover::one_cell(&sub, column, n).await?);
+    }
+    row(
+        &format!("takeover of {n} orgs"),
+        &cells,
+        "one seal fences all; every org acked ≤ lease + 1 s after the judgement",
+    );
     Ok(())
 }
 

@@ -43,3 +43,14 @@ pub use retain::RunRetention;
 pub use roster::RunOrgs;
 pub use run::{BatchLanding, BatchMeta, Commits, IssuedBatch, Run, SectionInput};
 pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};
+
+/// The database checksum of a canonical SQLite image (`Snapshot::take`'s bytes), 16 lowercase
+/// hex digits: what a section's base and result, and a delta checkpoint's, name (I10).
+///
+/// # Errors
+/// [`crate::Error::Corrupt`] when `image` is not whole pages of a database.
+pub fn image_checksum(image: &[u8]) -> Result<String, crate::Error> {
+    Ok(crate::format::checksum::checksum_hex(
+        crate::format::checksum::PageHashes::of_image("image", image)?.sum(),
+    ))
+}
