@@ -43,6 +43,8 @@ pub(crate) struct Inner {
     /// Permits for chains being compacted into level files
     /// ([`Settings::compaction_concurrency`]).
     pub(crate) compactions: tokio::sync::Semaphore,
+    /// Journal headers read, reused while a LIST shows the same object (`journal/headers.rs`).
+    pub(crate) journal_headers: crate::journal::headers::Headers,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -168,6 +170,7 @@ impl Replica {
                 leases,
                 segment_refs: Default::default(),
                 compactions: tokio::sync::Semaphore::new(settings.compaction_concurrency),
+                journal_headers: Default::default(),
                 store,
                 settings,
                 clock,

@@ -218,10 +218,24 @@ impl Replica {
                 .map_err(|e| Error::store("list", &dir, e))?
         };
         let mut slots = Vec::with_capacity(listed.len());
+        let mut known = BTreeMap::new();
         for meta in &listed {
             let name = meta.location.filename().unwrap_or_default();
             match parse_slot_name(name) {
-                Some(slot) if slot >= from => slots.push(slot),
+                Some(slot) if slot >= from => {
+                    let modified =
+                        u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
+                    match self.inner.journal_headers.get(
+                        meta.location.as_ref(),
+                        meta.size,
+                        modified,
+                    ) {
+                        Some(l) => {
+                            known.insert(slot, (*l).clone());
+                        }
+                        None => slots.push((slot, meta.size, modified)),
+                    }
+                }
                 Some(_) => {}
                 None => {
                     return Err(Error::corrupt(
@@ -232,9 +246,18 @@ impl Replica {
             }
         }
         let reads = futures::stream::iter(slots)
-            .map(|slot| async move {
+            .map(|(slot, size, modified)| async move {
                 match self.read_journal_header(run, slot).await? {
-                    Some(l) => Ok((slot, l)),
+                    Some(l) => {
+                        // Keyed by what the LIST said (a GET's Last-Modified may be coarser).
+                        let name = self.inner.store.layout.journal(run, slot);
+                        self.inner.journal_headers.insert(
+                            name.as_ref(),
+                            (size, modified),
+                            std::sync::Arc::new(l.clone()),
+                        );
+                        Ok((slot, l))
+                    }
                     None => Err(Error::MissingObject {
                         path: self.inner.store.layout.journal(run, slot).to_string(),
                     }),
@@ -243,6 +266,8 @@ impl Replica {
             .buffer_unordered(self.inner.settings.read_concurrency.max(1))
             .try_collect::<BTreeMap<u64, Listed>>()
             .await?;
+        let mut reads = reads;
+        reads.append(&mut known);
         Ok(RunListing {
             run: run.clone(),
             from,

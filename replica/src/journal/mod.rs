@@ -17,6 +17,7 @@ mod checkpoint;
 mod claim;
 mod claim_held;
 mod entries;
+pub(crate) mod headers;
 mod io;
 mod org_walk;
 mod place;

@@ -132,6 +132,13 @@ pub(super) async fn a_crash_takeover_adopts_every_org_with_one_seal_and_restores
     else {
         return Err("the run was not sealed".into());
     };
+    // Headers already read are not read again while a LIST shows the same objects: every
+    // org's walk lists the run, and a batch header indexes every org.
+    let again = b.store_requests();
+    let relisted = b.list_run(ra.name(), 1).await?;
+    let cost = b.store_requests().since(&again);
+    assert_eq!((cost.list, cost.get), (1, 0), "{cost:?}");
+    assert_eq!(relisted.objects, listing.objects);
     let learned = b.run_orgs(&listing, slot).await?;
     assert_eq!(
         learned.orgs.iter().collect::<Vec<_>>(),
