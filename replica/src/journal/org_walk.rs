@@ -9,6 +9,7 @@
 //! frees it.
 
 use std::collections::BTreeMap;
+use std::ops::Bound;
 
 use crate::chain;
 use crate::format::entry::EntryBody;
@@ -194,9 +195,7 @@ fn start(org: &OrgId, log: &BTreeMap<u64, LogEntry>, state: &mut WalkState) -> R
     {
         *state = WalkState::Entry { seq: c.seq() };
         if *released
-            && let Some(release) = log
-                .range(c.seq() + 1..)
-                .map(|(_, e)| e)
+            && let Some(release) = above(log, c.seq())
                 .find(|e| matches!(e.body, EntryBody::Release) && e.round() == c.round())
         {
             return Ok(Next::Free(FreePoint::Entry { seq: release.seq() }));
@@ -232,29 +231,60 @@ fn start(org: &OrgId, log: &BTreeMap<u64, LogEntry>, state: &mut WalkState) -> R
     }
 }
 
+/// The entries of `log` above `seq` (none above the last seq a log name holds).
+fn above(log: &BTreeMap<u64, LogEntry>, seq: u64) -> impl Iterator<Item = &LogEntry> {
+    log.range((Bound::Excluded(seq), Bound::Unbounded))
+        .map(|(_, e)| e)
+}
+
 /// The claim with the highest seq naming `at` as the free point it passed, as the next step
 /// of the walk: its run from its `from` slot, in its round's tenure.
 fn highest_claim_after(log: &BTreeMap<u64, LogEntry>, at: &FreePoint) -> Option<Next> {
-    log.values().rev().find_map(|e| match &e.header.journal {
+    claims_after(log, at).next().map(|(_, next)| next)
+}
+
+/// The claims naming `at` as the free point they passed, highest seq first, each with the
+/// step of the walk it starts.
+fn claims_after<'a>(
+    log: &'a BTreeMap<u64, LogEntry>,
+    at: &'a FreePoint,
+) -> impl Iterator<Item = (&'a LogEntry, Next)> + 'a {
+    log.values().rev().filter_map(move |e| match &e.header.journal {
         Some(JournalMark::Claim {
             run,
             from,
             after: Some(after),
-        }) if after == at => Some(Next::Run {
-            run: run.clone(),
-            entry: *from,
-            tenure: WalkTenure {
-                round: e.round(),
-                via: Via::Claim { seq: e.seq() },
+        }) if after == at => Some((
+            e,
+            Next::Run {
+                run: run.clone(),
+                entry: *from,
+                tenure: WalkTenure {
+                    round: e.round(),
+                    via: Via::Claim { seq: e.seq() },
+                },
             },
-        }),
+        )),
         _ => None,
     })
 }
 
-/// A per-org segment from its claim at `claim` (K0): its state is its chain's, below the
-/// highest journal claim that takes it over (`after` naming the claim), or through the
-/// Release entry of its tenure. `None` when it reaches the log's end: the claim's process
+/// True when an entry of the per-org path of a lower round than `claim`, other than a stray
+/// it fenced (R1), lies above it: `claim` landed in a slot retention freed, under the
+/// holder's newer entries, and C2 abandoned it. 3e reads such a claim as shadowed
+/// (`Window::newest`): it fenced nothing, so it never ends a per-org segment.
+fn shadowed(log: &BTreeMap<u64, LogEntry>, claim: &LogEntry) -> bool {
+    above(log, claim.seq()).any(|e| {
+        e.header.journal.is_none()
+            && e.round() < claim.round()
+            && !e.is_stray_of(claim.round(), claim.seq())
+    })
+}
+
+/// A per-org segment from its claim at `claim` (K0): it ends at the first of the Release
+/// entry of its tenure and a journal claim that takes it over (`after` naming the claim, not
+/// shadowed), and the walk continues at the free point or the highest such claim. Its state
+/// is its chain's below that end. `None` when it reaches the log's end: the claim's process
 /// holds the org.
 fn per_org_segment(
     org: &OrgId,
@@ -263,26 +293,23 @@ fn per_org_segment(
     round: u64,
     state: &mut WalkState,
 ) -> Result<Option<Next>, Error> {
-    let taken_over = highest_claim_after(log, &FreePoint::Entry { seq: claim });
-    let release = log
-        .range(claim + 1..)
-        .map(|(_, e)| e)
-        .find(|e| matches!(e.body, EntryBody::Release) && e.round() == round);
-    let limit = match (&taken_over, release) {
-        (Some(Next::Run { tenure, .. }), _) => match tenure.via {
-            Via::Claim { seq } => seq,
-            Via::Adopt { .. } => u64::MAX,
-        },
-        (_, Some(r)) => r.seq(),
-        _ => u64::MAX,
+    let at = FreePoint::Entry { seq: claim };
+    let takers: Vec<(&LogEntry, Next)> = claims_after(log, &at)
+        .filter(|(e, _)| !shadowed(log, e))
+        .collect();
+    let lowest_taker = takers.last().map(|(e, _)| e.seq());
+    let release = above(log, claim)
+        .find(|e| matches!(e.body, EntryBody::Release) && e.round() == round)
+        .map(LogEntry::seq)
+        .filter(|r| lowest_taker.is_none_or(|t| *r < t));
+    let (limit, next) = match (release, takers.into_iter().next()) {
+        (Some(r), _) => (r, Some(Next::Free(FreePoint::Entry { seq: r }))),
+        (None, Some((e, next))) => (e.seq(), Some(next)),
+        (None, None) => (u64::MAX, None),
     };
     let below: Vec<LogEntry> = log.range(..limit).map(|(_, e)| e.clone()).collect();
     if let Some(c) = chain::newest(org, &below, limit)? {
         *state = WalkState::Entry { seq: c.position() };
     }
-    Ok(match (taken_over, release) {
-        (Some(next), _) => Some(next),
-        (None, Some(r)) => Some(Next::Free(FreePoint::Entry { seq: r.seq() })),
-        (None, None) => None,
-    })
+    Ok(next)
 }
