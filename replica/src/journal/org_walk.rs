@@ -249,24 +249,26 @@ fn claims_after<'a>(
     log: &'a BTreeMap<u64, LogEntry>,
     at: &'a FreePoint,
 ) -> impl Iterator<Item = (&'a LogEntry, Next)> + 'a {
-    log.values().rev().filter_map(move |e| match &e.header.journal {
-        Some(JournalMark::Claim {
-            run,
-            from,
-            after: Some(after),
-        }) if after == at => Some((
-            e,
-            Next::Run {
-                run: run.clone(),
-                entry: *from,
-                tenure: WalkTenure {
-                    round: e.round(),
-                    via: Via::Claim { seq: e.seq() },
+    log.values()
+        .rev()
+        .filter_map(move |e| match &e.header.journal {
+            Some(JournalMark::Claim {
+                run,
+                from,
+                after: Some(after),
+            }) if after == at => Some((
+                e,
+                Next::Run {
+                    run: run.clone(),
+                    entry: *from,
+                    tenure: WalkTenure {
+                        round: e.round(),
+                        via: Via::Claim { seq: e.seq() },
+                    },
                 },
-            },
-        )),
-        _ => None,
-    })
+            )),
+            _ => None,
+        })
 }
 
 /// True when an entry of the per-org path of a lower round than `claim`, other than a stray
