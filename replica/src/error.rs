@@ -301,6 +301,17 @@ pub enum Error {
         /// The version or kind found.
         detail: String,
     },
+    /// An org log entry of format 5 (a journal mark) met by a reader of the per-org path:
+    /// the org is followed through the journal (`docs/design.md` 3g, K3), which this reader
+    /// does not do. Hydrate, restore and read it with the journal's readers
+    /// ([`crate::Replica::walk_org`], [`crate::Replica::restore`]).
+    #[error(
+        "{object} is a journal entry (format 5): this org is read through the journal, not as a per-org chain (docs/design.md 3g, K3)"
+    )]
+    JournalRequired {
+        /// The log entry's path.
+        object: String,
+    },
     /// A test failpoint injected a failure.
     #[error("failpoint {point:?} injected a failure for org {org}: {message}")]
     Injected {
@@ -455,6 +466,7 @@ impl Error {
             }
             Error::UnsafeStore { .. }
             | Error::UnknownFormat { .. }
+            | Error::JournalRequired { .. }
             | Error::Sqlite { .. }
             | Error::Encode { .. }
             | Error::Compress { .. }

@@ -592,9 +592,10 @@ async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_re
 
 /// K3 against the per-org path: once a journal claim took over a per-org holder (K1.6),
 /// the holder's next ship meets it in its slot and is `Fenced`, never acknowledged; and
-/// every per-org reader (restore, verify, retention, level compaction, a forced claim), on
-/// the holder's handle that remembers the per-org entries and on a fresh one, refuses the
-/// log with `UnknownFormat`, deleting and writing nothing.
+/// every per-org reader (verify, retention, level compaction, a forced claim), on the
+/// holder's handle that remembers the per-org entries and on a fresh one, refuses the log
+/// with `JournalRequired`, deleting and writing nothing; `restore` follows the journal to
+/// the takeover's checkpoint.
 #[tokio::test]
 async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_refused() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -609,6 +610,7 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
     holder.retain(&o, &Retention::default()).await.unwrap();
     let run = run_of(1);
     let c = claim_after(&holder, &o, (3, 2), &run, Some(FreePoint::Entry { seq: 1 })).await;
+    let taken_over = image(3);
     checkpoint(
         &holder,
         &o,
@@ -616,7 +618,7 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
         &run,
         Via::Claim { seq: c },
         false,
-        &image(3),
+        &taken_over,
     )
     .await;
 
@@ -645,7 +647,6 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
     let dest = dir.path().join("org.db");
     for r in [&holder, &fresh] {
         let refusals = [
-            r.restore(&o, None, &dest).await.err(),
             r.verify(&o).await.err(),
             r.retain(&o, &Retention::default()).await.err(),
             r.compact_levels(&o, &Retention::default()).await.err(),
@@ -653,7 +654,7 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
         ];
         for (i, refused) in refusals.into_iter().enumerate() {
             assert!(
-                matches!(refused, Some(Error::UnknownFormat { .. })),
+                matches!(refused, Some(Error::JournalRequired { .. })),
                 "reader {i}: {refused:?}"
             );
         }
@@ -663,5 +664,12 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
         objects(&store).await,
         before,
         "a per-org reader changed the store"
+    );
+    // `restore` follows the journal: the takeover's checkpoint.
+    let restored = fresh.restore(&o, None, &dest).await.unwrap();
+    assert_eq!(restored.position, Some(4));
+    assert!(
+        std::fs::read(&dest).unwrap() == taken_over,
+        "not the checkpoint's state"
     );
 }

@@ -384,6 +384,7 @@ impl LogEntry {
     /// Parses an entry read from `object`.
     ///
     /// # Errors
+    /// [`Error::JournalRequired`] for an entry of format 5 (a journal mark, K3);
     /// [`Error::UnknownFormat`] for an unknown `v` or `kind`; [`Error::Corrupt`] for anything
     /// that is not a well-formed entry, whose `seq` differs from `expected_seq`, whose
     /// blob name is not one safe path segment (I12), or whose version does not match its
@@ -433,11 +434,8 @@ impl LogEntry {
             ) => v,
             Some(JOURNAL_ENTRY_VERSION) if journal => JOURNAL_ENTRY_VERSION,
             Some(JOURNAL_ENTRY_VERSION) => {
-                return Err(Error::UnknownFormat {
+                return Err(Error::JournalRequired {
                     object: object.into(),
-                    detail: "a journal entry (format 5): this org's log is read by the journal's \
-                             readers only, never as a per-org chain (docs/design.md 3g, K3)"
-                        .into(),
                 });
             }
             other => {
@@ -617,7 +615,7 @@ mod tests {
         assert_eq!(entry.encode()?, bytes);
         let refused = LogEntry::decode("x", &bytes, Some(3));
         assert!(
-            matches!(&refused, Err(Error::UnknownFormat { detail, .. }) if detail.contains("K3")),
+            matches!(&refused, Err(Error::JournalRequired { .. })),
             "{refused:?}"
         );
         Ok(())

@@ -22,7 +22,7 @@ use crate::journal::org_walk::{OrgWalk, WalkState};
 use crate::rebuild::image::FileImage;
 use crate::rebuild::install::{discard, install_file, temp_beside};
 use crate::replica::blocking;
-use crate::{Error, LogEntry, OrgId, Replica};
+use crate::{Error, Hydrated, LogEntry, OrgId, Replica};
 
 impl Replica {
     /// Installs at `dest` the state `walk` found for `org` ([`Replica::walk_org`]) and
@@ -136,6 +136,50 @@ impl Replica {
         dest: &Path,
         section: Option<(&Listed, &SectionIndex)>,
     ) -> Result<u64, Error> {
+        self.install_linked(org, base, log, dest, section)
+            .await
+            .map(|h| h.commit)
+    }
+
+    /// Installs the newest state of a journal org (`at: None`: its walk's state, K0) or the
+    /// state of the snapshot or delta entry at `at` of its log, as [`Replica::restore`]
+    /// reports it; a walk with no state installs nothing.
+    pub(crate) async fn restore_journal(
+        &self,
+        org: &OrgId,
+        at: Option<u64>,
+        dest: &Path,
+    ) -> Result<Hydrated, Error> {
+        if let Some(seq) = at {
+            return self.install_linked(org, seq, None, dest, None).await;
+        }
+        let walk = self.walk_org(org).await?;
+        let log = Some(&walk.log);
+        match &walk.state {
+            WalkState::Empty => Ok(Hydrated {
+                snapshot: None,
+                commit: 0,
+                position: None,
+                deltas: 0,
+            }),
+            WalkState::Entry { seq } => self.install_linked(org, *seq, log, dest, None).await,
+            WalkState::Section { batch, section } => {
+                self.install_linked(org, section.base.seq, log, dest, Some((batch, section)))
+                    .await
+            }
+        }
+    }
+
+    /// Installs the entry at `base` (rebuilt by its links), with `section` applied when
+    /// given. `position` is the log position of the base; `commit` the state's.
+    async fn install_linked(
+        &self,
+        org: &OrgId,
+        base: u64,
+        log: Option<&BTreeMap<u64, LogEntry>>,
+        dest: &Path,
+        section: Option<(&Listed, &SectionIndex)>,
+    ) -> Result<Hydrated, Error> {
         let section = match section {
             Some((listed, s)) => {
                 let object = format!(
@@ -154,6 +198,8 @@ impl Replica {
             None => None,
         };
         let chain = self.linked_chain(org, base, log).await?;
+        let shipped = self.shipped(org, &chain.snapshot);
+        let deltas = chain.deltas.len();
         let commit = chain
             .deltas
             .last()
@@ -210,6 +256,11 @@ impl Replica {
             })
             .await?;
         }
-        applied
+        applied.map(|commit| Hydrated {
+            snapshot: shipped,
+            commit,
+            position: Some(base),
+            deltas,
+        })
     }
 }

@@ -101,12 +101,30 @@ impl Replica {
 
     /// Installs any published position of `org` at `dest`: `at: None` = the newest,
     /// `Some(seq)` = the state published by the snapshot or delta entry at that log position
-    /// (point-in-time restore). Same checks and atomicity as [`Replica::hydrate`].
+    /// (point-in-time restore). Same checks and atomicity as [`Replica::hydrate`]. An org
+    /// whose log holds journal entries (format 5) is read through the journal
+    /// (`docs/design.md` 3g): the newest state is its walk's ([`Replica::walk_org`]: the
+    /// newest section read on its base, or a checkpoint), and `Some(seq)` is the entry at
+    /// `seq` rebuilt by its base links.
     ///
     /// # Errors
     /// As [`Replica::hydrate`]; [`Error::NoSuchSnapshot`] when `at` names no snapshot or
-    /// delta entry.
+    /// delta entry; the walk's errors ([`Replica::walk_org`]) for a journal org.
     pub async fn restore(
+        &self,
+        org: &OrgId,
+        at: Option<u64>,
+        dest: &Path,
+    ) -> Result<Hydrated, Error> {
+        // A log holding journal entries is read through the journal (K3): the newest state
+        // is its walk's (K0), a position is its entry's, rebuilt by its base links.
+        match self.restore_per_org(org, at, dest).await {
+            Err(Error::JournalRequired { .. }) => self.restore_journal(org, at, dest).await,
+            other => other,
+        }
+    }
+
+    async fn restore_per_org(
         &self,
         org: &OrgId,
         at: Option<u64>,

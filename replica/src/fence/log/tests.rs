@@ -80,9 +80,13 @@ fn entry_round_trips_with_version() -> Result<(), Error> {
 
 #[test]
 fn unknown_version_or_kind_is_refused() {
-    let v5 = br#"{"v":5,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
+    let v6 = br#"{"v":6,"kind":"claim","seq":1,"round":1,"writer":"w","nonce":"n","at_ms":0}"#;
     assert!(matches!(
-        LogEntry::decode("x", v5, None),
+        LogEntry::decode("x", v6, None),
+        Err(Error::UnknownFormat { .. })
+    ));
+    assert!(matches!(
+        LogEntry::decode_journal("x", v6, None),
         Err(Error::UnknownFormat { .. })
     ));
     let future = br#"{"v":1,"kind":"compacted","seq":1}"#;

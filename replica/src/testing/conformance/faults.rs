@@ -185,7 +185,7 @@ pub(super) async fn unknown_entry_format_is_refused(store: Arc<dyn ObjectStore>)
     let o = org("acme");
     let a = r.claim(&o, "a", false).await?;
     let path = Path::from(format!("{p}/orgs/acme/log/{:020}.json", a.seq() + 1));
-    let body = format!(r#"{{"v":5,"kind":"delta","seq":{}}}"#, a.seq() + 1);
+    let body = format!(r#"{{"v":99,"kind":"delta","seq":{}}}"#, a.seq() + 1);
     store
         .put(&path, PutPayload::from(body.into_bytes()))
         .await?;

@@ -128,13 +128,19 @@ pub(super) async fn a_walk_follows_claims_checkpoints_and_free_points_across_run
         )
         .await?,
     )?;
-    let dest2 = dir.path().join("per-org.db");
-    let refused = r.restore(&o, None, &dest2).await;
+    // A reader of the per-org path refuses the log; `restore` follows the journal.
+    let refused = r.history(&o).await;
     assert!(
-        matches!(refused, Err(Error::UnknownFormat { .. })),
+        matches!(refused, Err(Error::JournalRequired { .. })),
         "{refused:?}"
     );
-    assert!(!dest2.exists(), "a per-org reader installed a journal org");
+    let dest2 = dir.path().join("restored.db");
+    let first = r.restore(&o, None, &dest2).await?;
+    assert_eq!((first.position, first.commit), (Some(snap.seq), 0));
+    assert!(
+        std::fs::read(&dest2)? == img,
+        "restore is not the walk's state"
+    );
     let walk = r.walk_org(&o).await?;
     let tenure = WalkTenure {
         round: 2,
@@ -310,6 +316,15 @@ pub(super) async fn a_walk_follows_claims_checkpoints_and_free_points_across_run
     );
     assert_eq!(walk.runs.len(), 2, "{:?}", walk.runs);
     assert_eq!(restored(&r, &o, &dest).await?, img);
+    // `restore` follows the journal to the same state, and restores a checkpoint by its seq.
+    let newest = r.restore(&o, None, &dest2).await?;
+    assert_eq!((newest.position, newest.commit), (Some(released), t.commit));
+    assert!(
+        std::fs::read(&dest2)? == img,
+        "restore's newest is not the walk's"
+    );
+    let at = r.restore(&o, Some(released), &dest2).await?;
+    assert_eq!(at.position, Some(released));
     Ok(())
 }
 
