@@ -17,7 +17,7 @@ use idem_replica::journal::{Base, BatchMeta, DeltaCheckpoint, EntryCreated, Run,
 use idem_replica::journal::{SectionInput, Via};
 use idem_replica::{Delta, OrgId, Replica};
 
-use crate::{BenchResult, ms};
+use crate::BenchResult;
 
 /// Slots a run keeps in flight.
 const WINDOW: u64 = 4;
@@ -176,18 +176,11 @@ pub(crate) async fn one_row(replica: &Replica, n: usize, ticks: usize) -> BenchR
             else => break,
         }
     }
-    let wall = started.elapsed();
     let cost = replica.store_requests().since(&before);
     let acks = latencies.len().max(1);
-    latencies.sort_unstable();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
-    let per_ack = cost.total() as f64 / acks as f64;
-    let put_dollars = cost.put as f64 / acks as f64 * 5.0;
     Ok(format!(
-        "{:.0} acks/s, {} / {}, {per_ack:.4} req/ack, ${put_dollars:.3}/M, {:.3} checkpoints/ack",
-        acks as f64 / wall.as_secs_f64().max(1e-9),
-        ms(at(0.5)),
-        ms(at(0.99)),
+        "{}, {:.3} checkpoints/ack",
+        super::ack_cell(&mut latencies, started.elapsed(), &cost),
         checkpoints as f64 / acks as f64
     ))
 }

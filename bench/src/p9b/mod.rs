@@ -182,18 +182,35 @@ async fn one_row(replica: &Replica, n: usize, ticks: usize) -> BenchResult<Strin
             return Err("a batch failed on the bench's store".into());
         }
     }
-    let wall = started.elapsed();
     let cost = replica.store_requests().since(&before);
+    Ok(format!(
+        "{}, {} KB/batch",
+        ack_cell(&mut latencies, started.elapsed(), &cost),
+        bytes / issued.max(1) / 1000
+    ))
+}
+
+/// A cell's common part: acks/s, ack p50 / p99, store requests per ack and PUT dollars per
+/// million acks (S3 Standard's $5 per million PUTs).
+fn ack_cell(
+    latencies: &mut [std::time::Duration],
+    wall: std::time::Duration,
+    cost: &idem_replica::StoreRequests,
+) -> String {
     let acks = latencies.len().max(1);
     latencies.sort_unstable();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    let at = |q: f64| {
+        latencies
+            .get(((latencies.len().max(1) - 1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or_default()
+    };
     let per_ack = cost.total() as f64 / acks as f64;
     let put_dollars = cost.put as f64 / acks as f64 * 5.0;
-    Ok(format!(
-        "{:.0} acks/s, {} / {}, {per_ack:.4} req/ack, ${put_dollars:.3}/M, {} KB/batch",
+    format!(
+        "{:.0} acks/s, {} / {}, {per_ack:.4} req/ack, ${put_dollars:.3}/M",
         acks as f64 / wall.as_secs_f64().max(1e-9),
         ms(at(0.5)),
         ms(at(0.99)),
-        bytes / issued.max(1) / 1000
-    ))
+    )
 }

@@ -192,11 +192,7 @@ impl Replica {
                     theirs: theirs.round().max(walk.highest_round),
                 });
             }
-            *checkpoint.seq_mut() = walk
-                .log
-                .keys()
-                .next_back()
-                .map_or(1, |s| s.saturating_add(1));
+            *checkpoint.seq_mut() = walk.next_seq();
         }
         Err(Error::Contended {
             org: org.to_string(),

@@ -70,12 +70,7 @@ impl Replica {
             }
             let from = run.floor();
             self.announce(org, run, from).await?;
-            let seq = walk
-                .log
-                .keys()
-                .next_back()
-                .map_or(1, |s| s.saturating_add(1));
-            let round = walk.highest_round.saturating_add(1);
+            let (seq, round) = (walk.next_seq(), walk.next_round());
             let claim = JournalClaim {
                 seq,
                 round,

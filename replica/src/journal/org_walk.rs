@@ -92,6 +92,21 @@ enum Next {
     Free(FreePoint),
 }
 
+impl OrgWalk {
+    /// The log position a claim made from this walk goes to: head + 1 of its listing.
+    pub fn next_seq(&self) -> u64 {
+        self.log
+            .keys()
+            .next_back()
+            .map_or(1, |s| s.saturating_add(1))
+    }
+
+    /// The round a claim made from this walk takes: 1 + the highest seen (K1.2).
+    pub fn next_round(&self) -> u64 {
+        self.highest_round.saturating_add(1)
+    }
+}
+
 impl Replica {
     /// Walks `org` (K0): reads its whole log with the journal's reader, then follows the
     /// newest checkpoint, per-org segment or free point through the runs it names, listing

@@ -39,18 +39,8 @@ impl Replica {
         walk: &OrgWalk,
         dest: &Path,
     ) -> Result<Option<u64>, Error> {
-        let log = Some(&walk.log);
-        match &walk.state {
-            WalkState::Empty => Ok(None),
-            WalkState::Entry { seq } => self
-                .restore_linked(org, *seq, log, dest, None)
-                .await
-                .map(Some),
-            WalkState::Section { batch, section } => self
-                .restore_linked(org, section.base.seq, log, dest, Some((batch, section)))
-                .await
-                .map(Some),
-        }
+        let installed = self.install_walk(org, walk, dest).await?;
+        Ok(installed.snapshot.is_some().then_some(installed.commit))
     }
 
     /// Installs at `dest` the state of the snapshot or delta entry at `seq` of `org`'s log
@@ -61,7 +51,9 @@ impl Replica {
     /// entry; [`Error::ChainBroken`] when a delta does not apply to the state below it;
     /// [`Error::Corrupt`] for a base link that does not go down; the store's errors.
     pub async fn restore_entry(&self, org: &OrgId, seq: u64, dest: &Path) -> Result<u64, Error> {
-        self.restore_linked(org, seq, None, dest, None).await
+        self.install_linked(org, seq, None, dest, None)
+            .await
+            .map(|h| h.commit)
     }
 
     /// Installs at `dest` the state of `org` that `section` of the batch `listed` holds: its
@@ -80,8 +72,9 @@ impl Replica {
         section: &SectionIndex,
         dest: &Path,
     ) -> Result<u64, Error> {
-        self.restore_linked(org, section.base.seq, None, dest, Some((listed, section)))
+        self.install_linked(org, section.base.seq, None, dest, Some((listed, section)))
             .await
+            .map(|h| h.commit)
     }
 
     /// The chain that rebuilds the entry at `seq`: its snapshot and the deltas its `base`
@@ -128,19 +121,6 @@ impl Replica {
         }
     }
 
-    async fn restore_linked(
-        &self,
-        org: &OrgId,
-        base: u64,
-        log: Option<&BTreeMap<u64, LogEntry>>,
-        dest: &Path,
-        section: Option<(&Listed, &SectionIndex)>,
-    ) -> Result<u64, Error> {
-        self.install_linked(org, base, log, dest, section)
-            .await
-            .map(|h| h.commit)
-    }
-
     /// Installs the newest state of a journal org (`at: None`: its walk's state, K0) or the
     /// state of the snapshot or delta entry at `at` of its log, as [`Replica::restore`]
     /// reports it; a walk with no state installs nothing.
@@ -154,6 +134,16 @@ impl Replica {
             return self.install_linked(org, seq, None, dest, None).await;
         }
         let walk = self.walk_org(org).await?;
+        self.install_walk(org, &walk, dest).await
+    }
+
+    /// Installs `walk`'s state; one with no state installs nothing.
+    async fn install_walk(
+        &self,
+        org: &OrgId,
+        walk: &OrgWalk,
+        dest: &Path,
+    ) -> Result<Hydrated, Error> {
         let log = Some(&walk.log);
         match &walk.state {
             WalkState::Empty => Ok(Hydrated {
