@@ -186,6 +186,21 @@ pub enum Error {
         /// What it met.
         reason: String,
     },
+    /// A journal section was not acknowledged: the batch holding it did not enter the
+    /// writer's resolved prefix (another writer's exclusion took its slot, or the run
+    /// self-sealed below it, `docs/design.md` 3g J1-J3). Nothing of it is acknowledged and
+    /// the tenure goes on: ship again (sections are cumulative).
+    #[error("org {org}: journal {run} slot {slot}: section not acknowledged: {reason}")]
+    NotAcknowledged {
+        /// The org.
+        org: String,
+        /// The run the batch was issued in.
+        run: String,
+        /// The batch's slot.
+        slot: u64,
+        /// Why.
+        reason: &'static str,
+    },
     /// The slot a ship or release was published at holds a stray: a pipelined ship of the
     /// writer this claim fenced, landed above the claim (`docs/design.md` 3e, W5). The claim
     /// moved past it and stays usable; nothing was published. Ship again.
@@ -454,6 +469,7 @@ impl Error {
             | Error::Injected { .. }
             | Error::StoreRefused { .. }
             | Error::SlotTaken { .. }
+            | Error::NotAcknowledged { .. }
             | Error::Io { .. } => ErrorKind::Retry,
             Error::Fenced { .. }
             | Error::RunFenced { .. }

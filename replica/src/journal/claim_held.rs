@@ -130,7 +130,7 @@ impl Replica {
 
     /// C3 for a run's writer: the process lease of the run's instance, watched as any
     /// holder's (I15), with the term its tenure's claim names.
-    async fn judge_run_holder(
+    pub(crate) async fn judge_run_holder(
         &self,
         org: &OrgId,
         walk: &OrgWalk,

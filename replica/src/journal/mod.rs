@@ -13,18 +13,21 @@
 //! ([`crate::Replica::attach_own`]). The org layer does not use it yet: it ships per org
 //! (3, 3e).
 
+mod acquire;
 mod checkpoint;
 mod claim;
 mod claim_held;
 mod entries;
 pub(crate) mod headers;
 mod io;
+mod issuer;
 mod org_walk;
 mod place;
 mod restore;
 mod retain;
 mod roster;
 mod run;
+mod shipper;
 mod walk;
 
 pub use crate::format::journal::{
@@ -33,15 +36,18 @@ pub use crate::format::journal::{
     SectionIndex, Via,
 };
 pub use crate::format::mark::{FreePoint, JournalMark};
+pub use acquire::{JournalAcquire, JournalStart};
 pub use checkpoint::{AnyCheckpoint, DeltaCheckpoint};
 pub use claim::{ClaimPlan, FreeClaim, JournalTenure, MAX_FREE_CLAIM_ATTEMPTS, PlannedClaim};
 pub use claim_held::{HeldClaim, MAX_HELD_CLAIM_ATTEMPTS};
 pub use entries::{Checkpoint, EntryCreated, JournalClaim};
 pub use io::{Created, Listed, RunListing};
+pub use issuer::{Issuer, IssuerSettings, SectionAcked};
 pub use org_walk::{OrgEnd, OrgWalk, WalkState};
 pub use place::{Adoption, Excluded, Placement};
 pub use retain::RunRetention;
 pub use roster::RunOrgs;
+pub use shipper::{Hydrated as JournalHydrated, JournalShipper};
 pub use run::{BatchLanding, BatchMeta, Commits, IssuedBatch, Run, SectionInput};
 pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};
 

@@ -1,0 +1,151 @@
+//! An org's acquire on the journal (`docs/design.md` 3g, "The org layer on the journal"):
+//! K0's walk decides the rule. Free → K1b through the issuer's announcement; ends in this
+//! process's own chain → K4; ends in another process's run whose lease lapsed → K2's adopt
+//! seal (one PUT fences every org of that run), then K4; held per org → the per-org path
+//! (3, 3e), which judges that holder as it always has.
+
+use crate::format::journal::{RunName, Via};
+use crate::journal::claim::{JournalTenure, MAX_FREE_CLAIM_ATTEMPTS};
+use crate::journal::entries::{EntryCreated, JournalClaim};
+use crate::journal::issuer::Issuer;
+use crate::journal::org_walk::{OrgEnd, OrgWalk, WalkState};
+use crate::journal::place::Adoption;
+use crate::{Error, OrgId};
+
+/// A tenure acquired on the journal, before its state is installed.
+#[derive(Clone, Debug)]
+pub struct JournalStart {
+    /// The org.
+    pub org: OrgId,
+    /// Round, `via`, entry slot and the walk whose state to install.
+    pub tenure: JournalTenure,
+    /// The run of `through`.
+    pub run: RunName,
+    /// A slot of the run's resolved prefix where the org's state is exactly the walk's:
+    /// the batch that announced the claim (K1b) or marked the attach (K4). A first
+    /// checkpoint goes through it (J5's tenure checkpoint).
+    pub through: u64,
+    /// The log seq after the newest entry the tenure knows of: its first checkpoint's.
+    pub next_seq: u64,
+}
+
+impl JournalStart {
+    /// The walk's state is a log entry (a checkpoint or a per-org position): sections may
+    /// name it as their base, and no first checkpoint is needed.
+    pub fn base_entry(&self) -> Option<u64> {
+        match self.tenure.walk.state {
+            WalkState::Entry { seq } => Some(seq),
+            _ => None,
+        }
+    }
+}
+
+/// What an acquire on the journal found.
+#[derive(Clone, Debug)]
+pub enum JournalAcquire {
+    /// A tenure of this process's run.
+    Tenure(Box<JournalStart>),
+    /// The walk ends at a per-org holder (K1.6 is not built): claim per org.
+    PerOrg(Box<OrgWalk>),
+}
+
+impl Issuer {
+    /// Acquires `org` on the journal: walks it and applies K1b, K4 or K2 then K4 (see the
+    /// module docs); the tenure is attached to the run when this returns. `force` skips
+    /// the judgement of another run's holder (the operator's override, as per org).
+    ///
+    /// # Errors
+    /// [`Error::LeaseHeld`] while another process's run holds the org and its process lease
+    /// is live; [`Error::Contended`] after [`MAX_FREE_CLAIM_ATTEMPTS`] lost races;
+    /// [`Error::Fenced`] when J2 fences the tenure at birth; [`Error::RunFenced`]; the
+    /// walk's and the creates' errors.
+    pub async fn acquire(&self, org: &OrgId, force: bool) -> Result<JournalAcquire, Error> {
+        let replica = self.replica();
+        for _ in 0..MAX_FREE_CLAIM_ATTEMPTS {
+            let walk = replica.walk_org(org).await?;
+            match walk.end.clone() {
+                OrgEnd::Free(after) => {
+                    let (announced, through) = self.announce(org, true).await?;
+                    let (seq, round) = (walk.next_seq(), walk.next_round());
+                    let claim = JournalClaim {
+                        seq,
+                        round,
+                        writer: self.writer().to_owned(),
+                        run: announced.run.clone(),
+                        from: announced.from,
+                        after: Some(after),
+                    };
+                    if let EntryCreated::Taken(_) = replica.create_journal_claim(org, claim).await? {
+                        continue;
+                    }
+                    // C2: an entry above the claim abandons it.
+                    if !replica.inner.log.seqs_after(org, Some(seq)).await?.is_empty() {
+                        continue;
+                    }
+                    self.attach(org, round, announced.from).await?;
+                    return Ok(JournalAcquire::Tenure(Box::new(JournalStart {
+                        org: org.clone(),
+                        tenure: JournalTenure {
+                            round,
+                            via: Via::Claim { seq },
+                            from: announced.from,
+                            walk,
+                        },
+                        run: announced.run,
+                        through,
+                        next_seq: seq + 1,
+                    })));
+                }
+                OrgEnd::Held {
+                    run: holder,
+                    tenure,
+                    ..
+                } => {
+                    let ours = self.run_name();
+                    if holder.instance() == ours.instance() && holder.number() <= ours.number() {
+                        // K4: no claim, no exclusion; a marked slot after the walk is
+                        // where the tenure's state is exactly the walk's.
+                        let (announced, through) = self.announce(org, false).await?;
+                        let from = walk
+                            .runs
+                            .last()
+                            .and_then(|w| w.visited.last())
+                            .map_or(1, |(entry, _)| *entry);
+                        self.attach(org, tenure.round, from).await?;
+                        let next_seq = walk.next_seq();
+                        return Ok(JournalAcquire::Tenure(Box::new(JournalStart {
+                            org: org.clone(),
+                            tenure: JournalTenure {
+                                round: tenure.round,
+                                via: tenure.via,
+                                from,
+                                walk,
+                            },
+                            run: announced.run,
+                            through,
+                            next_seq,
+                        })));
+                    }
+                    if !force {
+                        replica
+                            .judge_run_holder(org, &walk, &holder, tenure.round)
+                            .await?;
+                    }
+                    let from = self.floor();
+                    match replica.adopt_run(&holder, self.writer(), &ours, from).await? {
+                        Adoption::Sealed { run, slot, .. } => {
+                            tracing::info!(%org, %run, slot, "adopted a dead writer's journal run (K2)");
+                            self.hold(from);
+                        }
+                        Adoption::Released { .. } | Adoption::AdoptedBy { .. } => {}
+                    }
+                }
+                OrgEnd::HeldPerOrg { .. } => return Ok(JournalAcquire::PerOrg(Box::new(walk))),
+            }
+        }
+        Err(Error::Contended {
+            org: org.to_string(),
+            attempts: MAX_FREE_CLAIM_ATTEMPTS,
+        })
+    }
+}

@@ -1,0 +1,711 @@
+//! The issuer (`docs/design.md` 3g, "The org layer on the journal"): one task per writer
+//! process owns its [`Run`] and turns what every org hands it into batches. Each org's
+//! section, confirmation or claim announcement waits in a queue; a batch takes the whole
+//! queue (group commit across orgs), and J7 issues one while nothing is in flight, or a
+//! second once the first is late. Answers go out as the resolved prefix passes each slot
+//! (J1): a section is acknowledged only when the prefix passes our landed batch holding
+//! it, and a confirmation only by a batch of ours issued after it arrived (J6).
+//!
+//! ```text
+//! submit(section) ─┐                               ┌─ Ok(SectionAcked { run, slot })
+//! confirm(org) ────┼─ queue ─ issue_batch ─ land ──┼─ Ok(())        (prefix passed it)
+//! announce(org) ───┘    (J7: one in flight,        └─ NotAcknowledged / Fenced / RunFenced
+//!                         a second when late)
+//! a failed put  → drain → seal_self (J3) → the continued run; sections again, same tenures
+//! close(release) → drain → seal_release (J4)
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::format::journal::{Announced, RunName};
+use crate::journal::run::{BatchLanding, BatchMeta, IssuedBatch, Run, SectionInput};
+use crate::{Error, OrgId, Replica};
+
+/// Batches between two rosters of a run (3g, "Objects": every `M`-th batch).
+const ROSTER_EVERY: u64 = 256;
+
+/// The first guess of a batch's landing time before one was measured, ms.
+const FIRST_LANDING_MS: f64 = 30.0;
+
+/// How an [`Issuer`] issues.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IssuerSettings {
+    /// Slots in flight at most, from the lowest unresolved one (1..=[`crate::MAX_SHIP_WINDOW`]).
+    pub window: u64,
+    /// Ms after which the newest batch in flight is late and a second may be issued (J7);
+    /// 0 = twice the measured mean landing time.
+    pub late_ms: u64,
+}
+
+impl Default for IssuerSettings {
+    fn default() -> Self {
+        IssuerSettings {
+            window: 4,
+            late_ms: 0,
+        }
+    }
+}
+
+/// Where an acknowledged section is: the run and slot of the batch holding it. A
+/// checkpoint of the org is through exactly this slot (J5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SectionAcked {
+    /// The run.
+    pub run: RunName,
+    /// The batch's slot.
+    pub slot: u64,
+}
+
+type Reply<T> = oneshot::Sender<Result<T, Error>>;
+
+enum Msg {
+    Section(Box<SectionInput>, Reply<SectionAcked>),
+    Confirm(OrgId, Reply<()>),
+    Announce(OrgId, bool, Reply<(Announced, u64)>),
+    Attach(OrgId, u64, u64, Reply<()>),
+    Entry(OrgId, u64),
+    Hold(u64),
+    Detach(OrgId),
+    Close(bool, Reply<()>),
+}
+
+/// A handle on the process's issuer task. Cloning shares the task; it ends once every
+/// handle is dropped and nothing is in flight, or at [`Issuer::close`].
+#[derive(Clone)]
+pub struct Issuer {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    replica: Replica,
+    writer: String,
+    tx: mpsc::UnboundedSender<Msg>,
+    /// The current run and its floor, as of the last batch issued or settled.
+    now: Mutex<(RunName, u64)>,
+}
+
+impl std::fmt::Debug for Issuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Issuer")
+            .field("writer", &self.shared.writer)
+            .field("run", &self.run_name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Issuer {
+    /// Starts a new run of this process ([`Replica::start_run`]) written by `writer`, and
+    /// its task. Needs a tokio runtime.
+    ///
+    /// # Errors
+    /// As [`Replica::start_run`].
+    pub async fn start(
+        replica: &Replica,
+        writer: &str,
+        settings: IssuerSettings,
+    ) -> Result<Issuer, Error> {
+        let run = replica.start_run(writer, settings.window).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            replica: replica.clone(),
+            writer: writer.to_owned(),
+            tx,
+            now: Mutex::new((run.name().clone(), run.floor())),
+        });
+        let task = Task {
+            replica: replica.clone(),
+            shared: Arc::downgrade(&shared),
+            late_ms: settings.late_ms,
+            run,
+            queued: BTreeMap::new(),
+            confirms: Vec::new(),
+            announces: Vec::new(),
+            issued: BTreeMap::new(),
+            claims: BTreeMap::new(),
+            entries: BTreeMap::new(),
+            holds: BTreeSet::new(),
+            roster_due: true,
+            since_roster: 0,
+            flying: FuturesUnordered::new(),
+            newest_at: None,
+            landing_ms: FIRST_LANDING_MS,
+            dead: None,
+            closing: None,
+        };
+        tokio::spawn(task.run(rx));
+        Ok(Issuer { shared })
+    }
+
+    /// The replica the issuer writes through.
+    pub fn replica(&self) -> &Replica {
+        &self.shared.replica
+    }
+
+    /// The writer id its entries carry.
+    pub fn writer(&self) -> &str {
+        &self.shared.writer
+    }
+
+    /// The run batches go to now (a self-seal moves it to the continued run, J3).
+    pub fn run_name(&self) -> RunName {
+        self.now().0
+    }
+
+    /// The run's floor, as of the last batch issued or settled.
+    pub fn floor(&self) -> u64 {
+        self.now().1
+    }
+
+    fn now(&self) -> (RunName, u64) {
+        self.shared.now.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Msg) -> Result<T, Error> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || Error::ClaimUnusable {
+            org: String::new(),
+            round: 0,
+            reason: "the journal's issuer has stopped",
+        };
+        self.shared.tx.send(make(tx)).map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// Hands `section` to the next batch and returns where it was acknowledged: the batch
+    /// holding it landed and the resolved prefix passed it (J1). The org must be attached.
+    ///
+    /// # Errors
+    /// [`Error::NotAcknowledged`] when the batch did not land as ours or the run sealed
+    /// below it (ship again: sections are cumulative); [`Error::Fenced`] when an exclusion
+    /// ended the org's tenure (J2); [`Error::RunFenced`]; [`Error::ClaimUnusable`] for an
+    /// org with no tenure in the run, or once the issuer stopped.
+    pub async fn submit(&self, section: SectionInput) -> Result<SectionAcked, Error> {
+        self.ask(|r| Msg::Section(Box::new(section), r)).await
+    }
+
+    /// J6: returns once a batch of ours issued after this call is inside the resolved
+    /// prefix and `org`'s tenure is still unfenced: an answer from local state given after
+    /// this returns is one no successor had fenced when the request arrived. An empty
+    /// batch is issued when no section is due, so one request confirms every waiting org.
+    ///
+    /// # Errors
+    /// As [`Issuer::submit`], but never `NotAcknowledged` (the confirmation waits for the
+    /// next batch instead).
+    pub async fn confirm(&self, org: &OrgId) -> Result<(), Error> {
+        self.ask(|r| Msg::Confirm(org.clone(), r)).await
+    }
+
+    /// K1.2 / K1b.1's announcement: returns once a batch carrying `(org, run, from)` in its
+    /// `claims` has landed, with that announcement and the batch's slot. The claim then
+    /// names exactly that run and `from`. With `claim` false the batch only marks a slot
+    /// (K4's tenure start), and announces nothing.
+    ///
+    /// # Errors
+    /// [`Error::RunFenced`]; [`Error::ClaimUnusable`] once the issuer stopped.
+    pub async fn announce(&self, org: &OrgId, claim: bool) -> Result<(Announced, u64), Error> {
+        self.ask(|r| Msg::Announce(org.clone(), claim, r)).await
+    }
+
+    /// Starts `org`'s tenure of `round` in the run, walks entering at `entry` (T3).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] when the run resolved an exclusion of `org` of a higher round (J2
+    /// at birth); [`Error::RunFenced`].
+    pub async fn attach(&self, org: &OrgId, round: u64, entry: u64) -> Result<(), Error> {
+        self.ask(|r| Msg::Attach(org.clone(), round, entry, r)).await
+    }
+
+    /// `org`'s walk entry moved to `entry` (a checkpoint through `entry - 1` landed): its
+    /// claim is superseded and retention may pass its older entry (T3).
+    pub fn entry(&self, org: &OrgId, entry: u64) {
+        let _ = self.shared.tx.send(Msg::Entry(org.clone(), entry));
+    }
+
+    /// Keeps slots from `entry` on for as long as the run lives: an adopt seal's `from`
+    /// (T3: until every org it adopted is checkpointed, which this issuer does not track).
+    pub fn hold(&self, entry: u64) {
+        let _ = self.shared.tx.send(Msg::Hold(entry));
+    }
+
+    /// Ends `org`'s tenure in the run (its Release entry landed, or it stopped).
+    pub fn detach(&self, org: &OrgId) {
+        let _ = self.shared.tx.send(Msg::Detach(org.clone()));
+    }
+
+    /// Waits until nothing is queued or in flight, then, with `release`, ends the run with
+    /// a release seal (J4: every org whose walk reaches it is free there); the task then
+    /// stops. Call after every org was released or stopped.
+    ///
+    /// # Errors
+    /// [`Error::RunFenced`]; the seal's errors.
+    pub async fn close(&self, release: bool) -> Result<(), Error> {
+        self.ask(|r| Msg::Close(release, r)).await
+    }
+}
+
+/// A batch's waiters, by what they wait for.
+#[derive(Default)]
+struct Waiters {
+    sections: Vec<(OrgId, u64, Reply<SectionAcked>)>,
+    confirms: Vec<(OrgId, Reply<()>)>,
+    announces: Vec<(Announced, Reply<(Announced, u64)>)>,
+    /// The batch landed in its slot as ours.
+    landed: bool,
+}
+
+type Landing = BoxFuture<'static, (IssuedBatch, BatchLanding, Instant)>;
+
+struct Task {
+    replica: Replica,
+    shared: std::sync::Weak<Shared>,
+    late_ms: u64,
+    run: Run,
+    /// Per org, its newest section and everyone waiting for it (an older queued section is
+    /// replaced: the newer one is cumulative).
+    queued: BTreeMap<OrgId, (Box<SectionInput>, Vec<(u64, Reply<SectionAcked>)>)>,
+    confirms: Vec<(OrgId, Reply<()>)>,
+    announces: Vec<(OrgId, bool, Reply<(Announced, u64)>)>,
+    /// Issued slots of the current run and their waiters.
+    issued: BTreeMap<u64, Waiters>,
+    /// Claims announced and not superseded (T3, J6-1): every batch lists them.
+    claims: BTreeMap<OrgId, Announced>,
+    /// Walk entries of attached orgs (T3).
+    entries: BTreeMap<OrgId, u64>,
+    /// Entries kept for the run's life (adopt seals' `from`).
+    holds: BTreeSet<u64>,
+    roster_due: bool,
+    since_roster: u64,
+    flying: FuturesUnordered<Landing>,
+    newest_at: Option<Instant>,
+    /// Mean landing time, ms (J7's `late_ms` when not set).
+    landing_ms: f64,
+    /// The run was fenced: every request gets this.
+    dead: Option<Error>,
+    closing: Option<(bool, Reply<()>)>,
+}
+
+impl Task {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Msg>) {
+        let mut open = true;
+        loop {
+            if self.dead.is_none() {
+                self.issue().await;
+                if self.run.needs_seal() && self.flying.is_empty() {
+                    self.seal().await;
+                }
+            }
+            if self.flying.is_empty() && (self.closing.is_some() || !open) && self.idle() {
+                self.finish().await;
+                return;
+            }
+            let late = self.late_at();
+            tokio::select! {
+                msg = rx.recv(), if open => match msg {
+                    Some(m) => self.take(m),
+                    None => open = false,
+                },
+                Some((batch, landing, at)) = self.flying.next(), if !self.flying.is_empty() => {
+                    self.settle(batch, landing, at);
+                }
+                () = sleep_until(late), if late.is_some() => {}
+            }
+        }
+    }
+
+    fn idle(&self) -> bool {
+        self.dead.is_some()
+            || (self.queued.is_empty() && self.confirms.is_empty() && self.announces.is_empty())
+    }
+
+    fn due(&self) -> bool {
+        !self.queued.is_empty() || !self.confirms.is_empty() || !self.announces.is_empty()
+    }
+
+    fn late(&self) -> Duration {
+        let ms = if self.late_ms > 0 {
+            self.late_ms as f64
+        } else {
+            2.0 * self.landing_ms
+        };
+        Duration::from_micros((ms * 1000.0) as u64)
+    }
+
+    /// When a second batch may go: the newest in flight turns late.
+    fn late_at(&self) -> Option<Instant> {
+        if self.dead.is_some() || !self.due() || self.flying.is_empty() || self.run.room() == 0 {
+            return None;
+        }
+        self.newest_at.map(|at| at + self.late())
+    }
+
+    fn take(&mut self, msg: Msg) {
+        if let Some(e) = &self.dead {
+            reply_dead(msg, e);
+            return;
+        }
+        match msg {
+            Msg::Section(section, reply) => {
+                let org = section.org.clone();
+                let commit = section.pages.commit();
+                match self.queued.remove(&org) {
+                    Some((old, mut waiting)) => {
+                        let newest = if old.pages.commit() > commit {
+                            old
+                        } else {
+                            section
+                        };
+                        waiting.push((commit, reply));
+                        self.queued.insert(org, (newest, waiting));
+                    }
+                    None => {
+                        self.queued.insert(org, (section, vec![(commit, reply)]));
+                    }
+                }
+            }
+            Msg::Confirm(org, reply) => self.confirms.push((org, reply)),
+            Msg::Announce(org, claim, reply) => self.announces.push((org, claim, reply)),
+            Msg::Attach(org, round, entry, reply) => {
+                let attached = self.run.attach(&org, round);
+                if attached.is_ok() {
+                    self.entries.insert(org, entry);
+                    self.roster_due = true;
+                }
+                let _ = reply.send(attached);
+            }
+            Msg::Entry(org, entry) => {
+                self.claims.remove(&org);
+                if let Some(e) = self.entries.get_mut(&org) {
+                    *e = entry;
+                }
+            }
+            Msg::Hold(entry) => {
+                self.holds.insert(entry);
+            }
+            Msg::Detach(org) => {
+                self.run.detach(&org);
+                self.run.forget_exclusions(&org);
+                self.entries.remove(&org);
+                self.claims.remove(&org);
+            }
+            Msg::Close(release, reply) => self.closing = Some((release, reply)),
+        }
+    }
+
+    /// T3: the lowest walk entry into the run this writer knows of.
+    fn retain_below(&self) -> u64 {
+        let floor = self.run.floor();
+        self.entries
+            .values()
+            .chain(self.holds.iter())
+            .copied()
+            .chain(
+                self.claims
+                    .values()
+                    .filter(|a| &a.run == self.run.name())
+                    .map(|a| a.from),
+            )
+            .fold(floor, u64::min)
+    }
+
+    /// J7: issues one batch of everything queued when something is due and nothing is in
+    /// flight, or the newest in flight is late, and the window has room.
+    async fn issue(&mut self) {
+        let may = self.due()
+            && self.run.is_open()
+            && self.run.room() > 0
+            && (self.flying.is_empty() || self.newest_at.is_some_and(|at| at.elapsed() >= self.late()));
+        if !may {
+            return;
+        }
+        let mut waiters = Waiters::default();
+        let mut sections = Vec::new();
+        for (org, (section, waiting)) in std::mem::take(&mut self.queued) {
+            if let Err(e) = self.run.holds(&org) {
+                for (_, reply) in waiting {
+                    let _ = reply.send(Err(dup(&e)));
+                }
+                continue;
+            }
+            for (commit, reply) in waiting {
+                waiters.sections.push((org.clone(), commit, reply));
+            }
+            sections.push(*section);
+        }
+        waiters.confirms = std::mem::take(&mut self.confirms);
+        let (name, floor) = (self.run.name().clone(), self.run.floor());
+        for (org, claim, reply) in std::mem::take(&mut self.announces) {
+            let announced = Announced {
+                org: org.to_string(),
+                run: name.clone(),
+                from: floor,
+            };
+            if claim {
+                self.claims.insert(org, announced.clone());
+            }
+            waiters.announces.push((announced, reply));
+        }
+        let roster = (self.roster_due || self.since_roster >= ROSTER_EVERY)
+            .then(|| self.entries.keys().cloned().collect::<Vec<_>>());
+        let meta = BatchMeta {
+            retain_below: self.retain_below(),
+            claims: self.claims.values().cloned().collect(),
+            roster: roster.clone(),
+            ..BatchMeta::default()
+        };
+        match self.replica.issue_batch(&mut self.run, sections, meta).await {
+            Ok(batch) => {
+                if roster.is_some() {
+                    self.roster_due = false;
+                    self.since_roster = 0;
+                } else {
+                    self.since_roster += 1;
+                }
+                self.publish_now();
+                self.issued.insert(batch.slot(), waiters);
+                let replica = self.replica.clone();
+                let at = Instant::now();
+                self.newest_at = Some(at);
+                self.flying.push(Box::pin(async move {
+                    let landing = replica.land_batch(&batch).await;
+                    (batch, landing, at)
+                }));
+            }
+            Err(e) => {
+                let fenced = matches!(e, Error::RunFenced { .. });
+                fail(waiters, &e);
+                if fenced {
+                    self.die(e);
+                }
+            }
+        }
+    }
+
+    fn settle(&mut self, batch: IssuedBatch, landing: BatchLanding, at: Instant) {
+        let ms = at.elapsed().as_secs_f64() * 1000.0;
+        self.landing_ms = 0.8 * self.landing_ms + 0.2 * ms;
+        let slot = batch.slot();
+        let landed = matches!(landing, BatchLanding::Landed);
+        if let Some(w) = self.issued.get_mut(&slot) {
+            w.landed = landed;
+        }
+        match self.run.settle(batch, landing) {
+            Ok(acked) => self.answer(&acked),
+            Err(e) => self.die(e),
+        }
+        self.publish_now();
+    }
+
+    /// Answers the waiters of every slot the prefix passed.
+    fn answer(&mut self, acked: &[(OrgId, u64)]) {
+        let below = self.run.resolved_below();
+        let passed: Vec<u64> = self.issued.range(..below).map(|(s, _)| *s).collect();
+        let name = self.run.name().clone();
+        for slot in passed {
+            let Some(w) = self.issued.remove(&slot) else {
+                continue;
+            };
+            for (org, commit, reply) in w.sections {
+                let ok = acked.iter().any(|(o, c)| *o == org && *c >= commit) && w.landed;
+                let answer = if ok {
+                    Ok(SectionAcked {
+                        run: name.clone(),
+                        slot,
+                    })
+                } else {
+                    Err(self.run.holds(&org).err().unwrap_or(Error::NotAcknowledged {
+                        org: org.to_string(),
+                        run: name.to_string(),
+                        slot,
+                        reason: "another writer's object holds the batch's slot",
+                    }))
+                };
+                let _ = reply.send(answer);
+            }
+            if w.landed {
+                for (org, reply) in w.confirms {
+                    let _ = reply.send(self.run.holds(&org));
+                }
+                for (announced, reply) in w.announces {
+                    let _ = reply.send(Ok((announced, slot)));
+                }
+            } else {
+                // Not ours: confirm and announce in the next batch.
+                self.confirms.extend(w.confirms);
+                for (a, reply) in w.announces {
+                    if let Ok(org) = OrgId::new(&a.org) {
+                        let claim = self.claims.remove(&org).is_some();
+                        self.announces.push((org, claim, reply));
+                    }
+                }
+            }
+        }
+    }
+
+    /// J3: once nothing is in flight after a failed put, seals the run at its lowest
+    /// unresolved slot and goes on in the continued run with the same tenures.
+    async fn seal(&mut self) {
+        let retain_below = self.retain_below();
+        match self.replica.seal_self(&mut self.run, retain_below).await {
+            Ok((continued, acked)) => {
+                self.answer(&acked);
+                // Nothing at or above the seal is acknowledged: sections again, confirms
+                // and announcements in the continued run.
+                let name = self.run.name().to_string();
+                for (slot, w) in std::mem::take(&mut self.issued) {
+                    for (org, _, reply) in w.sections {
+                        let _ = reply.send(Err(Error::NotAcknowledged {
+                            org: org.to_string(),
+                            run: name.clone(),
+                            slot,
+                            reason: "the run self-sealed below the batch (J3)",
+                        }));
+                    }
+                    self.confirms.extend(w.confirms);
+                    for (a, reply) in w.announces {
+                        if let Ok(org) = OrgId::new(&a.org) {
+                            let claim = self.claims.contains_key(&org);
+                            self.announces.push((org, claim, reply));
+                        }
+                    }
+                }
+                self.run = continued;
+                // J3.5: every entry into the sealed run continues at slot 1 of this one.
+                for e in self.entries.values_mut() {
+                    *e = 1;
+                }
+                self.holds = [1].into();
+                self.roster_due = true;
+                self.newest_at = None;
+                self.publish_now();
+            }
+            // The seal's own failure is retried at the same slot by the next call (J3.2);
+            // back off one landing time so a store that is down is not hammered.
+            Err(e @ Error::RunFenced { .. }) => self.die(e),
+            Err(e) => {
+                tracing::warn!(run = %self.run.name(), error = %e, "journal self-seal failed; retrying");
+                tokio::time::sleep(self.late()).await;
+            }
+        }
+    }
+
+    fn publish_now(&self) {
+        if let Some(shared) = self.shared.upgrade() {
+            *shared.now.lock().unwrap_or_else(|p| p.into_inner()) = (self.run.name().clone(), self.run.floor());
+        }
+    }
+
+    fn die(&mut self, e: Error) {
+        tracing::warn!(run = %self.run.name(), error = %e, "journal run fenced: every org of it stops");
+        for (_, w) in std::mem::take(&mut self.issued) {
+            fail(w, &e);
+        }
+        for (_, (_, waiting)) in std::mem::take(&mut self.queued) {
+            for (_, reply) in waiting {
+                let _ = reply.send(Err(dup(&e)));
+            }
+        }
+        for (_, reply) in std::mem::take(&mut self.confirms) {
+            let _ = reply.send(Err(dup(&e)));
+        }
+        for (_, _, reply) in std::mem::take(&mut self.announces) {
+            let _ = reply.send(Err(dup(&e)));
+        }
+        self.dead = Some(e);
+    }
+
+    async fn finish(&mut self) {
+        let Some((release, reply)) = self.closing.take() else {
+            return;
+        };
+        let result = match &self.dead {
+            Some(e) => Err(dup(e)),
+            None if release && self.run.is_open() => {
+                let below = self.run.floor();
+                self.replica
+                    .seal_release(&mut self.run, below)
+                    .await
+                    .map(|_| ())
+            }
+            None => Ok(()),
+        };
+        let _ = reply.send(result);
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at.into()).await;
+    }
+}
+
+fn fail(w: Waiters, e: &Error) {
+    for (_, _, reply) in w.sections {
+        let _ = reply.send(Err(dup(e)));
+    }
+    for (_, reply) in w.confirms {
+        let _ = reply.send(Err(dup(e)));
+    }
+    for (_, reply) in w.announces {
+        let _ = reply.send(Err(dup(e)));
+    }
+}
+
+fn reply_dead(msg: Msg, e: &Error) {
+    match msg {
+        Msg::Section(_, r) => drop(r.send(Err(dup(e)))),
+        Msg::Confirm(_, r) => drop(r.send(Err(dup(e)))),
+        Msg::Announce(_, _, r) => drop(r.send(Err(dup(e)))),
+        Msg::Attach(_, _, _, r) => drop(r.send(Err(dup(e)))),
+        Msg::Close(_, r) => drop(r.send(Err(dup(e)))),
+        Msg::Entry(..) | Msg::Hold(_) | Msg::Detach(_) => {}
+    }
+}
+
+/// The same answer for each of several waiters (errors are not `Clone`: the store's are
+/// not). What a waiter acts on is the kind: a fence, a lost tenure, or "ship again".
+fn dup(e: &Error) -> Error {
+    match e {
+        Error::RunFenced { run, slot, reason } => Error::RunFenced {
+            run: run.clone(),
+            slot: *slot,
+            reason: reason.clone(),
+        },
+        Error::Fenced { org, ours, theirs } => Error::Fenced {
+            org: org.clone(),
+            ours: *ours,
+            theirs: *theirs,
+        },
+        Error::ClaimUnusable { org, round, reason } => Error::ClaimUnusable {
+            org: org.clone(),
+            round: *round,
+            reason,
+        },
+        Error::NotAcknowledged {
+            org,
+            run,
+            slot,
+            reason,
+        } => Error::NotAcknowledged {
+            org: org.clone(),
+            run: run.clone(),
+            slot: *slot,
+            reason,
+        },
+        other => {
+            tracing::warn!(error = %other, "journal batch not issued");
+            Error::NotAcknowledged {
+                org: String::new(),
+                run: String::new(),
+                slot: 0,
+                reason: "the batch could not be issued",
+            }
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! One org's writer on the journal (`docs/design.md` 3g, "The org layer on the journal"):
+//! what the per-org [`crate::Shipper`] is to a claim, [`JournalShipper`] is to a tenure in
+//! the process's run. Each ship captures the org's committed state (the WAL checkpointed
+//! into the file first), takes every page that differs from the state the previous capture
+//! left, and hands the issuer one **cumulative** section: every page changed since the
+//! tenure's base checkpoint, the checksum after, the commit. Once the pages since the base
+//! pass `section_bytes`, the next ship first writes a checkpoint of the acknowledged state
+//! into the org's log (J5) and the sections start again from it.
+//!
+//! ```text
+//! start:   base = the walk's entry, or a first checkpoint through JournalStart::through
+//! ship:    [checkpoint due → J5 delta checkpoint through the last acked slot]
+//!          capture (checkpoint WAL) → diff file vs hashes → cumulative += changed
+//!          → issuer.submit(section) → acked at (run, slot)
+//! confirm: issuer.confirm (J6), then the files are still ours (I13)
+//! release: released section → released checkpoint through its slot → Release entry (J4)
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::format::checksum::{PageHashes, checksum_hex};
+use crate::format::journal::{Base, Via};
+use crate::format::pages::canonical_page1;
+use crate::journal::acquire::JournalStart;
+use crate::journal::checkpoint::{AnyCheckpoint, DeltaCheckpoint};
+use crate::journal::entries::{Checkpoint, EntryCreated};
+use crate::journal::issuer::{Issuer, SectionAcked};
+use crate::journal::run::SectionInput;
+use crate::live::{self, CaptureError, CaptureRequest, Checkpoint as WalCheckpoint, OwnedFiles};
+use crate::{CaptureSource, Delta, Error, OrgId, ShipKind, ShipReport, Snapshot};
+
+/// One org's tenure on the journal: its base, the pages changed since, and where its
+/// newest section was acknowledged.
+pub struct JournalShipper {
+    issuer: Issuer,
+    org: OrgId,
+    round: u64,
+    via: Via,
+    files: Arc<OwnedFiles>,
+    /// Page hashes of the state the newest capture left (page 1 canonical).
+    hashes: PageHashes,
+    /// The checkpoint sections are cumulative from.
+    base: Base,
+    /// Every page changed since `base`, page 1 canonical.
+    cumulative: BTreeMap<u32, Vec<u8>>,
+    db_pages: u32,
+    /// The commit counter the newest capture proved.
+    commit: u64,
+    /// The newest acknowledged section: its slot and commit.
+    acked: Option<(SectionAcked, u64)>,
+    /// The log seq after the newest entry of ours (J5's create, no LIST).
+    next_seq: u64,
+    section_bytes: u64,
+}
+
+impl std::fmt::Debug for JournalShipper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournalShipper")
+            .field("org", &self.org)
+            .field("round", &self.round)
+            .field("base", &self.base)
+            .field("commit", &self.commit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The state an org's tenure starts from, read before the writer opens the file.
+#[derive(Debug)]
+pub struct Hydrated {
+    /// The installed image's commit counter.
+    pub commit: u64,
+    image_hashes: PageHashes,
+    /// The entry sections may name as their base, when the walk's state is one.
+    base: Option<Base>,
+}
+
+impl JournalShipper {
+    /// Installs `start`'s walk state at `dest` (nothing when the org was never written)
+    /// and, when that state is not a log entry (a section read in a run), writes the
+    /// tenure's first checkpoint of it through `start.through` (J5), so sections have a
+    /// base. Call before the writer opens the file: the open path's own writes (schema,
+    /// WAL mode) ride in the first section.
+    ///
+    /// # Errors
+    /// As [`crate::Replica::restore_walk`] and [`crate::Replica::checkpoint`];
+    /// [`Error::Io`] reading the installed file.
+    pub async fn hydrate(
+        issuer: &Issuer,
+        start: &mut JournalStart,
+        dest: &std::path::Path,
+    ) -> Result<Option<Hydrated>, Error> {
+        let replica = issuer.replica();
+        let org = &start.org;
+        let Some(commit) = replica.restore_walk(org, &start.tenure.walk, dest).await? else {
+            return Ok(None);
+        };
+        let image = tokio::fs::read(dest).await.map_err(|source| Error::Io {
+            path: dest.display().to_string(),
+            source,
+        })?;
+        let snapshot = Snapshot::from_bytes(image, commit);
+        let hashes = PageHashes::of_image(&dest.display().to_string(), snapshot.bytes())?;
+        let checksum = checksum_hex(hashes.sum());
+        let base = match start.base_entry() {
+            Some(seq) => Base { seq, checksum },
+            None => {
+                let seq = first_checkpoint(issuer, start, snapshot).await?;
+                Base { seq, checksum }
+            }
+        };
+        Ok(Some(Hydrated {
+            commit,
+            image_hashes: hashes,
+            base: Some(base),
+        }))
+    }
+
+    /// The tenure's writer, once the file is open on `files`. A never-written org
+    /// (`hydrated` is `None`) is captured now and its first checkpoint written through
+    /// `start.through`: it holds no acknowledged commit, only what the open path wrote.
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`] when the file is not the writer's; the capture's and the
+    /// checkpoint's errors.
+    pub async fn start(
+        issuer: Issuer,
+        mut start: JournalStart,
+        hydrated: Option<Hydrated>,
+        files: Arc<OwnedFiles>,
+        source: &dyn CaptureSource,
+        section_bytes: u64,
+    ) -> Result<JournalShipper, Error> {
+        let (hashes, base, commit) = match hydrated {
+            Some(Hydrated {
+                commit,
+                image_hashes,
+                base: Some(base),
+            }) => (image_hashes, base, commit),
+            _ => {
+                let cap = capture(&start.org, start.tenure.round, source).await?;
+                let image = read_file(&files).await?;
+                let snapshot = Snapshot::from_bytes(image, cap);
+                let hashes = PageHashes::of_image(&start.org.to_string(), snapshot.bytes())?;
+                let checksum = checksum_hex(hashes.sum());
+                let seq = first_checkpoint(&issuer, &mut start, snapshot).await?;
+                (hashes, Base { seq, checksum }, cap)
+            }
+        };
+        let db_pages = u32::try_from(hashes.pages()).map_err(|_| Error::InvalidDelta {
+            reason: "a database of more than 2^32 pages".into(),
+        })?;
+        Ok(JournalShipper {
+            org: start.org,
+            round: start.tenure.round,
+            via: start.tenure.via,
+            files,
+            hashes,
+            base,
+            cumulative: BTreeMap::new(),
+            db_pages,
+            commit,
+            acked: None,
+            next_seq: start.next_seq,
+            section_bytes,
+            issuer,
+        })
+    }
+
+    /// The org.
+    pub fn org(&self) -> &OrgId {
+        &self.org
+    }
+
+    /// The tenure's round.
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// The checkpoint sections are cumulative from (its log seq and checksum).
+    pub fn base(&self) -> &Base {
+        &self.base
+    }
+
+    /// Ships everything committed so far as one cumulative section and returns once the
+    /// issuer acknowledged it (J1); writes a due checkpoint first (J5).
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`]; [`Error::NotAcknowledged`] (ship again; nothing lost);
+    /// [`Error::Fenced`], [`Error::RunFenced`] (the tenure is over); the checkpoint's and
+    /// the capture's errors.
+    pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
+        if self.checkpoint_due() {
+            self.checkpoint(false).await?;
+        }
+        let acked = self.submit(source, false).await?;
+        Ok(ShipReport {
+            commit_seq: self.commit,
+            kind: ShipKind::Delta,
+            bytes: self.cumulative_bytes(),
+            seq: acked.slot,
+        })
+    }
+
+    /// J6: returns once a batch issued after this call confirms the tenure, and the files
+    /// are still the writer's (I13).
+    ///
+    /// # Errors
+    /// [`Error::Fenced`], [`Error::RunFenced`]; [`Error::FilesChanged`].
+    pub async fn confirm(&mut self) -> Result<(), Error> {
+        self.issuer.confirm(&self.org).await?;
+        self.files
+            .check_unchanged()
+            .map_err(|f| self.files_changed(&f))
+    }
+
+    /// J4 for one org: ships a released section of everything committed, then the
+    /// released checkpoint through its slot, then the Release entry: walks end free there.
+    /// The tenure is detached from the run.
+    ///
+    /// # Errors
+    /// As [`JournalShipper::ship`]; the entries' creates. Until the Release entry landed
+    /// the org stays held by this run (a successor adopts it, J3-7).
+    pub async fn release(&mut self, source: &dyn CaptureSource) -> Result<(), Error> {
+        self.submit(source, true).await?;
+        self.checkpoint(true).await?;
+        let created = self
+            .issuer
+            .replica()
+            .create_release(&self.org, (self.next_seq, self.round), self.issuer.writer())
+            .await?;
+        if let EntryCreated::Taken(theirs) = created {
+            return Err(Error::Fenced {
+                org: self.org.to_string(),
+                ours: self.round,
+                theirs: theirs.round(),
+            });
+        }
+        self.next_seq += 1;
+        self.issuer.detach(&self.org);
+        Ok(())
+    }
+
+    /// Ends the tenure in the run without a release (the org stopped: fenced, poisoned).
+    pub fn detach(&self) {
+        self.issuer.detach(&self.org);
+    }
+
+    fn cumulative_bytes(&self) -> u64 {
+        self.cumulative.len() as u64 * u64::from(self.hashes.page_size())
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        self.acked.is_some() && self.cumulative_bytes() > self.section_bytes
+    }
+
+    /// Captures, diffs against the previous state, and submits the cumulative section.
+    async fn submit(
+        &mut self,
+        source: &dyn CaptureSource,
+        released: bool,
+    ) -> Result<SectionAcked, Error> {
+        let commit = capture(&self.org, self.round, source).await?;
+        let files = self.files.clone();
+        let hashes = self.hashes.clone();
+        let read = tokio::task::spawn_blocking(move || live::file_changes(&files, &hashes))
+            .await
+            .map_err(|source| Error::Task {
+                op: "reading a journal capture",
+                source,
+            })?;
+        let Some((db_pages, mut changed)) = read.map_err(|e| self.capture_error(e))? else {
+            return Err(self.files_changed(&live::Foreign(
+                "the database file's page size changed".into(),
+            )));
+        };
+        if let Some(p1) = changed.get_mut(&1) {
+            canonical_page1(p1);
+        }
+        let change = self.hashes.change(db_pages, &changed);
+        self.hashes.apply_change(change);
+        self.cumulative.extend(changed);
+        self.cumulative.retain(|p, _| *p <= db_pages);
+        self.db_pages = db_pages;
+        self.commit = commit;
+        let section = SectionInput {
+            org: self.org.clone(),
+            via: self.via.clone(),
+            base: self.base.clone(),
+            checksum: checksum_hex(self.hashes.sum()),
+            pages: self.pages()?,
+            released,
+        };
+        let acked = self.issuer.submit(section).await?;
+        self.acked = Some((acked.clone(), commit));
+        Ok(acked)
+    }
+
+    fn pages(&self) -> Result<Delta, Error> {
+        Delta::new(
+            self.hashes.page_size(),
+            self.db_pages,
+            self.cumulative.clone(),
+            self.commit,
+        )
+    }
+
+    /// J5: the acknowledged state (the newest acked section, nothing captured since) as a
+    /// delta on the base, through that section's slot; the sections start again from it.
+    async fn checkpoint(&mut self, released: bool) -> Result<(), Error> {
+        let Some((acked, commit)) = self.acked.clone() else {
+            return Ok(());
+        };
+        // Checkpoints are through slots of the writer's current run (J3.5): after a
+        // self-seal the next acknowledged section gives one.
+        if acked.run != self.issuer.run_name() || commit != self.commit {
+            return Ok(());
+        }
+        let checkpoint = DeltaCheckpoint {
+            seq: self.next_seq,
+            round: self.round,
+            writer: self.issuer.writer().to_owned(),
+            run: acked.run.clone(),
+            through: acked.slot,
+            tenure: self.via.clone(),
+            released,
+            base: self.base.clone(),
+            checksum: checksum_hex(self.hashes.sum()),
+            pages: self.pages()?,
+        };
+        let entry = self
+            .issuer
+            .replica()
+            .checkpoint(&self.org, AnyCheckpoint::Delta(checkpoint))
+            .await?;
+        let seq = entry.header.seq;
+        self.base = Base {
+            seq,
+            checksum: checksum_hex(self.hashes.sum()),
+        };
+        self.cumulative.clear();
+        self.next_seq = seq + 1;
+        self.issuer.entry(&self.org, acked.slot + 1);
+        Ok(())
+    }
+
+    fn files_changed(&self, f: &live::Foreign) -> Error {
+        Error::FilesChanged {
+            org: self.org.clone(),
+            round: self.round,
+            reason: f.to_string(),
+        }
+    }
+
+    fn capture_error(&self, e: CaptureError) -> Error {
+        match e {
+            CaptureError::Io(source) => Error::Io {
+                path: self.files.db_path().display().to_string(),
+                source,
+            },
+            CaptureError::Foreign(f) => self.files_changed(&f),
+        }
+    }
+}
+
+/// Captures with the WAL checkpointed into the file first, so the file holds exactly the
+/// commit the capture reports; returns that commit.
+async fn capture(org: &OrgId, round: u64, source: &dyn CaptureSource) -> Result<u64, Error> {
+    let request = CaptureRequest {
+        from: 0,
+        checkpoint: WalCheckpoint::Before,
+    };
+    match source.capture(request).await {
+        Ok(cap) => {
+            check_counter(&cap)?;
+            Ok(cap.commit)
+        }
+        Err(CaptureError::Io(source)) => Err(Error::Io {
+            path: format!("orgs/{org}"),
+            source,
+        }),
+        Err(CaptureError::Foreign(f)) => Err(Error::FilesChanged {
+            org: org.clone(),
+            round,
+            reason: f.to_string(),
+        }),
+    }
+}
+
+/// I13: after a checkpoint the WAL holds no frame, so the counter is read from the file by
+/// the diff; here only the capture's own shape is checked.
+fn check_counter(cap: &live::Captured) -> Result<(), Error> {
+    if cap.page_size == 0 {
+        return Err(Error::InvalidDelta {
+            reason: "a capture with no page size".into(),
+        });
+    }
+    Ok(())
+}
+
+async fn read_file(files: &Arc<OwnedFiles>) -> Result<Vec<u8>, Error> {
+    let files = files.clone();
+    tokio::task::spawn_blocking(move || {
+        let len = files.db_state()?.len();
+        files.read_db(0, len)
+    })
+    .await
+    .map_err(|source| Error::Task {
+        op: "reading a journal org's file",
+        source,
+    })?
+    .map_err(|source| Error::Io {
+        path: "journal org file".into(),
+        source,
+    })
+}
+
+/// The tenure's first checkpoint: `snapshot` (the walk's state, or a never-written org's
+/// opened file) through `start.through`, at `start.next_seq` (J5); returns its seq.
+async fn first_checkpoint(
+    issuer: &Issuer,
+    start: &mut JournalStart,
+    snapshot: Snapshot,
+) -> Result<u64, Error> {
+    let checkpoint = Checkpoint {
+        seq: start.next_seq,
+        round: start.tenure.round,
+        writer: issuer.writer().to_owned(),
+        run: start.run.clone(),
+        through: start.through,
+        tenure: start.tenure.via.clone(),
+        released: false,
+        snapshot,
+    };
+    let entry = issuer
+        .replica()
+        .checkpoint(&start.org, AnyCheckpoint::Snapshot(checkpoint))
+        .await?;
+    let seq = entry.header.seq;
+    start.next_seq = seq + 1;
+    issuer.entry(&start.org, start.through + 1);
+    Ok(seq)
+}
+
