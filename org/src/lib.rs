@@ -165,7 +165,7 @@ pub use org::{Org, OrgStats};
 pub use prepare::prepare_database;
 pub use published::{ReadOutcome, ReadSource};
 pub use registry::{PruneProgress, Registry, RegistryBuilder, SHUTDOWN_CONCURRENCY};
-pub use settings::{RegistrySettings, WARM_POLL_MS, WarmSettings};
+pub use settings::{JournalSettings, RegistrySettings, WARM_POLL_MS, WarmSettings};
 
 /// The registry's settings under their former name, which `idem_replica::Settings` shares.
 #[deprecated(note = "renamed `RegistrySettings`: `idem_replica::Settings` has the same name")]

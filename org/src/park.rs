@@ -57,17 +57,25 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
     if !idle(inner) {
         return Ok(false);
     }
-    if !shipper.parkable() {
+    // A journal org never parks: its run's batches are its ships, and nothing of it
+    // resumes from a kept file.
+    let Some(per_org) = shipper.per_org() else {
+        return Ok(false);
+    };
+    if !per_org.parkable() {
         // A continued chain whose file differs from its tip (SQLite's switch to WAL rewrote
         // page 1, a hook wrote), or a claim with nothing published: one ship makes the file
         // the tip, as before a release.
         let differs = shipper.inherited_unshipped().await.unwrap_or(true);
-        if (differs || shipper.claim().chain_tip().is_none())
+        let untipped = shipper
+            .per_org()
+            .is_none_or(|s| s.claim().chain_tip().is_none());
+        if (differs || untipped)
             && let Err(e) = crate::ship::ship_once(inner, &mut shipper).await
         {
             return stop_after(inner, &mut shipper, e).await.map(|()| false);
         }
-        if !shipper.parkable() || !idle(inner) {
+        if !shipper.per_org().is_some_and(|s| s.parkable()) || !idle(inner) {
             return Ok(false);
         }
     }
@@ -75,7 +83,9 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
     match inner.writer.park(shipped).await {
         Ok(true) => {
             // The connection is closed: the shipper's descriptors may go (I13).
-            shipper.park();
+            if let Some(s) = shipper.per_org() {
+                s.park();
+            }
             inner.active.remove(inner.serial);
             metrics::counter!(crate::metrics::PARKS).increment(1);
             inner.acks.counters.parks.fetch_add(1, Ordering::Relaxed);

@@ -15,10 +15,11 @@ use std::sync::atomic::Ordering;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use idem_replica::{Issued, Shipper};
+use idem_replica::Issued;
 
 use crate::Error;
 use crate::ship::ship_once;
+use crate::tenure::publishing::Publisher;
 use crate::tenure::state::Inner;
 
 /// Ships until no waiter needs an unshipped commit and nothing is in flight.
@@ -26,7 +27,10 @@ use crate::tenure::state::Inner;
 /// # Errors
 /// `Fenced`/`ClaimLost` (the claim ended: a ship failed, W3), `Poisoned`, or a retryable
 /// `ShipFailed` from a capture or a full snapshot, as [`ship_once`].
-pub(crate) async fn ship_pipelined(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> {
+pub(crate) async fn ship_pipelined(inner: &Inner, publisher: &mut Publisher) -> Result<(), Error> {
+    let Some(shipper) = publisher.per_org() else {
+        return ship_once(inner, publisher).await;
+    };
     let acks = &inner.acks;
     let mut flying = FuturesUnordered::new();
     // Start number of each ship's confirmation, by slot, until its prefix is acknowledged.
@@ -84,7 +88,7 @@ pub(crate) async fn ship_pipelined(inner: &Inner, shipper: &mut Shipper) -> Resu
     }
     result?;
     if full_due {
-        return ship_once(inner, shipper).await;
+        return ship_once(inner, publisher).await;
     }
     Ok(())
 }

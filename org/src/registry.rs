@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::{BoxError, Options, Outcome};
+use idem_replica::journal::{Issuer, IssuerSettings};
 use idem_replica::{OrgId, Replica};
 use rusqlite::Transaction;
 use tokio::sync::OnceCell;
@@ -97,6 +98,15 @@ impl RegistryBuilder {
                 reason: "the warm takeover needs a tokio runtime to build the registry in".into(),
             });
         }
+        let journal = &self.settings.journal;
+        if journal.enabled && !(1..=idem_replica::MAX_SHIP_WINDOW).contains(&journal.window) {
+            return Err(Error::InvalidSettings {
+                reason: format!(
+                    "journal.window must be 1..={}",
+                    idem_replica::MAX_SHIP_WINDOW
+                ),
+            });
+        }
         std::fs::create_dir_all(&self.data_dir).map_err(|source| Error::DataDir {
             path: self.data_dir.clone(),
             source,
@@ -163,6 +173,7 @@ impl RegistryBuilder {
                 orgs: Mutex::new(HashMap::new()),
                 shutting_down: std::sync::atomic::AtomicBool::new(false),
                 warm: warm.clone(),
+                journal: OnceCell::new(),
             }),
         };
         if let Some(warm) = warm {
@@ -204,6 +215,9 @@ pub(crate) struct RegistryInner {
     shutting_down: std::sync::atomic::AtomicBool,
     /// The warm takeover, when [`RegistrySettings::warm`] enables it.
     warm: Option<Arc<crate::warm::Warm>>,
+    /// The journal's issuer, started at the first acquire when
+    /// [`RegistrySettings::journal`] enables it.
+    journal: OnceCell<Issuer>,
 }
 
 /// The last handle dropped without [`Registry::shutdown`]: every open org stops as in a
@@ -382,6 +396,7 @@ impl Registry {
                     if self.shutting_down() {
                         return Err(Error::ShuttingDown { org: id.clone() });
                     }
+                    let journal = self.issuer(id).await?;
                     Org::open(
                         crate::tenure::open::Opening {
                             replica: inner.replica.clone(),
@@ -394,6 +409,7 @@ impl Registry {
                             pool: &inner.pool,
                             cache_kib: inner.budget.sqlite_cache_kib,
                             active: &inner.active,
+                            journal,
                         },
                         id.clone(),
                     )
@@ -599,6 +615,14 @@ impl Registry {
             .collect()
             .await;
         let released: Vec<(OrgId, Result<(), Error>)> = released.into_iter().flatten().collect();
+        // Every journal org released: the run ends with a release seal (J4), so nothing
+        // of it is adopted and a successor's walk of any org it held ends free.
+        if let Some(issuer) = self.inner.journal.get()
+            && released.iter().all(|(_, r)| r.is_ok())
+            && let Err(e) = issuer.close(true).await
+        {
+            tracing::warn!(error = %e, "journal run not sealed at shutdown");
+        }
         // Every org released: the process holds nothing, and its lease would only be listed
         // by every watcher ever after. An org whose release failed keeps it (renewed while
         // this handle lives), so its successor judges it as it judges any holder (I15).
@@ -606,6 +630,26 @@ impl Registry {
             tracing::info!(orgs = released.len(), "drained: process lease deleted");
         }
         released
+    }
+
+    /// The journal's issuer, started at its first use; `None` when the registry ships per
+    /// org.
+    async fn issuer(&self, id: &OrgId) -> Result<Option<&Issuer>, Error> {
+        let j = &self.inner.settings.journal;
+        if !j.enabled {
+            return Ok(None);
+        }
+        let settings = IssuerSettings {
+            window: j.window,
+            late_ms: j.late_ms,
+        };
+        let inner = &self.inner;
+        let issuer = inner
+            .journal
+            .get_or_try_init(|| Issuer::start(&inner.replica, &inner.writer_id, settings))
+            .await
+            .map_err(|e| Error::replica(id, e))?;
+        Ok(Some(issuer))
     }
 
     /// Removes `slot` from the map if it is still the org's slot and holds no serving writer.

@@ -65,6 +65,42 @@ pub struct RegistrySettings {
     /// The warm takeover: claiming, in the background, the orgs a draining process is
     /// releasing and those a crashed one held (see [`WarmSettings`]). Off by default.
     pub warm: WarmSettings,
+    /// The journal (docs/design.md section 3g): one store object per group-commit tick
+    /// acknowledges every org of the process that committed during it. Off by default.
+    pub journal: JournalSettings,
+}
+
+/// Settings of a registry's journal (docs/design.md, section 3g, "The org layer on the
+/// journal"). With `enabled`, every acquire walks the org (K0) and takes it into this
+/// process's run: a never-written or released org by a claim naming the run (K1b), an org
+/// whose walk ends in this process's own run by an attach (K4), an org of a dead process's
+/// run by one adopt seal for that whole run (K2). An org held per org by a live or dead
+/// per-org holder stays on the per-org path. Commits ship as cumulative sections in the
+/// run's batches; a request is acknowledged once the batch holding its commit is inside
+/// the run's resolved prefix (J1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalSettings {
+    /// Use the journal. Default false: every org ships per org (3, 3e).
+    pub enabled: bool,
+    /// Batches in flight at most, as a span of slots (1..=`MAX_SHIP_WINDOW`). Default 4.
+    pub window: u64,
+    /// Ms after which the batch in flight is late and a second is issued (J7); 0 = twice
+    /// the measured mean landing time. Default 0.
+    pub late_ms: u64,
+    /// Bytes of pages (uncompressed) an org's cumulative section may reach before the
+    /// org is checkpointed into its own log (J5), at its next ship. Default 64 KiB.
+    pub section_bytes: u64,
+}
+
+impl Default for JournalSettings {
+    fn default() -> Self {
+        JournalSettings {
+            enabled: false,
+            window: 4,
+            late_ms: 0,
+            section_bytes: 64 << 10,
+        }
+    }
 }
 
 /// The warm takeover's default poll period, ms ([`WarmSettings::poll_ms`]): a drain is
@@ -130,6 +166,7 @@ impl Default for RegistrySettings {
             reuse_released_files: true,
             shutdown_concurrency: crate::SHUTDOWN_CONCURRENCY,
             warm: WarmSettings::default(),
+            journal: JournalSettings::default(),
         }
     }
 }

@@ -3,10 +3,11 @@
 
 use std::sync::atomic::Ordering;
 
-use idem_replica::{ShipKind, Shipper};
+use idem_replica::ShipKind;
 
 use crate::Error;
 use crate::metrics as m;
+use crate::tenure::publishing::Publisher;
 use crate::tenure::state::Inner;
 
 /// Ships everything committed so far and settles the waiters it covers (group commit: one
@@ -15,7 +16,7 @@ use crate::tenure::state::Inner;
 /// # Errors
 /// `Poisoned` or `Fenced` (the org has stopped when this returns); `ShipFailed` (the waiters
 /// the ship would have acknowledged failed with it; their commits ship with a later ship).
-pub(crate) async fn ship_once(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> {
+pub(crate) async fn ship_once(inner: &Inner, shipper: &mut Publisher) -> Result<(), Error> {
     let span = tracing::info_span!(
         "ship",
         org = %inner.acks.org,
@@ -26,7 +27,7 @@ pub(crate) async fn ship_once(inner: &Inner, shipper: &mut Shipper) -> Result<()
     tracing::Instrument::instrument(ship_traced(inner, shipper), span).await
 }
 
-async fn ship_traced(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> {
+async fn ship_traced(inner: &Inner, shipper: &mut Publisher) -> Result<(), Error> {
     let acks = &inner.acks;
     let start = acks.lock().begin();
     let covering = acks.commit_seq.get();
@@ -66,7 +67,7 @@ async fn ship_traced(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> 
 
 /// Confirms, without shipping, that no successor appended and the files are unchanged, then
 /// acknowledges the replays and reads waiting for a confirmation (I6, I7, I13).
-pub(crate) async fn confirm_once(inner: &Inner, shipper: &mut Shipper) -> Result<(), Error> {
+pub(crate) async fn confirm_once(inner: &Inner, shipper: &mut Publisher) -> Result<(), Error> {
     let acks = &inner.acks;
     let (start, shipped) = {
         let mut st = acks.lock();

@@ -24,7 +24,7 @@
 
 use idem_replica::ResumePoint;
 
-use super::publishing::Publishing;
+use super::publishing::{Publisher, Publishing};
 use super::state::Inner;
 use crate::Error;
 use crate::ack::Stop;
@@ -86,14 +86,24 @@ pub(crate) async fn end(
 ) -> Result<(), Error> {
     let (org, round) = (&inner.acks.org, inner.acks.round);
     let (result, kept) = match end {
+        // A journal org's files are not the writer's any more: nothing is captured from
+        // them, and the tenure stays held by the run until this process ends (J4 needs a
+        // released section of the org's own state).
+        End::Poisoned { .. } if matches!(**publishing, Publisher::Journal(_)) => {
+            publishing.abandon();
+            (Ok(()), None)
+        }
         End::Poisoned { .. } => {
-            if let Err(e) = publishing.release().await {
+            if let Err(e) = publishing.release(&*inner.writer).await {
                 tracing::warn!(org = %org, round, error = %e, "release after poisoning failed");
             }
             (Ok(()), None)
         }
-        End::ClaimLost { .. } | End::Abandoned => (Ok(()), None),
-        End::Released { keep } => match publishing.release().await {
+        End::ClaimLost { .. } | End::Abandoned => {
+            publishing.abandon();
+            (Ok(()), None)
+        }
+        End::Released { keep } => match publishing.release(&*inner.writer).await {
             Ok(()) => (Ok(()), keep.then(|| publishing.resume_point()).flatten()),
             Err(e) => (Err(Error::replica(org, e)), None),
         },

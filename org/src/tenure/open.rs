@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use idem_replica::journal::{Issuer, JournalAcquire, JournalShipper, JournalStart};
 use idem_replica::sqlite::{OwnError, Owned};
 use idem_replica::{Claim, OrgId, Replica, Shipper};
 
-use super::publishing::ShipperLock;
+use super::publishing::{Publisher, ShipperLock};
 use super::state::{ActiveOrgs, Inner, SERIAL, TICK};
 use crate::ack::{AckState, Acks, Counters};
 use crate::commit::{self, CommitSeq};
@@ -32,6 +33,8 @@ pub(crate) struct Opening<'a> {
     pub cache_kib: u64,
     /// The registry's orgs holding a connection; the new org joins it.
     pub active: &'a Arc<ActiveOrgs>,
+    /// The process's journal issuer, when the registry journals (3g).
+    pub journal: Option<&'a Issuer>,
 }
 
 impl Org {
@@ -49,41 +52,38 @@ impl Org {
     }
 
     async fn open_traced(opening: Opening<'_>, org: OrgId) -> Result<Org, Error> {
-        let Opening {
-            replica,
-            data_dir,
-            writer_id,
-            home,
-            settings,
-            clock,
-            init,
-            pool,
-            cache_kib,
-            active,
-        } = opening;
-        crate::local::prepare(data_dir, &org)?;
+        crate::local::prepare(opening.data_dir, &org)?;
+        if let Some(issuer) = opening.journal {
+            let acquired = issuer
+                .acquire(&org, opening.settings.force_claim)
+                .await
+                .map_err(|e| Error::replica(&org, e))?;
+            // A walk that ends at a per-org holder is claimed per org (K1.6 is not built).
+            if let JournalAcquire::Tenure(start) = acquired {
+                let issuer = issuer.clone();
+                return open_journal(opening, org, issuer, *start).await;
+            }
+        }
         let began = idem_base::Stopwatch::start();
-        let home_id = Some((home.id.as_str(), home.locked()));
+        let home_id = Some((opening.home.id.as_str(), opening.home.locked()));
+        let (replica, settings) = (&opening.replica, &opening.settings);
         // An org this host may resume from a kept file claims alone; any other downloads
         // its hydrate beside the claim's requests (`docs/design.md`, section 3d).
-        let resumable = settings.reuse_released_files && crate::local::has_kept(data_dir, &org);
+        let resumable =
+            settings.reuse_released_files && crate::local::has_kept(opening.data_dir, &org);
+        let (writer_id, force) = (opening.writer_id, settings.force_claim);
         let claimed = if resumable {
-            (replica.claim_from(&org, writer_id, home_id, settings.force_claim)).await
+            (replica.claim_from(&org, writer_id, home_id, force)).await
         } else {
-            (replica.claim_to_hydrate(&org, writer_id, home_id, settings.force_claim)).await
+            (replica.claim_to_hydrate(&org, writer_id, home_id, force)).await
         };
         let mut claim = claimed.map_err(|e| Error::replica(&org, e))?;
         let span = tracing::Span::current();
         span.record("round", claim.round());
         span.record("seq", claim.seq());
-        let mut files = LocalFiles::create(data_dir, &org, claim.round(), claim.nonce())?;
-        let reopen = writer::Reopen {
-            path: files.db.clone(),
-            busy: Duration::from_millis(settings.busy_timeout_ms),
-            cache_kib,
-            init: init.clone(),
-        };
-        let opened = open_files(&replica, &mut claim, &mut files, &settings, cache_kib, init).await;
+        let mut files = LocalFiles::create(opening.data_dir, &org, claim.round(), claim.nonce())?;
+        let (cache_kib, init) = (opening.cache_kib, opening.init.clone());
+        let opened = open_files(replica, &mut claim, &mut files, settings, cache_kib, init).await;
         let (owned, commit_seq) = match opened {
             Ok(v) => v,
             Err(e) => {
@@ -91,9 +91,124 @@ impl Org {
                 return Err(e);
             }
         };
+        let owned_files = owned.files().clone();
+        let (round, seq) = (claim.round(), claim.seq());
+        let serving = Serving::start(&opening, &org, round, files, owned, commit_seq)?;
+        metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
+            .record(crate::metrics::seconds(began.elapsed()));
+        tracing::info!(org = %org, round, seq, commit_seq, "acquired");
+        let mut shipper = Shipper::new(
+            replica.clone(),
+            claim,
+            owned_files,
+            opening.settings.ship.clone(),
+        );
+        shipper.share_cache_limit(opening.active.cache_limit());
+        serving
+            .serve(&opening, Publisher::PerOrg(Box::new(shipper)))
+            .await
+    }
+}
+
+/// The journal's start of a tenure: the walk's state installed (a first checkpoint of
+/// it when it is a section, J5), the writer opened, then a [`JournalShipper`] (a
+/// never-written org's first checkpoint is of the file the open path wrote).
+async fn open_journal(
+    opening: Opening<'_>,
+    org: OrgId,
+    issuer: Issuer,
+    mut start: JournalStart,
+) -> Result<Org, Error> {
+    let began = idem_base::Stopwatch::start();
+    let round = start.tenure.round;
+    tracing::Span::current().record("round", round);
+    let nonce = format!("j{}-{}", start.run.number(), start.through);
+    let files = LocalFiles::create(opening.data_dir, &org, round, &nonce);
+    let files = match files {
+        Ok(f) => f,
+        Err(e) => {
+            issuer.detach(&org);
+            return Err(e);
+        }
+    };
+    let installed = async {
+        let hydrated = JournalShipper::hydrate(&issuer, &mut start, &files.db)
+            .await
+            .map_err(|e| Error::replica(&org, e))?;
+        let (busy, cache_kib) = (
+            Duration::from_millis(opening.settings.busy_timeout_ms),
+            opening.cache_kib,
+        );
+        let (owned, in_file) =
+            open_writer(&org, &files.db, busy, cache_kib, opening.init.clone()).await?;
+        if let Some(h) = &hydrated
+            && h.commit != in_file
+        {
+            return Err(Error::CommitMismatch {
+                org: org.clone(),
+                hydrated: h.commit,
+                in_file,
+            });
+        }
+        Ok((hydrated, owned, in_file))
+    }
+    .await;
+    let (hydrated, owned, commit_seq) = match installed {
+        Ok(v) => v,
+        Err(e) => {
+            issuer.detach(&org);
+            files.remove();
+            return Err(e);
+        }
+    };
+    let owned_files = owned.files().clone();
+    let serving = Serving::start(&opening, &org, round, files, owned, commit_seq)?;
+    let shipper = JournalShipper::start(
+        issuer.clone(),
+        start,
+        hydrated,
+        owned_files,
+        &*serving.writer,
+        opening.settings.journal.section_bytes,
+    )
+    .await;
+    let shipper = match shipper {
+        Ok(s) => s,
+        Err(e) => {
+            issuer.detach(&org);
+            serving.abandon().await;
+            return Err(Error::replica(&org, e));
+        }
+    };
+    metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
+        .record(crate::metrics::seconds(began.elapsed()));
+    tracing::info!(org = %org, round, base = shipper.base().seq, commit_seq, "acquired on the journal");
+    serving
+        .serve(&opening, Publisher::Journal(Box::new(shipper)))
+        .await
+}
+
+/// A tenure's writer started on its installed file, before its publisher exists.
+struct Serving {
+    acks: Arc<Acks>,
+    writer: Arc<Writer>,
+    files: LocalFiles,
+    effects: Arc<crate::effect::holder::Holder>,
+}
+
+impl Serving {
+    /// Starts the writer on `owned` (the installed file, holding `commit_seq`).
+    fn start(
+        opening: &Opening<'_>,
+        org: &OrgId,
+        round: u64,
+        files: LocalFiles,
+        owned: Owned,
+        commit_seq: u64,
+    ) -> Result<Serving, Error> {
         let acks = Arc::new(Acks {
             org: org.clone(),
-            round: claim.round(),
+            round,
             commit_seq: Arc::new(CommitSeq::new(commit_seq)),
             state: Mutex::new(AckState {
                 shipped: commit_seq,
@@ -102,48 +217,68 @@ impl Org {
             demand: tokio::sync::Notify::new(),
             counters: Counters::default(),
         });
-        let owned_files = owned.files().clone();
         let effects = Arc::new(crate::effect::holder::Holder::new(
-            writer_id,
-            replica.instance(),
-            claim.round(),
-            clock.clone(),
+            opening.writer_id,
+            opening.replica.instance(),
+            round,
+            opening.clock.clone(),
         ));
+        let reopen = writer::Reopen {
+            path: files.db.clone(),
+            busy: Duration::from_millis(opening.settings.busy_timeout_ms),
+            cache_kib: opening.cache_kib,
+            init: opening.init.clone(),
+        };
         let ctx = WriterCtx {
-            round: claim.round(),
+            round,
             commit_seq: acks.commit_seq.clone(),
-            clock,
+            clock: opening.clock.clone(),
             reopen,
         };
-        let writer = match Writer::start(owned, ctx, pool) {
+        let writer = match Writer::start(owned, ctx, opening.pool) {
             Ok(w) => Arc::new(w),
             Err(source) => {
                 // No writer thread could start: `owned` was dropped, connection first.
                 let path = files.db.clone();
                 files.remove();
-                return Err(Error::Local { org, path, source });
+                return Err(Error::Local {
+                    org: org.clone(),
+                    path,
+                    source,
+                });
             }
         };
-        metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
-            .record(crate::metrics::seconds(began.elapsed()));
-        metrics::gauge!(crate::metrics::OPEN_ORGS).increment(1.0);
-        tracing::info!(org = %org, round = claim.round(), seq = claim.seq(), commit_seq, "acquired");
-        let mut shipper = Shipper::new(replica.clone(), claim, owned_files, settings.ship.clone());
-        shipper.share_cache_limit(active.cache_limit());
-        let inner = Arc::new(Inner {
+        Ok(Serving {
             acks,
-            replica,
-            settings,
-            shipper: ShipperLock::new(shipper),
             writer,
-            _home: home.clone(),
-            files: Mutex::new(Some(files)),
+            files,
+            effects,
+        })
+    }
+
+    /// Gives up before serving: the writer closes and the files go.
+    async fn abandon(self) {
+        self.writer.close().await;
+        self.files.remove();
+    }
+
+    /// Serves the org with `publisher`: its shared state, its shipper task, its handle.
+    async fn serve(self, opening: &Opening<'_>, publisher: Publisher) -> Result<Org, Error> {
+        metrics::gauge!(crate::metrics::OPEN_ORGS).increment(1.0);
+        let inner = Arc::new(Inner {
+            acks: self.acks,
+            replica: opening.replica.clone(),
+            settings: opening.settings.clone(),
+            shipper: ShipperLock::new(publisher),
+            writer: self.writer,
+            _home: opening.home.clone(),
+            files: Mutex::new(Some(self.files)),
             inflight: AtomicUsize::new(0),
             last_used: AtomicU64::new(TICK.fetch_add(1, Ordering::Relaxed)),
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
-            active: active.clone(),
+            active: opening.active.clone(),
             closed: tokio::sync::watch::channel(false).0,
-            effects,
+            effects: self.effects,
         });
         inner.active.insert(&inner);
         tokio::spawn(crate::shipper::run(inner.clone()));
@@ -151,6 +286,38 @@ impl Org {
         org.load_effect_tally().await;
         Ok(org)
     }
+}
+
+/// Opens the writer on `path` and reads the commit sequence the file holds.
+async fn open_writer(
+    org: &OrgId,
+    path: &std::path::Path,
+    busy: Duration,
+    cache_kib: u64,
+    init: Option<InitFn>,
+) -> Result<(Owned, u64), Error> {
+    let (org2, path) = (org.clone(), path.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let owned = writer::open(&path, busy, cache_kib, init.as_ref()).map_err(|e| match e {
+            OpenError::Idem(source) => Error::from_idem(&org2, source),
+            OpenError::Own(source) => Error::Writer {
+                org: org2.clone(),
+                path: path.clone(),
+                source,
+            },
+        })?;
+        let in_file = commit::read(&owned.conn).map_err(|source| Error::Sqlite {
+            org: org2.clone(),
+            source,
+        })?;
+        Ok::<_, Error>((owned, in_file))
+    })
+    .await
+    .map_err(|source| Error::Task {
+        org: org.clone(),
+        op: "opening the writer",
+        source,
+    })?
 }
 
 /// Installs the claim's state in the local file — the released file this host kept, when
@@ -193,31 +360,9 @@ async fn open_files(
             hydrated.commit
         }
     };
-    let path = files.db.clone();
     let busy = Duration::from_millis(settings.busy_timeout_ms);
-    let org2 = org.clone();
-    let opened = tokio::task::spawn_blocking(move || {
-        let owned = writer::open(&path, busy, cache_kib, init.as_ref()).map_err(|e| match e {
-            OpenError::Idem(source) => Error::from_idem(&org2, source),
-            OpenError::Own(source) => Error::Writer {
-                org: org2.clone(),
-                path: path.clone(),
-                source,
-            },
-        })?;
-        let in_file = commit::read(&owned.conn).map_err(|source| Error::Sqlite {
-            org: org2.clone(),
-            source,
-        })?;
-        Ok::<_, Error>((owned, in_file))
-    })
-    .await
-    .map_err(|source| Error::Task {
-        org: org.clone(),
-        op: "opening the writer",
-        source,
-    })??;
-    let (owned, in_file) = opened;
+    let opened = open_writer(&org, &files.db, busy, cache_kib, init).await;
+    let (owned, in_file) = opened?;
     if in_file != commit {
         return Err(Error::CommitMismatch {
             org,

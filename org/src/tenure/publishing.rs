@@ -2,21 +2,135 @@
 //! [`Publishing`] guard is the one publishing for the org — shipping, confirming, parking,
 //! unparking, releasing, or ending the tenure ([`super::end`]) — so none of these ever races
 //! another (I6, I7, I13).
+//!
+//! What it guards is a [`Publisher`]: the per-org [`Shipper`] of a claim (3, 3e), or the
+//! [`JournalShipper`] of a tenure in the process's journal run (3g). A journal org never
+//! parks, never keeps its file at release and never pipelines its own ships: the run
+//! pipelines for every org at once.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
-use idem_replica::Shipper;
+use idem_replica::journal::JournalShipper;
+use idem_replica::{CaptureSource, Error, ResumePoint, ShipReport, Shipper};
+
+/// What publishes an org's commits.
+#[derive(Debug)]
+pub(crate) enum Publisher {
+    /// Its own log: claim, ships, Release (3, 3e).
+    PerOrg(Box<Shipper>),
+    /// Sections in the process's journal run (3g).
+    Journal(Box<JournalShipper>),
+}
+
+impl Publisher {
+    /// Ships everything committed so far (a delta or snapshot, or a journal section).
+    ///
+    /// # Errors
+    /// As [`Shipper::ship`] and [`JournalShipper::ship`].
+    pub(crate) async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
+        match self {
+            Publisher::PerOrg(s) => s.ship(source).await,
+            Publisher::Journal(j) => j.ship(source).await,
+        }
+    }
+
+    /// Confirms that no successor fenced this tenure and the files are unchanged (I6, I7).
+    ///
+    /// # Errors
+    /// As [`Shipper::confirm`] and [`JournalShipper::confirm`].
+    pub(crate) async fn confirm(&mut self) -> Result<(), Error> {
+        match self {
+            Publisher::PerOrg(s) => s.confirm().await,
+            Publisher::Journal(j) => j.confirm().await,
+        }
+    }
+
+    /// Releases the tenure so a successor takes it at once: the Release entry, or J4's
+    /// released section, checkpoint and Release entry (which capture from `source`).
+    ///
+    /// # Errors
+    /// As [`Shipper::release`] and [`JournalShipper::release`].
+    pub(crate) async fn release(&mut self, source: &dyn CaptureSource) -> Result<(), Error> {
+        match self {
+            Publisher::PerOrg(s) => s.release().await,
+            Publisher::Journal(j) => j.release(source).await,
+        }
+    }
+
+    /// Ends a journal tenure in the run without a release (the org stopped).
+    pub(crate) fn abandon(&self) {
+        if let Publisher::Journal(j) = self {
+            j.detach();
+        }
+    }
+
+    /// The per-org shipper, for what only a claim has (pipelining, parking, resuming).
+    pub(crate) fn per_org(&mut self) -> Option<&mut Shipper> {
+        match self {
+            Publisher::PerOrg(s) => Some(s),
+            Publisher::Journal(_) => None,
+        }
+    }
+
+    /// Several ships in flight (3e): only a per-org claim with a window above 1.
+    pub(crate) fn pipelined(&self) -> bool {
+        matches!(self, Publisher::PerOrg(s) if s.pipelined())
+    }
+
+    /// The released position the kept file holds (per org only: a journal org's file is
+    /// not kept).
+    pub(crate) fn resume_point(&self) -> Option<ResumePoint> {
+        match self {
+            Publisher::PerOrg(s) => s.resume_point(),
+            Publisher::Journal(_) => None,
+        }
+    }
+
+    /// Whether the continued chain's file differs from its tip (per org only).
+    ///
+    /// # Errors
+    /// As [`Shipper::inherited_unshipped`].
+    pub(crate) async fn inherited_unshipped(&mut self) -> Result<bool, Error> {
+        match self {
+            Publisher::PerOrg(s) => s.inherited_unshipped().await,
+            Publisher::Journal(_) => Ok(false),
+        }
+    }
+
+    /// The next ship is a full snapshot (per org only).
+    pub(crate) fn full_next(&mut self) {
+        if let Publisher::PerOrg(s) = self {
+            s.full_next();
+        }
+    }
+
+    /// Takes back the writer's descriptors after an unpark (per org only: a journal org
+    /// never parks).
+    ///
+    /// # Errors
+    /// As [`Shipper::unpark`].
+    pub(crate) async fn unpark(
+        &mut self,
+        files: Arc<idem_replica::sqlite::OwnedFiles>,
+    ) -> Result<(), Error> {
+        match self {
+            Publisher::PerOrg(s) => s.unpark(files).await,
+            Publisher::Journal(_) => Ok(()),
+        }
+    }
+}
 
 /// The org's claim and chain behind their lock ([`ShipperLock::lock`] is the only way in).
-pub(crate) struct ShipperLock(tokio::sync::Mutex<Shipper>);
+pub(crate) struct ShipperLock(tokio::sync::Mutex<Publisher>);
 
-/// Proof that the caller holds the shipper lock, and the shipper it guards. Ending a tenure
-/// takes one ([`super::end`]): an org ends only while nothing else publishes for it.
-pub(crate) struct Publishing<'a>(tokio::sync::MutexGuard<'a, Shipper>);
+/// Proof that the caller holds the shipper lock, and the publisher it guards. Ending a
+/// tenure takes one ([`super::end`]): an org ends only while nothing else publishes for it.
+pub(crate) struct Publishing<'a>(tokio::sync::MutexGuard<'a, Publisher>);
 
 impl ShipperLock {
-    pub(crate) fn new(shipper: Shipper) -> ShipperLock {
-        ShipperLock(tokio::sync::Mutex::new(shipper))
+    pub(crate) fn new(publisher: Publisher) -> ShipperLock {
+        ShipperLock(tokio::sync::Mutex::new(publisher))
     }
 
     /// Waits for a ship, confirmation, park or release in progress to end, then holds the
@@ -27,15 +141,15 @@ impl ShipperLock {
 }
 
 impl Deref for Publishing<'_> {
-    type Target = Shipper;
+    type Target = Publisher;
 
-    fn deref(&self) -> &Shipper {
+    fn deref(&self) -> &Publisher {
         &self.0
     }
 }
 
 impl DerefMut for Publishing<'_> {
-    fn deref_mut(&mut self) -> &mut Shipper {
+    fn deref_mut(&mut self) -> &mut Publisher {
         &mut self.0
     }
 }

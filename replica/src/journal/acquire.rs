@@ -75,11 +75,18 @@ impl Issuer {
                         from: announced.from,
                         after: Some(after),
                     };
-                    if let EntryCreated::Taken(_) = replica.create_journal_claim(org, claim).await? {
+                    if let EntryCreated::Taken(_) = replica.create_journal_claim(org, claim).await?
+                    {
                         continue;
                     }
                     // C2: an entry above the claim abandons it.
-                    if !replica.inner.log.seqs_after(org, Some(seq)).await?.is_empty() {
+                    if !replica
+                        .inner
+                        .log
+                        .seqs_after(org, Some(seq))
+                        .await?
+                        .is_empty()
+                    {
                         continue;
                     }
                     self.attach(org, round, announced.from).await?;
@@ -132,7 +139,10 @@ impl Issuer {
                             .await?;
                     }
                     let from = self.floor();
-                    match replica.adopt_run(&holder, self.writer(), &ours, from).await? {
+                    match replica
+                        .adopt_run(&holder, self.writer(), &ours, from)
+                        .await?
+                    {
                         Adoption::Sealed { run, slot, .. } => {
                             tracing::info!(%org, %run, slot, "adopted a dead writer's journal run (K2)");
                             self.hold(from);

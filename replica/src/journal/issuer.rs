@@ -17,7 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use idem_base::Stopwatch;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -164,7 +166,11 @@ impl Issuer {
     }
 
     fn now(&self) -> (RunName, u64) {
-        self.shared.now.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared
+            .now
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     async fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Msg) -> Result<T, Error> {
@@ -219,7 +225,8 @@ impl Issuer {
     /// [`Error::Fenced`] when the run resolved an exclusion of `org` of a higher round (J2
     /// at birth); [`Error::RunFenced`].
     pub async fn attach(&self, org: &OrgId, round: u64, entry: u64) -> Result<(), Error> {
-        self.ask(|r| Msg::Attach(org.clone(), round, entry, r)).await
+        self.ask(|r| Msg::Attach(org.clone(), round, entry, r))
+            .await
     }
 
     /// `org`'s walk entry moved to `entry` (a checkpoint through `entry - 1` landed): its
@@ -260,7 +267,13 @@ struct Waiters {
     landed: bool,
 }
 
-type Landing = BoxFuture<'static, (IssuedBatch, BatchLanding, Instant)>;
+type Landing = BoxFuture<'static, (IssuedBatch, BatchLanding, Stopwatch)>;
+
+/// Per org, its newest queued section and who waits for it (with the commit each needs).
+type Queued = BTreeMap<OrgId, (Box<SectionInput>, Vec<(u64, Reply<SectionAcked>)>)>;
+
+/// Announcements to carry in the next batch: org, whether it is a claim, who waits.
+type Announces = Vec<(OrgId, bool, Reply<(Announced, u64)>)>;
 
 struct Task {
     replica: Replica,
@@ -269,9 +282,9 @@ struct Task {
     run: Run,
     /// Per org, its newest section and everyone waiting for it (an older queued section is
     /// replaced: the newer one is cumulative).
-    queued: BTreeMap<OrgId, (Box<SectionInput>, Vec<(u64, Reply<SectionAcked>)>)>,
+    queued: Queued,
     confirms: Vec<(OrgId, Reply<()>)>,
-    announces: Vec<(OrgId, bool, Reply<(Announced, u64)>)>,
+    announces: Announces,
     /// Issued slots of the current run and their waiters.
     issued: BTreeMap<u64, Waiters>,
     /// Claims announced and not superseded (T3, J6-1): every batch lists them.
@@ -283,7 +296,7 @@ struct Task {
     roster_due: bool,
     since_roster: u64,
     flying: FuturesUnordered<Landing>,
-    newest_at: Option<Instant>,
+    newest_at: Option<Stopwatch>,
     /// Mean landing time, ms (J7's `late_ms` when not set).
     landing_ms: f64,
     /// The run was fenced: every request gets this.
@@ -314,7 +327,7 @@ impl Task {
                 Some((batch, landing, at)) = self.flying.next(), if !self.flying.is_empty() => {
                     self.settle(batch, landing, at);
                 }
-                () = sleep_until(late), if late.is_some() => {}
+                () = sleep_for(late), if late.is_some() => {}
             }
         }
     }
@@ -337,12 +350,13 @@ impl Task {
         Duration::from_micros((ms * 1000.0) as u64)
     }
 
-    /// When a second batch may go: the newest in flight turns late.
-    fn late_at(&self) -> Option<Instant> {
+    /// How long until a second batch may go: the newest in flight turns late.
+    fn late_at(&self) -> Option<Duration> {
         if self.dead.is_some() || !self.due() || self.flying.is_empty() || self.run.room() == 0 {
             return None;
         }
-        self.newest_at.map(|at| at + self.late())
+        self.newest_at
+            .map(|at| self.late().saturating_sub(at.elapsed()))
     }
 
     fn take(&mut self, msg: Msg) {
@@ -420,7 +434,8 @@ impl Task {
         let may = self.due()
             && self.run.is_open()
             && self.run.room() > 0
-            && (self.flying.is_empty() || self.newest_at.is_some_and(|at| at.elapsed() >= self.late()));
+            && (self.flying.is_empty()
+                || self.newest_at.is_some_and(|at| at.elapsed() >= self.late()));
         if !may {
             return;
         }
@@ -459,7 +474,11 @@ impl Task {
             roster: roster.clone(),
             ..BatchMeta::default()
         };
-        match self.replica.issue_batch(&mut self.run, sections, meta).await {
+        match self
+            .replica
+            .issue_batch(&mut self.run, sections, meta)
+            .await
+        {
             Ok(batch) => {
                 if roster.is_some() {
                     self.roster_due = false;
@@ -470,7 +489,7 @@ impl Task {
                 self.publish_now();
                 self.issued.insert(batch.slot(), waiters);
                 let replica = self.replica.clone();
-                let at = Instant::now();
+                let at = Stopwatch::start();
                 self.newest_at = Some(at);
                 self.flying.push(Box::pin(async move {
                     let landing = replica.land_batch(&batch).await;
@@ -487,7 +506,7 @@ impl Task {
         }
     }
 
-    fn settle(&mut self, batch: IssuedBatch, landing: BatchLanding, at: Instant) {
+    fn settle(&mut self, batch: IssuedBatch, landing: BatchLanding, at: Stopwatch) {
         let ms = at.elapsed().as_secs_f64() * 1000.0;
         self.landing_ms = 0.8 * self.landing_ms + 0.2 * ms;
         let slot = batch.slot();
@@ -519,12 +538,16 @@ impl Task {
                         slot,
                     })
                 } else {
-                    Err(self.run.holds(&org).err().unwrap_or(Error::NotAcknowledged {
-                        org: org.to_string(),
-                        run: name.to_string(),
-                        slot,
-                        reason: "another writer's object holds the batch's slot",
-                    }))
+                    Err(self
+                        .run
+                        .holds(&org)
+                        .err()
+                        .unwrap_or(Error::NotAcknowledged {
+                            org: org.to_string(),
+                            run: name.to_string(),
+                            slot,
+                            reason: "another writer's object holds the batch's slot",
+                        }))
                 };
                 let _ = reply.send(answer);
             }
@@ -597,7 +620,8 @@ impl Task {
 
     fn publish_now(&self) {
         if let Some(shared) = self.shared.upgrade() {
-            *shared.now.lock().unwrap_or_else(|p| p.into_inner()) = (self.run.name().clone(), self.run.floor());
+            *shared.now.lock().unwrap_or_else(|p| p.into_inner()) =
+                (self.run.name().clone(), self.run.floor());
         }
     }
 
@@ -639,9 +663,9 @@ impl Task {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    if let Some(at) = at {
-        tokio::time::sleep_until(at.into()).await;
+async fn sleep_for(d: Option<Duration>) {
+    if let Some(d) = d {
+        tokio::time::sleep(d).await;
     }
 }
 

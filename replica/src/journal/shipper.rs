@@ -30,6 +30,10 @@ use crate::journal::run::SectionInput;
 use crate::live::{self, CaptureError, CaptureRequest, Checkpoint as WalCheckpoint, OwnedFiles};
 use crate::{CaptureSource, Delta, Error, OrgId, ShipKind, ShipReport, Snapshot};
 
+/// Submits of one ship whose batch was not acknowledged (its slot taken, the run sealed
+/// below it) before the ship fails, retryably.
+const NOT_ACKED_TRIES: u32 = 3;
+
 /// One org's tenure on the journal: its base, the pages changed since, and where its
 /// newest section was acknowledged.
 pub struct JournalShipper {
@@ -141,7 +145,7 @@ impl JournalShipper {
                 let cap = capture(&start.org, start.tenure.round, source).await?;
                 let image = read_file(&files).await?;
                 let snapshot = Snapshot::from_bytes(image, cap);
-                let hashes = PageHashes::of_image(&start.org.to_string(), snapshot.bytes())?;
+                let hashes = PageHashes::of_image(start.org.as_ref(), snapshot.bytes())?;
                 let checksum = checksum_hex(hashes.sum());
                 let seq = first_checkpoint(&issuer, &mut start, snapshot).await?;
                 (hashes, Base { seq, checksum }, cap)
@@ -193,7 +197,15 @@ impl JournalShipper {
         if self.checkpoint_due() {
             self.checkpoint(false).await?;
         }
-        let acked = self.submit(source, false).await?;
+        // A slot another writer's exclusion of some other org took acknowledges nothing
+        // but fences nothing either: the next batch carries the (cumulative) section.
+        let mut tries = 0;
+        let acked = loop {
+            match self.submit(source, false).await {
+                Err(Error::NotAcknowledged { .. }) if tries < NOT_ACKED_TRIES => tries += 1,
+                other => break other?,
+            }
+        };
         Ok(ShipReport {
             commit_seq: self.commit,
             kind: ShipKind::Delta,
@@ -441,4 +453,3 @@ async fn first_checkpoint(
     issuer.entry(&start.org, start.through + 1);
     Ok(seq)
 }
-

@@ -1,0 +1,224 @@
+//! The registry on the journal (`docs/design.md` 3g, "The org layer on the journal"): many
+//! orgs' acknowledgements share one batch PUT (group commit across orgs), every
+//! acknowledged key replays on a successor after a graceful shutdown (the release seal and
+//! each org's Release entry free them, K1b) and after a crash (one adopt seal takes the dead
+//! run's orgs, K2, then K4), replays are confirmed by a batch (J6), an org released per
+//! org moves onto the journal, and a per-org registry refuses a journal org with a typed
+//! error instead of claiming it.
+
+mod common;
+
+use std::sync::Arc;
+
+use std::time::Duration;
+
+use common::{R, effect, published, registry, replica_with_lease};
+use futures::StreamExt;
+use idem_org::{JournalSettings, Registry, RegistrySettings};
+use idem_replica::latency::{LatencyStore, Shape, Shapes};
+use idem_replica::{OrgId, Replica};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const LEASE_MS: u64 = 1_000;
+
+fn journal() -> RegistrySettings {
+    RegistrySettings {
+        journal: JournalSettings {
+            enabled: true,
+            // Each of these commits changes about four pages: orgs checkpoint (J5) every
+            // few acknowledgements during the test.
+            section_bytes: 24 << 10,
+            ..JournalSettings::default()
+        },
+        ..RegistrySettings::default()
+    }
+}
+
+fn org(i: usize) -> OrgId {
+    OrgId::new(&format!("org{i}")).expect("valid org id")
+}
+
+/// Keys `k{from}..k{to}` in each of `orgs` orgs, one request in flight per org, all orgs
+/// at once.
+async fn load(reg: &Registry, orgs: usize, (from, to): (usize, usize)) -> R {
+    for r in from..to {
+        let results: Vec<_> = futures::stream::iter(0..orgs)
+            .map(|i| async move {
+                let o = org(i);
+                let key = format!("k{r}");
+                reg.once(&o, &key, effect(o.as_str(), &key)).await
+            })
+            .buffer_unordered(orgs)
+            .collect()
+            .await;
+        for out in results {
+            let out = out?;
+            assert!(out.applied, "a first call did not apply");
+        }
+    }
+    Ok(())
+}
+
+/// Every key of every org replays on `reg` (not applied again) with its first result; the
+/// orgs at once, each org's keys one after another.
+async fn replays(reg: &Registry, orgs: usize, rounds: usize) -> R {
+    let results: Vec<R> = futures::stream::iter(0..orgs)
+        .map(|i| async move {
+            let o = org(i);
+            for r in 0..rounds {
+                let key = format!("k{r}");
+                let out = reg.once(&o, &key, effect(o.as_str(), "never")).await?;
+                assert!(!out.applied, "{o} {key} applied twice");
+                assert_eq!(out.result, key.as_bytes(), "{o} {key}");
+            }
+            Ok(())
+        })
+        .buffer_unordered(orgs)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// What the store holds for `orgs` orgs: every key applied exactly once.
+async fn exactly_once(replica: &Replica, dir: &std::path::Path, orgs: usize, rounds: usize) -> R {
+    for i in 0..orgs {
+        let (effects, keys) = published(replica, &format!("org{i}"), dir).await?;
+        assert_eq!(keys, rounds as i64, "org{i}: {effects:?}");
+        assert!(effects.values().all(|&n| n == 1), "org{i}: {effects:?}");
+        assert_eq!(effects.len(), rounds, "org{i}: {effects:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_share_batches_and_a_successor_replays_after_shutdown() -> R {
+    const ORGS: usize = 24;
+    const ROUNDS: usize = 6;
+    let dir = tempfile::tempdir()?;
+    // A store whose every request takes 20 ms, as S3's take tens: commits of other orgs
+    // arrive while a batch is in flight, and the next batch takes them all.
+    let shapes = Shapes::all(Shape::Constant(Duration::from_millis(20)));
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(LatencyStore::new(Arc::new(InMemory::new()), shapes, 1));
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
+    load(&a, ORGS, (0, 1)).await?;
+    let before = ra.store_requests().put;
+    load(&a, ORGS, (1, ROUNDS)).await?;
+    let puts = ra.store_requests().put - before;
+    let acks = (ORGS * (ROUNDS - 1)) as u64;
+    // One PUT per ack per org on the per-org path; here batches are shared (lease
+    // renewals and J5 checkpoints included in the count).
+    eprintln!("{puts} PUTs for {acks} acknowledgements");
+    assert!(
+        puts * 2 < acks,
+        "{puts} PUTs for {acks} acknowledgements: batches are not shared"
+    );
+    // Replays on A are confirmed by a batch (J6), never answered from the file alone.
+    let confirm_from = ra.store_requests().put;
+    replays(&a, 2, ROUNDS).await?;
+    assert!(
+        ra.store_requests().put > confirm_from,
+        "replays confirmed without a batch"
+    );
+    let results = a.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    exactly_once(&ra, dir.path(), ORGS, ROUNDS).await?;
+
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", journal())?;
+    replays(&b, ORGS, ROUNDS).await?;
+    // B goes on writing each org, and a third process reads everything exactly once.
+    for i in 0..ORGS {
+        let o = org(i);
+        assert!(
+            b.once(&o, "after", effect(o.as_str(), "after"))
+                .await?
+                .applied
+        );
+    }
+    b.shutdown().await;
+    let rc = replica_with_lease(store, LEASE_MS).await?;
+    for i in 0..ORGS {
+        let (effects, keys) = published(&rc, &format!("org{i}"), dir.path()).await?;
+        assert_eq!(keys, ROUNDS as i64 + 1, "org{i}: {effects:?}");
+        assert_eq!(effects.get("after"), Some(&1), "org{i}: {effects:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_writers_orgs_are_adopted_by_one_seal() -> R {
+    const ORGS: usize = 5;
+    const ROUNDS: usize = 3;
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
+    load(&a, ORGS, (0, ROUNDS)).await?;
+    // A crash: no release, no seal; the process lease stops being renewed with the last
+    // clone of A's replica.
+    drop(a);
+    drop(ra);
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", journal())?;
+    // B is refused while A's lease may be live (I15), then takes the orgs.
+    let o0 = org(0);
+    let mut refused = 0;
+    let first = loop {
+        match b.once(&o0, "k0", effect("org0", "never")).await {
+            Ok(out) => break out,
+            Err(e) if e.kind() == idem_org::ErrorKind::Retry => {
+                refused += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    assert!(refused > 0, "B claimed while A's lease was live");
+    assert!(!first.applied);
+    let seals_before = rb.store_requests().put;
+    replays(&b, ORGS, ROUNDS).await?;
+    // The other orgs came with the one adopt seal: their acquires claimed nothing.
+    let puts = rb.store_requests().put - seals_before;
+    assert!(
+        puts < (ORGS as u64) * 4 * 2,
+        "{puts} PUTs to take {ORGS} adopted orgs"
+    );
+    b.shutdown().await;
+    exactly_once(&rb, dir.path(), ORGS, ROUNDS).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_org_org_moves_onto_the_journal_and_per_org_registries_refuse_it() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
+    let o = org(0);
+    assert!(a.once(&o, "k0", effect("org0", "k0")).await?.applied);
+    a.shutdown().await;
+
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", journal())?;
+    assert!(!b.once(&o, "k0", effect("org0", "never")).await?.applied);
+    assert!(b.once(&o, "k1", effect("org0", "k1")).await?.applied);
+    b.shutdown().await;
+
+    let rc = replica_with_lease(store, LEASE_MS).await?;
+    let c = registry(
+        &dir.path().join("c"),
+        rc.clone(),
+        "wc",
+        RegistrySettings::default(),
+    )?;
+    let refused = c.once(&o, "k2", effect("org0", "k2")).await;
+    let e = refused.expect_err("a per-org registry claimed a journal org");
+    assert!(
+        e.to_string().contains("journal"),
+        "not a typed journal refusal: {e}"
+    );
+    c.shutdown().await;
+    exactly_once(&rc, dir.path(), 1, 2).await
+}
