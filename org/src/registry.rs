@@ -173,7 +173,7 @@ impl RegistryBuilder {
                 orgs: Mutex::new(HashMap::new()),
                 shutting_down: std::sync::atomic::AtomicBool::new(false),
                 warm: warm.clone(),
-                journal: OnceCell::new(),
+                journal: tokio::sync::Mutex::new(None),
             }),
         };
         if let Some(warm) = warm {
@@ -217,7 +217,7 @@ pub(crate) struct RegistryInner {
     warm: Option<Arc<crate::warm::Warm>>,
     /// The journal's issuer, started at the first acquire when
     /// [`RegistrySettings::journal`] enables it.
-    journal: OnceCell<Issuer>,
+    journal: tokio::sync::Mutex<Option<Issuer>>,
 }
 
 /// The last handle dropped without [`Registry::shutdown`]: every open org stops as in a
@@ -409,7 +409,7 @@ impl Registry {
                             pool: &inner.pool,
                             cache_kib: inner.budget.sqlite_cache_kib,
                             active: &inner.active,
-                            journal,
+                            journal: journal.as_ref(),
                         },
                         id.clone(),
                     )
@@ -617,7 +617,8 @@ impl Registry {
         let released: Vec<(OrgId, Result<(), Error>)> = released.into_iter().flatten().collect();
         // Every journal org released: the run ends with a release seal (J4), so nothing
         // of it is adopted and a successor's walk of any org it held ends free.
-        if let Some(issuer) = self.inner.journal.get()
+        let issuer = self.inner.journal.lock().await.clone();
+        if let Some(issuer) = issuer
             && released.iter().all(|(_, r)| r.is_ok())
             && let Err(e) = issuer.close(true).await
         {
@@ -634,7 +635,7 @@ impl Registry {
 
     /// The journal's issuer, started at its first use; `None` when the registry ships per
     /// org.
-    async fn issuer(&self, id: &OrgId) -> Result<Option<&Issuer>, Error> {
+    async fn issuer(&self, id: &OrgId) -> Result<Option<Issuer>, Error> {
         let j = &self.inner.settings.journal;
         if !j.enabled {
             return Ok(None);
@@ -644,11 +645,15 @@ impl Registry {
             late_ms: j.late_ms,
         };
         let inner = &self.inner;
-        let issuer = inner
-            .journal
-            .get_or_try_init(|| Issuer::start(&inner.replica, &inner.writer_id, settings))
-            .await
-            .map_err(|e| Error::replica(id, e))?;
+        let mut journal = inner.journal.lock().await;
+        // A fenced run acknowledges nothing again: the next acquire starts the next run.
+        let started = match journal.as_ref() {
+            Some(i) if !i.is_fenced() => return Ok(Some(i.clone())),
+            Some(fenced) => Issuer::restart(fenced, settings).await,
+            None => Issuer::start(&inner.replica, &inner.writer_id, settings).await,
+        };
+        let issuer = started.map_err(|e| Error::replica(id, e))?;
+        *journal = Some(issuer.clone());
         Ok(Some(issuer))
     }
 

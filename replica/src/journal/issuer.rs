@@ -91,6 +91,8 @@ struct Shared {
     tx: mpsc::UnboundedSender<Msg>,
     /// The current run and its floor, as of the last batch issued or settled.
     now: Mutex<(RunName, u64)>,
+    /// Set when the run is fenced.
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -114,12 +116,33 @@ impl Issuer {
         settings: IssuerSettings,
     ) -> Result<Issuer, Error> {
         let run = replica.start_run(writer, settings.window).await?;
+        Ok(Issuer::spawn(replica, writer, settings, run))
+    }
+
+    /// After `fenced` ([`Issuer::is_fenced`]), a new issuer in this process's next run: the
+    /// fenced run is the newest of its chain (another process sealed it), so its next
+    /// number is unused (a self-seal would have moved the chain there first).
+    ///
+    /// # Errors
+    /// As [`Issuer::start`].
+    pub async fn restart(fenced: &Issuer, settings: IssuerSettings) -> Result<Issuer, Error> {
+        let replica = fenced.replica();
+        let mut run = replica.start_run(fenced.writer(), settings.window).await?;
+        let next = fenced.run_name().next();
+        if next.instance() == run.name().instance() {
+            run = Run::new(next, fenced.writer(), settings.window)?;
+        }
+        Ok(Issuer::spawn(replica, fenced.writer(), settings, run))
+    }
+
+    fn spawn(replica: &Replica, writer: &str, settings: IssuerSettings, run: Run) -> Issuer {
         let (tx, rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             replica: replica.clone(),
             writer: writer.to_owned(),
             tx,
             now: Mutex::new((run.name().clone(), run.floor())),
+            fenced: std::sync::atomic::AtomicBool::new(false),
         });
         let task = Task {
             replica: replica.clone(),
@@ -142,7 +165,14 @@ impl Issuer {
             closing: None,
         };
         tokio::spawn(task.run(rx));
-        Ok(Issuer { shared })
+        Issuer { shared }
+    }
+
+    /// True once another process fenced the run (an adoption, K2): nothing of it is
+    /// acknowledged again, and every org it held has stopped. [`Issuer::restart`] starts
+    /// the next one.
+    pub fn is_fenced(&self) -> bool {
+        self.shared.fenced.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The replica the issuer writes through.
@@ -640,6 +670,11 @@ impl Task {
         }
         for (_, _, reply) in std::mem::take(&mut self.announces) {
             let _ = reply.send(Err(dup(&e)));
+        }
+        if let Some(shared) = self.shared.upgrade() {
+            shared
+                .fenced
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         self.dead = Some(e);
     }
