@@ -142,7 +142,7 @@ impl JournalShipper {
                 base: Some(base),
             }) => (image_hashes, base, commit),
             _ => {
-                let cap = capture(&start.org, start.tenure.round, source).await?;
+                let (cap, _) = capture(&start.org, start.tenure.round, source).await?;
                 let image = read_file(&files).await?;
                 let snapshot = Snapshot::from_bytes(image, cap);
                 let hashes = PageHashes::of_image(start.org.as_ref(), snapshot.bytes())?;
@@ -272,7 +272,7 @@ impl JournalShipper {
         source: &dyn CaptureSource,
         released: bool,
     ) -> Result<SectionAcked, Error> {
-        let commit = capture(&self.org, self.round, source).await?;
+        let (commit, counter_page) = capture(&self.org, self.round, source).await?;
         let files = self.files.clone();
         let hashes = self.hashes.clone();
         let read = tokio::task::spawn_blocking(move || live::file_changes(&files, &hashes))
@@ -286,6 +286,17 @@ impl JournalShipper {
                 "the database file's page size changed".into(),
             )));
         };
+        // I13: the pages hold exactly the commit the capture reported: the counter page
+        // changed to it, or it did not change and neither did the commit.
+        let proven = match changed.get(&counter_page) {
+            Some(page) => live::proof::commit_counter(page, counter_page).ok(),
+            None => Some(self.commit),
+        };
+        if proven != Some(commit) {
+            return Err(self.files_changed(&live::Foreign(format!(
+                "the captured pages hold commit {proven:?}, the writer committed {commit}"
+            ))));
+        }
         if let Some(p1) = changed.get_mut(&1) {
             canonical_page1(p1);
         }
@@ -376,8 +387,12 @@ impl JournalShipper {
 }
 
 /// Captures with the WAL checkpointed into the file first, so the file holds exactly the
-/// commit the capture reports; returns that commit.
-async fn capture(org: &OrgId, round: u64, source: &dyn CaptureSource) -> Result<u64, Error> {
+/// commit the capture reports; returns that commit and the counter's page number.
+async fn capture(
+    org: &OrgId,
+    round: u64,
+    source: &dyn CaptureSource,
+) -> Result<(u64, u32), Error> {
     let request = CaptureRequest {
         from: 0,
         checkpoint: WalCheckpoint::Before,
@@ -385,7 +400,7 @@ async fn capture(org: &OrgId, round: u64, source: &dyn CaptureSource) -> Result<
     match source.capture(request).await {
         Ok(cap) => {
             check_counter(&cap)?;
-            Ok(cap.commit)
+            Ok((cap.commit, cap.counter_page))
         }
         Err(CaptureError::Io(source)) => Err(Error::Io {
             path: format!("orgs/{org}"),
