@@ -97,6 +97,9 @@
 //!   at most [`RegistrySettings::max_open_orgs`] open and [`RegistrySettings::max_active_orgs`] of them with a
 //!   connection (idle ones park); `acquire`, and `once` / `once_with` / `effect`
 //!   that acquire and retry once on a handle closed meanwhile; `prune_all`, `shutdown`.
+//! - [`JournalSettings`] (`RegistrySettings::journal`, off by default): the orgs of the
+//!   process ship as sections of one journal run, so one store PUT acknowledges every org
+//!   that committed during a tick (docs/design.md, section 3g).
 //! - [`Org`]: an acquired org: `once`, `once_with`, `applied`, `prune`, `release`, `stats`;
 //!   external effects with `effect` / `effect_blocking` (the protocol runs as its own task: a
 //!   caller that gives up never loses a settlement), `effects`, `effect_record`,

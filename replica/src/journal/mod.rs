@@ -10,8 +10,11 @@
 //! logs' format-5 entries ([`JournalMark`]), K0 from an org's log
 //! ([`crate::Replica::walk_org`]), the state it finds installed
 //! ([`crate::Replica::restore_walk`]), K1b ([`crate::Replica::claim_free`]) and K4
-//! ([`crate::Replica::attach_own`]). The org layer does not use it yet: it ships per org
-//! (3, 3e).
+//! ([`crate::Replica::attach_own`]); and what a writer process runs over it: the
+//! [`Issuer`] (one task per process owning its run: group commit across orgs, J1's answers,
+//! J3, J6, announcements), [`Issuer::acquire`] (K1b, K4, K2 then K4) and the
+//! [`JournalShipper`] (an org's cumulative sections, J5 checkpoints, J4), which `idem-org`'s
+//! registry uses when `RegistrySettings::journal` enables it.
 
 mod acquire;
 mod checkpoint;
