@@ -113,6 +113,13 @@ pub struct ServeArgs {
     /// older replica reads the store.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=replica::MAX_SHIP_WINDOW))]
     ship_window: u64,
+    /// Ship every org of this process in one journal run (`docs/design.md` 3g): one store
+    /// PUT acknowledges every org that committed while the previous one was in flight, a
+    /// crashed process's orgs are taken by one adopt seal. Orgs a per-org holder still holds
+    /// stay per org. Stores holding journal orgs are read only by this version and newer,
+    /// and a replica started without `--journal` refuses those orgs.
+    #[arg(long)]
+    journal: bool,
     /// Forward a request for an org another live replica holds to the address it advertised
     /// (`--advertise`), and relay its answer, instead of answering 503 with that address: any
     /// replica behind a load balancer then answers. The holder still runs the request; a
@@ -185,6 +192,10 @@ pub async fn run(a: ServeArgs) -> Result<(), String> {
             warm: idem_org::WarmSettings {
                 enabled: !a.force_claim,
                 ..idem_org::WarmSettings::default()
+            },
+            journal: idem_org::JournalSettings {
+                enabled: a.journal,
+                ..idem_org::JournalSettings::default()
             },
             ..idem_org::RegistrySettings::default()
         })

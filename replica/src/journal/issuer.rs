@@ -172,7 +172,9 @@ impl Issuer {
     /// acknowledged again, and every org it held has stopped. [`Issuer::restart`] starts
     /// the next one.
     pub fn is_fenced(&self) -> bool {
-        self.shared.fenced.load(std::sync::atomic::Ordering::Acquire)
+        self.shared
+            .fenced
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The replica the issuer writes through.

@@ -388,11 +388,7 @@ impl JournalShipper {
 
 /// Captures with the WAL checkpointed into the file first, so the file holds exactly the
 /// commit the capture reports; returns that commit and the counter's page number.
-async fn capture(
-    org: &OrgId,
-    round: u64,
-    source: &dyn CaptureSource,
-) -> Result<(u64, u32), Error> {
+async fn capture(org: &OrgId, round: u64, source: &dyn CaptureSource) -> Result<(u64, u32), Error> {
     let request = CaptureRequest {
         from: 0,
         checkpoint: WalCheckpoint::Before,
