@@ -643,6 +643,8 @@ impl Registry {
         let settings = IssuerSettings {
             window: j.window,
             late_ms: j.late_ms,
+            retain_every: j.retain_every_batches,
+            keep_ms: self.inner.settings.retention.keep_ms,
         };
         let inner = &self.inner;
         let mut journal = inner.journal.lock().await;

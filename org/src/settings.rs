@@ -90,6 +90,10 @@ pub struct JournalSettings {
     /// Bytes of pages (uncompressed) an org's cumulative section may reach before the
     /// org is checkpointed into its own log (J5), at its next ship. Default 64 KiB.
     pub section_bytes: u64,
+    /// Batches between two retention runs of the process's run (T1-T3: batches below
+    /// every org's walk entry, once `retention.keep_ms` old by the store's clock); 0 =
+    /// never. Default 1024.
+    pub retain_every_batches: u64,
 }
 
 impl Default for JournalSettings {
@@ -99,6 +103,7 @@ impl Default for JournalSettings {
             window: 4,
             late_ms: 0,
             section_bytes: 64 << 10,
+            retain_every_batches: 1024,
         }
     }
 }

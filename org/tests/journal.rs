@@ -4,7 +4,8 @@
 //! each org's Release entry free them, K1b) and after a crash (one adopt seal takes the dead
 //! run's orgs, K2, then K4), replays are confirmed by a batch (J6), an org released per
 //! org moves onto the journal, and a per-org registry refuses a journal org with a typed
-//! error instead of claiming it.
+//! error instead of claiming it; retention of the run deletes batches below every walk
+//! entry and a successor still replays everything.
 
 mod common;
 
@@ -221,4 +222,51 @@ async fn a_per_org_org_moves_onto_the_journal_and_per_org_registries_refuse_it()
     );
     c.shutdown().await;
     exactly_once(&rc, dir.path(), 1, 2).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_batches_below_every_entry_and_a_successor_still_replays() -> R {
+    const ORGS: usize = 3;
+    const ROUNDS: usize = 40;
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let mut settings = journal();
+    // A checkpoint every ship or two, retention every 8 batches of anything old at all.
+    settings.journal.section_bytes = 8 << 10;
+    settings.journal.retain_every_batches = 8;
+    settings.retention.keep_ms = 0;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", settings)?;
+    load(&a, ORGS, (0, ROUNDS)).await?;
+    // Retention runs in the background: wait until the run's first slots are gone.
+    let lowest = || async {
+        let mut slots = Vec::new();
+        let mut listed = store.list(Some(&object_store::path::Path::from("t/journals")));
+        while let Some(meta) = listed.next().await {
+            let name = meta?.location.filename().unwrap_or_default().to_owned();
+            if let Some(slot) = name.strip_suffix(".jnl").and_then(|s| s.parse::<u64>().ok()) {
+                slots.push(slot);
+            }
+        }
+        Ok::<_, common::BoxErr>((slots.iter().min().copied(), slots.len()))
+    };
+    let waited = idem_base::Stopwatch::start();
+    loop {
+        let (min, count) = lowest().await?;
+        if min.is_some_and(|m| m > 1) {
+            assert!(count < ORGS * ROUNDS, "{count} journal objects kept");
+            break;
+        }
+        assert!(
+            waited.elapsed() < Duration::from_secs(20),
+            "no batch deleted: lowest slot {min:?} of {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.shutdown().await;
+    let rb = replica_with_lease(store, LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", journal())?;
+    replays(&b, ORGS, ROUNDS).await?;
+    b.shutdown().await;
+    exactly_once(&rb, dir.path(), ORGS, ROUNDS).await
 }

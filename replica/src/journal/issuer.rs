@@ -44,6 +44,12 @@ pub struct IssuerSettings {
     /// Ms after which the newest batch in flight is late and a second may be issued (J7);
     /// 0 = twice the measured mean landing time.
     pub late_ms: u64,
+    /// Batches between two retention runs of the current run ([`Replica::retain_run`],
+    /// T1-T3, in the background, one at a time); 0 = never.
+    pub retain_every: u64,
+    /// Age by the store's clock, ms, a batch below every walk entry must reach before
+    /// retention deletes it.
+    pub keep_ms: u64,
 }
 
 impl Default for IssuerSettings {
@@ -51,6 +57,8 @@ impl Default for IssuerSettings {
         IssuerSettings {
             window: 4,
             late_ms: 0,
+            retain_every: 1024,
+            keep_ms: crate::Retention::default().keep_ms,
         }
     }
 }
@@ -148,6 +156,9 @@ impl Issuer {
             replica: replica.clone(),
             shared: Arc::downgrade(&shared),
             late_ms: settings.late_ms,
+            retain: (settings.retain_every, settings.keep_ms),
+            since_retain: 0,
+            retaining: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             run,
             queued: BTreeMap::new(),
             confirms: Vec::new(),
@@ -311,6 +322,11 @@ struct Task {
     replica: Replica,
     shared: std::sync::Weak<Shared>,
     late_ms: u64,
+    /// `retain_every` and `keep_ms`.
+    retain: (u64, u64),
+    since_retain: u64,
+    /// A retention run is in progress.
+    retaining: Arc<std::sync::atomic::AtomicBool>,
     run: Run,
     /// Per org, its newest section and everyone waiting for it (an older queued section is
     /// replaced: the newer one is cumulative).
@@ -519,6 +535,7 @@ impl Task {
                     self.since_roster += 1;
                 }
                 self.publish_now();
+                self.retain_now();
                 self.issued.insert(batch.slot(), waiters);
                 let replica = self.replica.clone();
                 let at = Stopwatch::start();
@@ -648,6 +665,31 @@ impl Task {
                 tokio::time::sleep(self.late()).await;
             }
         }
+    }
+
+    /// Every `retain_every` batches, T1-T3 over the current run in the background: batches
+    /// below every walk entry the newest header names, once `keep_ms` old by the store.
+    fn retain_now(&mut self) {
+        use std::sync::atomic::Ordering;
+        let (every, keep_ms) = self.retain;
+        self.since_retain += 1;
+        if every == 0 || self.since_retain < every || self.retaining.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        self.since_retain = 0;
+        let (replica, run, running) = (
+            self.replica.clone(),
+            self.run.name().clone(),
+            self.retaining.clone(),
+        );
+        tokio::spawn(async move {
+            match replica.retain_run(&run, keep_ms).await {
+                Ok(r) => tracing::debug!(%run, deleted = r.deleted.len(), below = r.retain_below, "journal retention"),
+                Err(e) => tracing::warn!(%run, error = %e, "journal retention failed"),
+            }
+            running.store(false, Ordering::Release);
+        });
     }
 
     fn publish_now(&self) {
