@@ -64,6 +64,11 @@ pub struct DemoArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Run every replica with `--journal` (`docs/design.md` 3g): each process's orgs ship in
+    /// one journal run, the kill's successor takes them by one adopt seal, and the audit
+    /// reads them through the journal.
+    #[arg(long)]
+    journal: bool,
 }
 
 /// One handoff as the demo measured it.
@@ -140,7 +145,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
         }
     };
 
-    let rep_a = ReplicaProc::start("A", &store, &data, &dir, a.lease_ms).await?;
+    let rep_a = ReplicaProc::start("A", &store, &data, &dir, a.lease_ms, a.journal).await?;
     say(format!("replica A serving at {}", rep_a.url));
     let (acked_tx, mut acked_rx) = watch::channel(0usize);
     let (phase_tx, _) = watch::channel(0u8);
@@ -172,7 +177,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     ));
 
     let _ = acked_rx.wait_for(|n| *n >= trigger(1)).await;
-    let rep_b = ReplicaProc::start("B", &store, &data, &dir, a.lease_ms).await?;
+    let rep_b = ReplicaProc::start("B", &store, &data, &dir, a.lease_ms, a.journal).await?;
     say(format!(
         "replica B serving at {}; clients re-routed to B",
         rep_b.url
@@ -189,7 +194,7 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
     ));
 
     let _ = acked_rx.wait_for(|n| *n >= trigger(2)).await;
-    let rep_c = ReplicaProc::start("C", &store, &data, &dir, a.lease_ms).await?;
+    let rep_c = ReplicaProc::start("C", &store, &data, &dir, a.lease_ms, a.journal).await?;
     say(format!(
         "replica C serving at {}; clients re-routed to C",
         rep_c.url

@@ -23,8 +23,8 @@ pub struct ReplicaProc {
 }
 
 impl ReplicaProc {
-    /// Starts `idem serve` on `127.0.0.1:0` over `store`, logging to `<dir>/replica-<name>.log`,
-    /// and waits for the address it prints.
+    /// Starts `idem serve` on `127.0.0.1:0` over `store` (with `--journal` when `journal`),
+    /// logging to `<dir>/replica-<name>.log`, and waits for the address it prints.
     ///
     /// # Errors
     /// Spawn failure, or the child exits or stays silent for 20 s before listening.
@@ -34,6 +34,7 @@ impl ReplicaProc {
         data: &Path,
         dir: &Path,
         lease_ms: u64,
+        journal: bool,
     ) -> Result<ReplicaProc, String> {
         let log_path = dir.join(format!("replica-{}.log", name.to_lowercase()));
         let log = std::fs::File::create(&log_path)
@@ -48,6 +49,7 @@ impl ReplicaProc {
             .arg(data)
             .args(["--writer", &format!("replica-{}", name.to_lowercase())])
             .args(["--lease-ms", &lease_ms.to_string()])
+            .args(journal.then_some("--journal"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

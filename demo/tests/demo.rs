@@ -44,6 +44,40 @@ fn demo_passes_its_exactly_once_audit() -> TestResult {
     Ok(())
 }
 
+/// The same with every replica on the journal: the handoffs go through a release seal and
+/// an adopt seal, and the audit reads every org through the journal.
+#[test]
+fn demo_on_the_journal_passes_its_exactly_once_audit() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = demo()
+        .args([
+            "--orgs",
+            "6",
+            "--requests",
+            "90",
+            "--clients",
+            "4",
+            "--journal",
+            "--json",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "demo failed: {stderr}\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(summary["acknowledged"], 90);
+    assert_eq!(summary["violations"], serde_json::json!([]));
+    // The acknowledgements are in the replicas' journal runs.
+    let runs = std::fs::read_dir(dir.path().join("store/journals"))?.count();
+    assert!(runs >= 3, "{runs} journal runs for three replicas");
+    Ok(())
+}
+
 #[test]
 fn demo_has_help() -> TestResult {
     let out = demo().arg("--help").output()?;

@@ -256,6 +256,16 @@ impl Replica {
         self.inner.log.history(org).await
     }
 
+    /// Every log entry of `org`, sorted by seq, read with the journal's reader: format-5
+    /// claims and checkpoints (`docs/design.md` 3g) included, where [`Replica::history`]
+    /// refuses them with [`Error::JournalRequired`].
+    ///
+    /// # Errors
+    /// As [`Replica::history`], without `JournalRequired`.
+    pub async fn journal_history(&self, org: &OrgId) -> Result<Vec<LogEntry>, Error> {
+        self.inner.log.journal_history(org).await
+    }
+
     /// Who holds `org`, if anyone: the writer of the newest claim in its log with that
     /// claim's process, home and term, and the address and expiry (the holder's clock, for
     /// people) of its process lease; for a log whose newest claim is of an older version,
