@@ -645,6 +645,7 @@ impl Registry {
             late_ms: j.late_ms,
             retain_every: j.retain_every_batches,
             keep_ms: self.inner.settings.retention.keep_ms,
+            max_lag: j.max_lag_batches,
         };
         let inner = &self.inner;
         let mut journal = inner.journal.lock().await;
@@ -655,6 +656,10 @@ impl Registry {
             None => Issuer::start(&inner.replica, &inner.writer_id, settings).await,
         };
         let issuer = started.map_err(|e| Error::replica(id, e))?;
+        tokio::spawn(release_lagging(
+            Arc::downgrade(&self.inner),
+            issuer.subscribe_lag(),
+        ));
         *journal = Some(issuer.clone());
         Ok(Some(issuer))
     }
@@ -709,5 +714,39 @@ impl Registry {
             }
             self.forget(&id, &slot);
         }
+    }
+}
+
+/// J7 for idle orgs: each org the issuer reports lagging is released (J4) if it is idle,
+/// as an eviction releases it, so its old walk entry stops holding the run's retention
+/// back; a busy one checkpoints at its next ship instead. Ends with the registry.
+async fn release_lagging(
+    registry: std::sync::Weak<RegistryInner>,
+    mut lagging: tokio::sync::mpsc::UnboundedReceiver<OrgId>,
+) {
+    while let Some(id) = lagging.recv().await {
+        let Some(inner) = registry.upgrade() else {
+            return;
+        };
+        let registry = Registry { inner };
+        if registry.shutting_down() {
+            return;
+        }
+        let found = lock(&registry.inner.orgs)
+            .get(&id)
+            .and_then(|s| s.get().map(|o| (s.clone(), o.clone())));
+        let Some((slot, org)) = found else {
+            continue;
+        };
+        if !org.is_serving() || org.inflight() > 0 {
+            continue;
+        }
+        tracing::debug!(org = %id, "releasing an idle org whose journal entry lags (J7)");
+        if let Err(e) = org.release().await
+            && e.kind() != ErrorKind::Reacquire
+        {
+            tracing::warn!(org = %id, error = %e, "release of a lagging org failed");
+        }
+        registry.forget(&id, &slot);
     }
 }

@@ -94,6 +94,11 @@ pub struct JournalSettings {
     /// every org's walk entry, once `retention.keep_ms` old by the store's clock); 0 =
     /// never. Default 1024.
     pub retain_every_batches: u64,
+    /// J7's lag, in batches: an org whose newest checkpoint is this many batches behind
+    /// the run's newest is checkpointed at its next ship, or released if it is idle, so
+    /// a walk reads at most about this many batch headers and retention is never held
+    /// back for ever by a quiet org; 0 = never. Default 3 900.
+    pub max_lag_batches: u64,
 }
 
 impl Default for JournalSettings {
@@ -104,6 +109,7 @@ impl Default for JournalSettings {
             late_ms: 0,
             section_bytes: 64 << 10,
             retain_every_batches: 1024,
+            max_lag_batches: 3_900,
         }
     }
 }

@@ -244,7 +244,10 @@ async fn retention_deletes_batches_below_every_entry_and_a_successor_still_repla
         let mut listed = store.list(Some(&object_store::path::Path::from("t/journals")));
         while let Some(meta) = listed.next().await {
             let name = meta?.location.filename().unwrap_or_default().to_owned();
-            if let Some(slot) = name.strip_suffix(".jnl").and_then(|s| s.parse::<u64>().ok()) {
+            if let Some(slot) = name
+                .strip_suffix(".jnl")
+                .and_then(|s| s.parse::<u64>().ok())
+            {
                 slots.push(slot);
             }
         }
@@ -269,4 +272,57 @@ async fn retention_deletes_batches_below_every_entry_and_a_successor_still_repla
     replays(&b, ORGS, ROUNDS).await?;
     b.shutdown().await;
     exactly_once(&rb, dir.path(), ORGS, ROUNDS).await
+}
+
+/// J7: with a lag of 8 batches, a busy org whose sections never reach the byte budget is
+/// checkpointed by its lag, and an idle org is released (its log ends in a Release entry)
+/// and served again, replaying, at its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_org_is_checkpointed_when_busy_and_released_when_idle() -> R {
+    use idem_replica::journal::JournalMark;
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let mut settings = journal();
+    settings.journal.section_bytes = u64::MAX;
+    settings.journal.max_lag_batches = 8;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", settings)?;
+    let (busy, quiet) = (org(0), org(1));
+    assert!(a.once(&quiet, "q", effect("org1", "q")).await?.applied);
+    let checkpoints = |log: &[idem_replica::LogEntry]| {
+        log.iter()
+            .filter(|e| matches!(e.header.journal, Some(JournalMark::Checkpoint { .. })))
+            .count()
+    };
+    let released =
+        |log: &[idem_replica::LogEntry]| log.last().is_some_and(|e| e.kind_name() == "release");
+    let mut i = 0;
+    loop {
+        let key = format!("b{i}");
+        assert!(a.once(&busy, &key, effect("org0", &key)).await?.applied);
+        i += 1;
+        let (b, q) = (
+            ra.journal_history(&busy).await?,
+            ra.journal_history(&quiet).await?,
+        );
+        // The first checkpoint is the tenure's own (a never-written org); later ones are
+        // the lag's, since the byte budget is never reached.
+        if checkpoints(&b) >= 3 && released(&q) {
+            break;
+        }
+        assert!(
+            i < 200,
+            "after {i} acks: busy {} checkpoints, quiet released {}",
+            checkpoints(&b),
+            released(&q)
+        );
+    }
+    let again = a.once(&quiet, "q", effect("org1", "never")).await?;
+    assert!(!again.applied);
+    a.shutdown().await;
+    let (effects, keys) = published(&ra, "org1", dir.path()).await?;
+    assert_eq!((effects.get("q"), keys), (Some(&1), 1));
+    let (_, keys) = published(&ra, "org0", dir.path()).await?;
+    assert_eq!(keys, i as i64);
+    Ok(())
 }

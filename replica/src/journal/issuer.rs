@@ -50,6 +50,10 @@ pub struct IssuerSettings {
     /// Age by the store's clock, ms, a batch below every walk entry must reach before
     /// retention deletes it.
     pub keep_ms: u64,
+    /// J7's lag: an attached org whose walk entry is this many slots behind the batch being
+    /// issued is *lagging* ([`Issuer::is_lagging`], [`Issuer::subscribe_lag`]): its next
+    /// ship checkpoints, and an idle one should be released. 0 = never.
+    pub max_lag: u64,
 }
 
 impl Default for IssuerSettings {
@@ -59,6 +63,7 @@ impl Default for IssuerSettings {
             late_ms: 0,
             retain_every: 1024,
             keep_ms: crate::Retention::default().keep_ms,
+            max_lag: 3_900,
         }
     }
 }
@@ -101,6 +106,10 @@ struct Shared {
     now: Mutex<(RunName, u64)>,
     /// Set when the run is fenced.
     fenced: std::sync::atomic::AtomicBool,
+    /// Orgs whose walk entry lags (J7), until a checkpoint moves it or they detach.
+    lagging: Mutex<BTreeSet<OrgId>>,
+    /// Where each org that starts lagging is reported.
+    lag_tx: Mutex<Option<mpsc::UnboundedSender<OrgId>>>,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -151,11 +160,14 @@ impl Issuer {
             tx,
             now: Mutex::new((run.name().clone(), run.floor())),
             fenced: std::sync::atomic::AtomicBool::new(false),
+            lagging: Mutex::new(BTreeSet::new()),
+            lag_tx: Mutex::new(None),
         });
         let task = Task {
             replica: replica.clone(),
             shared: Arc::downgrade(&shared),
             late_ms: settings.late_ms,
+            max_lag: settings.max_lag,
             retain: (settings.retain_every, settings.keep_ms),
             since_retain: 0,
             retaining: Arc::new(std::sync::atomic::AtomicBool::new(false)),
@@ -186,6 +198,21 @@ impl Issuer {
         self.shared
             .fenced
             .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// True while `org`'s walk entry lags the run by [`IssuerSettings::max_lag`] slots or
+    /// more (J7): its next ship writes a checkpoint whatever its section's size.
+    pub fn is_lagging(&self, org: &OrgId) -> bool {
+        lock(&self.shared.lagging).contains(org)
+    }
+
+    /// Reports every org that starts lagging (J7) on the returned channel, once per
+    /// episode: the caller releases the idle ones (J4), whose entries otherwise hold the
+    /// run's retention back for ever. A second call replaces the first's channel.
+    pub fn subscribe_lag(&self) -> mpsc::UnboundedReceiver<OrgId> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *lock(&self.shared.lag_tx) = Some(tx);
+        rx
     }
 
     /// The replica the issuer writes through.
@@ -322,6 +349,7 @@ struct Task {
     replica: Replica,
     shared: std::sync::Weak<Shared>,
     late_ms: u64,
+    max_lag: u64,
     /// `retain_every` and `keep_ms`.
     retain: (u64, u64),
     since_retain: u64,
@@ -442,6 +470,7 @@ impl Task {
                 let _ = reply.send(attached);
             }
             Msg::Entry(org, entry) => {
+                self.unlag(&org);
                 self.claims.remove(&org);
                 if let Some(e) = self.entries.get_mut(&org) {
                     *e = entry;
@@ -451,6 +480,7 @@ impl Task {
                 self.holds.insert(entry);
             }
             Msg::Detach(org) => {
+                self.unlag(&org);
                 self.run.detach(&org);
                 self.run.forget_exclusions(&org);
                 self.entries.remove(&org);
@@ -536,6 +566,7 @@ impl Task {
                 }
                 self.publish_now();
                 self.retain_now();
+                self.check_lag(batch.slot());
                 self.issued.insert(batch.slot(), waiters);
                 let replica = self.replica.clone();
                 let at = Stopwatch::start();
@@ -692,9 +723,36 @@ impl Task {
         });
     }
 
+    /// J7's lag trigger at the batch in `slot`: marks and reports every attached org whose
+    /// entry is `max_lag` or more slots behind it.
+    fn check_lag(&self, slot: u64) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        if self.max_lag == 0 {
+            return;
+        }
+        let mut lagging = lock(&shared.lagging);
+        let tx = lock(&shared.lag_tx).clone();
+        for (org, &entry) in &self.entries {
+            if slot.saturating_sub(entry) >= self.max_lag && lagging.insert(org.clone()) {
+                tracing::debug!(%org, entry, slot, "journal entry lags (J7)");
+                if let Some(tx) = &tx {
+                    let _ = tx.send(org.clone());
+                }
+            }
+        }
+    }
+
+    fn unlag(&self, org: &OrgId) {
+        if let Some(shared) = self.shared.upgrade() {
+            lock(&shared.lagging).remove(org);
+        }
+    }
+
     fn publish_now(&self) {
         if let Some(shared) = self.shared.upgrade() {
-            *shared.now.lock().unwrap_or_else(|p| p.into_inner()) =
+            *lock(&shared.now) =
                 (self.run.name().clone(), self.run.floor());
         }
     }
@@ -811,4 +869,9 @@ fn dup(e: &Error) -> Error {
             }
         }
     }
+}
+
+/// A poisoned lock is still the state: every writer of these leaves them whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -262,8 +262,10 @@ impl JournalShipper {
         self.cumulative.len() as u64 * u64::from(self.hashes.page_size())
     }
 
+    /// J5's byte trigger, or J7's lag trigger for an org that commits.
     fn checkpoint_due(&self) -> bool {
-        self.acked.is_some() && self.cumulative_bytes() > self.section_bytes
+        self.acked.is_some()
+            && (self.cumulative_bytes() > self.section_bytes || self.issuer.is_lagging(&self.org))
     }
 
     /// Captures, diffs against the previous state, and submits the cumulative section.
