@@ -326,3 +326,62 @@ async fn a_lagging_org_is_checkpointed_when_busy_and_released_when_idle() -> R {
     assert_eq!(keys, i as i64);
     Ok(())
 }
+
+/// An org that stops without its Release entry (here poisoned: its file was replaced under
+/// the writer, I13) stays counted by the run's retention (T3): its acknowledged sections
+/// are kept while other orgs' batches go, and a successor that adopts the crashed run
+/// replays its keys. Guards against a stopped tenure detached from the run, whose entry
+/// then no longer held retention back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_org_keeps_its_sections_through_retention() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let mut settings = journal();
+    settings.journal.section_bytes = u64::MAX;
+    settings.journal.max_lag_batches = 0;
+    settings.journal.retain_every_batches = 2;
+    settings.retention.keep_ms = 0;
+    let data = dir.path().join("a");
+    let a = registry(&data, ra.clone(), "wa", settings)?;
+    let (acme, beta) = (OrgId::new("acme")?, org(1));
+    for k in ["k0", "k1", "k2"] {
+        assert!(a.once(&acme, k, effect("acme", k)).await?.applied);
+    }
+    // Replace acme's file under its writer: its next ship finds the files changed.
+    let db = common::outside::served_db(&data)?;
+    let copy = db.with_extension("copy");
+    std::fs::copy(&db, &copy)?;
+    std::fs::rename(&copy, &db)?;
+    let poisoned = a.once(&acme, "k3", effect("acme", "k3")).await;
+    assert!(
+        poisoned.is_err(),
+        "a replaced file was shipped: {poisoned:?}"
+    );
+    // Beta's batches go on, and retention runs every two of them.
+    for i in 0..30 {
+        let key = format!("b{i}");
+        assert!(a.once(&beta, &key, effect("org1", &key)).await?.applied);
+    }
+    drop(a);
+    drop(ra);
+    let rb = replica_with_lease(store, LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", journal())?;
+    let replayed = loop {
+        match b.once(&acme, "k0", effect("acme", "never")).await {
+            Ok(out) => break out,
+            Err(e) if e.kind() == idem_org::ErrorKind::Retry => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    assert!(!replayed.applied);
+    for k in ["k1", "k2"] {
+        assert!(!b.once(&acme, k, effect("acme", "never")).await?.applied);
+    }
+    b.shutdown().await;
+    let (effects, keys) = published(&rb, "acme", dir.path()).await?;
+    assert_eq!(keys, 3, "{effects:?}");
+    Ok(())
+}

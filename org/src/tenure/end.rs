@@ -89,20 +89,17 @@ pub(crate) async fn end(
         // A journal org's files are not the writer's any more: nothing is captured from
         // them, and the tenure stays held by the run until this process ends (J4 needs a
         // released section of the org's own state).
-        End::Poisoned { .. } if matches!(**publishing, Publisher::Journal(_)) => {
-            publishing.abandon();
-            (Ok(()), None)
-        }
+        End::Poisoned { .. } if matches!(**publishing, Publisher::Journal(_)) => (Ok(()), None),
         End::Poisoned { .. } => {
             if let Err(e) = publishing.release(&*inner.writer).await {
                 tracing::warn!(org = %org, round, error = %e, "release after poisoning failed");
             }
             (Ok(()), None)
         }
-        End::ClaimLost { .. } | End::Abandoned => {
-            publishing.abandon();
-            (Ok(()), None)
-        }
+        // A journal tenure that ends without its Release entry stays counted by the run
+        // (T3: walks still enter the run at its entry) until the process ends or this
+        // process takes the org again.
+        End::ClaimLost { .. } | End::Abandoned => (Ok(()), None),
         End::Released { keep } => match publishing.release(&*inner.writer).await {
             Ok(()) => (Ok(()), keep.then(|| publishing.resume_point()).flatten()),
             Err(e) => (Err(Error::replica(org, e)), None),

@@ -58,13 +58,6 @@ impl Publisher {
         }
     }
 
-    /// Ends a journal tenure in the run without a release (the org stopped).
-    pub(crate) fn abandon(&self) {
-        if let Publisher::Journal(j) = self {
-            j.detach();
-        }
-    }
-
     /// The per-org shipper, for what only a claim has (pipelining, parking, resuming).
     pub(crate) fn per_org(&mut self) -> Option<&mut Shipper> {
         match self {

@@ -544,6 +544,9 @@ impl Task {
             }
             waiters.announces.push((announced, reply));
         }
+        if sections.is_empty() && waiters.confirms.is_empty() && waiters.announces.is_empty() {
+            return;
+        }
         let roster = (self.roster_due || self.since_roster >= ROSTER_EVERY)
             .then(|| self.entries.keys().cloned().collect::<Vec<_>>());
         let meta = BatchMeta {
@@ -657,18 +660,26 @@ impl Task {
         let retain_below = self.retain_below();
         match self.replica.seal_self(&mut self.run, retain_below).await {
             Ok((continued, acked)) => {
-                self.answer(&acked);
-                // Nothing at or above the seal is acknowledged: sections again, confirms
-                // and announcements in the continued run.
-                let name = self.run.name().to_string();
+                // Our late batches below the seal are acknowledged by it; nothing at or
+                // above it is: sections again, confirms and announcements in the
+                // continued run.
+                let name = self.run.name().clone();
                 for (slot, w) in std::mem::take(&mut self.issued) {
-                    for (org, _, reply) in w.sections {
-                        let _ = reply.send(Err(Error::NotAcknowledged {
-                            org: org.to_string(),
-                            run: name.clone(),
-                            slot,
-                            reason: "the run self-sealed below the batch (J3)",
-                        }));
+                    for (org, commit, reply) in w.sections {
+                        let ok = w.landed && acked.iter().any(|(o, c)| *o == org && *c >= commit);
+                        let _ = reply.send(if ok {
+                            Ok(SectionAcked {
+                                run: name.clone(),
+                                slot,
+                            })
+                        } else {
+                            Err(Error::NotAcknowledged {
+                                org: org.to_string(),
+                                run: name.to_string(),
+                                slot,
+                                reason: "the run self-sealed below the batch (J3)",
+                            })
+                        });
                     }
                     self.confirms.extend(w.confirms);
                     for (a, reply) in w.announces {
@@ -704,8 +715,7 @@ impl Task {
         use std::sync::atomic::Ordering;
         let (every, keep_ms) = self.retain;
         self.since_retain += 1;
-        if every == 0 || self.since_retain < every || self.retaining.swap(true, Ordering::AcqRel)
-        {
+        if every == 0 || self.since_retain < every || self.retaining.swap(true, Ordering::AcqRel) {
             return;
         }
         self.since_retain = 0;
@@ -716,7 +726,9 @@ impl Task {
         );
         tokio::spawn(async move {
             match replica.retain_run(&run, keep_ms).await {
-                Ok(r) => tracing::debug!(%run, deleted = r.deleted.len(), below = r.retain_below, "journal retention"),
+                Ok(r) => {
+                    tracing::debug!(%run, deleted = r.deleted.len(), below = r.retain_below, "journal retention")
+                }
                 Err(e) => tracing::warn!(%run, error = %e, "journal retention failed"),
             }
             running.store(false, Ordering::Release);
@@ -752,8 +764,7 @@ impl Task {
 
     fn publish_now(&self) {
         if let Some(shared) = self.shared.upgrade() {
-            *lock(&shared.now) =
-                (self.run.name().clone(), self.run.floor());
+            *lock(&shared.now) = (self.run.name().clone(), self.run.floor());
         }
     }
 

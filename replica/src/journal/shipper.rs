@@ -234,7 +234,13 @@ impl JournalShipper {
     /// As [`JournalShipper::ship`]; the entries' creates. Until the Release entry landed
     /// the org stays held by this run (a successor adopts it, J3-7).
     pub async fn release(&mut self, source: &dyn CaptureSource) -> Result<(), Error> {
-        self.submit(source, true).await?;
+        let mut tries = 0;
+        loop {
+            match self.submit(source, true).await {
+                Err(Error::NotAcknowledged { .. }) if tries < NOT_ACKED_TRIES => tries += 1,
+                other => break other.map(|_| ())?,
+            }
+        }
         self.checkpoint(true).await?;
         let created = self
             .issuer
@@ -251,11 +257,6 @@ impl JournalShipper {
         self.next_seq += 1;
         self.issuer.detach(&self.org);
         Ok(())
-    }
-
-    /// Ends the tenure in the run without a release (the org stopped: fenced, poisoned).
-    pub fn detach(&self) {
-        self.issuer.detach(&self.org);
     }
 
     fn cumulative_bytes(&self) -> u64 {
