@@ -122,3 +122,20 @@ async fn a_journal_server_acknowledges_many_orgs_and_its_successor_reads_them() 
     }
     Ok(())
 }
+
+#[test]
+fn journal_and_force_claim_are_refused_together_before_the_store_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let out = common::run(&[
+        "serve",
+        "--store",
+        store.to_str().unwrap(),
+        "--data",
+        dir.path().join("data").to_str().unwrap(),
+        "--journal",
+        "--force-claim",
+    ]);
+    common::assert_clean_failure(&out, "--force-claim");
+    assert!(!store.exists(), "a refused flag created the store");
+}

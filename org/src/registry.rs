@@ -99,6 +99,14 @@ impl RegistryBuilder {
             });
         }
         let journal = &self.settings.journal;
+        if journal.enabled && self.settings.force_claim {
+            // A forced claim over another process's run would adopt the whole run (K2),
+            // fencing every org of a holder that may be live; K1's one-org exclusion is not
+            // used by the registry.
+            return Err(Error::InvalidSettings {
+                reason: "the journal cannot run with force_claim".into(),
+            });
+        }
         if journal.enabled && !(1..=idem_replica::MAX_SHIP_WINDOW).contains(&journal.window) {
             return Err(Error::InvalidSettings {
                 reason: format!(

@@ -385,3 +385,20 @@ async fn a_stopped_org_keeps_its_sections_through_retention() -> R {
     assert_eq!(keys, 3, "{effects:?}");
     Ok(())
 }
+
+/// A forced claim over another process's run would adopt that whole run, so the journal
+/// refuses `force_claim` when the registry is built, and `idem serve` the two flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_refuses_force_claim() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store, LEASE_MS).await?;
+    let mut settings = journal();
+    settings.force_claim = true;
+    let built = Registry::builder(dir.path(), ra, "wa")
+        .settings(settings)
+        .build();
+    let e = built.err().ok_or("built with force_claim on the journal")?;
+    assert!(e.to_string().contains("force_claim"), "{e}");
+    Ok(())
+}

@@ -117,8 +117,9 @@ pub struct ServeArgs {
     /// PUT acknowledges every org that committed while the previous one was in flight, a
     /// crashed process's orgs are taken by one adopt seal. Orgs a per-org holder still holds
     /// stay per org. Stores holding journal orgs are read only by this version and newer,
-    /// and a replica started without `--journal` refuses those orgs.
-    #[arg(long)]
+    /// and a replica started without `--journal` refuses those orgs. Not with
+    /// `--force-claim`.
+    #[arg(long, conflicts_with = "force_claim")]
     journal: bool,
     /// Forward a request for an org another live replica holds to the address it advertised
     /// (`--advertise`), and relay its answer, instead of answering 503 with that address: any

@@ -52,7 +52,8 @@ pub enum JournalAcquire {
 impl Issuer {
     /// Acquires `org` on the journal: walks it and applies K1b, K4 or K2 then K4 (see the
     /// module docs); the tenure is attached to the run when this returns. `force` skips
-    /// the judgement of another run's holder (the operator's override, as per org).
+    /// the judgement of another run's holder: the adopt seal then fences **every** org of
+    /// that run, live holder or not.
     ///
     /// # Errors
     /// [`Error::LeaseHeld`] while another process's run holds the org and its process lease
