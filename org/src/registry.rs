@@ -405,7 +405,7 @@ impl Registry {
                         return Err(Error::ShuttingDown { org: id.clone() });
                     }
                     let journal = self.issuer(id).await?;
-                    Org::open(
+                    let opened = Org::open(
                         crate::tenure::open::Opening {
                             replica: inner.replica.clone(),
                             data_dir: &inner.data_dir,
@@ -421,7 +421,11 @@ impl Registry {
                         },
                         id.clone(),
                     )
-                    .await
+                    .await;
+                    if let Some(journal) = &journal {
+                        self.take_adopted(journal);
+                    }
+                    opened
                 })
                 .await
                 .cloned();
@@ -722,6 +726,45 @@ impl Registry {
             }
             self.forget(&id, &slot);
         }
+    }
+}
+
+impl Registry {
+    /// K2.5: opens in the background, `warm.concurrency` at a time, the orgs of a run
+    /// this process adopted, so their first requests find them served. Each is an ordinary
+    /// acquire (its walk now ends in this process's run: K4); one already open or refused is
+    /// left alone.
+    fn take_adopted(&self, issuer: &Issuer) {
+        use futures::StreamExt;
+        let adopted = issuer.take_adopted();
+        if adopted.is_empty() {
+            return;
+        }
+        let registry = Arc::downgrade(&self.inner);
+        let concurrency = self.inner.settings.warm.concurrency.max(1);
+        tokio::spawn(async move {
+            futures::stream::iter(adopted)
+                .for_each_concurrent(concurrency, |id| {
+                    let registry = registry.clone();
+                    async move {
+                        let Some(inner) = registry.upgrade() else {
+                            return;
+                        };
+                        let registry = Registry { inner };
+                        if registry.shutting_down()
+                            || registry.serving(&id).is_some()
+                            || !registry.has_room()
+                        {
+                            return;
+                        }
+                        match registry.acquire_unnoted(&id).await {
+                            Ok(_) => tracing::debug!(org = %id, "adopted org opened (K2.5)"),
+                            Err(e) => tracing::debug!(org = %id, error = %e, "adopted org not opened"),
+                        }
+                    }
+                })
+                .await;
+        });
     }
 }
 

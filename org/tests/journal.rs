@@ -179,6 +179,8 @@ async fn a_crashed_writers_orgs_are_adopted_by_one_seal() -> R {
     };
     assert!(refused > 0, "B claimed while A's lease was live");
     assert!(!first.applied);
+    // K2.5: the adopted run's other orgs open in the background, before any request.
+    common::until(|| (1..ORGS).all(|i| b.serving(&org(i)).is_some())).await?;
     let seals_before = rb.store_requests().put;
     replays(&b, ORGS, ROUNDS).await?;
     // The other orgs came with the one adopt seal: their acquires claimed nothing.

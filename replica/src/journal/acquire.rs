@@ -144,9 +144,19 @@ impl Issuer {
                         .adopt_run(&holder, self.writer(), &ours, from)
                         .await?
                     {
-                        Adoption::Sealed { run, slot, .. } => {
+                        Adoption::Sealed { run, slot, listing } => {
                             tracing::info!(%org, %run, slot, "adopted a dead writer's journal run (K2)");
                             self.hold(from);
+                            // K2.3: the run's other orgs, for the caller to take in the
+                            // background (K2.5) before their requests arrive.
+                            match replica.run_orgs(&listing, slot).await {
+                                Ok(learned) => self.note_adopted(
+                                    learned.orgs.into_iter().filter(|o| o != org),
+                                ),
+                                Err(e) => {
+                                    tracing::warn!(%run, error = %e, "the adopted run's orgs not learned")
+                                }
+                            }
                         }
                         Adoption::Released { .. } | Adoption::AdoptedBy { .. } => {}
                     }

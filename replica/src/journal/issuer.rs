@@ -110,6 +110,8 @@ struct Shared {
     lagging: Mutex<BTreeSet<OrgId>>,
     /// Where each org that starts lagging is reported.
     lag_tx: Mutex<Option<mpsc::UnboundedSender<OrgId>>>,
+    /// Orgs of runs this issuer adopted (K2.3), not yet taken by the caller.
+    adopted: Mutex<BTreeSet<OrgId>>,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -162,6 +164,7 @@ impl Issuer {
             fenced: std::sync::atomic::AtomicBool::new(false),
             lagging: Mutex::new(BTreeSet::new()),
             lag_tx: Mutex::new(None),
+            adopted: Mutex::new(BTreeSet::new()),
         });
         let task = Task {
             replica: replica.clone(),
@@ -213,6 +216,18 @@ impl Issuer {
         let (tx, rx) = mpsc::unbounded_channel();
         *lock(&self.shared.lag_tx) = Some(tx);
         rx
+    }
+
+    /// The orgs of the runs [`Issuer::acquire`] adopted since the last call (K2.3): walks of
+    /// each may now end in this run, and the caller takes them in the background (K2.5).
+    pub fn take_adopted(&self) -> Vec<OrgId> {
+        std::mem::take(&mut *lock(&self.shared.adopted))
+            .into_iter()
+            .collect()
+    }
+
+    pub(crate) fn note_adopted(&self, orgs: impl IntoIterator<Item = OrgId>) {
+        lock(&self.shared.adopted).extend(orgs);
     }
 
     /// The replica the issuer writes through.
