@@ -759,7 +759,9 @@ impl Registry {
                         }
                         match registry.acquire_unnoted(&id).await {
                             Ok(_) => tracing::debug!(org = %id, "adopted org opened (K2.5)"),
-                            Err(e) => tracing::debug!(org = %id, error = %e, "adopted org not opened"),
+                            Err(e) => {
+                                tracing::debug!(org = %id, error = %e, "adopted org not opened")
+                            }
                         }
                     }
                 })

@@ -150,9 +150,9 @@ impl Issuer {
                             // K2.3: the run's other orgs, for the caller to take in the
                             // background (K2.5) before their requests arrive.
                             match replica.run_orgs(&listing, slot).await {
-                                Ok(learned) => self.note_adopted(
-                                    learned.orgs.into_iter().filter(|o| o != org),
-                                ),
+                                Ok(learned) => {
+                                    self.note_adopted(learned.orgs.into_iter().filter(|o| o != org))
+                                }
                                 Err(e) => {
                                     tracing::warn!(%run, error = %e, "the adopted run's orgs not learned")
                                 }
