@@ -584,7 +584,9 @@ impl Registry {
     }
 
     /// Releases every open org (final ship, Release entry, close): what a replica does on
-    /// SIGTERM during a rolling upgrade, so successors claim at once.
+    /// SIGTERM during a rolling upgrade, so successors claim at once. On the journal each
+    /// org's release is its final ship only, and one release seal of the process's run
+    /// then frees every org at once (J4).
     ///
     /// First the process lease says the process is draining and lists the orgs it releases
     /// (one PUT, [`idem_replica::Replica::drain`]), so a successor running the warm
@@ -601,6 +603,12 @@ impl Registry {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(warm) = &self.inner.warm {
             warm.wake.notify_one();
+        }
+        // J4 for every journal org: each release only drains it, and one release seal
+        // frees them all once every final ship is acknowledged.
+        let journal = self.inner.journal.lock().await.clone();
+        if let Some(issuer) = &journal {
+            issuer.begin_close();
         }
         let slots: Vec<(OrgId, Slot)> = lock(&self.inner.orgs).drain().collect();
         if !slots.is_empty() {
@@ -629,9 +637,10 @@ impl Registry {
         let released: Vec<(OrgId, Result<(), Error>)> = released.into_iter().flatten().collect();
         // Every journal org released: the run ends with a release seal (J4), so nothing
         // of it is adopted and a successor's walk of any org it held ends free.
-        let issuer = self.inner.journal.lock().await.clone();
-        if let Some(issuer) = issuer
-            && released.iter().all(|(_, r)| r.is_ok())
+        // An org whose final ship failed had those commits unacknowledged: the seal frees
+        // it at its acknowledged state like the others. Without the seal (a fenced run, a
+        // store that is down) the orgs stay held by the run until a successor adopts it.
+        if let Some(issuer) = journal
             && let Err(e) = issuer.close(true).await
         {
             tracing::warn!(error = %e, "journal run not sealed at shutdown");

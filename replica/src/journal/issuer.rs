@@ -112,6 +112,8 @@ struct Shared {
     lag_tx: Mutex<Option<mpsc::UnboundedSender<OrgId>>>,
     /// Orgs of runs this issuer adopted (K2.3), not yet taken by the caller.
     adopted: Mutex<BTreeSet<OrgId>>,
+    /// The process is shutting down: releases wait for the run's release seal.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Issuer {
@@ -165,6 +167,7 @@ impl Issuer {
             lagging: Mutex::new(BTreeSet::new()),
             lag_tx: Mutex::new(None),
             adopted: Mutex::new(BTreeSet::new()),
+            closing: std::sync::atomic::AtomicBool::new(false),
         });
         let task = Task {
             replica: replica.clone(),
@@ -228,6 +231,20 @@ impl Issuer {
 
     pub(crate) fn note_adopted(&self, orgs: impl IntoIterator<Item = OrgId>) {
         lock(&self.shared.adopted).extend(orgs);
+    }
+
+    /// J4 for every org: from now on a tenure's release only drains it (its last section
+    /// acknowledged, nothing more written), and stays counted in the run; the release seal
+    /// [`Issuer::close`] places afterwards frees every such org at once, one PUT for all.
+    pub fn begin_close(&self) {
+        self.shared
+            .closing
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// True after [`Issuer::begin_close`].
+    pub fn is_closing(&self) -> bool {
+        self.shared.closing.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The replica the issuer writes through.

@@ -228,12 +228,19 @@ impl JournalShipper {
 
     /// J4 for one org: ships a released section of everything committed, then the
     /// released checkpoint through its slot, then the Release entry: walks end free there.
-    /// The tenure is detached from the run.
+    /// The tenure is detached from the run. After [`Issuer::begin_close`] it writes
+    /// nothing: the run's release seal frees the org.
     ///
     /// # Errors
     /// As [`JournalShipper::ship`]; the entries' creates. Until the Release entry landed
     /// the org stays held by this run (a successor adopts it, J3-7).
     pub async fn release(&mut self, source: &dyn CaptureSource) -> Result<(), Error> {
+        if self.issuer.is_closing() {
+            // J4 for every org: the caller shipped everything committed; the run's release
+            // seal frees this org with the others (its walk reads its newest section, then
+            // meets the seal), and its entry stays counted in the seal's retain_below.
+            return Ok(());
+        }
         let mut tries = 0;
         loop {
             match self.submit(source, true).await {
