@@ -244,7 +244,9 @@ impl Issuer {
 
     /// True after [`Issuer::begin_close`].
     pub fn is_closing(&self) -> bool {
-        self.shared.closing.load(std::sync::atomic::Ordering::Acquire)
+        self.shared
+            .closing
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The replica the issuer writes through.
