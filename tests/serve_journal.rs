@@ -1,6 +1,7 @@
 //! `idem serve --journal` (`docs/design.md` 3g, "The org layer on the journal") over real
 //! HTTP: clients of several orgs are acknowledged through batches of one journal run, the
-//! server's SIGTERM releases every org and seals the run, and a successor started with
+//! server's SIGTERM releases every org and seals the run, `inspect`, `snapshots`, `verify`
+//! and `restore` read them, and a successor started with
 //! `--journal` serves their balances and replays their keys; a replica without it reads
 //! them but refuses to write them per org.
 #![allow(clippy::unwrap_used)]
@@ -63,6 +64,39 @@ async fn a_journal_server_acknowledges_many_orgs_and_its_successor_reads_them() 
             }
         }
     }
+
+    // The operator's readers follow the journal: inspect, snapshots (the checkpoints are
+    // positions), verify, and restore of the newest state.
+    let store_arg = store.to_str().unwrap();
+    for cmd in [
+        vec!["inspect", "org0", "--store", store_arg],
+        vec!["snapshots", "org0", "--store", store_arg],
+        vec!["verify", "org0", "--store", store_arg],
+    ] {
+        let out = common::run(&cmd);
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let restored = dir.path().join("org0.db");
+    let out = common::run(&[
+        "restore",
+        "org0",
+        "--store",
+        store_arg,
+        "--to",
+        restored.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let conn = rusqlite::Connection::open(&restored)?;
+    let moved: i64 = conn.query_row("SELECT count(*) FROM transfers", [], |r| r.get(0))?;
+    assert_eq!(moved, PER_ORG);
 
     // A replica without --journal reads them from the store (a read never claims, and
     // follows the journal), but refuses to write them per org, changing nothing.

@@ -412,3 +412,42 @@ async fn the_journal_refuses_force_claim() -> R {
     assert!(e.to_string().contains("force_claim"), "{e}");
     Ok(())
 }
+
+/// `Replica::verify` of a journal org rebuilds every checkpoint by its base links and the
+/// walk's newest state, and reports damage to a checkpoint's stored bytes at its seq.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_a_journal_org_and_reports_a_damaged_checkpoint() -> R {
+    use object_store::ObjectStoreExt;
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
+    let o = org(0);
+    for k in ["k0", "k1", "k2"] {
+        assert!(a.once(&o, k, effect("org0", k)).await?.applied);
+    }
+    a.shutdown().await;
+    let report = ra.verify(&o).await?;
+    assert!(report.failed.is_empty(), "{:#?}", report.failed);
+    assert!(!report.ok.is_empty(), "no checkpoint verified");
+    // Damage every object of the org beside its log (the checkpoints' stored bytes).
+    let mut listed = store.list(Some(&object_store::path::Path::from("t/orgs/org0")));
+    let mut damaged = 0;
+    while let Some(meta) = listed.next().await {
+        let path = meta?.location;
+        if !path.as_ref().contains("/log/") {
+            store
+                .put(&path, b"not what was stored".to_vec().into())
+                .await?;
+            damaged += 1;
+        }
+    }
+    assert!(damaged > 0, "no stored bytes beside the log");
+    let report = ra.verify(&o).await?;
+    assert!(
+        !report.failed.is_empty(),
+        "damage not reported: ok {:?}",
+        report.ok
+    );
+    Ok(())
+}

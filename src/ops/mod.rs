@@ -212,17 +212,21 @@ fn org_id(org: &str) -> Result<OrgId, String> {
     OrgId::new(org).map_err(|e| e.to_string())
 }
 
-/// The org's history; an org without any entry is unknown, and the error names the prefixes
-/// of `store` (the URL `replica` was opened on) that do hold orgs.
+/// The org's history (a journal org's included); an org without any entry is unknown, and
+/// the error names the prefixes of `store` (the URL `replica` was opened on) that do hold
+/// orgs.
 async fn history(
     replica: &Replica,
     store: &str,
     org: &OrgId,
 ) -> Result<Vec<replica::LogEntry>, String> {
-    let h = replica
-        .history(org)
-        .await
-        .map_err(|e| about(org, &crate::chain(&e)))?;
+    // A journal org's log holds format-5 claims and checkpoints (docs/design.md 3g): read
+    // with the journal's reader, which also reads every per-org entry.
+    let h = match replica.history(org).await {
+        Err(replica::Error::JournalRequired { .. }) => replica.journal_history(org).await,
+        other => other,
+    }
+    .map_err(|e| about(org, &crate::chain(&e)))?;
     if h.is_empty() {
         return Err(match crate::store::parse_existing(store) {
             Ok(url) => crate::store::org_not_found(&url, org).await,

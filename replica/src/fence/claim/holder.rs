@@ -88,7 +88,10 @@ impl Replica {
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease
     /// or log entry.
     pub(crate) async fn holder(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
-        let mut window = self.inner.log.window(org, 1).await?;
+        let mut window = match self.inner.log.window(org, 1).await {
+            Err(Error::JournalRequired { .. }) => return self.journal_holder(org).await,
+            other => other?,
+        };
         // Retention never deletes the head: one that vanished means the log moved on.
         for _ in 0..3 {
             if window.seqs.is_empty() || window.top().is_some() {
@@ -178,5 +181,36 @@ fn claimer_lease(writer: String, round: u64, claimer: Claimer) -> Lease {
         home: claimer.home,
         addr: None,
         term_ms: claimer.term_ms,
+    }
+}
+
+impl Replica {
+    /// The holder of a journal org (`docs/design.md` 3g): the writer of the run its walk
+    /// (K0) ends in, judged by that run's process lease; `None` when the walk ends free.
+    async fn journal_holder(&self, org: &OrgId) -> Result<Option<Lease>, Error> {
+        let walk = self.walk_org(org).await?;
+        let crate::journal::OrgEnd::Held { run, tenure, .. } = &walk.end else {
+            return Ok(None);
+        };
+        let claim = walk
+            .log
+            .values()
+            .rev()
+            .find(|e| e.round() <= tenure.round && e.is_claim());
+        let (writer, term_ms) = match claim.map(|e| (&e.header.writer, &e.body)) {
+            Some((w, crate::format::entry::EntryBody::Claim(c))) => (w.clone(), c.term_ms),
+            _ => (String::new(), 0),
+        };
+        let process = self.inner.leases.process_lease(run.instance()).await?;
+        Ok(Some(Lease {
+            writer,
+            round: tenure.round,
+            expires_at_ms: process.as_ref().map_or(0, |p| p.expires_at_ms),
+            instance: run.instance().to_owned(),
+            home: None,
+            addr: process.and_then(|p| p.addr),
+            process: true,
+            term_ms,
+        }))
     }
 }
