@@ -154,6 +154,18 @@ async fn a_journal_server_acknowledges_many_orgs_and_its_successor_reads_them() 
             .await?;
         assert_eq!(bal["balances"], json!({"x": -total, "y": total}), "org{o}");
     }
+    // B's first checkpoint of each org (its state was A's newest section, past A's release
+    // seal) is that section's pages on its base: one delta entry, no snapshot.
+    for o in 0..ORGS {
+        let mut b_entries = Vec::new();
+        for e in std::fs::read_dir(store.join(format!("orgs/org{o}/log")))? {
+            let entry: Value = serde_json::from_slice(&std::fs::read(e?.path())?)?;
+            if entry["writer"] == json!("b") && entry["kind"] != json!("claim") {
+                b_entries.push(entry["kind"].clone());
+            }
+        }
+        assert_eq!(b_entries, vec![json!("delta")], "org{o}");
+    }
     Ok(())
 }
 

@@ -21,11 +21,13 @@ use std::sync::Arc;
 
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::journal::{Base, Via};
+use crate::format::body::{self, DeltaBody};
 use crate::format::pages::canonical_page1;
 use crate::journal::acquire::JournalStart;
 use crate::journal::checkpoint::{AnyCheckpoint, DeltaCheckpoint};
 use crate::journal::entries::{Checkpoint, EntryCreated};
 use crate::journal::issuer::{Issuer, SectionAcked};
+use crate::journal::org_walk::WalkState;
 use crate::journal::run::SectionInput;
 use crate::live::{self, CaptureError, CaptureRequest, Checkpoint as WalCheckpoint, OwnedFiles};
 use crate::{CaptureSource, Delta, Error, OrgId, ShipKind, ShipReport, Snapshot};
@@ -109,7 +111,13 @@ impl JournalShipper {
         let base = match start.base_entry() {
             Some(seq) => Base { seq, checksum },
             None => {
-                let seq = first_checkpoint(issuer, start, snapshot).await?;
+                let seq = match section_pages(issuer, start).await? {
+                    // The section's own pages on its own base: one inline PUT.
+                    Some((base, pages)) => {
+                        first_delta_checkpoint(issuer, start, base, pages, &checksum).await?
+                    }
+                    None => first_checkpoint(issuer, start, snapshot).await?,
+                };
                 Base { seq, checksum }
             }
         };
@@ -446,6 +454,60 @@ async fn read_file(files: &Arc<OwnedFiles>) -> Result<Vec<u8>, Error> {
         path: "journal org file".into(),
         source,
     })
+}
+
+/// The pages of the walk's newest section, when every one is stored whole (a section
+/// written by [`JournalShipper`] always is), with the base it names; `None` otherwise.
+async fn section_pages(
+    issuer: &Issuer,
+    start: &JournalStart,
+) -> Result<Option<(Base, Delta)>, Error> {
+    let WalkState::Section { batch, section } = &start.tenure.walk.state else {
+        return Ok(None);
+    };
+    let body = issuer.replica().read_journal_section(batch, section).await?;
+    let object = format!("{} slot {}", batch.header.run, batch.header.slot);
+    let parsed = DeltaBody::parse(&object, &body)?;
+    let mut pages = BTreeMap::new();
+    for (pgno, encoding, bytes) in parsed.records() {
+        if encoding != body::WHOLE {
+            return Ok(None);
+        }
+        pages.insert(pgno, bytes.to_vec());
+    }
+    let delta = Delta::new(parsed.page_size(), parsed.db_pages(), pages, section.commit)?;
+    Ok(Some((section.base.clone(), delta)))
+}
+
+/// The tenure's first checkpoint as a delta: the walk's newest section's pages on the base
+/// it names, through `start.through`, at `start.next_seq` (J5); returns its seq.
+async fn first_delta_checkpoint(
+    issuer: &Issuer,
+    start: &mut JournalStart,
+    base: Base,
+    pages: Delta,
+    checksum: &str,
+) -> Result<u64, Error> {
+    let checkpoint = DeltaCheckpoint {
+        seq: start.next_seq,
+        round: start.tenure.round,
+        writer: issuer.writer().to_owned(),
+        run: start.run.clone(),
+        through: start.through,
+        tenure: start.tenure.via.clone(),
+        released: false,
+        base,
+        checksum: checksum.to_owned(),
+        pages,
+    };
+    let entry = issuer
+        .replica()
+        .checkpoint(&start.org, AnyCheckpoint::Delta(checkpoint))
+        .await?;
+    let seq = entry.header.seq;
+    start.next_seq = seq + 1;
+    issuer.entry(&start.org, start.through + 1);
+    Ok(seq)
 }
 
 /// The tenure's first checkpoint: `snapshot` (the walk's state, or a never-written org's
