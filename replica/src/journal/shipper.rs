@@ -19,9 +19,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::format::body::{self, DeltaBody};
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::journal::{Base, Via};
-use crate::format::body::{self, DeltaBody};
 use crate::format::pages::canonical_page1;
 use crate::journal::acquire::JournalStart;
 use crate::journal::checkpoint::{AnyCheckpoint, DeltaCheckpoint};
@@ -465,7 +465,10 @@ async fn section_pages(
     let WalkState::Section { batch, section } = &start.tenure.walk.state else {
         return Ok(None);
     };
-    let body = issuer.replica().read_journal_section(batch, section).await?;
+    let body = issuer
+        .replica()
+        .read_journal_section(batch, section)
+        .await?;
     let object = format!("{} slot {}", batch.header.run, batch.header.slot);
     let parsed = DeltaBody::parse(&object, &body)?;
     let mut pages = BTreeMap::new();
