@@ -24,6 +24,7 @@ mod memory;
 mod orgs;
 mod p10;
 mod p9b;
+mod p9c;
 mod resnapshot;
 mod uploaded;
 mod versus;
@@ -230,6 +231,11 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
         p9b::run(&dir, args.quick, args.latency)
             .await
             .map_err(fail("p9b"))?;
+    }
+    if args.wants("p9c") {
+        p9c::run(&dir, args.quick, args.latency, args.row_time())
+            .await
+            .map_err(fail("p9c"))?;
     }
     let handoff_only = !args.wants("p10") && args.wants("p10-handoff");
     if args.wants("p10") || handoff_only {

@@ -191,8 +191,8 @@ async fn one_row(replica: &Replica, n: usize, ticks: usize) -> BenchResult<Strin
 }
 
 /// A cell's common part: acks/s, ack p50 / p99, store requests per ack and PUT dollars per
-/// million acks (S3 Standard's $5 per million PUTs).
-fn ack_cell(
+/// million acks (S3 Standard's $5 per million PUTs). P9c's cells reuse it.
+pub(crate) fn ack_cell(
     latencies: &mut [std::time::Duration],
     wall: std::time::Duration,
     cost: &idem_replica::StoreRequests,
