@@ -422,6 +422,11 @@ impl Task {
                 self.issue().await;
                 if self.run.needs_seal() && self.flying.is_empty() {
                     self.seal().await;
+                    // What was queued while the seal was placed goes now, in the continued
+                    // run: no message may ever come to wake the select below.
+                    if self.dead.is_none() {
+                        self.issue().await;
+                    }
                 }
             }
             if self.flying.is_empty() && (self.closing.is_some() || !open) && self.idle() {
@@ -738,8 +743,50 @@ impl Task {
             Err(e @ Error::RunFenced { .. }) => self.die(e),
             Err(e) => {
                 tracing::warn!(run = %self.run.name(), error = %e, "journal self-seal failed; retrying");
+                // Nobody waits for the store to come back: a retryable answer now, as a
+                // failed per-org ship gives one (sections are cumulative and go again).
+                self.not_acknowledged();
                 tokio::time::sleep(self.late()).await;
             }
+        }
+    }
+
+    /// While the self-seal is not placed (J3), every waiter gets `NotAcknowledged` (never
+    /// an acknowledgement: a slot the seal later finds ours answers nobody). An announced
+    /// claim stays listed (T3) until its org's entry moves or it detaches, as before.
+    fn not_acknowledged(&mut self) {
+        let (run, slot) = (self.run.name().to_string(), self.run.floor());
+        let e = |org: &str| Error::NotAcknowledged {
+            org: org.to_owned(),
+            run: run.clone(),
+            slot,
+            reason: "the store refused the run's self-seal (J3)",
+        };
+        let mut announces = Vec::new();
+        for w in self.issued.values_mut() {
+            for (org, _, reply) in w.sections.drain(..) {
+                let _ = reply.send(Err(e(org.as_str())));
+            }
+            for (org, reply) in w.confirms.drain(..) {
+                let _ = reply.send(Err(e(org.as_str())));
+            }
+            announces.extend(w.announces.drain(..).map(|(a, r)| (a.org, r)));
+        }
+        for (org, (_, waiting)) in std::mem::take(&mut self.queued) {
+            for (_, reply) in waiting {
+                let _ = reply.send(Err(e(org.as_str())));
+            }
+        }
+        for (org, reply) in std::mem::take(&mut self.confirms) {
+            let _ = reply.send(Err(e(org.as_str())));
+        }
+        announces.extend(
+            std::mem::take(&mut self.announces)
+                .into_iter()
+                .map(|(o, _, r)| (o.to_string(), r)),
+        );
+        for (org, reply) in announces {
+            let _ = reply.send(Err(e(&org)));
         }
     }
 
