@@ -503,14 +503,7 @@ async fn first_delta_checkpoint(
         checksum: checksum.to_owned(),
         pages,
     };
-    let entry = issuer
-        .replica()
-        .checkpoint(&start.org, AnyCheckpoint::Delta(checkpoint))
-        .await?;
-    let seq = entry.header.seq;
-    start.next_seq = seq + 1;
-    issuer.entry(&start.org, start.through + 1);
-    Ok(seq)
+    create_first(issuer, start, AnyCheckpoint::Delta(checkpoint)).await
 }
 
 /// The tenure's first checkpoint: `snapshot` (the walk's state, or a never-written org's
@@ -530,10 +523,17 @@ async fn first_checkpoint(
         released: false,
         snapshot,
     };
-    let entry = issuer
-        .replica()
-        .checkpoint(&start.org, AnyCheckpoint::Snapshot(checkpoint))
-        .await?;
+    create_first(issuer, start, AnyCheckpoint::Snapshot(checkpoint)).await
+}
+
+/// Creates a tenure's first checkpoint (J5's collision rule included), moves the tenure's
+/// next log seq above it and the org's walk entry past `start.through`; returns its seq.
+async fn create_first(
+    issuer: &Issuer,
+    start: &mut JournalStart,
+    checkpoint: AnyCheckpoint,
+) -> Result<u64, Error> {
+    let entry = issuer.replica().checkpoint(&start.org, checkpoint).await?;
     let seq = entry.header.seq;
     start.next_seq = seq + 1;
     issuer.entry(&start.org, start.through + 1);
