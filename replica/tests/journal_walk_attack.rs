@@ -592,10 +592,10 @@ async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_re
 
 /// K3 against the per-org path: once a journal claim took over a per-org holder (K1.6),
 /// the holder's next ship meets it in its slot and is `Fenced`, never acknowledged; and
-/// every per-org reader (verify, retention, level compaction, a forced claim), on the
+/// every per-org writer-side reader (retention, level compaction, a forced claim), on the
 /// holder's handle that remembers the per-org entries and on a fresh one, refuses the log
-/// with `JournalRequired`, deleting and writing nothing; `restore` follows the journal to
-/// the takeover's checkpoint.
+/// with `JournalRequired`, deleting and writing nothing; `verify` and `restore` follow the
+/// journal (verify finds every entry and the takeover's state sound).
 #[tokio::test]
 async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_refused() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -646,8 +646,11 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("org.db");
     for r in [&holder, &fresh] {
+        // `verify` reads journal orgs: every stored entry and the walk's state rebuild.
+        let report = r.verify(&o).await.unwrap();
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert!(!report.ok.is_empty(), "verify checked nothing");
         let refusals = [
-            r.verify(&o).await.err(),
             r.retain(&o, &Retention::default()).await.err(),
             r.compact_levels(&o, &Retention::default()).await.err(),
             r.claim(&o, "b", true).await.err(),
