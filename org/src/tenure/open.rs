@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_replica::journal::{Issuer, JournalAcquire, JournalShipper, JournalStart};
+use idem_replica::journal::{Issuer, JournalAcquire, JournalLimits, JournalShipper, JournalStart};
 use idem_replica::sqlite::{OwnError, Owned};
 use idem_replica::{Claim, OrgId, Replica, Shipper};
 
@@ -169,7 +169,10 @@ async fn open_journal(
         hydrated,
         owned_files,
         &*serving.writer,
-        opening.settings.journal.section_bytes,
+        JournalLimits {
+            section_bytes: opening.settings.journal.section_bytes,
+            wal_checkpoint_bytes: opening.settings.ship.wal_checkpoint_bytes,
+        },
     )
     .await;
     let shipper = match shipper {

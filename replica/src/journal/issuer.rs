@@ -1,8 +1,8 @@
 //! The issuer (`docs/design.md` 3g, "The org layer on the journal"): one task per writer
 //! process owns its [`Run`] and turns what every org hands it into batches. Each org's
 //! section, confirmation or claim announcement waits in a queue; a batch takes the whole
-//! queue (group commit across orgs), and J7 issues one while nothing is in flight, or a
-//! second once the first is late. Answers go out as the resolved prefix passes each slot
+//! queue (group commit across orgs), and J7 issues one while nothing is in flight, or
+//! another once the newest in flight is late (half a mean landing), up to the window. Answers go out as the resolved prefix passes each slot
 //! (J1): a section is acknowledged only when the prefix passes our landed batch holding
 //! it, and a confirmation only by a batch of ours issued after it arrived (J6).
 //!
@@ -10,7 +10,7 @@
 //! submit(section) ─┐                               ┌─ Ok(SectionAcked { run, slot })
 //! confirm(org) ────┼─ queue ─ issue_batch ─ land ──┼─ Ok(())        (prefix passed it)
 //! announce(org) ───┘    (J7: one in flight,        └─ NotAcknowledged / Fenced / RunFenced
-//!                         a second when late)
+//!                         another when it is late)
 //! a failed put  → drain → seal_self (J3) → the continued run; sections again, same tenures
 //! close(release) → drain → seal_release (J4)
 //! ```
@@ -36,13 +36,18 @@ const ROSTER_EVERY: u64 = 256;
 /// The first guess of a batch's landing time before one was measured, ms.
 const FIRST_LANDING_MS: f64 = 30.0;
 
+/// J7's default `late_ms` as a fraction of the mean landing time: a batch in flight for half
+/// a landing lets the next one go, so a commit that just missed a batch waits at most about
+/// half a round trip for its own, and at most about two batches fly per round trip.
+const LATE_FRACTION: f64 = 0.5;
+
 /// How an [`Issuer`] issues.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IssuerSettings {
     /// Slots in flight at most, from the lowest unresolved one (1..=[`crate::MAX_SHIP_WINDOW`]).
     pub window: u64,
-    /// Ms after which the newest batch in flight is late and a second may be issued (J7);
-    /// 0 = twice the measured mean landing time.
+    /// Ms after which the newest batch in flight is late and another may be issued (J7);
+    /// 0 = half the measured mean landing time.
     pub late_ms: u64,
     /// Batches between two retention runs of the current run ([`Replica::retain_run`],
     /// T1-T3, in the background, one at a time); 0 = never.
@@ -460,7 +465,7 @@ impl Task {
         let ms = if self.late_ms > 0 {
             self.late_ms as f64
         } else {
-            2.0 * self.landing_ms
+            LATE_FRACTION * self.landing_ms
         };
         Duration::from_micros((ms * 1000.0) as u64)
     }

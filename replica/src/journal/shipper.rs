@@ -1,17 +1,25 @@
 //! One org's writer on the journal (`docs/design.md` 3g, "The org layer on the journal"):
 //! what the per-org [`crate::Shipper`] is to a claim, [`JournalShipper`] is to a tenure in
-//! the process's run. Each ship captures the org's committed state (the WAL checkpointed
-//! into the file first), takes every page that differs from the state the previous capture
-//! left, and hands the issuer one **cumulative** section: every page changed since the
-//! tenure's base checkpoint, the checksum after, the commit. Once the pages since the base
-//! pass `section_bytes`, the next ship first writes a checkpoint of the acknowledged state
-//! into the org's log (J5) and the sections start again from it.
+//! the process's run. Each ship captures the org's committed state, takes every page
+//! changed since the previous capture, and hands the issuer one **cumulative** section:
+//! every page changed since the tenure's base checkpoint, the checksum after, the commit.
+//! Once the pages since the base pass `section_bytes`, the next ship first writes a
+//! checkpoint of the acknowledged state into the org's log (J5) and the sections start
+//! again from it.
+//!
+//! A tenure's first capture checkpoints the WAL into the file and diffs the file against
+//! the hydrated image's page hashes: the open path may have written the file outside the
+//! WAL. Every later capture reads only the WAL's committed frames after the position the
+//! previous one reached, as the per-org shipper does, and checkpoints the WAL only once it
+//! passes `wal_checkpoint_bytes` (a checkpoint writes pages back and fsyncs: per ship it
+//! was most of a small ship's cost).
 //!
 //! ```text
 //! start:   base = the walk's entry, or a first checkpoint through JournalStart::through
 //! ship:    [checkpoint due → J5 delta checkpoint through the last acked slot]
-//!          capture (checkpoint WAL) → diff file vs hashes → cumulative += changed
-//!          → issuer.submit(section) → acked at (run, slot)
+//!          capture: first → checkpoint WAL, diff file vs hashes
+//!                   later → committed WAL frames after the last position (I13 proof)
+//!          cumulative += changed → issuer.submit(section) → acked at (run, slot)
 //! confirm: issuer.confirm (J6), then the files are still ours (I13)
 //! release: released section → released checkpoint through its slot → Release entry (J4)
 //! ```
@@ -29,12 +37,24 @@ use crate::journal::entries::{Checkpoint, EntryCreated};
 use crate::journal::issuer::{Issuer, SectionAcked};
 use crate::journal::org_walk::WalkState;
 use crate::journal::run::SectionInput;
+use crate::live::shipper::{WalState, proved_frames};
 use crate::live::{self, CaptureError, CaptureRequest, Checkpoint as WalCheckpoint, OwnedFiles};
 use crate::{CaptureSource, Delta, Error, OrgId, ShipKind, ShipReport, Snapshot};
 
 /// Submits of one ship whose batch was not acknowledged (its slot taken, the run sealed
 /// below it) before the ship fails, retryably.
 const NOT_ACKED_TRIES: u32 = 3;
+
+/// The byte bounds a journal tenure ships by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalLimits {
+    /// J5: bytes of pages changed since the base past which the next ship first writes a
+    /// checkpoint.
+    pub section_bytes: u64,
+    /// WAL bytes past which a capture checkpoints the WAL into the database file (as
+    /// [`crate::ShipPolicy::wal_checkpoint_bytes`]).
+    pub wal_checkpoint_bytes: u64,
+}
 
 /// One org's tenure on the journal: its base, the pages changed since, and where its
 /// newest section was acknowledged.
@@ -57,7 +77,10 @@ pub struct JournalShipper {
     acked: Option<(SectionAcked, u64)>,
     /// The log seq after the newest entry of ours (J5's create, no LIST).
     next_seq: u64,
-    section_bytes: u64,
+    /// Where the next capture reads the WAL from; `Lost` until a capture checkpointed the
+    /// WAL and diffed the file (a tenure's first, or after a failed capture).
+    wal: WalState,
+    limits: JournalLimits,
 }
 
 impl std::fmt::Debug for JournalShipper {
@@ -141,22 +164,29 @@ impl JournalShipper {
         hydrated: Option<Hydrated>,
         files: Arc<OwnedFiles>,
         source: &dyn CaptureSource,
-        section_bytes: u64,
+        limits: JournalLimits,
     ) -> Result<JournalShipper, Error> {
-        let (hashes, base, commit) = match hydrated {
+        let (hashes, base, commit, wal) = match hydrated {
             Some(Hydrated {
                 commit,
                 image_hashes,
                 base: Some(base),
-            }) => (image_hashes, base, commit),
+            }) => (image_hashes, base, commit, WalState::Lost),
             _ => {
-                let (cap, _) = capture(&start.org, start.tenure.round, source).await?;
+                let (cap, _, reset) = capture(&start.org, start.tenure.round, source).await?;
                 let image = read_file(&files).await?;
                 let snapshot = Snapshot::from_bytes(image, cap);
                 let hashes = PageHashes::of_image(start.org.as_ref(), snapshot.bytes())?;
                 let checksum = checksum_hex(hashes.sum());
                 let seq = first_checkpoint(&issuer, &mut start, snapshot).await?;
-                (hashes, Base { seq, checksum }, cap)
+                // The file was read whole after a checkpoint that emptied the WAL: later
+                // captures need only its frames.
+                let wal = if reset {
+                    WalState::Fresh
+                } else {
+                    WalState::Lost
+                };
+                (hashes, Base { seq, checksum }, cap, wal)
             }
         };
         let db_pages = u32::try_from(hashes.pages()).map_err(|_| Error::InvalidDelta {
@@ -174,7 +204,8 @@ impl JournalShipper {
             commit,
             acked: None,
             next_seq: start.next_seq,
-            section_bytes,
+            wal,
+            limits,
             issuer,
         })
     }
@@ -281,40 +312,20 @@ impl JournalShipper {
     /// J5's byte trigger, or J7's lag trigger for an org that commits.
     fn checkpoint_due(&self) -> bool {
         self.acked.is_some()
-            && (self.cumulative_bytes() > self.section_bytes || self.issuer.is_lagging(&self.org))
+            && (self.cumulative_bytes() > self.limits.section_bytes || self.issuer.is_lagging(&self.org))
     }
 
-    /// Captures, diffs against the previous state, and submits the cumulative section.
+    /// Captures what changed since the previous capture and submits the cumulative
+    /// section.
     async fn submit(
         &mut self,
         source: &dyn CaptureSource,
         released: bool,
     ) -> Result<SectionAcked, Error> {
-        let (commit, counter_page) = capture(&self.org, self.round, source).await?;
-        let files = self.files.clone();
-        let hashes = self.hashes.clone();
-        let read = tokio::task::spawn_blocking(move || live::file_changes(&files, &hashes))
-            .await
-            .map_err(|source| Error::Task {
-                op: "reading a journal capture",
-                source,
-            })?;
-        let Some((db_pages, mut changed)) = read.map_err(|e| self.capture_error(e))? else {
-            return Err(self.files_changed(&live::Foreign(
-                "the database file's page size changed".into(),
-            )));
+        let (commit, db_pages, mut changed) = match self.wal {
+            WalState::Lost => self.capture_file(source).await?,
+            WalState::Fresh | WalState::At(_) => self.capture_frames(source).await?,
         };
-        // I13: the pages hold exactly the commit the capture reported: the counter page
-        // changed to it, or it did not change and neither did the commit.
-        let proven = match changed.get(&counter_page) {
-            Some(page) => live::proof::commit_counter(page, counter_page).ok(),
-            None => Some(self.commit),
-        };
-        if proven != Some(commit) {
-            return Err(self.files_changed(&live::Foreign(format!(
-                "the captured pages hold commit {proven:?}, the writer committed {commit}"
-            ))));
-        }
         if let Some(p1) = changed.get_mut(&1) {
             canonical_page1(p1);
         }
@@ -335,6 +346,92 @@ impl JournalShipper {
         let acked = self.issuer.submit(section).await?;
         self.acked = Some((acked.clone(), commit));
         Ok(acked)
+    }
+
+    /// The committed WAL frames after the position the previous capture reached, proved
+    /// (I13: the newest counter page holds the commit, or the frames leave it alone and the
+    /// commit is the one proved before); the WAL is checkpointed after the read once it
+    /// passes `wal_checkpoint_bytes`. Returns the commit, the size in pages and the
+    /// changed pages. Only this writer restarts the WAL and it tracks where, so frames that
+    /// cannot be read from the position mean someone else rewrote it: `FilesChanged`.
+    async fn capture_frames(&mut self, source: &dyn CaptureSource) -> Result<Capture, Error> {
+        let from = match self.wal {
+            WalState::At(pos) => Some(pos),
+            WalState::Fresh | WalState::Lost => None,
+        };
+        let request = CaptureRequest {
+            from: from.map_or(0, |p| p.offset),
+            checkpoint: WalCheckpoint::AfterIfOver(self.limits.wal_checkpoint_bytes),
+        };
+        let cap = match source.capture(request).await {
+            Ok(cap) => cap,
+            Err(e) => {
+                // A failed capture may have checkpointed: the position is unknown, so the
+                // next capture diffs the file.
+                self.wal = WalState::Lost;
+                return Err(self.capture_error(e));
+            }
+        };
+        check_counter(&cap)?;
+        let (commit, reset) = (cap.commit, cap.reset);
+        let frames = proved_frames(
+            cap.head,
+            cap.tail,
+            cap.counter_page,
+            commit,
+            from,
+            Some(self.commit),
+        )
+        .await?
+        .map_err(|f| self.files_changed(&f))?;
+        if let Some(pos) = frames.end
+            && pos.page_size != self.hashes.page_size()
+        {
+            return Err(self.files_changed(&live::Foreign(
+                "the WAL's page size is not the database's".into(),
+            )));
+        }
+        self.wal = if reset {
+            WalState::Fresh
+        } else {
+            frames.end.map_or(self.wal, WalState::At)
+        };
+        Ok((commit, frames.db_pages.unwrap_or(self.db_pages), frames.pages))
+    }
+
+    /// Captures with the WAL checkpointed into the file first and takes every page of the
+    /// file that differs from the previous state's hashes, proving the counter (I13).
+    async fn capture_file(&mut self, source: &dyn CaptureSource) -> Result<Capture, Error> {
+        let (commit, counter_page, reset) = capture(&self.org, self.round, source).await?;
+        let files = self.files.clone();
+        let hashes = self.hashes.clone();
+        let read = tokio::task::spawn_blocking(move || live::file_changes(&files, &hashes))
+            .await
+            .map_err(|source| Error::Task {
+                op: "reading a journal capture",
+                source,
+            })?;
+        let Some((db_pages, changed)) = read.map_err(|e| self.capture_error(e))? else {
+            return Err(self.files_changed(&live::Foreign(
+                "the database file's page size changed".into(),
+            )));
+        };
+        // I13: the pages hold exactly the commit the capture reported: the counter page
+        // changed to it, or it did not change and neither did the commit.
+        let proven = match changed.get(&counter_page) {
+            Some(page) => live::proof::commit_counter(page, counter_page).ok(),
+            None => Some(self.commit),
+        };
+        if proven != Some(commit) {
+            return Err(self.files_changed(&live::Foreign(format!(
+                "the captured pages hold commit {proven:?}, the writer committed {commit}"
+            ))));
+        }
+        // The checkpoint emptied the WAL: the next capture reads its new generation.
+        if reset {
+            self.wal = WalState::Fresh;
+        }
+        Ok((commit, db_pages, changed))
     }
 
     fn pages(&self) -> Result<Delta, Error> {
@@ -404,9 +501,18 @@ impl JournalShipper {
     }
 }
 
+/// A capture's commit, the database's size in pages, and the pages changed since the
+/// previous capture (page 1 as the file holds it).
+type Capture = (u64, u32, BTreeMap<u32, Vec<u8>>);
+
 /// Captures with the WAL checkpointed into the file first, so the file holds exactly the
-/// commit the capture reports; returns that commit and the counter's page number.
-async fn capture(org: &OrgId, round: u64, source: &dyn CaptureSource) -> Result<(u64, u32), Error> {
+/// commit the capture reports; returns that commit, the counter's page number, and whether
+/// the checkpoint emptied the WAL.
+async fn capture(
+    org: &OrgId,
+    round: u64,
+    source: &dyn CaptureSource,
+) -> Result<(u64, u32, bool), Error> {
     let request = CaptureRequest {
         from: 0,
         checkpoint: WalCheckpoint::Before,
@@ -414,7 +520,7 @@ async fn capture(org: &OrgId, round: u64, source: &dyn CaptureSource) -> Result<
     match source.capture(request).await {
         Ok(cap) => {
             check_counter(&cap)?;
-            Ok((cap.commit, cap.counter_page))
+            Ok((cap.commit, cap.counter_page, cap.reset))
         }
         Err(CaptureError::Io(source)) => Err(Error::Io {
             path: format!("orgs/{org}"),

@@ -32,7 +32,8 @@ use std::sync::Arc;
 pub use policy::{FLOOR_MAX_DELTAS, ShipPolicy};
 
 use crate::rebuild::resume::ResumePoint;
-use state::{ShipState, WalState};
+use state::ShipState;
+pub(crate) use state::WalState;
 
 use crate::live::{self, CaptureError, CaptureRequest, Captured, Checkpoint, Foreign, OwnedFiles};
 use crate::publish::source::{OwnedSource, PageSource};
@@ -567,7 +568,7 @@ async fn off_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -
 /// them (I13: the newest counter page holds `commit`, or `previous` when they leave it alone),
 /// off the async runtime. Only this writer restarts its WAL, and it tracks where: frames that
 /// cannot be read from the chain's position mean someone else rewrote the WAL.
-async fn proved_frames(
+pub(crate) async fn proved_frames(
     head: Vec<u8>,
     tail: Vec<u8>,
     counter_page: u32,

@@ -9,7 +9,7 @@ use crate::live::wal::{Frames, WalPos};
 
 /// Where the next delta capture starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum WalState {
+pub(crate) enum WalState {
     /// Unknown: the next ship must be a full snapshot.
     Lost,
     /// A new WAL generation begins after a checkpoint emptied the file: read from offset 0.
