@@ -115,7 +115,10 @@ async fn wal_restarts_between_ships_lose_nothing() -> R {
     let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
     let lens = acknowledge(&a, &ra, &data, &keys).await?;
     let restarts = lens[1..].windows(2).filter(|w| w[1] < w[0]).count();
-    assert!(restarts >= 3, "the WAL was not restarted between ships: {lens:?}");
+    assert!(
+        restarts >= 3,
+        "the WAL was not restarted between ships: {lens:?}"
+    );
     let report = ra.verify(&OrgId::new("acme")?).await?;
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     let results = a.shutdown().await;
