@@ -13,31 +13,18 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
+use common::journal::{LEASE_MS, in_store, keys, org, replays_within, slow_store};
 use common::{R, effect, published, registry, replica_with_lease};
 use futures::StreamExt;
-use idem_org::{JournalSettings, Registry, RegistrySettings};
-use idem_replica::latency::{LatencyStore, Shape, Shapes};
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::{OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
-const LEASE_MS: u64 = 1_000;
-
 fn journal() -> RegistrySettings {
-    RegistrySettings {
-        journal: JournalSettings {
-            enabled: true,
-            // Each of these commits changes about four pages: orgs checkpoint (J5) every
-            // few acknowledgements during the test.
-            section_bytes: 24 << 10,
-            ..JournalSettings::default()
-        },
-        ..RegistrySettings::default()
-    }
-}
-
-fn org(i: usize) -> OrgId {
-    OrgId::new(&format!("org{i}")).expect("valid org id")
+    // Each of these commits changes about four pages: orgs checkpoint (J5) every few
+    // acknowledgements during the test.
+    common::journal::settings(24 << 10)
 }
 
 /// Keys `k{from}..k{to}` in each of `orgs` orgs, one request in flight per org, all orgs
@@ -61,32 +48,22 @@ async fn load(reg: &Registry, orgs: usize, (from, to): (usize, usize)) -> R {
     Ok(())
 }
 
-/// Every key of every org replays on `reg` (not applied again) with its first result; the
-/// orgs at once, each org's keys one after another.
+/// Every key of every org replays on `reg` (not applied again) with its first result, at
+/// the first call (no retry); the orgs at once, each org's keys one after another.
 async fn replays(reg: &Registry, orgs: usize, rounds: usize) -> R {
+    let all = &keys(rounds);
     let results: Vec<R> = futures::stream::iter(0..orgs)
-        .map(|i| async move {
-            let o = org(i);
-            for r in 0..rounds {
-                let key = format!("k{r}");
-                let out = reg.once(&o, &key, effect(o.as_str(), "never")).await?;
-                assert!(!out.applied, "{o} {key} applied twice");
-                assert_eq!(out.result, key.as_bytes(), "{o} {key}");
-            }
-            Ok(())
-        })
+        .map(|i| async move { replays_within(Duration::ZERO, reg, &org(i), all).await })
         .buffer_unordered(orgs)
         .collect()
         .await;
     results.into_iter().collect()
 }
 
-/// What the store holds for `orgs` orgs: every key applied exactly once.
+/// What the store holds for `orgs` orgs: every key applied exactly once, and no other.
 async fn exactly_once(replica: &Replica, dir: &std::path::Path, orgs: usize, rounds: usize) -> R {
     for i in 0..orgs {
-        let (effects, keys) = published(replica, &format!("org{i}"), dir).await?;
-        assert_eq!(keys, rounds as i64, "org{i}: {effects:?}");
-        assert!(effects.values().all(|&n| n == 1), "org{i}: {effects:?}");
+        let effects = in_store(replica, dir, &org(i), &keys(rounds), &[]).await?;
         assert_eq!(effects.len(), rounds, "org{i}: {effects:?}");
     }
     Ok(())
@@ -99,9 +76,7 @@ async fn acks_share_batches_and_a_successor_replays_after_shutdown() -> R {
     let dir = tempfile::tempdir()?;
     // A store whose every request takes 20 ms, as S3's take tens: commits of other orgs
     // arrive while a batch is in flight, and the next batch takes them all.
-    let shapes = Shapes::all(Shape::Constant(Duration::from_millis(20)));
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LatencyStore::new(Arc::new(InMemory::new()), shapes, 1));
+    let store = slow_store(Duration::from_millis(20), 1);
     let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
     let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
     load(&a, ORGS, (0, 1)).await?;

@@ -10,36 +10,23 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::future::Future;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{BoxErr, R, effect, published, registry, replica_with_lease};
+use common::journal::{LEASE_MS, in_store, org, replays, retry, slow_store};
+use common::{BoxErr, R, effect, registry, replica_with_lease};
 use futures::StreamExt;
-use idem_org::{ErrorKind, JournalSettings, Registry, RegistrySettings};
+use idem_org::{ErrorKind, Registry, RegistrySettings};
 use idem_replica::fault::{Fault, FaultStore, Op};
-use idem_replica::latency::{LatencyStore, Shape, Shapes};
+use idem_replica::latency::{LatencyStore, Shapes};
 use idem_replica::{OrgId, Replica, SystemClock};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
-const LEASE_MS: u64 = 1_000;
-
 fn journal() -> RegistrySettings {
-    RegistrySettings {
-        journal: JournalSettings {
-            enabled: true,
-            section_bytes: 16 << 10,
-            ..JournalSettings::default()
-        },
-        ..RegistrySettings::default()
-    }
-}
-
-fn org(i: usize) -> OrgId {
-    OrgId::new(&format!("org{i}")).expect("valid org id")
+    common::journal::settings(16 << 10)
 }
 
 async fn faulty_replica(store: Arc<dyn ObjectStore>) -> Result<(Replica, Arc<FaultStore>), BoxErr> {
@@ -53,65 +40,11 @@ async fn faulty_replica(store: Arc<dyn ObjectStore>) -> Result<(Replica, Arc<Fau
     Ok((replica, faults))
 }
 
-/// Calls `f` until it returns anything but a retryable error, for at most 15 s.
-async fn retry<T, F, Fut>(mut f: F) -> Result<T, idem_org::Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, idem_org::Error>>,
-{
-    let waited = idem_base::Stopwatch::start();
-    loop {
-        match f().await {
-            Err(e)
-                if e.kind() == ErrorKind::Retry && waited.elapsed() < Duration::from_secs(15) =>
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// A first run of `key` in `o` on `reg` (retried while retryable): must apply.
 async fn first(reg: &Registry, o: &OrgId, key: &str) -> R {
     let out = retry(|| reg.once(o, key, effect(o.as_str(), key))).await?;
     assert!(out.applied, "{o} {key}: a first run did not apply");
     assert_eq!(out.result, key.as_bytes());
-    Ok(())
-}
-
-/// Every key of `keys` replays on `reg` with its first result, never applied again.
-async fn replays(reg: &Registry, o: &OrgId, keys: &[String]) -> R {
-    for key in keys {
-        let out = retry(|| reg.once(o, key, effect(o.as_str(), "ran-again"))).await?;
-        assert!(!out.applied, "{o} {key} applied twice");
-        assert_eq!(out.result, key.as_bytes(), "{o} {key}");
-    }
-    Ok(())
-}
-
-/// The store's newest state of `o`: every key of `acked` applied once, no effect twice, one
-/// key row per effect, nothing of `forbidden`.
-async fn in_store(
-    replica: &Replica,
-    dir: &std::path::Path,
-    o: &OrgId,
-    acked: &[String],
-    forbidden: &[String],
-) -> R {
-    let (effects, keys) = published(replica, o.as_str(), dir).await?;
-    for k in acked {
-        assert_eq!(
-            effects.get(k),
-            Some(&1),
-            "{o}: acknowledged {k}: {effects:?}"
-        );
-    }
-    assert!(effects.values().all(|&n| n == 1), "{o}: {effects:?}");
-    assert_eq!(effects.len() as i64, keys, "{o}: {effects:?}");
-    for k in forbidden {
-        assert!(!effects.contains_key(k), "{o}: {k} reached the store");
-    }
     Ok(())
 }
 
@@ -177,7 +110,7 @@ async fn a_zombie_whose_run_was_adopted_acknowledges_nothing() -> R {
             assert!(out.is_err(), "zombie A answered {o} {key}: {out:?}");
         }
         if key.starts_with('z') {
-            forbidden.push(key.to_owned());
+            forbidden.push(key);
         }
     }
     // B goes on with both orgs (o1 came with the one adopt seal).
@@ -232,14 +165,7 @@ async fn the_journal_restarts_after_its_run_was_fenced() -> R {
     assert!(results.iter().all(|(_, r)| r.is_ok()), "A: {results:?}");
     let results = b.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "B: {results:?}");
-    in_store(
-        &rb,
-        dir.path(),
-        &o0,
-        &acked0,
-        &["z0".to_owned(), "z1".to_owned()],
-    )
-    .await?;
+    in_store(&rb, dir.path(), &o0, &acked0, &["z0", "z1"]).await?;
     successor_checks(
         store,
         dir.path(),
@@ -258,9 +184,7 @@ async fn the_journal_restarts_after_its_run_was_fenced() -> R {
 async fn failed_batch_puts_self_seal_and_lose_no_acknowledged_key() -> R {
     const ORGS: usize = 4;
     let dir = tempfile::tempdir()?;
-    let shapes = Shapes::all(Shape::Constant(Duration::from_millis(3)));
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LatencyStore::new(Arc::new(InMemory::new()), shapes, 7));
+    let store = slow_store(Duration::from_millis(3), 7);
     let (ra, faults) = faulty_replica(store.clone()).await?;
     let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
     let mut acked: Vec<(OrgId, Vec<String>)> = (0..ORGS).map(|i| (org(i), Vec::new())).collect();
@@ -416,9 +340,7 @@ async fn evicted_orgs_come_back_in_the_same_run() -> R {
 async fn shutdown_with_requests_in_flight_loses_nothing_acknowledged() -> R {
     const ORGS: usize = 6;
     let dir = tempfile::tempdir()?;
-    let shapes = Shapes::all(Shape::Constant(Duration::from_millis(10)));
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LatencyStore::new(Arc::new(InMemory::new()), shapes, 3));
+    let store = slow_store(Duration::from_millis(10), 3);
     let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
     let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
     for i in 0..ORGS {
@@ -465,9 +387,7 @@ async fn shutdown_with_requests_in_flight_loses_nothing_acknowledged() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_journal_processes_race_for_a_free_org() -> R {
     let dir = tempfile::tempdir()?;
-    let shapes = Shapes::all(Shape::Constant(Duration::from_millis(2)));
-    let store: Arc<dyn ObjectStore> =
-        Arc::new(LatencyStore::new(Arc::new(InMemory::new()), shapes, 5));
+    let store = slow_store(Duration::from_millis(2), 5);
     let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
     let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
     let a = registry(&dir.path().join("a"), ra.clone(), "wa", journal())?;
@@ -554,8 +474,8 @@ async fn a_per_org_registry_beside_a_journal_one() -> R {
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
     let results = p.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    in_store(&rj, dir.path(), &jo, &jkeys, &["px".to_owned()]).await?;
-    in_store(&rj, dir.path(), &po, &["p0".to_owned()], &["jx".to_owned()]).await?;
+    in_store(&rj, dir.path(), &jo, &jkeys, &["px"]).await?;
+    in_store(&rj, dir.path(), &po, &["p0".to_owned()], &["jx"]).await?;
     successor_checks(
         store,
         dir.path(),
@@ -599,7 +519,7 @@ async fn outside_processes_cannot_touch_a_journal_orgs_file() -> R {
     replays(&a, &acme, &keys).await?;
     let results = a.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    in_store(&ra, dir.path(), &acme, &keys, &["outsider".to_owned()]).await?;
+    in_store(&ra, dir.path(), &acme, &keys, &["outsider"]).await?;
     successor_checks(store, dir.path(), "b", &[(acme, keys)]).await
 }
 

@@ -13,6 +13,7 @@ pub type R = Result<(), BoxErr>;
 pub const LEDGER: &str =
     "CREATE TABLE IF NOT EXISTS effects (key TEXT NOT NULL, org TEXT NOT NULL);";
 
+pub mod journal;
 pub mod oracle;
 pub mod outside;
 pub mod remote;

@@ -25,30 +25,8 @@ pub async fn exactly_once(
     work: &Path,
 ) -> R {
     let id = OrgId::new(org)?;
-    let effects = newest_effects(replica, &id, work).await?;
-    for key in acked {
-        assert_eq!(
-            effects.effects.get(key),
-            Some(&1),
-            "acknowledged key {key} in the store exactly once"
-        );
-    }
-    assert!(
-        effects.effects.values().all(|n| *n == 1),
-        "an effect ran twice: {:?}",
-        effects.effects
-    );
-    assert_eq!(
-        effects.effects.len() as i64,
-        effects.applied_keys,
-        "every effect has its key row"
-    );
-    for key in forbidden {
-        assert!(
-            !effects.effects.contains_key(*key),
-            "{key} reached the store"
-        );
-    }
+    let newest = newest_effects(replica, &id, work).await?;
+    each_once(org, &newest.effects, newest.applied_keys, acked, forbidden);
     let report = replica.verify(&id).await?;
     assert!(report.failed.is_empty(), "verify: {:?}", report.failed);
 
@@ -69,6 +47,41 @@ pub async fn exactly_once(
     }
     successor.shutdown().await;
     Ok(())
+}
+
+/// The counts of point 1 of [`exactly_once`] (all but `integrity_check`), on a state already
+/// read (`effects`: effect rows per key; `applied_keys`: applied key rows): the effect of
+/// every acknowledged key exactly once, no effect twice, one applied key row per effect, and
+/// none of the keys in `forbidden`.
+pub fn each_once(
+    org: &str,
+    effects: &BTreeMap<String, i64>,
+    applied_keys: i64,
+    acked: &[String],
+    forbidden: &[&str],
+) {
+    for key in acked {
+        assert_eq!(
+            effects.get(key),
+            Some(&1),
+            "{org}: acknowledged key {key} in the store exactly once: {effects:?}"
+        );
+    }
+    assert!(
+        effects.values().all(|n| *n == 1),
+        "{org}: an effect ran twice: {effects:?}"
+    );
+    assert_eq!(
+        effects.len() as i64,
+        applied_keys,
+        "{org}: every effect has its key row: {effects:?}"
+    );
+    for key in forbidden {
+        assert!(
+            !effects.contains_key(*key),
+            "{org}: {key} reached the store"
+        );
+    }
 }
 
 struct Newest {
