@@ -84,12 +84,16 @@ pub struct JournalSettings {
     pub enabled: bool,
     /// Batches in flight at most, as a span of slots (1..=`MAX_SHIP_WINDOW`). Default 4.
     pub window: u64,
-    /// Ms after which the batch in flight is late and a second is issued (J7); 0 = twice
-    /// the measured mean landing time. Default 0.
+    /// Ms after which the newest batch in flight is late and another is issued (J7); 0 =
+    /// half the measured mean landing time. Default 0.
     pub late_ms: u64,
     /// Bytes of pages (uncompressed) an org's cumulative section may reach before the
     /// org is checkpointed into its own log (J5), at its next ship. Default 64 KiB.
     pub section_bytes: u64,
+    /// J5's chain bound: once this many delta checkpoints lead down to an org's newest
+    /// snapshot checkpoint, its next checkpoint is a snapshot, so a hydrate or a restore
+    /// reads at most this many deltas (plus the snapshot and one section). Default 16.
+    pub max_chain_deltas: u64,
     /// Batches between two retention runs of the process's run (T1-T3: batches below
     /// every org's walk entry, once `retention.keep_ms` old by the store's clock); 0 =
     /// never. Default 1024.
@@ -108,6 +112,7 @@ impl Default for JournalSettings {
             window: 4,
             late_ms: 0,
             section_bytes: 64 << 10,
+            max_chain_deltas: 16,
             retain_every_batches: 1024,
             max_lag_batches: 3_900,
         }

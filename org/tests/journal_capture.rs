@@ -125,3 +125,76 @@ async fn wal_restarts_between_ships_lose_nothing() -> R {
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
     successor_replays(store, &keys).await
 }
+
+/// The delta checkpoints from `org`'s newest stored entry down to a snapshot, by `base`
+/// links, and the number of snapshot entries in its log.
+async fn newest_chain(replica: &Replica, org: &OrgId) -> Result<(usize, usize), common::BoxErr> {
+    let log = replica.journal_history(org).await?;
+    let stored: std::collections::BTreeMap<u64, _> = log
+        .iter()
+        .filter(|e| e.stored().is_some())
+        .map(|e| (e.seq(), e))
+        .collect();
+    let snapshots = stored.values().filter(|e| e.is_snapshot()).count();
+    let mut at = *stored.keys().next_back().ok_or("no stored entry")?;
+    let mut deltas = 0;
+    while let Some(link) = stored.get(&at).ok_or("a base link to nothing")?.delta() {
+        assert!(link.base < at, "a link that does not go down");
+        deltas += 1;
+        at = link.base;
+    }
+    Ok((deltas, snapshots))
+}
+
+/// J5's chain bound: with `max_chain_deltas` 2 and a checkpoint every couple of
+/// acknowledgements, every third checkpoint is a snapshot read from the file (which holds
+/// exactly the acknowledged state), so the newest checkpoint is never more than 2 deltas
+/// above a snapshot; `verify` rebuilds every entry and a successor hydrates and replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_chains_end_in_a_snapshot_within_the_bound() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let data = dir.path().join("a");
+    let mut settings = journal(4 << 20);
+    settings.journal.max_chain_deltas = 2;
+    let a = registry(&data, ra.clone(), "wa", settings)?;
+    let acme = OrgId::new("acme")?;
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let mut longest = 0;
+    for chunk in keys.chunks(4) {
+        acknowledge_more(&a, chunk).await?;
+        let (deltas, _) = newest_chain(&ra, &acme).await?;
+        longest = longest.max(deltas);
+    }
+    let (_, snapshots) = newest_chain(&ra, &acme).await?;
+    assert!(longest <= 2, "a chain of {longest} deltas");
+    assert!(
+        snapshots >= 3,
+        "{snapshots} snapshots: the chain was never cut"
+    );
+    let report = ra.verify(&acme).await?;
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    let results = a.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    successor_replays(store, &keys).await
+}
+
+/// Acknowledges `keys` on `acme`, each writing an effect row of 6,000 bytes: about two new
+/// pages a commit, so the cumulative section passes `section_bytes` (24 KiB) every few.
+async fn acknowledge_more(reg: &Registry, keys: &[String]) -> R {
+    let acme = OrgId::new("acme")?;
+    for key in keys {
+        let k = key.clone();
+        let wide = move |tx: &rusqlite::Transaction<'_>| {
+            tx.execute(
+                "INSERT INTO effects (key, org) VALUES (?1, ?2)",
+                [&k, &"x".repeat(6_000)],
+            )?;
+            Ok::<_, rusqlite::Error>(k.clone().into_bytes())
+        };
+        let out = reg.once(&acme, key, wide).await?;
+        assert!(out.applied, "{key} did not apply");
+    }
+    Ok(())
+}

@@ -172,6 +172,7 @@ async fn open_journal(
         JournalLimits {
             section_bytes: opening.settings.journal.section_bytes,
             wal_checkpoint_bytes: opening.settings.ship.wal_checkpoint_bytes,
+            max_chain_deltas: opening.settings.journal.max_chain_deltas,
         },
     )
     .await;

@@ -5,7 +5,9 @@
 //! every page changed since the tenure's base checkpoint, the checksum after, the commit.
 //! Once the pages since the base pass `section_bytes`, the next ship first writes a
 //! checkpoint of the acknowledged state into the org's log (J5) and the sections start
-//! again from it.
+//! again from it. A checkpoint is a delta on the previous one, or a snapshot once
+//! `max_chain_deltas` deltas lead down to the newest snapshot: a hydrate or a restore then
+//! reads at most that many deltas.
 //!
 //! A tenure's first capture checkpoints the WAL into the file and diffs the file against
 //! the hydrated image's page hashes: the open path may have written the file outside the
@@ -39,7 +41,7 @@ use crate::journal::org_walk::WalkState;
 use crate::journal::run::SectionInput;
 use crate::live::shipper::{WalState, proved_frames};
 use crate::live::{self, CaptureError, CaptureRequest, Checkpoint as WalCheckpoint, OwnedFiles};
-use crate::{CaptureSource, Delta, Error, OrgId, ShipKind, ShipReport, Snapshot};
+use crate::{CaptureSource, Delta, Error, LogEntry, OrgId, ShipKind, ShipReport, Snapshot};
 
 /// Submits of one ship whose batch was not acknowledged (its slot taken, the run sealed
 /// below it) before the ship fails, retryably.
@@ -54,6 +56,9 @@ pub struct JournalLimits {
     /// WAL bytes past which a capture checkpoints the WAL into the database file (as
     /// [`crate::ShipPolicy::wal_checkpoint_bytes`]).
     pub wal_checkpoint_bytes: u64,
+    /// J5's chain bound: once this many delta checkpoints lead down to the newest snapshot,
+    /// the next checkpoint is a snapshot (0: every checkpoint is one).
+    pub max_chain_deltas: u64,
 }
 
 /// One org's tenure on the journal: its base, the pages changed since, and where its
@@ -80,6 +85,11 @@ pub struct JournalShipper {
     /// Where the next capture reads the WAL from; `Lost` until a capture checkpointed the
     /// WAL and diffed the file (a tenure's first, or after a failed capture).
     wal: WalState,
+    /// The database file holds exactly `commit`'s state: the newest capture checkpointed
+    /// the WAL into it, and only captures (under the shipper lock) checkpoint.
+    file_at_commit: bool,
+    /// Delta checkpoints from `base` down to its snapshot (`u64::MAX` when unknown).
+    chain: u64,
     limits: JournalLimits,
 }
 
@@ -102,6 +112,8 @@ pub struct Hydrated {
     image_hashes: PageHashes,
     /// The entry sections may name as their base, when the walk's state is one.
     base: Option<Base>,
+    /// Delta checkpoints from that base down to its snapshot.
+    chain: u64,
 }
 
 impl JournalShipper {
@@ -131,23 +143,27 @@ impl JournalShipper {
         let snapshot = Snapshot::from_bytes(image, commit);
         let hashes = PageHashes::of_image(&dest.display().to_string(), snapshot.bytes())?;
         let checksum = checksum_hex(hashes.sum());
-        let base = match start.base_entry() {
-            Some(seq) => Base { seq, checksum },
-            None => {
-                let seq = match section_pages(issuer, start).await? {
-                    // The section's own pages on its own base: one inline PUT.
-                    Some((base, pages)) => {
-                        first_delta_checkpoint(issuer, start, base, pages, &checksum).await?
-                    }
-                    None => first_checkpoint(issuer, start, snapshot).await?,
-                };
-                Base { seq, checksum }
-            }
+        let log = &start.tenure.walk.log;
+        let (base, chain) = match start.base_entry() {
+            Some(seq) => (Base { seq, checksum }, chain_deltas(log, seq)),
+            None => match section_pages(issuer, start).await? {
+                // The section's own pages on its own base: one inline PUT.
+                Some((base, pages)) => {
+                    let chain = chain_deltas(log, base.seq).saturating_add(1);
+                    let seq = first_delta_checkpoint(issuer, start, base, pages, &checksum).await?;
+                    (Base { seq, checksum }, chain)
+                }
+                None => {
+                    let seq = first_checkpoint(issuer, start, snapshot).await?;
+                    (Base { seq, checksum }, 0)
+                }
+            },
         };
         Ok(Some(Hydrated {
             commit,
             image_hashes: hashes,
             base: Some(base),
+            chain,
         }))
     }
 
@@ -166,12 +182,13 @@ impl JournalShipper {
         source: &dyn CaptureSource,
         limits: JournalLimits,
     ) -> Result<JournalShipper, Error> {
-        let (hashes, base, commit, wal) = match hydrated {
+        let (hashes, base, commit, wal, chain) = match hydrated {
             Some(Hydrated {
                 commit,
                 image_hashes,
                 base: Some(base),
-            }) => (image_hashes, base, commit, WalState::Lost),
+                chain,
+            }) => (image_hashes, base, commit, WalState::Lost, chain),
             _ => {
                 let (cap, _, reset) = capture(&start.org, start.tenure.round, source).await?;
                 let image = read_file(&files).await?;
@@ -186,7 +203,7 @@ impl JournalShipper {
                 } else {
                     WalState::Lost
                 };
-                (hashes, Base { seq, checksum }, cap, wal)
+                (hashes, Base { seq, checksum }, cap, wal, 0)
             }
         };
         let db_pages = u32::try_from(hashes.pages()).map_err(|_| Error::InvalidDelta {
@@ -205,6 +222,8 @@ impl JournalShipper {
             acked: None,
             next_seq: start.next_seq,
             wal,
+            file_at_commit: false,
+            chain,
             limits,
             issuer,
         })
@@ -312,7 +331,8 @@ impl JournalShipper {
     /// J5's byte trigger, or J7's lag trigger for an org that commits.
     fn checkpoint_due(&self) -> bool {
         self.acked.is_some()
-            && (self.cumulative_bytes() > self.limits.section_bytes || self.issuer.is_lagging(&self.org))
+            && (self.cumulative_bytes() > self.limits.section_bytes
+                || self.issuer.is_lagging(&self.org))
     }
 
     /// Captures what changed since the previous capture and submits the cumulative
@@ -322,10 +342,15 @@ impl JournalShipper {
         source: &dyn CaptureSource,
         released: bool,
     ) -> Result<SectionAcked, Error> {
-        let (commit, db_pages, mut changed) = match self.wal {
-            WalState::Lost => self.capture_file(source).await?,
-            WalState::Fresh | WalState::At(_) => self.capture_frames(source).await?,
+        // A snapshot checkpoint is read from the file: while one is due, captures
+        // checkpoint the WAL, so the file holds the acknowledged state when J5 comes.
+        let (commit, db_pages, mut changed, reset) = match self.wal {
+            WalState::Fresh | WalState::At(_) if !self.snapshot_due() => {
+                self.capture_frames(source).await?
+            }
+            _ => self.capture_file(source).await?,
         };
+        self.file_at_commit = reset;
         if let Some(p1) = changed.get_mut(&1) {
             canonical_page1(p1);
         }
@@ -396,7 +421,8 @@ impl JournalShipper {
         } else {
             frames.end.map_or(self.wal, WalState::At)
         };
-        Ok((commit, frames.db_pages.unwrap_or(self.db_pages), frames.pages))
+        let db_pages = frames.db_pages.unwrap_or(self.db_pages);
+        Ok((commit, db_pages, frames.pages, reset))
     }
 
     /// Captures with the WAL checkpointed into the file first and takes every page of the
@@ -428,10 +454,12 @@ impl JournalShipper {
             ))));
         }
         // The checkpoint emptied the WAL: the next capture reads its new generation.
-        if reset {
-            self.wal = WalState::Fresh;
-        }
-        Ok((commit, db_pages, changed))
+        self.wal = if reset {
+            WalState::Fresh
+        } else {
+            WalState::Lost
+        };
+        Ok((commit, db_pages, changed, reset))
     }
 
     fn pages(&self) -> Result<Delta, Error> {
@@ -443,8 +471,15 @@ impl JournalShipper {
         )
     }
 
-    /// J5: the acknowledged state (the newest acked section, nothing captured since) as a
-    /// delta on the base, through that section's slot; the sections start again from it.
+    /// J5's chain bound is reached: the next checkpoint should be a snapshot.
+    fn snapshot_due(&self) -> bool {
+        self.chain >= self.limits.max_chain_deltas
+    }
+
+    /// J5: the acknowledged state (the newest acked section, nothing captured since),
+    /// through that section's slot, as a delta on the base, or as a snapshot read from the
+    /// file when the chain bound is reached and the file holds exactly that state; the
+    /// sections start again from it.
     async fn checkpoint(&mut self, released: bool) -> Result<(), Error> {
         let Some((acked, commit)) = self.acked.clone() else {
             return Ok(());
@@ -454,24 +489,43 @@ impl JournalShipper {
         if acked.run != self.issuer.run_name() || commit != self.commit {
             return Ok(());
         }
-        let checkpoint = DeltaCheckpoint {
-            seq: self.next_seq,
-            round: self.round,
-            writer: self.issuer.writer().to_owned(),
-            run: acked.run.clone(),
-            through: acked.slot,
-            tenure: self.via.clone(),
-            released,
-            base: self.base.clone(),
-            checksum: checksum_hex(self.hashes.sum()),
-            pages: self.pages()?,
+        let snapshot = self.snapshot_due() && self.file_at_commit;
+        let checkpoint = if snapshot {
+            AnyCheckpoint::Snapshot(Checkpoint {
+                seq: self.next_seq,
+                round: self.round,
+                writer: self.issuer.writer().to_owned(),
+                run: acked.run.clone(),
+                through: acked.slot,
+                tenure: self.via.clone(),
+                released,
+                snapshot: self.acked_image().await?,
+            })
+        } else {
+            AnyCheckpoint::Delta(DeltaCheckpoint {
+                seq: self.next_seq,
+                round: self.round,
+                writer: self.issuer.writer().to_owned(),
+                run: acked.run.clone(),
+                through: acked.slot,
+                tenure: self.via.clone(),
+                released,
+                base: self.base.clone(),
+                checksum: checksum_hex(self.hashes.sum()),
+                pages: self.pages()?,
+            })
         };
         let entry = self
             .issuer
             .replica()
-            .checkpoint(&self.org, AnyCheckpoint::Delta(checkpoint))
+            .checkpoint(&self.org, checkpoint)
             .await?;
         let seq = entry.header.seq;
+        self.chain = if snapshot {
+            0
+        } else {
+            self.chain.saturating_add(1)
+        };
         self.base = Base {
             seq,
             checksum: checksum_hex(self.hashes.sum()),
@@ -480,6 +534,24 @@ impl JournalShipper {
         self.next_seq = seq + 1;
         self.issuer.entry(&self.org, acked.slot + 1);
         Ok(())
+    }
+
+    /// The database file as a snapshot of the acknowledged commit: the caller checked the
+    /// file holds exactly it, and its page hashes must say so (I10), else `FilesChanged`.
+    async fn acked_image(&self) -> Result<Snapshot, Error> {
+        let image = read_file(&self.files).await?;
+        self.files
+            .check_unchanged()
+            .map_err(|f| self.files_changed(&f))?;
+        // Hashed as stored: page 1 canonical.
+        let snapshot = Snapshot::from_bytes(image, self.commit);
+        let hashes = PageHashes::of_image(self.org.as_ref(), snapshot.bytes())?;
+        if hashes.sum() != self.hashes.sum() || hashes.pages() != self.hashes.pages() {
+            return Err(self.files_changed(&live::Foreign(
+                "the database file is not the acknowledged state".into(),
+            )));
+        }
+        Ok(snapshot)
     }
 
     fn files_changed(&self, f: &live::Foreign) -> Error {
@@ -501,9 +573,10 @@ impl JournalShipper {
     }
 }
 
-/// A capture's commit, the database's size in pages, and the pages changed since the
-/// previous capture (page 1 as the file holds it).
-type Capture = (u64, u32, BTreeMap<u32, Vec<u8>>);
+/// A capture's commit, the database's size in pages, the pages changed since the previous
+/// capture (page 1 as the file holds it), and whether it checkpointed the WAL into the file
+/// (which then holds exactly the commit).
+type Capture = (u64, u32, BTreeMap<u32, Vec<u8>>, bool);
 
 /// Captures with the WAL checkpointed into the file first, so the file holds exactly the
 /// commit the capture reports; returns that commit, the counter's page number, and whether
@@ -560,6 +633,26 @@ async fn read_file(files: &Arc<OwnedFiles>) -> Result<Vec<u8>, Error> {
         path: "journal org file".into(),
         source,
     })
+}
+
+/// J5's chain length: the delta checkpoints from the entry at `seq` of `log` down to a
+/// snapshot, by their `base` links; `u64::MAX` (a snapshot is due) when an entry on the way
+/// is not in `log` or a link does not go down.
+fn chain_deltas(log: &BTreeMap<u64, LogEntry>, mut seq: u64) -> u64 {
+    let mut n = 0u64;
+    loop {
+        let Some(entry) = log.get(&seq) else {
+            return u64::MAX;
+        };
+        match entry.delta().map(|d| d.base) {
+            None => return n,
+            Some(base) if base < seq => {
+                n += 1;
+                seq = base;
+            }
+            Some(_) => return u64::MAX,
+        }
+    }
 }
 
 /// The pages of the walk's newest section, when every one is stored whole (a section
