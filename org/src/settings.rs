@@ -94,6 +94,11 @@ pub struct JournalSettings {
     /// snapshot checkpoint, its next checkpoint is a snapshot, so a hydrate or a restore
     /// reads at most this many deltas (plus the snapshot and one section). Default 16.
     pub max_chain_deltas: u64,
+    /// WAL bytes past which a journal org's capture checkpoints the WAL into the database
+    /// file. Smaller than [`idem_replica::ShipPolicy::wal_checkpoint_bytes`] (4 MiB): a
+    /// journal process holds thousands of small orgs, and each WAL is local disk that a
+    /// close writes back. Default 256 KiB.
+    pub wal_checkpoint_bytes: u64,
     /// Batches between two retention runs of the process's run (T1-T3: batches below
     /// every org's walk entry, once `retention.keep_ms` old by the store's clock); 0 =
     /// never. Default 1024.
@@ -113,6 +118,7 @@ impl Default for JournalSettings {
             late_ms: 0,
             section_bytes: 64 << 10,
             max_chain_deltas: 16,
+            wal_checkpoint_bytes: 256 << 10,
             retain_every_batches: 1024,
             max_lag_batches: 3_900,
         }

@@ -1,6 +1,6 @@
 //! How a journal tenure captures (`docs/design.md` 3g, "The org layer on the journal"): after
 //! its first capture, each ship reads only the WAL's committed frames since the previous
-//! one and checkpoints the WAL only past `ShipPolicy::wal_checkpoint_bytes`; what the store
+//! one and checkpoints the WAL only past `JournalSettings::wal_checkpoint_bytes`; what the store
 //! holds after every acknowledgement is exactly what was acknowledged, across the WAL
 //! restarts those checkpoints make, and a successor replays every key.
 
@@ -27,7 +27,7 @@ fn journal(wal_checkpoint_bytes: u64) -> RegistrySettings {
         },
         ..RegistrySettings::default()
     };
-    settings.ship.wal_checkpoint_bytes = wal_checkpoint_bytes;
+    settings.journal.wal_checkpoint_bytes = wal_checkpoint_bytes;
     settings
 }
 
@@ -79,7 +79,7 @@ async fn successor_replays(store: Arc<dyn ObjectStore>, keys: &[String]) -> R {
     Ok(())
 }
 
-/// With the default bound (4 MiB) no ship checkpoints the WAL: the frames of every
+/// With a bound of 4 MiB no ship checkpoints the WAL: the frames of every
 /// acknowledged commit stay in it and the WAL only grows, while the store follows each
 /// acknowledgement. (A ship that checkpointed would leave the WAL empty after its ack.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -171,7 +171,7 @@ async fn open_journal(
         &*serving.writer,
         JournalLimits {
             section_bytes: opening.settings.journal.section_bytes,
-            wal_checkpoint_bytes: opening.settings.ship.wal_checkpoint_bytes,
+            wal_checkpoint_bytes: opening.settings.journal.wal_checkpoint_bytes,
             max_chain_deltas: opening.settings.journal.max_chain_deltas,
         },
     )
