@@ -344,6 +344,13 @@ async fn a_refusal_is_repeated_from_memory_for_retry_ms_without_a_store_request(
         .on_open(|c| c.execute_batch(common::LEDGER))
         .build()?;
     let org = OrgId::new("org00")?;
+    // The watcher's first LIST, at start, is awaited before counting: counted from before
+    // it, the two LISTs below could be it and the acquire's, and the LIST the refusal asks
+    // for would land inside the retries.
+    assert!(
+        within(20, || rb.store_requests().list >= 1).await,
+        "the watcher did not start"
+    );
     let lists = rb.store_requests().list;
     let first = b
         .acquire(&org)
