@@ -31,7 +31,7 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             }
             inner.acks.demand.notified().await;
         }
-        let (shipped, full) = {
+        let (shipped, full, journal) = {
             let mut publishing = inner.publishing().await;
             if inner.acks.lock().stop.is_some() {
                 return;
@@ -64,14 +64,15 @@ pub(crate) async fn run(inner: Arc<Inner>) {
                 let _ = end(&inner, &mut publishing, how).await;
                 return;
             }
-            (shipped, full)
+            (shipped, full, publishing.is_journal())
         };
         // A failure that did not end the tenure is retryable: its commits ship later.
         if shipped.is_ok() {
             ships_since_retain += 1;
             let every = inner.settings.retain_every_ships;
-            // Only a new full snapshot makes older entries deletable; and at most one run
-            // per interval, so retention's requests do not follow the acknowledgements.
+            // Only a new full snapshot (for a journal org, a snapshot checkpoint) makes older
+            // entries deletable; and at most one run per interval, so retention's requests
+            // do not follow the acknowledgements.
             if every > 0
                 && full
                 && ships_since_retain >= every
@@ -79,7 +80,10 @@ pub(crate) async fn run(inner: Arc<Inner>) {
             {
                 ships_since_retain = 0;
                 last_retain.restart();
-                compact_in_background(&inner, &compacting);
+                // A journal org's checkpoints have no level files (3g, "T4 as built").
+                if !journal {
+                    compact_in_background(&inner, &compacting);
+                }
                 match inner
                     .replica
                     .retain(&inner.acks.org, &inner.settings.retention)

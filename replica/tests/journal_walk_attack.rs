@@ -592,10 +592,11 @@ async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_re
 
 /// K3 against the per-org path: once a journal claim took over a per-org holder (K1.6),
 /// the holder's next ship meets it in its slot and is `Fenced`, never acknowledged; and
-/// every per-org writer-side reader (retention, level compaction, a forced claim), on the
+/// every per-org writer-side reader (level compaction, a forced claim), on the
 /// holder's handle that remembers the per-org entries and on a fresh one, refuses the log
-/// with `JournalRequired`, deleting and writing nothing; `verify` and `restore` follow the
-/// journal (verify finds every entry and the takeover's state sound).
+/// with `JournalRequired`, deleting and writing nothing; `verify`, `restore` and retention
+/// follow the journal (verify finds every entry and the takeover's state sound; retention,
+/// T4, deletes no entry younger than `keep_ms`, only the fenced ship's orphan objects).
 #[tokio::test]
 async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_refused() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -641,6 +642,18 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
         .await;
     assert!(again.is_err(), "a fenced claim shipped again: {again:?}");
 
+    // Retention follows the journal (T4): no entry is old enough to go, and the fenced
+    // ship's objects at 3 (the journal claim's slot, which does not name them) are orphans.
+    let young = holder.retain(&o, &Retention::default()).await.unwrap();
+    assert!(young.deleted_entries.is_empty(), "{young:?}");
+    assert_eq!(young.deleted_blobs.len(), 2, "{young:?}");
+    assert!(
+        young
+            .deleted_blobs
+            .iter()
+            .all(|b| b.starts_with("orgs/acme/snap/00000000000000000003-1-")),
+        "{young:?}"
+    );
     let before = objects(&store).await;
     let fresh = open(store.clone()).await;
     let dir = tempfile::tempdir().unwrap();
@@ -651,7 +664,6 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
         assert!(report.failed.is_empty(), "{:?}", report.failed);
         assert!(!report.ok.is_empty(), "verify checked nothing");
         let refusals = [
-            r.retain(&o, &Retention::default()).await.err(),
             r.compact_levels(&o, &Retention::default()).await.err(),
             r.claim(&o, "b", true).await.err(),
         ];

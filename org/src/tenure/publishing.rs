@@ -66,6 +66,11 @@ impl Publisher {
         }
     }
 
+    /// Sections in the process's journal run (3g): no level file is written for the org.
+    pub(crate) fn is_journal(&self) -> bool {
+        matches!(self, Publisher::Journal(_))
+    }
+
     /// Several ships in flight (3e): only a per-org claim with a window above 1.
     pub(crate) fn pipelined(&self) -> bool {
         matches!(self, Publisher::PerOrg(s) if s.pipelined())

@@ -24,6 +24,7 @@ mod entries;
 pub(crate) mod headers;
 mod io;
 mod issuer;
+mod log_retain;
 mod org_walk;
 mod place;
 mod restore;

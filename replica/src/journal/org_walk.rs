@@ -118,7 +118,19 @@ impl Replica {
     /// per-org segment whose chain is broken; [`Error::UnknownFormat`]; the store's errors.
     pub async fn walk_org(&self, org: &OrgId) -> Result<OrgWalk, Error> {
         let entries = self.inner.log.journal_history(org).await?;
-        let log: BTreeMap<u64, LogEntry> = entries.into_iter().map(|e| (e.seq(), e)).collect();
+        self.walk_org_in(org, entries.into_iter().map(|e| (e.seq(), e)).collect())
+            .await
+    }
+
+    /// [`Replica::walk_org`] over `log`, the org's log as the caller read it.
+    ///
+    /// # Errors
+    /// As [`Replica::walk_org`].
+    pub(crate) async fn walk_org_in(
+        &self,
+        org: &OrgId,
+        log: BTreeMap<u64, LogEntry>,
+    ) -> Result<OrgWalk, Error> {
         let mut highest_round = log.values().map(LogEntry::round).max().unwrap_or(0);
         let mut state = WalkState::Empty;
         let mut runs = Vec::new();

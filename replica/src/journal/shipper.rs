@@ -245,15 +245,20 @@ impl JournalShipper {
     }
 
     /// Ships everything committed so far as one cumulative section and returns once the
-    /// issuer acknowledged it (J1); writes a due checkpoint first (J5).
+    /// issuer acknowledged it (J1); writes a due checkpoint first (J5). The report's kind
+    /// is [`ShipKind::Full`] when that checkpoint was a snapshot (retention may then run,
+    /// T4), else [`ShipKind::Delta`].
     ///
     /// # Errors
     /// [`Error::FilesChanged`]; [`Error::NotAcknowledged`] (ship again; nothing lost);
     /// [`Error::Fenced`], [`Error::RunFenced`] (the tenure is over); the checkpoint's and
     /// the capture's errors.
     pub async fn ship(&mut self, source: &dyn CaptureSource) -> Result<ShipReport, Error> {
-        if self.checkpoint_due() {
-            self.checkpoint(false).await?;
+        // A snapshot checkpoint is reported as a full ship: it makes older entries of the
+        // org's log deletable (T4).
+        let mut kind = ShipKind::Delta;
+        if self.checkpoint_due() && self.checkpoint(false).await? {
+            kind = ShipKind::Full;
         }
         // A slot another writer's exclusion of some other org took acknowledges nothing
         // but fences nothing either: the next batch carries the (cumulative) section.
@@ -266,7 +271,7 @@ impl JournalShipper {
         };
         Ok(ShipReport {
             commit_seq: self.commit,
-            kind: ShipKind::Delta,
+            kind,
             bytes: self.cumulative_bytes(),
             seq: acked.slot,
         })
@@ -480,14 +485,15 @@ impl JournalShipper {
     /// through that section's slot, as a delta on the base, or as a snapshot read from the
     /// file when the chain bound is reached and the file holds exactly that state; the
     /// sections start again from it.
-    async fn checkpoint(&mut self, released: bool) -> Result<(), Error> {
+    /// Returns true when it wrote a snapshot.
+    async fn checkpoint(&mut self, released: bool) -> Result<bool, Error> {
         let Some((acked, commit)) = self.acked.clone() else {
-            return Ok(());
+            return Ok(false);
         };
         // Checkpoints are through slots of the writer's current run (J3.5): after a
         // self-seal the next acknowledged section gives one.
         if acked.run != self.issuer.run_name() || commit != self.commit {
-            return Ok(());
+            return Ok(false);
         }
         let snapshot = self.snapshot_due() && self.file_at_commit;
         let checkpoint = if snapshot {
@@ -533,7 +539,7 @@ impl JournalShipper {
         self.cumulative.clear();
         self.next_seq = seq + 1;
         self.issuer.entry(&self.org, acked.slot + 1);
-        Ok(())
+        Ok(snapshot)
     }
 
     /// The database file as a snapshot of the acknowledged commit: the caller checked the

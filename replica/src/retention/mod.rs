@@ -30,7 +30,11 @@ pub struct RetentionReport {
 }
 
 impl Replica {
-    /// Applies `policy` to `org`.
+    /// Applies `policy` to `org`. For a journal org (its log holds format-5 entries) it
+    /// applies T4 instead (`docs/design.md` 3g, "T4 as built"): what K0 reads stays, with
+    /// every entry younger than `keep_ms`, the newest `keep_snapshots` snapshots, and
+    /// everything a kept delta is rebuilt from; the rest goes, and the objects no kept
+    /// entry names.
     ///
     /// Never deletes the newest snapshot entry, its manifest or segments, or any entry after
     /// it (its delta chain), nor any claim or release entry (so no slot a zombie writer would
@@ -62,7 +66,13 @@ impl Replica {
         self.writable("retention")?;
         // Entries this handle published or read before are not read again: a run costs two
         // LISTs, a GET per entry it has not seen, and its deletions (I14).
-        let (log, listed) = self.inner.log.history_known(org).await?;
+        let (log, listed) = match self.inner.log.history_known(org).await {
+            // A journal org's log: T4 (`docs/design.md` 3g, "T4 as built").
+            Err(Error::JournalRequired { .. }) => {
+                return self.retain_journal_org(org, policy).await;
+            }
+            other => other?,
+        };
         let mut report = RetentionReport::default();
         let Some(head) = log.last().map(LogEntry::seq) else {
             return Ok(report);
@@ -174,6 +184,45 @@ impl Replica {
             .iter()
             .filter(|e| !doomed.iter().any(|d| d.seq() == e.seq()))
             .collect();
+        let occupied: std::collections::BTreeSet<u64> = log.iter().map(LogEntry::seq).collect();
+        self.judge_objects(org, &kept, &occupied, newest, head, &mut report)
+            .await?;
+        // Level files go with their snapshot: one whose snapshot is not kept (deleted now,
+        // or before a late compactor wrote it) is named by no reader.
+        let kept_snaps: std::collections::HashSet<u64> = kept
+            .iter()
+            .filter(|e| e.is_snapshot())
+            .map(|e| e.seq())
+            .collect();
+        for level in levels {
+            if level.snapshot < newest && !kept_snaps.contains(&level.snapshot) {
+                let path = self.inner.store.layout.level(org, &level.name);
+                self.delete(&path).await?;
+                report.deleted_blobs.push(path.to_string());
+            }
+        }
+        info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(),
+              age_skipped = report.age_skipped, "retention ran");
+        Ok(report)
+    }
+
+    /// Deletes the objects of `org`'s `snap/` that no entry of `kept` names, directly or
+    /// through a kept snapshot's manifest (nor a clone, 2e), and whose position the log
+    /// has settled: below `newest` (the newest snapshot, or a journal org's newest
+    /// checkpoint), or at most `head` where `occupied` holds an entry that does not name
+    /// it. Records them in `report`.
+    ///
+    /// # Errors
+    /// The store's errors; an unreadable clone reference list.
+    pub(crate) async fn judge_objects(
+        &self,
+        org: &OrgId,
+        kept: &[&LogEntry],
+        occupied: &std::collections::BTreeSet<u64>,
+        newest: u64,
+        head: u64,
+        report: &mut RetentionReport,
+    ) -> Result<(), Error> {
         let mut referenced: std::collections::HashSet<String> = kept
             .iter()
             .filter_map(|e| e.blob())
@@ -187,7 +236,6 @@ impl Replica {
         // holds an entry that does not name it. An empty slot above the newest snapshot may
         // be a ship in flight, even below the head: strays of a fenced pipelined writer can
         // stand above it.
-        let occupied: std::collections::HashSet<u64> = log.iter().map(LogEntry::seq).collect();
         let candidates: Vec<_> = blobs
             .into_iter()
             .filter(|m| {
@@ -209,7 +257,7 @@ impl Replica {
             .filter_map(|m| m.location.filename())
             .filter(|n| n.ends_with(".manifest.json"))
             .collect();
-        self.release_clone_refs(org, &orphan_manifests, &kept)
+        self.release_clone_refs(org, &orphan_manifests, kept)
             .await?;
         let segments_at_stake = candidates
             .iter()
@@ -267,23 +315,7 @@ impl Replica {
             self.delete(&meta.location).await?;
             report.deleted_blobs.push(meta.location.to_string());
         }
-        // Level files go with their snapshot: one whose snapshot is not kept (deleted now,
-        // or before a late compactor wrote it) is named by no reader.
-        let kept_snaps: std::collections::HashSet<u64> = kept
-            .iter()
-            .filter(|e| e.is_snapshot())
-            .map(|e| e.seq())
-            .collect();
-        for level in levels {
-            if level.snapshot < newest && !kept_snaps.contains(&level.snapshot) {
-                let path = self.inner.store.layout.level(org, &level.name);
-                self.delete(&path).await?;
-                report.deleted_blobs.push(path.to_string());
-            }
-        }
-        info!(%org, entries = report.deleted_entries.len(), blobs = report.deleted_blobs.len(),
-              age_skipped = report.age_skipped, "retention ran");
-        Ok(report)
+        Ok(())
     }
 
     /// The now snapshot ages are judged by (ms since the Unix epoch). Only when this host's
@@ -294,7 +326,7 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::ClockSkew`] and the other errors of [`Replica::store_time`].
-    async fn age_now(&self, candidates: &[(u64, u64)]) -> Result<u64, Error> {
+    pub(crate) async fn age_now(&self, candidates: &[(u64, u64)]) -> Result<u64, Error> {
         let host = self.inner.clock.now_ms();
         let by_host = |(at_ms, age): &(u64, u64)| *age > 0 && host.saturating_sub(*at_ms) >= *age;
         if !candidates.iter().any(by_host) {

@@ -287,10 +287,34 @@ impl Log {
         self.history_as(org, true).await
     }
 
+    /// [`Log::journal_history`] with the seqs the listing held: fewer entries than seqs
+    /// means some were deleted between the listing and their read.
+    ///
+    /// # Errors
+    /// As [`Log::history`].
+    pub(crate) async fn journal_history_listed(
+        &self,
+        org: &OrgId,
+    ) -> Result<(Vec<LogEntry>, Vec<u64>), Error> {
+        let seqs = self.seqs(org).await?;
+        let entries = self.read_all(org, &seqs, true).await?;
+        Ok((entries, seqs))
+    }
+
     async fn history_as(&self, org: &OrgId, journal: bool) -> Result<Vec<LogEntry>, Error> {
         let seqs = self.seqs(org).await?;
+        self.read_all(org, &seqs, journal).await
+    }
+
+    async fn read_all(
+        &self,
+        org: &OrgId,
+        seqs: &[u64],
+        journal: bool,
+    ) -> Result<Vec<LogEntry>, Error> {
         let entries: Vec<Option<LogEntry>> = futures::stream::iter(
-            seqs.into_iter()
+            seqs.iter()
+                .copied()
                 .map(|s| self.read_entry_as(org, s, journal)),
         )
         .buffered(self.read_concurrency)
