@@ -761,7 +761,7 @@ async fn crafted_headers_are_typed_errors() {
         mem.delete(&jpath(&run, slot)).await.unwrap();
     }
     // The section read of the real batch with a crafted index (offset past the object).
-    let mut forged = listed.clone();
+    let mut forged = (*listed).clone();
     let mut bad = sec.clone();
     bad.offset = u64::MAX - 10;
     if let JournalObject::Batch(b) = &mut forged.header.object {

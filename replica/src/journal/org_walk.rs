@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::chain;
 use crate::format::entry::EntryBody;
@@ -19,6 +20,9 @@ use crate::journal::SectionIndex;
 use crate::journal::io::Listed;
 use crate::journal::walk::{MAX_WALK_HOPS, ScanEnd, Walk, WalkTenure};
 use crate::{Error, LogEntry, OrgId, Replica};
+
+/// Reads of an org's log a walk makes at most while retention deletes entries under them.
+const MAX_LOG_READS: u32 = 8;
 
 /// The acknowledged state a walk found.
 #[derive(Clone, Debug)]
@@ -33,7 +37,7 @@ pub enum WalkState {
     /// The newest section read, applied to the base it names.
     Section {
         /// The batch holding it.
-        batch: Box<Listed>,
+        batch: Arc<Listed>,
         /// The section.
         section: SectionIndex,
     },
@@ -115,11 +119,25 @@ impl Replica {
     /// # Errors
     /// [`Error::Corrupt`] for a damaged entry or journal object, per-org entries with no
     /// claim, or a walk of more than [`MAX_WALK_HOPS`] hops; [`Error::ChainBroken`] for a
-    /// per-org segment whose chain is broken; [`Error::UnknownFormat`]; the store's errors.
+    /// per-org segment whose chain is broken; [`Error::UnknownFormat`];
+    /// [`Error::Contended`] when retention deleted entries under each of 8 reads of the
+    /// log; the store's errors.
     pub async fn walk_org(&self, org: &OrgId) -> Result<OrgWalk, Error> {
-        let entries = self.inner.log.journal_history(org).await?;
-        self.walk_org_in(org, entries.into_iter().map(|e| (e.seq(), e)).collect())
-            .await
+        // A listed entry gone before its read was deleted by retention (T4) meanwhile: the
+        // read is no one state of the log, and could lack the newest checkpoint while
+        // holding an older one, so the walk would start from a state that is not the
+        // newest. Read again; retention deletes only below a newer kept entry.
+        for _ in 0..MAX_LOG_READS {
+            let (entries, listed) = self.inner.log.journal_history_listed(org).await?;
+            if entries.len() == listed.len() {
+                let log = entries.into_iter().map(|e| (e.seq(), e)).collect();
+                return self.walk_org_in(org, log).await;
+            }
+        }
+        Err(Error::Contended {
+            org: org.to_string(),
+            attempts: MAX_LOG_READS,
+        })
     }
 
     /// [`Replica::walk_org`] over `log`, the org's log as the caller read it.
@@ -154,7 +172,7 @@ impl Replica {
                     let walk = self.walk_runs(org, &run, entry, tenure).await?;
                     if let Some((batch, section)) = &walk.newest {
                         state = WalkState::Section {
-                            batch: Box::new(batch.clone()),
+                            batch: batch.clone(),
                             section: section.clone(),
                         };
                     }

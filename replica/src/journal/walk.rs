@@ -3,6 +3,8 @@
 //! scan of one listing is pure ([`scan`]); [`Replica::walk_runs`] lists each run the scan
 //! hops to.
 
+use std::sync::Arc;
+
 use crate::format::journal::{JournalObject, RunName, SealKind, SectionIndex, Via};
 use crate::journal::io::{Listed, RunListing};
 use crate::{Error, OrgId, Replica};
@@ -63,7 +65,7 @@ pub enum ScanEnd {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Scan {
     /// The newest section of the org's tenure read, with the batch that holds it.
-    pub newest: Option<(Listed, SectionIndex)>,
+    pub newest: Option<(Arc<Listed>, SectionIndex)>,
     /// Where the scan ended.
     pub end: ScanEnd,
 }
@@ -160,7 +162,7 @@ pub struct Walk {
     pub visited: Vec<(u64, RunListing)>,
     /// The newest section read along the walk, each taken in the tenure current where it
     /// was read (J3-5).
-    pub newest: Option<(Listed, SectionIndex)>,
+    pub newest: Option<(Arc<Listed>, SectionIndex)>,
     /// The tenure current where the walk ended.
     pub tenure: WalkTenure,
     /// How the last run's scan ended: [`ScanEnd::Held`] or [`ScanEnd::Released`].

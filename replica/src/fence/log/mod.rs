@@ -287,7 +287,8 @@ impl Log {
         self.history_as(org, true).await
     }
 
-    /// [`Log::journal_history`] with the seqs the listing held: fewer entries than seqs
+    /// [`Log::journal_history`] with what the listing held: each seq with its object's
+    /// Last-Modified (ms since the Unix epoch, the store's clock). Fewer entries than seqs
     /// means some were deleted between the listing and their read.
     ///
     /// # Errors
@@ -295,10 +296,19 @@ impl Log {
     pub(crate) async fn journal_history_listed(
         &self,
         org: &OrgId,
-    ) -> Result<(Vec<LogEntry>, Vec<u64>), Error> {
-        let seqs = self.seqs(org).await?;
+    ) -> Result<(Vec<LogEntry>, Vec<(u64, u64)>), Error> {
+        let listed: Vec<(u64, u64)> = self
+            .listing(org, None)
+            .await?
+            .into_iter()
+            .map(|(seq, meta)| {
+                let modified = u64::try_from(meta.last_modified.timestamp_millis()).unwrap_or(0);
+                (seq, modified)
+            })
+            .collect();
+        let seqs: Vec<u64> = listed.iter().map(|(s, _)| *s).collect();
         let entries = self.read_all(org, &seqs, true).await?;
-        Ok((entries, seqs))
+        Ok((entries, listed))
     }
 
     async fn history_as(&self, org: &OrgId, journal: bool) -> Result<Vec<LogEntry>, Error> {

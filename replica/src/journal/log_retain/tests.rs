@@ -50,10 +50,14 @@ fn mark(through: u64, claim: u64) -> Option<JournalMark> {
 }
 
 fn claim(seq: u64, round: u64) -> LogEntry {
+    claim_after(seq, round, FreePoint::Empty)
+}
+
+fn claim_after(seq: u64, round: u64, after: FreePoint) -> LogEntry {
     let mark = JournalMark::Claim {
         run: run(),
         from: 1,
-        after: Some(FreePoint::Empty),
+        after: Some(after),
     };
     entry(seq, round, Some(mark), EntryBody::Claim(Claimer::default()))
 }
@@ -85,7 +89,10 @@ fn log(entries: Vec<LogEntry>) -> BTreeMap<u64, LogEntry> {
 
 fn kept(log: &BTreeMap<u64, LogEntry>, section_base: Option<u64>) -> Vec<u64> {
     let view = LogView { log, section_base };
-    keep(&view, |_| false, 1).into_iter().collect()
+    keep(&view, |_| false, 1)
+        .expect("whole chains")
+        .into_iter()
+        .collect()
 }
 
 /// One tenure (claim at 1) with a snapshot at 2 and deltas 3..=5 on it, then a snapshot at
@@ -121,7 +128,10 @@ fn a_young_entry_stays_with_everything_it_is_rebuilt_from() {
         section_base: None,
     };
     let young = |e: &LogEntry| e.seq() == 4;
-    let kept: Vec<u64> = keep(&view, young, 1).into_iter().collect();
+    let kept: Vec<u64> = keep(&view, young, 1)
+        .expect("whole chains")
+        .into_iter()
+        .collect();
     assert_eq!(kept, vec![1, 2, 3, 4, 6, 7]);
 }
 
@@ -132,7 +142,10 @@ fn the_newest_snapshots_stay_up_to_keep_snapshots() {
         log: &log,
         section_base: None,
     };
-    let kept: Vec<u64> = keep(&view, |_| false, 2).into_iter().collect();
+    let kept: Vec<u64> = keep(&view, |_| false, 2)
+        .expect("whole chains")
+        .into_iter()
+        .collect();
     assert_eq!(kept, vec![1, 2, 6, 7]);
 }
 
@@ -152,7 +165,7 @@ fn an_earlier_tenure_goes_below_the_newest_tenures_claim_and_its_releases_above_
         claim(10, 3),
     ]);
     // The newest checkpoint is 8 (round 2); claims and Release entries from its claim 6
-    // on stay, the earlier tenure goes whole.
+    // on stay; the earlier tenure goes whole.
     assert_eq!(kept(&log, None), vec![6, 7, 8, 9, 10]);
 }
 
@@ -217,7 +230,7 @@ fn kept_entries_are_closed_under_base_links() {
             section_base,
         };
         for cut in 0..=8u64 {
-            let kept: BTreeSet<u64> = keep(&view, |e| e.seq() >= cut, 1);
+            let kept: BTreeSet<u64> = keep(&view, |e| e.seq() >= cut, 1).expect("whole chains");
             for s in &kept {
                 if let Some(base) = log.get(s).and_then(LogEntry::delta).map(|d| d.base) {
                     assert!(kept.contains(&base), "{s} kept without its base {base}");
@@ -225,4 +238,63 @@ fn kept_entries_are_closed_under_base_links() {
             }
         }
     }
+}
+
+#[test]
+fn the_per_org_tenures_claims_and_releases_stay_up_to_the_first_journal_claim() {
+    // A per-org holder (claim 1, snapshot 2) taken over by a forced per-org claim (3),
+    // which shipped (4) and released (5); a journal claim names that Release (6) and
+    // checkpoints (7). A paused holder of round 1 creates at 3 next: 3 must stay for its
+    // create to collide (2a), and likewise every per-org claim and Release entry.
+    let per_org = |seq, round, body| entry(seq, round, None, body);
+    let log = log(vec![
+        per_org(1, 1, EntryBody::Claim(Claimer::default())),
+        per_org(2, 1, EntryBody::Snapshot(stored())),
+        per_org(3, 2, EntryBody::Claim(Claimer::default())),
+        per_org(4, 2, EntryBody::Snapshot(stored())),
+        release(5, 2),
+        claim_after(6, 3, FreePoint::Entry { seq: 5 }),
+        snapshot(7, 3, 6),
+    ]);
+    assert_eq!(kept(&log, None), vec![1, 3, 5, 6, 7]);
+}
+
+#[test]
+fn a_k16_claim_below_per_org_entries_and_the_per_org_fences_above_it_stay() {
+    // P (claim 1, snapshot 3; its snapshot 2 deleted by 2a) is taken over by a forced
+    // per-org claim Q (4), which ships (5) and releases (6). A paused K1.6 claimant's
+    // claim naming P's claim lands in the freed slot 2, abandoned; a journal claim names
+    // Q's Release (7) and checkpoints (8). P's next create is at 4: Q's claim stays, as
+    // do Q's Release and the K1.6 claim, however low.
+    let per_org = |seq, round, body| entry(seq, round, None, body);
+    let log = log(vec![
+        per_org(1, 1, EntryBody::Claim(Claimer::default())),
+        claim_after(2, 3, FreePoint::Entry { seq: 1 }),
+        per_org(3, 1, EntryBody::Snapshot(stored())),
+        per_org(4, 2, EntryBody::Claim(Claimer::default())),
+        per_org(5, 2, EntryBody::Snapshot(stored())),
+        release(6, 2),
+        claim_after(7, 4, FreePoint::Entry { seq: 6 }),
+        snapshot(8, 4, 7),
+    ]);
+    assert_eq!(kept(&log, None), vec![1, 2, 4, 6, 7, 8]);
+}
+
+#[test]
+fn a_kept_delta_whose_base_is_missing_stops_the_rule() {
+    let mut entries = one_tenure();
+    entries.retain(|e| e.seq() != 6);
+    let log = log(entries);
+    let view = LogView {
+        log: &log,
+        section_base: None,
+    };
+    assert_eq!(keep(&view, |_| false, 1), Err(6));
+    // A link that does not go down is no chain either.
+    let log = super::tests::log(vec![claim(1, 1), delta(2, 1, 1, 2)]);
+    let view = LogView {
+        log: &log,
+        section_base: None,
+    };
+    assert_eq!(keep(&view, |_| false, 1), Err(2));
 }
