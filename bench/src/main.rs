@@ -76,7 +76,7 @@ pub struct BenchArgs {
     #[arg(long)]
     litestream: Option<PathBuf>,
     /// Only these parts (e.g. `--only p1,p2`; `p10-handoff` runs only P10's rolling-upgrade
-    /// and crash-takeover rows).
+    /// and crash-takeover rows, `p9b-takeover` only P9b's crash takeover).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Orgs of P10's rolling-upgrade and crash-takeover rows (default 1000; 50 with
@@ -227,8 +227,9 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
             .await
             .map_err(fail("p9"))?;
     }
-    if args.wants("p9b") {
-        p9b::run(&dir, args.quick, args.latency)
+    let takeover_only = !args.wants("p9b") && args.wants("p9b-takeover");
+    if args.wants("p9b") || takeover_only {
+        p9b::run(&dir, args.quick, args.latency, takeover_only)
             .await
             .map_err(fail("p9b"))?;
     }

@@ -128,13 +128,15 @@ async fn snap_cp(
         r.create_checkpoint(
             o,
             Checkpoint {
-                seq,
-                round,
-                writer: "j".into(),
-                run: run.clone(),
-                through,
-                tenure: via.clone(),
-                released: false,
+                header: CheckpointHeader {
+                    seq,
+                    round,
+                    writer: "j".into(),
+                    run: run.clone(),
+                    through,
+                    tenure: via.clone(),
+                    released: false,
+                },
                 snapshot: Snapshot::from_bytes(img.to_vec(), commit),
             },
         )
@@ -160,13 +162,15 @@ async fn delta_cp(
         r.create_delta_checkpoint(
             o,
             DeltaCheckpoint {
-                seq,
-                round,
-                writer: "j".into(),
-                run: run.clone(),
-                through,
-                tenure: via.clone(),
-                released: false,
+                header: CheckpointHeader {
+                    seq,
+                    round,
+                    writer: "j".into(),
+                    run: run.clone(),
+                    through,
+                    tenure: via.clone(),
+                    released: false,
+                },
                 base: Base {
                     seq: base_seq,
                     checksum: image_checksum(base).unwrap(),
@@ -738,13 +742,15 @@ async fn a_paused_free_claimant_landing_in_a_freed_slot_is_abandoned_by_c2() -> 
                 r.create_checkpoint(
                     &o,
                     Checkpoint {
-                        seq,
-                        round,
-                        writer: "j".into(),
-                        run,
-                        through: 1,
-                        tenure: via,
-                        released: true,
+                        header: CheckpointHeader {
+                            seq,
+                            round,
+                            writer: "j".into(),
+                            run,
+                            through: 1,
+                            tenure: via,
+                            released: true,
+                        },
                         snapshot: Snapshot::from_bytes(img, commit),
                     },
                 )

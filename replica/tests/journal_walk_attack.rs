@@ -162,13 +162,15 @@ async fn checkpoint(
         r.create_checkpoint(
             o,
             Checkpoint {
-                seq,
-                round,
-                writer: "j".into(),
-                run: run.clone(),
-                through: 1,
-                tenure: via,
-                released,
+                header: CheckpointHeader {
+                    seq,
+                    round,
+                    writer: "j".into(),
+                    run: run.clone(),
+                    through: 1,
+                    tenure: via,
+                    released,
+                },
                 snapshot: Snapshot::from_bytes(img.to_vec(), 1),
             },
         )

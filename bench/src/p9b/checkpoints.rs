@@ -13,7 +13,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use idem_replica::journal::{Base, BatchMeta, DeltaCheckpoint, EntryCreated, Run, RunName};
+use idem_replica::journal::{
+    Base, BatchMeta, CheckpointHeader, DeltaCheckpoint, EntryCreated, Run, RunName,
+};
 use idem_replica::journal::{SectionInput, Via};
 use idem_replica::{Delta, OrgId, Replica};
 
@@ -139,20 +141,22 @@ pub(crate) async fn one_row(replica: &Replica, n: usize, ticks: usize) -> BenchR
                     if fresh >= SECTION_BUDGET && !o.checkpointing {
                         o.checkpointing = true;
                         let checkpoint = DeltaCheckpoint {
-                            seq: o.next_seq,
-                            round: 1,
-                            writer: "bench".into(),
-                            run: run.name().clone(),
-                            through: run.resolved_below() - 1,
-                            tenure: Via::Claim { seq: 1 },
-                            released: false,
+                            header: CheckpointHeader {
+                                seq: o.next_seq,
+                                round: 1,
+                                writer: "bench".into(),
+                                run: run.name().clone(),
+                                through: run.resolved_below() - 1,
+                                tenure: Via::Claim { seq: 1 },
+                                released: false,
+                            },
                             base: Base { seq: o.base.0, checksum: "bench".into() },
                             checksum: format!("{i}-{commit}"),
                             pages: pages_since(i as u64, o.base.1, commit)?,
                         };
                         let id = o.id.clone();
                         ckpts.push(async move {
-                            let seq = checkpoint.seq;
+                            let seq = checkpoint.header.seq;
                             let created = replica.create_delta_checkpoint(&id, checkpoint).await;
                             (i, seq, commit, created)
                         });

@@ -35,11 +35,29 @@ const WINDOW: u64 = 4;
 ///
 /// # Errors
 /// The first store error.
-pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResult<()> {
+pub(crate) async fn run(
+    dir: &Path,
+    quick: bool,
+    latency: Latency,
+    takeover_only: bool,
+) -> BenchResult<()> {
     let mut columns = vec![Column { shape: None }];
     if let Latency::Shaped(shape) = latency {
         columns.push(Column { shape: Some(shape) });
     }
+    if !takeover_only {
+        batches_and_checkpoints(dir, quick, latency, &columns).await?;
+    }
+    takeover_table(dir, quick, &columns).await
+}
+
+/// P9b's rows of batches, then of batches with J5 checkpoints.
+async fn batches_and_checkpoints(
+    dir: &Path,
+    quick: bool,
+    latency: Latency,
+    columns: &[Column],
+) -> BenchResult<()> {
     let counts: &[usize] = if quick {
         &[1, 100, 1_000]
     } else {
@@ -50,7 +68,7 @@ pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResul
     outln!(
         "P9b: the journal's store layer: one run acknowledging N orgs with one commit in flight each, window {WINDOW}, {ticks} batches per row ({latency} beside the local directory)"
     );
-    table_header(&columns, "active orgs", "target");
+    table_header(columns, "active orgs", "target");
     for &n in counts {
         let mut cells = Vec::new();
         for (i, column) in columns.iter().enumerate() {
@@ -75,7 +93,7 @@ pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResul
         "P9b with J5 checkpoints: each commit appends a 512-byte row; an org is checkpointed (one inline delta PUT) once its section holds {} KiB of fresh bytes; window {WINDOW}, {ticks} batches per row",
         checkpoints::SECTION_BUDGET / 1024
     );
-    table_header(&columns, "active orgs", "target");
+    table_header(columns, "active orgs", "target");
     for &n in counts {
         let mut cells = Vec::new();
         for (i, column) in columns.iter().enumerate() {
@@ -90,13 +108,18 @@ pub(crate) async fn run(dir: &Path, quick: bool, latency: Latency) -> BenchResul
             "≤ 0.1 req/ack including checkpoints, ≤ $0.50 per M acks",
         );
     }
+    Ok(())
+}
+
+/// P9b's crash takeover row.
+async fn takeover_table(dir: &Path, quick: bool, columns: &[Column]) -> BenchResult<()> {
     let n = if quick { 100 } else { 1_000 };
     outln!();
     outln!(
         "P9b crash takeover: a dead writer's run of {n} orgs (each a checkpoint and two journaled commits); the successor seals it, walks and installs every org ({} at a time), attaches each and acknowledges with one batch",
         64
     );
-    table_header(&columns, "measure", "target");
+    table_header(columns, "measure", "target");
     let mut cells = Vec::new();
     for (i, column) in columns.iter().enumerate() {
         let sub = dir.join(format!("p9b-takeover-{n}-{i}"));

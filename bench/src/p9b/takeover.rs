@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use idem_org::rusqlite::Connection;
 use idem_replica::journal::{
-    Adoption, Base, BatchMeta, Checkpoint, EntryCreated, FreePoint, JournalClaim, Run,
-    SectionInput, Via, image_checksum,
+    Adoption, Base, BatchMeta, Checkpoint, CheckpointHeader, EntryCreated, FreePoint, JournalClaim,
+    Run, SectionInput, Via, image_checksum,
 };
 use idem_replica::{Delta, OrgId, Replica, Settings, Snapshot};
 
@@ -79,13 +79,15 @@ async fn dead_writer(dir: &Path, orgs: &[OrgId], imgs: &[Vec<u8>]) -> BenchResul
                 after: Some(FreePoint::Empty),
             };
             let checkpoint = Checkpoint {
-                seq: 2,
-                round: 1,
-                writer: "dead".into(),
-                run: name,
-                through: 1,
-                tenure: Via::Claim { seq: 1 },
-                released: false,
+                header: CheckpointHeader {
+                    seq: 2,
+                    round: 1,
+                    writer: "dead".into(),
+                    run: name,
+                    through: 1,
+                    tenure: Via::Claim { seq: 1 },
+                    released: false,
+                },
                 snapshot: Snapshot::from_bytes(base, 0),
             };
             for created in [

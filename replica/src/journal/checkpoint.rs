@@ -10,10 +10,9 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::format::blob::pack;
 use crate::format::entry::{BlobRef, DeltaLink, EntryBody, Stored};
-use crate::format::journal::{Base, RunName, Via};
+use crate::format::journal::Base;
 use crate::format::layout::{delta_blob_name, new_nonce};
-use crate::format::mark::JournalMark;
-use crate::journal::entries::{Checkpoint, EntryCreated};
+use crate::journal::entries::{Checkpoint, CheckpointHeader, EntryCreated};
 use crate::journal::org_walk::OrgEnd;
 use crate::replica::blocking;
 use crate::{Delta, Error, LogEntry, OrgId, Replica};
@@ -25,20 +24,8 @@ const MAX_CHECKPOINT_ATTEMPTS: u32 = 8;
 /// previous checkpoint, leading to `checksum`; the state is exactly the org's at `through`.
 #[derive(Clone, Debug)]
 pub struct DeltaCheckpoint {
-    /// Log position: the slot after the writer's own newest entry in the org's log.
-    pub seq: u64,
-    /// The tenure's round.
-    pub round: u64,
-    /// Writer id.
-    pub writer: String,
-    /// The run of the slot.
-    pub run: RunName,
-    /// A slot of the writer's resolved prefix (at least 1).
-    pub through: u64,
-    /// The claim or adopt seal the tenure came through.
-    pub tenure: Via,
-    /// J4's released checkpoint.
-    pub released: bool,
+    /// Where the checkpoint goes and the slot it is through.
+    pub header: CheckpointHeader,
     /// The entry the pages apply to (a snapshot or delta of the org's log) and the
     /// database checksum there (16 hex digits).
     pub base: Base,
@@ -58,17 +45,17 @@ pub enum AnyCheckpoint {
 }
 
 impl AnyCheckpoint {
-    fn seq_mut(&mut self) -> &mut u64 {
+    fn header(&self) -> &CheckpointHeader {
         match self {
-            AnyCheckpoint::Snapshot(c) => &mut c.seq,
-            AnyCheckpoint::Delta(c) => &mut c.seq,
+            AnyCheckpoint::Snapshot(c) => &c.header,
+            AnyCheckpoint::Delta(c) => &c.header,
         }
     }
 
-    fn tenure(&self) -> (u64, &RunName, &Via) {
+    fn header_mut(&mut self) -> &mut CheckpointHeader {
         match self {
-            AnyCheckpoint::Snapshot(c) => (c.round, &c.run, &c.tenure),
-            AnyCheckpoint::Delta(c) => (c.round, &c.run, &c.tenure),
+            AnyCheckpoint::Snapshot(c) => &mut c.header,
+            AnyCheckpoint::Delta(c) => &mut c.header,
         }
     }
 }
@@ -88,17 +75,12 @@ impl Replica {
         checkpoint: DeltaCheckpoint,
     ) -> Result<EntryCreated, Error> {
         let DeltaCheckpoint {
-            seq,
-            round,
-            writer,
-            run,
-            through,
-            tenure,
-            released,
+            header,
             base,
             checksum,
             pages,
         } = checkpoint;
+        let (seq, round, through) = (header.seq, header.round, header.through);
         if through == 0 || base.seq >= seq {
             return Err(Error::corrupt(
                 &format!("orgs/{org}/log/{seq:020}.json"),
@@ -141,20 +123,9 @@ impl Replica {
             db_pages,
             changed_pages,
         };
-        let mark = JournalMark::Checkpoint {
-            run,
-            through,
-            tenure,
-            released,
-        };
-        self.create_marked(
-            org,
-            (seq, round),
-            &writer,
-            Some(mark),
-            EntryBody::Delta(link),
-        )
-        .await
+        let (at, writer, mark) = header.into_entry();
+        self.create_marked(org, at, &writer, Some(mark), EntryBody::Delta(link))
+            .await
     }
 
     /// J5's create: creates `checkpoint` at its seq; when another entry holds it, walks the
@@ -172,8 +143,8 @@ impl Replica {
         mut checkpoint: AnyCheckpoint,
     ) -> Result<Box<LogEntry>, Error> {
         for _ in 0..MAX_CHECKPOINT_ATTEMPTS {
-            let (round, run, via) = checkpoint.tenure();
-            let (round, run, via) = (round, run.clone(), via.clone());
+            let header = checkpoint.header();
+            let (round, run, via) = (header.round, header.run.clone(), header.tenure.clone());
             let created = match checkpoint.clone() {
                 AnyCheckpoint::Snapshot(c) => self.create_checkpoint(org, c).await?,
                 AnyCheckpoint::Delta(c) => self.create_delta_checkpoint(org, c).await?,
@@ -192,7 +163,7 @@ impl Replica {
                     theirs: theirs.round().max(walk.highest_round),
                 });
             }
-            *checkpoint.seq_mut() = walk.next_seq();
+            checkpoint.header_mut().seq = walk.next_seq();
         }
         Err(Error::Contended {
             org: org.to_string(),

@@ -43,9 +43,10 @@ pub struct JournalClaim {
     pub after: Option<FreePoint>,
 }
 
-/// A checkpoint (J5) written as a full snapshot: the org's state exactly at `through`.
+/// What a checkpoint (J5) of either shape names: its log position, its writer, and the slot
+/// of the tenure its state is exactly at.
 #[derive(Clone, Debug)]
-pub struct Checkpoint {
+pub struct CheckpointHeader {
     /// Log position: the slot after the writer's own newest entry in the org's log (J5: no
     /// LIST before the create).
     pub seq: u64,
@@ -61,6 +62,26 @@ pub struct Checkpoint {
     pub tenure: Via,
     /// J4's released checkpoint (its Release entry follows it).
     pub released: bool,
+}
+
+impl CheckpointHeader {
+    /// The checkpoint entry's position `(seq, round)`, its writer, and its journal mark.
+    pub(crate) fn into_entry(self) -> ((u64, u64), String, JournalMark) {
+        let mark = JournalMark::Checkpoint {
+            run: self.run,
+            through: self.through,
+            tenure: self.tenure,
+            released: self.released,
+        };
+        ((self.seq, self.round), self.writer, mark)
+    }
+}
+
+/// A checkpoint (J5) written as a full snapshot: the org's state exactly at `through`.
+#[derive(Clone, Debug)]
+pub struct Checkpoint {
+    /// Where the checkpoint goes and the slot it is through.
+    pub header: CheckpointHeader,
     /// The database, exactly as it is at `through`.
     pub snapshot: Snapshot,
 }
@@ -123,14 +144,14 @@ impl Replica {
         org: &OrgId,
         checkpoint: Checkpoint,
     ) -> Result<EntryCreated, Error> {
-        if checkpoint.through == 0 {
+        if checkpoint.header.through == 0 {
             return Err(Error::corrupt(
                 &format!("orgs/{org}/log"),
                 "a checkpoint through slot 0",
             ));
         }
         checkpoint.snapshot.check(org.as_str())?;
-        let (seq, round) = (checkpoint.seq, checkpoint.round);
+        let (seq, round) = (checkpoint.header.seq, checkpoint.header.round);
         let commit = checkpoint.snapshot.commit();
         let source = MemSource::new(org.as_str(), Arc::new(checkpoint.snapshot.into_bytes()))?;
         let streamed = self
@@ -143,20 +164,9 @@ impl Replica {
             compressed_bytes: streamed.manifest.compressed_bytes(),
             commit,
         };
-        let mark = JournalMark::Checkpoint {
-            run: checkpoint.run,
-            through: checkpoint.through,
-            tenure: checkpoint.tenure,
-            released: checkpoint.released,
-        };
-        self.create_marked(
-            org,
-            (seq, round),
-            &checkpoint.writer,
-            Some(mark),
-            EntryBody::Snapshot(stored),
-        )
-        .await
+        let (at, writer, mark) = checkpoint.header.into_entry();
+        self.create_marked(org, at, &writer, Some(mark), EntryBody::Snapshot(stored))
+            .await
     }
 
     /// Creates the Release entry of a tenure of `round` at `seq`: after its released

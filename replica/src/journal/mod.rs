@@ -44,7 +44,7 @@ pub use acquire::{JournalAcquire, JournalStart};
 pub use checkpoint::{AnyCheckpoint, DeltaCheckpoint};
 pub use claim::{ClaimPlan, FreeClaim, JournalTenure, MAX_FREE_CLAIM_ATTEMPTS, PlannedClaim};
 pub use claim_held::{HeldClaim, MAX_HELD_CLAIM_ATTEMPTS};
-pub use entries::{Checkpoint, EntryCreated, JournalClaim};
+pub use entries::{Checkpoint, CheckpointHeader, EntryCreated, JournalClaim};
 pub use io::{Created, Listed, RunListing};
 pub use issuer::{Issuer, IssuerSettings, SectionAcked};
 pub use org_walk::{OrgEnd, OrgWalk, WalkState};

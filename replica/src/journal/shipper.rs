@@ -35,7 +35,7 @@ use crate::format::journal::{Base, Via};
 use crate::format::pages::canonical_page1;
 use crate::journal::acquire::JournalStart;
 use crate::journal::checkpoint::{AnyCheckpoint, DeltaCheckpoint};
-use crate::journal::entries::{Checkpoint, EntryCreated};
+use crate::journal::entries::{Checkpoint, CheckpointHeader, EntryCreated};
 use crate::journal::issuer::{Issuer, SectionAcked};
 use crate::journal::org_walk::WalkState;
 use crate::journal::run::SectionInput;
@@ -496,26 +496,23 @@ impl JournalShipper {
             return Ok(false);
         }
         let snapshot = self.snapshot_due() && self.file_at_commit;
+        let header = CheckpointHeader {
+            seq: self.next_seq,
+            round: self.round,
+            writer: self.issuer.writer().to_owned(),
+            run: acked.run.clone(),
+            through: acked.slot,
+            tenure: self.via.clone(),
+            released,
+        };
         let checkpoint = if snapshot {
             AnyCheckpoint::Snapshot(Checkpoint {
-                seq: self.next_seq,
-                round: self.round,
-                writer: self.issuer.writer().to_owned(),
-                run: acked.run.clone(),
-                through: acked.slot,
-                tenure: self.via.clone(),
-                released,
+                header,
                 snapshot: self.acked_image().await?,
             })
         } else {
             AnyCheckpoint::Delta(DeltaCheckpoint {
-                seq: self.next_seq,
-                round: self.round,
-                writer: self.issuer.writer().to_owned(),
-                run: acked.run.clone(),
-                through: acked.slot,
-                tenure: self.via.clone(),
-                released,
+                header,
                 base: self.base.clone(),
                 checksum: checksum_hex(self.hashes.sum()),
                 pages: self.pages()?,
@@ -697,13 +694,7 @@ async fn first_delta_checkpoint(
     checksum: &str,
 ) -> Result<u64, Error> {
     let checkpoint = DeltaCheckpoint {
-        seq: start.next_seq,
-        round: start.tenure.round,
-        writer: issuer.writer().to_owned(),
-        run: start.run.clone(),
-        through: start.through,
-        tenure: start.tenure.via.clone(),
-        released: false,
+        header: first_header(issuer, start),
         base,
         checksum: checksum.to_owned(),
         pages,
@@ -719,6 +710,16 @@ async fn first_checkpoint(
     snapshot: Snapshot,
 ) -> Result<u64, Error> {
     let checkpoint = Checkpoint {
+        header: first_header(issuer, start),
+        snapshot,
+    };
+    create_first(issuer, start, AnyCheckpoint::Snapshot(checkpoint)).await
+}
+
+/// The header of the tenure's first checkpoint: through `start.through`, at
+/// `start.next_seq`, not released.
+fn first_header(issuer: &Issuer, start: &JournalStart) -> CheckpointHeader {
+    CheckpointHeader {
         seq: start.next_seq,
         round: start.tenure.round,
         writer: issuer.writer().to_owned(),
@@ -726,9 +727,7 @@ async fn first_checkpoint(
         through: start.through,
         tenure: start.tenure.via.clone(),
         released: false,
-        snapshot,
-    };
-    create_first(issuer, start, AnyCheckpoint::Snapshot(checkpoint)).await
+    }
 }
 
 /// Creates a tenure's first checkpoint (J5's collision rule included), moves the tenure's

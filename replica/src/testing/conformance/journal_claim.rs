@@ -13,8 +13,8 @@ use super::{CaseResult, org, prefix};
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::layout::new_nonce;
 use crate::journal::{
-    Base, BatchMeta, Checkpoint, ClaimPlan, EntryCreated, FreeClaim, FreePoint, OrgEnd, Run,
-    RunName, SectionInput, WalkTenure,
+    Base, BatchMeta, Checkpoint, CheckpointHeader, ClaimPlan, EntryCreated, FreeClaim, FreePoint,
+    OrgEnd, Run, RunName, SectionInput, WalkTenure,
 };
 use crate::{Error, Replica, Settings, Snapshot};
 
@@ -98,13 +98,15 @@ pub(super) async fn two_claimants_after_one_free_point_one_serves_and_the_other_
         .create_checkpoint(
             &o,
             Checkpoint {
-                seq: 2,
-                round: 1,
-                writer: "a".into(),
-                run: ra.name().clone(),
-                through: 1,
-                tenure: tenure.via.clone(),
-                released: false,
+                header: CheckpointHeader {
+                    seq: 2,
+                    round: 1,
+                    writer: "a".into(),
+                    run: ra.name().clone(),
+                    through: 1,
+                    tenure: tenure.via.clone(),
+                    released: false,
+                },
                 snapshot: Snapshot::from_bytes(base.clone(), 0),
             },
         )

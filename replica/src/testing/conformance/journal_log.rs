@@ -14,8 +14,8 @@ use super::{CaseResult, org, prefix};
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::layout::new_nonce;
 use crate::journal::{
-    Base, BatchMeta, Checkpoint, EntryCreated, FreePoint, JournalClaim, OrgEnd, Run, RunName,
-    SectionInput, Via, WalkState, WalkTenure,
+    Base, BatchMeta, Checkpoint, CheckpointHeader, EntryCreated, FreePoint, JournalClaim, OrgEnd,
+    Run, RunName, SectionInput, Via, WalkState, WalkTenure,
 };
 use crate::{Error, OrgId, Replica, Settings, Snapshot};
 
@@ -179,13 +179,15 @@ pub(super) async fn a_walk_follows_claims_checkpoints_and_free_points_across_run
         r.create_checkpoint(
             &o,
             Checkpoint {
-                seq: 4,
-                round: 2,
-                writer: "b".into(),
-                run: run1.clone(),
-                through,
-                tenure: tenure.via.clone(),
-                released: false,
+                header: CheckpointHeader {
+                    seq: 4,
+                    round: 2,
+                    writer: "b".into(),
+                    run: run1.clone(),
+                    through,
+                    tenure: tenure.via.clone(),
+                    released: false,
+                },
                 snapshot: Snapshot::from_bytes(img.clone(), t.commit),
             },
         )
@@ -205,13 +207,15 @@ pub(super) async fn a_walk_follows_claims_checkpoints_and_free_points_across_run
         r.create_checkpoint(
             &o,
             Checkpoint {
-                seq: 5,
-                round: 2,
-                writer: "b".into(),
-                run: run1.clone(),
-                through: last,
-                tenure: tenure.via.clone(),
-                released: true,
+                header: CheckpointHeader {
+                    seq: 5,
+                    round: 2,
+                    writer: "b".into(),
+                    run: run1.clone(),
+                    through: last,
+                    tenure: tenure.via.clone(),
+                    released: true,
+                },
                 snapshot: Snapshot::from_bytes(img.clone(), t.commit),
             },
         )
@@ -392,13 +396,15 @@ pub(super) async fn a_walk_over_damaged_journal_entries_is_a_typed_error(
         r.create_checkpoint(
             &o,
             Checkpoint {
-                seq: 2,
-                round: 1,
-                writer: "a".into(),
-                run: run1.clone(),
-                through: 1,
-                tenure: Via::Claim { seq: c },
-                released: false,
+                header: CheckpointHeader {
+                    seq: 2,
+                    round: 1,
+                    writer: "a".into(),
+                    run: run1.clone(),
+                    through: 1,
+                    tenure: Via::Claim { seq: c },
+                    released: false,
+                },
                 snapshot: Snapshot::from_bytes(img.clone(), t.commit),
             },
         )

@@ -12,8 +12,8 @@ use super::db::{Db, diff};
 use super::{CaseResult, org, prefix};
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::journal::{
-    Adoption, Base, BatchLanding, BatchMeta, Checkpoint, EntryCreated, HeldClaim, IssuedBatch,
-    OrgEnd, Run, SectionInput, Via,
+    Adoption, Base, BatchLanding, BatchMeta, Checkpoint, CheckpointHeader, EntryCreated, HeldClaim,
+    IssuedBatch, OrgEnd, Run, SectionInput, Via,
 };
 use crate::{Error, OrgId, Replica, Settings, Snapshot};
 
@@ -46,13 +46,15 @@ async fn hold(r: &Replica, run: &mut Run, orgs: &[OrgId]) -> R<Vec<Held>> {
             .create_checkpoint(
                 o,
                 Checkpoint {
-                    seq: 2,
-                    round: tenure.round,
-                    writer: run.writer().to_owned(),
-                    run: run.name().clone(),
-                    through: run.resolved_below() - 1,
-                    tenure: tenure.via.clone(),
-                    released: false,
+                    header: CheckpointHeader {
+                        seq: 2,
+                        round: tenure.round,
+                        writer: run.writer().to_owned(),
+                        run: run.name().clone(),
+                        through: run.resolved_below() - 1,
+                        tenure: tenure.via.clone(),
+                        released: false,
+                    },
                     snapshot: Snapshot::from_bytes(base.clone(), 0),
                 },
             )
@@ -243,7 +245,9 @@ pub(super) async fn a_claim_over_a_live_run_excludes_one_org_and_the_run_keeps_t
 pub(super) async fn a_checkpoint_whose_seq_is_taken_is_settled_by_a_walk(
     store: Arc<dyn ObjectStore>,
 ) -> CaseResult {
-    use crate::journal::{AnyCheckpoint, DeltaCheckpoint, FreePoint, JournalClaim, RunName};
+    use crate::journal::{
+        AnyCheckpoint, CheckpointHeader, DeltaCheckpoint, FreePoint, JournalClaim, RunName,
+    };
     let p = prefix()?;
     let a = Replica::open(store.clone(), &p, Settings::default()).await?;
     let b = Replica::open(store, &p, Settings::default()).await?;
@@ -256,13 +260,15 @@ pub(super) async fn a_checkpoint_whose_seq_is_taken_is_settled_by_a_walk(
     let (img, base) = (images["acme"].clone(), held[0].base.clone());
     let delta = |seq: u64| -> R<AnyCheckpoint> {
         Ok(AnyCheckpoint::Delta(DeltaCheckpoint {
-            seq,
-            round: 1,
-            writer: "a".into(),
-            run: ra.name().clone(),
-            through: ra.resolved_below() - 1,
-            tenure: held[0].via.clone(),
-            released: false,
+            header: CheckpointHeader {
+                seq,
+                round: 1,
+                writer: "a".into(),
+                run: ra.name().clone(),
+                through: ra.resolved_below() - 1,
+                tenure: held[0].via.clone(),
+                released: false,
+            },
             base: Base {
                 seq: 2,
                 checksum: checksum(&base)?,
