@@ -94,6 +94,10 @@ pub struct BenchArgs {
     /// 8; 1 ships one at a time.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
     ship_window: u64,
+    /// P10's registries ship every org through one journal run per process
+    /// (`docs/design.md` 3g), as `idem serve --journal` does.
+    #[arg(long)]
+    p10_journal: bool,
     /// P10's rows: `all`, or only `one-org` (one org at 1 / 8 / 64 / 256 clients).
     #[arg(long, default_value = "all")]
     p10_rows: p10::Rows,
@@ -241,6 +245,7 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     let handoff_only = !args.wants("p10") && args.wants("p10-handoff");
     if args.wants("p10") || handoff_only {
         p10::SHIP_WINDOW.store(args.ship_window, std::sync::atomic::Ordering::Relaxed);
+        p10::JOURNAL.store(args.p10_journal, std::sync::atomic::Ordering::Relaxed);
         let mut sizes = p10::Sizes::new(args.quick, args.row_time());
         sizes.handoff = args.handoff_orgs.unwrap_or(sizes.handoff);
         sizes.handoff_only = handoff_only;

@@ -45,6 +45,8 @@ pub(crate) struct Inner {
     pub(crate) compactions: tokio::sync::Semaphore,
     /// Journal headers read, reused while a LIST shows the same object (`journal/headers.rs`).
     pub(crate) journal_headers: crate::journal::headers::Headers,
+    pub(crate) sealed_listings: crate::journal::headers::SealedListings,
+    pub(crate) run_listings: crate::journal::coalesce::RunListings,
 }
 
 /// Runs CPU-bound work (hashing, compression) on the blocking pool; `op` names it in a
@@ -171,6 +173,8 @@ impl Replica {
                 segment_refs: Default::default(),
                 compactions: tokio::sync::Semaphore::new(settings.compaction_concurrency),
                 journal_headers: Default::default(),
+                sealed_listings: Default::default(),
+                run_listings: Default::default(),
                 store,
                 settings,
                 clock,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use idem_org::{ErrorKind, Registry};
 use idem_replica::fault::{Fault, FaultStore, Op};
 
-use super::{Column, default_lease_ms, org, registry, row};
+use super::{Column, default_lease_ms, org, path_label, registry, row};
 use crate::group::write;
 use crate::orgs::each_once;
 use crate::{BenchResult, ms, quantile};
@@ -292,7 +292,8 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
     }
     row(
         &format!(
-            "rolling upgrade of {n} orgs (A shuts down, clients move to B): gap from last ack on A to first on B p50 / p99 / max"
+            "rolling upgrade of {n} orgs{} (A shuts down, clients move to B): gap from last ack on A to first on B p50 / p99 / max",
+            path_label()
         ),
         &gap_cells,
         "p99 ≤ 1 s plus the request spacing (1 s)",
@@ -355,7 +356,8 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
     }
     row(
         &format!(
-            "crash takeover of {n} orgs (A stops reaching the store, lease {}): from the lease's lapse (kill + lease) to each org's first ack on B p50 / p99 / max",
+            "crash takeover of {n} orgs{} (A stops reaching the store, lease {}): from the lease's lapse (kill + lease) to each org's first ack on B p50 / p99 / max",
+            path_label(),
             ms(lease)
         ),
         &lapse_cells,

@@ -67,6 +67,20 @@ impl std::fmt::Display for Latency {
 /// The ship window of P10's registries (`--ship-window`), set once before the rows run.
 pub(crate) static SHIP_WINDOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// P10's registries ship through the journal (`--p10-journal`, `docs/design.md` 3g), set
+/// once before the rows run.
+pub(crate) static JOURNAL: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// ", journal" in a row's label when [`JOURNAL`] is set, else "".
+pub(crate) fn path_label() -> &'static str {
+    if JOURNAL.load(std::sync::atomic::Ordering::Relaxed) {
+        ", journal"
+    } else {
+        ""
+    }
+}
+
 /// Which of P10's rows run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Rows {
@@ -171,6 +185,10 @@ pub(crate) async fn registry(
         warm: idem_org::WarmSettings {
             enabled: warm,
             ..idem_org::WarmSettings::default()
+        },
+        journal: idem_org::JournalSettings {
+            enabled: JOURNAL.load(std::sync::atomic::Ordering::Relaxed),
+            ..idem_org::JournalSettings::default()
         },
         ..RegistrySettings::default()
     };

@@ -116,20 +116,21 @@ async fn takeover_table(dir: &Path, quick: bool, columns: &[Column]) -> BenchRes
     let n = if quick { 100 } else { 1_000 };
     outln!();
     outln!(
-        "P9b crash takeover: a dead writer's run of {n} orgs (each a checkpoint and two journaled commits); the successor seals it, walks and installs every org ({} at a time), attaches each and acknowledges with one batch",
-        64
+        "P9b crash takeover: a dead writer's run of {n} orgs (each a checkpoint and two journaled commits); the successor seals it, walks and installs every org (as many at a time as the row says), attaches each and acknowledges with one batch"
     );
     table_header(columns, "measure", "target");
-    let mut cells = Vec::new();
-    for (i, column) in columns.iter().enumerate() {
-        let sub = dir.join(format!("p9b-takeover-{n}-{i}"));
-        cells.push(takeover::one_cell(&sub, column, n).await?);
+    for concurrency in takeover::TAKEOVER_CONCURRENCY {
+        let mut cells = Vec::new();
+        for (i, column) in columns.iter().enumerate() {
+            let sub = dir.join(format!("p9b-takeover-{n}-{concurrency}-{i}"));
+            cells.push(takeover::one_cell(&sub, column, n, concurrency).await?);
+        }
+        row(
+            &format!("takeover of {n} orgs, {concurrency} at a time"),
+            &cells,
+            "one seal fences all; every org acked ≤ lease + 1 s after the judgement",
+        );
     }
-    row(
-        &format!("takeover of {n} orgs"),
-        &cells,
-        "one seal fences all; every org acked ≤ lease + 1 s after the judgement",
-    );
     Ok(())
 }
 

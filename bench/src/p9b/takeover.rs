@@ -23,8 +23,13 @@ use idem_replica::{Delta, OrgId, Replica, Settings, Snapshot};
 use crate::p10::Column;
 use crate::{BenchResult, ms};
 
-/// Orgs walked and installed at once by the successor.
+/// Orgs the dead writer's setup writes at once.
 const CONCURRENCY: usize = 64;
+
+/// Orgs walked and installed at once by the successor, one row each: a registry acquires
+/// every org a request asks for at once, so the wider row is its shape; the narrower
+/// shows the cost in sequential round trips per org.
+pub(crate) const TAKEOVER_CONCURRENCY: [usize; 2] = [64, 512];
 
 /// Canonical images of one org's database after 0, 1 and 2 commits.
 fn images() -> BenchResult<Vec<Vec<u8>>> {
@@ -135,7 +140,12 @@ async fn dead_writer(dir: &Path, orgs: &[OrgId], imgs: &[Vec<u8>]) -> BenchResul
 }
 
 /// One cell: the takeover of `n` orgs on `column`'s store.
-pub(crate) async fn one_cell(dir: &Path, column: &Column, n: usize) -> BenchResult<String> {
+pub(crate) async fn one_cell(
+    dir: &Path,
+    column: &Column,
+    n: usize,
+    concurrency: usize,
+) -> BenchResult<String> {
     let imgs = images()?;
     let orgs = (0..n)
         .map(|i| OrgId::new(&format!("org-{i:05}")))
@@ -166,7 +176,7 @@ pub(crate) async fn one_cell(dir: &Path, column: &Column, n: usize) -> BenchResu
             BenchResult::Ok((o.clone(), walk, t.elapsed()))
         }
     }))
-    .buffer_unordered(CONCURRENCY)
+    .buffer_unordered(concurrency)
     .try_collect()
     .await?;
     let hydrates = b.store_requests().since(&after_seal);

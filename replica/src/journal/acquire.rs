@@ -134,6 +134,11 @@ impl Issuer {
                             next_seq,
                         })));
                     }
+                    // Our adopt seal ended that run after this walk listed it (another
+                    // org's acquire placed it): the next walk meets the seal.
+                    if self.adopted_run(&holder) {
+                        continue;
+                    }
                     if !force {
                         replica
                             .judge_run_holder(org, &walk, &holder, tenure.round)
@@ -147,6 +152,7 @@ impl Issuer {
                         Adoption::Sealed { run, slot, listing } => {
                             tracing::info!(%org, %run, slot, "adopted a dead writer's journal run (K2)");
                             self.hold(from);
+                            self.note_adopted_runs([holder.clone(), run.clone()]);
                             // K2.3: the run's other orgs, for the caller to take in the
                             // background (K2.5) before their requests arrive.
                             match replica.run_orgs(&listing, slot).await {

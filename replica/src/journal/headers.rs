@@ -11,7 +11,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::journal::io::Listed;
+use crate::format::journal::{JournalObject, RunName};
+use crate::journal::io::{Listed, RunListing};
 
 /// Header bytes kept at most (64 MiB): the oldest go first.
 const MAX_CACHED_HEADER_BYTES: usize = 64 << 20;
@@ -61,6 +62,95 @@ impl Headers {
             };
             if let Some(old) = cached.by_name.remove(&oldest) {
                 cached.bytes = cached.bytes.saturating_sub(old.2.header_len.max(1));
+            }
+        }
+    }
+}
+
+/// Header bytes the sealed listings keep at most (64 MiB): the oldest runs go first.
+const MAX_SEALED_LISTING_BYTES: usize = 64 << 20;
+
+/// Listings of sealed runs, for walks (K0): a scan never reads past a run's first seal, and
+/// an occupied slot never changes where a walk enters (objects are create-only; retention
+/// deletes, and late creates land, only below every walk's entry: T1-T3). So the part of
+/// one listing from a slot up to the seal with **no empty slot** serves every walk that
+/// enters in it. An empty slot below a seal may still take the dead writer's batch in
+/// flight or an adopter's hole-filling seal (J3-4), so a listing is kept only from above
+/// its highest empty slot. A takeover's walks of the dead writer's run (one per org) then
+/// cost one LIST, not one each.
+#[derive(Debug, Default)]
+pub(crate) struct SealedListings {
+    inner: Mutex<Sealed>,
+}
+
+#[derive(Debug, Default)]
+struct Sealed {
+    by_run: HashMap<RunName, (u64, RunListing)>,
+    order: VecDeque<RunName>,
+    bytes: usize,
+}
+
+impl SealedListings {
+    /// The objects of `run` from `from` up to its first seal, when a listing of it from at
+    /// or below `from` that holds a seal at or above `from` was kept.
+    pub(crate) fn get(&self, run: &RunName, from: u64) -> Option<RunListing> {
+        let sealed = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (seal, listing) = sealed.by_run.get(run)?;
+        (listing.from <= from && from <= *seal).then(|| RunListing {
+            run: run.clone(),
+            from,
+            objects: listing
+                .objects
+                .range(from..=*seal)
+                .map(|(s, l)| (*s, l.clone()))
+                .collect(),
+        })
+    }
+
+    /// Keeps the part of `listing` up to its first seal that has no empty slot, unless a
+    /// part from a lower slot is kept.
+    pub(crate) fn insert(&self, listing: &RunListing) {
+        let Some(seal) = listing
+            .objects
+            .iter()
+            .find(|(_, l)| matches!(l.header.object, JournalObject::Seal(_)))
+            .map(|(s, _)| *s)
+        else {
+            return;
+        };
+        let mut from = seal;
+        while from > listing.from && listing.objects.contains_key(&(from - 1)) {
+            from -= 1;
+        }
+        let kept = RunListing {
+            run: listing.run.clone(),
+            from,
+            objects: listing
+                .objects
+                .range(from..=seal)
+                .map(|(s, l)| (*s, l.clone()))
+                .collect(),
+        };
+        let weight: usize = kept.objects.values().map(|l| l.header_len.max(1)).sum();
+        let mut sealed = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, old)) = sealed.by_run.get(&listing.run) {
+            if old.from <= from {
+                return;
+            }
+            let old_weight: usize = old.objects.values().map(|l| l.header_len.max(1)).sum();
+            sealed.bytes = sealed.bytes.saturating_sub(old_weight);
+        } else {
+            sealed.order.push_back(listing.run.clone());
+        }
+        sealed.by_run.insert(listing.run.clone(), (seal, kept));
+        sealed.bytes += weight;
+        while sealed.bytes > MAX_SEALED_LISTING_BYTES {
+            let Some(oldest) = sealed.order.pop_front() else {
+                break;
+            };
+            if let Some((_, old)) = sealed.by_run.remove(&oldest) {
+                let w: usize = old.objects.values().map(|l| l.header_len.max(1)).sum();
+                sealed.bytes = sealed.bytes.saturating_sub(w);
             }
         }
     }

@@ -117,6 +117,9 @@ struct Shared {
     lag_tx: Mutex<Option<mpsc::UnboundedSender<OrgId>>>,
     /// Orgs of runs this issuer adopted (K2.3), not yet taken by the caller.
     adopted: Mutex<BTreeSet<OrgId>>,
+    /// Runs this issuer's adopt seal ended: a walk that listed one before the seal landed
+    /// walks again rather than judging its writer and adopting it once more.
+    adopted_runs: Mutex<BTreeSet<RunName>>,
     /// The process is shutting down: releases wait for the run's release seal.
     closing: std::sync::atomic::AtomicBool,
 }
@@ -172,6 +175,7 @@ impl Issuer {
             lagging: Mutex::new(BTreeSet::new()),
             lag_tx: Mutex::new(None),
             adopted: Mutex::new(BTreeSet::new()),
+            adopted_runs: Mutex::new(BTreeSet::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
         });
         let task = Task {
@@ -236,6 +240,16 @@ impl Issuer {
 
     pub(crate) fn note_adopted(&self, orgs: impl IntoIterator<Item = OrgId>) {
         lock(&self.shared.adopted).extend(orgs);
+    }
+
+    /// Remembers that this issuer's adopt seal ended `runs`.
+    pub(crate) fn note_adopted_runs(&self, runs: impl IntoIterator<Item = RunName>) {
+        lock(&self.shared.adopted_runs).extend(runs);
+    }
+
+    /// True when this issuer's adopt seal ended `run`.
+    pub(crate) fn adopted_run(&self, run: &RunName) -> bool {
+        lock(&self.shared.adopted_runs).contains(run)
     }
 
     /// J4 for every org: from now on a tenure's release only drains it (its last section

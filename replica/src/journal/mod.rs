@@ -20,6 +20,7 @@ mod acquire;
 mod checkpoint;
 mod claim;
 mod claim_held;
+pub(crate) mod coalesce;
 mod entries;
 pub(crate) mod headers;
 mod io;

@@ -86,10 +86,11 @@ pub fn scan(
     let mut newest = None;
     for (&slot, listed) in listing.objects.range(entry..) {
         match &listed.header.object {
-            JournalObject::Batch(b) => {
-                if let Some(s) = b.sections.iter().find(|s| {
-                    s.org == org.as_str() && s.round == tenure.round && s.via == tenure.via
-                }) {
+            JournalObject::Batch(_) => {
+                if let Some(s) = listed
+                    .sections_of(org.as_str())
+                    .find(|s| s.round == tenure.round && s.via == tenure.via)
+                {
                     newest = Some((listed.clone(), s.clone()));
                 }
             }
@@ -172,7 +173,10 @@ pub struct Walk {
 impl Replica {
     /// Walks `org` from `entry` of `run` in `tenure` (K0), listing each run it hops to from
     /// its entry slot, until a run's listing ends (the org is held by that run's writer) or
-    /// a release seal frees it.
+    /// a release seal frees it. A sealed run is listed once per handle: walks entering it
+    /// at or below its seal read that listing (`journal/headers.rs`, `SealedListings`).
+    /// Another run's listing is shared by the walks begun before its LIST began
+    /// (`journal/coalesce.rs`).
     ///
     /// # Errors
     /// [`Error::Corrupt`] after [`MAX_WALK_HOPS`] hops or for a damaged object; the
@@ -184,11 +188,23 @@ impl Replica {
         entry: u64,
         tenure: WalkTenure,
     ) -> Result<Walk, Error> {
+        let since = self.inner.run_listings.begin();
         let (mut run, mut entry, mut tenure) = (run.clone(), entry, tenure);
         let mut visited = Vec::new();
         let mut newest = None;
         for _ in 0..=MAX_WALK_HOPS {
-            let listing = self.list_run(&run, entry).await?;
+            let listing = match self.inner.sealed_listings.get(&run, entry) {
+                Some(listing) => listing,
+                None => {
+                    let listing = self
+                        .inner
+                        .run_listings
+                        .get(&run, entry, since, |from| self.list_run(&run, from))
+                        .await?;
+                    self.inner.sealed_listings.insert(&listing);
+                    listing
+                }
+            };
             let found = scan(&listing, entry, org, &tenure)?;
             if found.newest.is_some() {
                 newest = found.newest;
