@@ -43,8 +43,8 @@ impl RunListings {
     }
 
     /// A listing of `run` from `from` up whose LIST began after `since`: the newest kept
-    /// one when it qualifies, else one `list` takes now (from the lower of `from` and the
-    /// kept listing's start, so walks entering lower share the next one).
+    /// one when it qualifies, else one `list` takes now from `from` (never lower: a walk
+    /// reads no header below its own entry, where retention may be deleting, T1-T3).
     ///
     /// # Errors
     /// `list`'s.
@@ -67,12 +67,8 @@ impl RunListings {
         if let Some(found) = per_run.usable(from, since) {
             return Ok(found);
         }
-        let lowest = per_run
-            .newest()
-            .map_or(from, |(_, l)| l.from.min(from))
-            .max(1);
         let began = self.begin();
-        let listing = Arc::new(list(lowest).await?);
+        let listing = Arc::new(list(from).await?);
         *per_run.newest.lock().unwrap_or_else(|p| p.into_inner()) = Some((began, listing.clone()));
         Ok(sub_listing(&listing, from))
     }

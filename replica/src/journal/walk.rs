@@ -188,11 +188,14 @@ impl Replica {
         entry: u64,
         tenure: WalkTenure,
     ) -> Result<Walk, Error> {
-        let since = self.inner.run_listings.begin();
         let (mut run, mut entry, mut tenure) = (run.clone(), entry, tenure);
         let mut visited = Vec::new();
         let mut newest = None;
         for _ in 0..=MAX_WALK_HOPS {
+            // Each hop's listing must be newer than the object that sent the walk there:
+            // an exclusion or seal read from the previous listing (a run listed before it
+            // landed could lack the seal that preceded it).
+            let since = self.inner.run_listings.begin();
             let listing = match self.inner.sealed_listings.get(&run, entry) {
                 Some(listing) => listing,
                 None => {

@@ -57,22 +57,30 @@ async fn a_walk_begun_before_a_list_reads_it_and_one_begun_after_lists_again() {
 }
 
 #[tokio::test]
-async fn a_walk_entering_lower_lists_from_there_and_later_walks_share_it() {
+async fn a_walk_lists_from_its_own_entry_and_higher_entries_share_it() {
     let shared = RunListings::default();
     let (count, froms) = Default::default();
     let a = shared.begin();
     let b = shared.begin();
     let c = shared.begin();
+    let d = shared.begin();
     shared
         .get(&run(), 9, a, lister(&count, &froms))
         .await
         .expect("listed");
+    // Lower than the kept listing: its own LIST, from its own entry only.
     shared
         .get(&run(), 3, b, lister(&count, &froms))
         .await
         .expect("listed");
-    shared
+    // Higher: the kept one serves.
+    let got = shared
         .get(&run(), 9, c, lister(&count, &froms))
+        .await
+        .expect("listed");
+    assert_eq!(got.from, 9);
+    shared
+        .get(&run(), 4, d, lister(&count, &froms))
         .await
         .expect("listed");
     assert_eq!(count.load(Ordering::SeqCst), 2);
