@@ -9,125 +9,31 @@
 
 #![allow(clippy::unwrap_used, clippy::too_many_lines, missing_docs)]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use futures::StreamExt;
-use futures::future::BoxFuture;
-use futures::stream::BoxStream;
-use idem_replica::journal::*;
-use idem_replica::{Delta, Error, OrgId, Replica, Settings};
-use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result as OsResult,
+use common::interpose::{Interpose, gate};
+use common::journal::{
+    batch, batch_meta, claim, claim_after, create_object, exclusion_obj, jpath, run_of, section,
+    tenure, writer,
 };
+use common::{R, memory, open, org};
+use idem_replica::journal::*;
+use idem_replica::{Error, OrgId, Replica};
+use object_store::ObjectStore;
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
-
-type R<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 // ---------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-fn inst(n: u64) -> String {
-    format!("{n:032x}")
-}
-
-fn run_of(n: u64) -> RunName {
-    RunName::new(&inst(n), 1).unwrap()
-}
-
-fn org(s: &str) -> OrgId {
-    OrgId::new(s).unwrap()
-}
-
-fn pages(commit: u64) -> Delta {
-    let fill = commit as u8;
-    Delta::new(
-        4096,
-        3,
-        BTreeMap::from([(2, vec![fill; 4096]), (3, vec![fill ^ 0x5a; 4096])]),
-        commit,
-    )
-    .unwrap()
-}
-
-fn section(o: &OrgId, via: Via, commit: u64) -> SectionInput {
-    SectionInput {
-        org: o.clone(),
-        via,
-        base: Base {
-            seq: 1,
-            checksum: "base".into(),
-        },
-        checksum: format!("after-{commit}"),
-        pages: pages(commit),
-        released: false,
-    }
-}
-
-fn claim(seq: u64) -> Via {
-    Via::Claim { seq }
-}
-
-fn tenure(round: u64, claim: u64) -> WalkTenure {
-    WalkTenure {
-        round,
-        via: Via::Claim { seq: claim },
-    }
-}
-
-async fn open(store: Arc<dyn ObjectStore>) -> Replica {
-    Replica::open(store, "", Settings::default()).await.unwrap()
-}
-
+/// The prefix of `run`'s objects: what a LIST of the run is gated on.
 fn jdir(run: &RunName) -> String {
     format!("journals/{run}")
 }
 
-fn jpath(run: &RunName, slot: u64) -> Path {
-    Path::from(format!("journals/{run}/{slot:020}.jnl"))
-}
-
-/// A header-only journal object (a seal or an exclusion) exactly as the format encodes it.
-fn encode(header: &JournalHeader) -> Vec<u8> {
-    let json = serde_json::to_vec(header).unwrap();
-    let mut out = Vec::new();
-    out.extend_from_slice(&JOURNAL_MAGIC);
-    out.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&json));
-    out.extend_from_slice(&json);
-    out
-}
-
-/// Creates a crafted fence create-only, as its placer would.
-async fn put_object(store: &Arc<dyn ObjectStore>, header: &JournalHeader) {
-    store
-        .put_opts(
-            &jpath(&header.run, header.slot),
-            PutPayload::from(encode(header)),
-            object_store::PutMode::Create.into(),
-        )
-        .await
-        .unwrap();
-}
-
-fn exclusion(o: &OrgId, claim: u64, round: u64, continued: &RunName, from: u64) -> JournalObject {
-    JournalObject::Exclusion(Exclusion {
-        org: o.to_string(),
-        claim,
-        round,
-        continued: continued.clone(),
-        from,
-        by: "x".into(),
-    })
-}
-
+/// An adopt seal by "adopter" of `continued`'s instance, continuing in it from `from`.
 fn adopt_seal(continued: &RunName, from: u64) -> JournalObject {
     JournalObject::Seal(Seal {
         by: "adopter".into(),
@@ -139,38 +45,18 @@ fn adopt_seal(continued: &RunName, from: u64) -> JournalObject {
     })
 }
 
+/// A crafted object's header, its nonce unique to its run and slot.
 fn header(run: &RunName, slot: u64, floor: u64, object: JournalObject) -> JournalHeader {
     JournalHeader {
-        run: run.clone(),
-        slot,
         nonce: format!("crafted-{slot}-{}", rand_tag(run, slot)),
-        floor,
-        object,
+        ..common::journal::header(run, slot, floor, object)
     }
 }
 
+/// Four bytes of hex from `run` and `slot`.
 fn rand_tag(run: &RunName, slot: u64) -> String {
     let d = Sha256::digest(format!("{run}/{slot}"));
     d.iter().take(4).map(|b| format!("{b:02x}")).collect()
-}
-
-/// One batch of `writer` with `sections`, landed and settled; its slot.
-async fn batch(r: &Replica, writer: &mut Run, sections: Vec<SectionInput>) -> u64 {
-    batch_meta(r, writer, sections, BatchMeta::new(1)).await
-}
-
-async fn batch_meta(
-    r: &Replica,
-    writer: &mut Run,
-    sections: Vec<SectionInput>,
-    meta: BatchMeta,
-) -> u64 {
-    let b = r.issue_batch(writer, sections, meta).await.unwrap();
-    let slot = b.slot();
-    let l = r.land_batch(&b).await;
-    assert!(matches!(l, BatchLanding::Landed), "{l:?}");
-    writer.settle(b, l).unwrap();
-    slot
 }
 
 /// What a walk decided: the runs it entered and where, its end, its tenure and the newest
@@ -227,6 +113,20 @@ fn org_decided(walk: &Result<OrgWalk, Error>) -> Result<String, String> {
     }
 }
 
+/// `x`'s walk of `o`, asserted to decide what the same walk on a fresh handle decides (after
+/// `step`): what it decided.
+async fn org_agrees_with_fresh(
+    x: &Replica,
+    raw: &Arc<dyn ObjectStore>,
+    o: &OrgId,
+    step: &str,
+) -> Result<String, String> {
+    let walked = org_decided(&x.walk_org(o).await);
+    let fresh = org_decided(&open(raw.clone()).await.walk_org(o).await);
+    assert_eq!(walked, fresh, "{step}");
+    walked
+}
+
 /// The same walk on a handle with no shared listings: what the store says now.
 async fn fresh_walk(
     store: &Arc<dyn ObjectStore>,
@@ -238,170 +138,50 @@ async fn fresh_walk(
     decided(&open(store.clone()).await.walk_runs(o, run, entry, t).await)
 }
 
-// ---------------------------------------------------------------------------------------
-// A store that holds a LIST at a gate, runs a hook just before one GET, and records both
-// ---------------------------------------------------------------------------------------
-
-struct Interpose {
-    inner: Arc<dyn ObjectStore>,
-    get_hooks: Mutex<Vec<(Path, BoxFuture<'static, ()>)>>,
-    list_gates: Mutex<Vec<(String, BoxFuture<'static, ()>)>>,
-    lists: Mutex<Vec<(String, Option<String>)>>,
-    gets: Mutex<Vec<String>>,
-}
-
-impl Interpose {
-    fn new(inner: Arc<dyn ObjectStore>) -> Arc<Interpose> {
-        Arc::new(Interpose {
-            inner,
-            get_hooks: Mutex::new(Vec::new()),
-            list_gates: Mutex::new(Vec::new()),
-            lists: Mutex::new(Vec::new()),
-            gets: Mutex::new(Vec::new()),
-        })
-    }
-
-    /// Runs `hook` once, just before the first GET of `at` reaches the store.
-    fn before_get(&self, at: Path, hook: BoxFuture<'static, ()>) {
-        self.get_hooks.lock().unwrap().push((at, hook));
-    }
-
-    /// Holds the next LIST under `prefix` until `gate` completes (the LIST itself runs after).
-    fn gate_list(&self, prefix: String, gate: BoxFuture<'static, ()>) {
-        self.list_gates.lock().unwrap().push((prefix, gate));
-    }
-
-    fn take_gets(&self) -> Vec<String> {
-        std::mem::take(&mut *self.gets.lock().unwrap())
-    }
-
-    fn take_lists(&self) -> Vec<(String, Option<String>)> {
-        std::mem::take(&mut *self.lists.lock().unwrap())
-    }
-
-    fn gated(
-        &self,
-        prefix: Option<&Path>,
-        offset: Option<&Path>,
-    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        let p = prefix.map(ToString::to_string).unwrap_or_default();
-        self.lists
-            .lock()
-            .unwrap()
-            .push((p.clone(), offset.map(ToString::to_string)));
-        let gate = {
-            let mut gates = self.list_gates.lock().unwrap();
-            gates
-                .iter()
-                .position(|(g, _)| *g == p)
-                .map(|i| gates.remove(i).1)
-        };
-        let inner = self.inner.clone();
-        let (prefix, offset) = (prefix.cloned(), offset.cloned());
-        let list = move || match &offset {
-            Some(off) => inner.list_with_offset(prefix.as_ref(), off),
-            None => inner.list(prefix.as_ref()),
-        };
-        match gate {
-            None => list(),
-            Some(gate) => futures::stream::once(async move {
-                gate.await;
-                list()
-            })
-            .flatten()
-            .boxed(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Interpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Interpose")
-    }
-}
-
-impl std::fmt::Display for Interpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Interpose({})", self.inner)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Interpose {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> OsResult<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> OsResult<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> OsResult<GetResult> {
-        self.gets.lock().unwrap().push(location.to_string());
-        let hook = {
-            let mut hooks = self.get_hooks.lock().unwrap();
-            hooks
-                .iter()
-                .position(|(p, _)| p == location)
-                .map(|i| hooks.remove(i).1)
-        };
-        if let Some(h) = hook {
-            h.await;
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, OsResult<Path>>,
-    ) -> BoxStream<'static, OsResult<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.gated(prefix, None)
-    }
-
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.gated(prefix, Some(offset))
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> OsResult<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> OsResult<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
-/// A gate: the future the store awaits (it says when the LIST or GET reached it, then waits
-/// for `go`), the receiver that hears it arrived, and the sender that lets it through.
-fn gate() -> (
-    BoxFuture<'static, ()>,
-    oneshot::Receiver<()>,
-    oneshot::Sender<()>,
+/// `b`'s walk of `o` entering `run` at `entry` in tenure (1, 1), asserted to decide what the
+/// same walk on a fresh handle decides.
+async fn agrees_with_fresh(
+    b: &Replica,
+    raw: &Arc<dyn ObjectStore>,
+    o: &OrgId,
+    run: &RunName,
+    entry: u64,
 ) {
-    let (arrived_tx, arrived_rx) = oneshot::channel::<()>();
-    let (go_tx, go_rx) = oneshot::channel::<()>();
-    let fut = Box::pin(async move {
-        let _ = arrived_tx.send(());
-        let _ = go_rx.await;
-    });
-    (fut, arrived_rx, go_tx)
+    let walked = decided(&b.walk_runs(o, run, entry, tenure(1, 1)).await);
+    assert_eq!(
+        walked,
+        fresh_walk(raw, o, run, entry, tenure(1, 1)).await,
+        "entry {entry}"
+    );
+}
+
+/// A handle on `raw` through an [`Interpose`] (recording its LISTs and GETs), and that store.
+async fn spied_handle(raw: &Arc<dyn ObjectStore>) -> (Arc<Interpose>, Replica) {
+    let spied = Interpose::new(raw.clone());
+    let b = open(spied.clone()).await;
+    (spied, b)
+}
+
+/// H (window 4) holding `o` and `p` in A: A/1 (`o`, commit 1) landed, A/2 (`o`, commit 2)
+/// issued and in flight, A/3 (`third`, commit 3) landed, and `adopter`'s seal at A/4. H and
+/// its batch in flight at 2.
+async fn hole_below_an_adopt_seal(
+    (w, raw): (&Replica, &Arc<dyn ObjectStore>),
+    (a, adopter): (&RunName, &RunName),
+    (o, p): (&OrgId, &OrgId),
+    third: &OrgId,
+) -> R<(Run, IssuedBatch)> {
+    let mut h = writer(a, "h", 1, &[o, p]);
+    batch(w, &mut h, vec![section(o, claim(1), 1)]).await;
+    let late = w
+        .issue_batch(&mut h, vec![section(o, claim(1), 2)], BatchMeta::new(1))
+        .await?;
+    let third = w
+        .issue_batch(&mut h, vec![section(third, claim(1), 3)], BatchMeta::new(1))
+        .await?;
+    assert!(matches!(w.land_batch(&third).await, BatchLanding::Landed));
+    create_object(raw, &header(a, 4, 2, adopt_seal(adopter, 1))).await;
+    Ok((h, late))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -417,13 +197,11 @@ fn gate() -> (
 /// fail the walk with `MissingObject`. B's walk must agree with a fresh handle's (commit 5).
 #[tokio::test]
 async fn a_walk_above_retention_reads_nothing_below_its_entry_after_a_lower_walk() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (p, q) = (org("p"), org("q"));
     let run = run_of(1);
-    let mut h = Run::new(run.clone(), "h", 4)?;
-    h.attach(&p, 1)?;
-    h.attach(&q, 1)?;
+    let mut h = writer(&run, "h", 1, &[&p, &q]);
     batch(
         &w,
         &mut h,
@@ -431,10 +209,8 @@ async fn a_walk_above_retention_reads_nothing_below_its_entry_after_a_lower_walk
     )
     .await;
 
-    let spied = Interpose::new(raw.clone());
-    let b = open(spied.clone()).await;
-    let first = decided(&b.walk_runs(&p, &run, 1, tenure(1, 1)).await);
-    assert_eq!(first, fresh_walk(&raw, &p, &run, 1, tenure(1, 1)).await);
+    let (spied, b) = spied_handle(&raw).await;
+    agrees_with_fresh(&b, &raw, &p, &run, 1).await;
 
     for c in 2..=4 {
         batch(
@@ -483,17 +259,14 @@ async fn a_walk_above_retention_reads_nothing_below_its_entry_after_a_lower_walk
 /// about 250 KB each once they left the 64 MiB header cache).
 #[tokio::test]
 async fn a_walk_lists_from_its_own_entry_not_from_an_earlier_walks_lower_one() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (p, q) = (org("p"), org("q"));
     let run = run_of(1);
-    let mut h = Run::new(run.clone(), "h", 4)?;
-    h.attach(&p, 1)?;
-    h.attach(&q, 1)?;
+    let mut h = writer(&run, "h", 1, &[&p, &q]);
     batch(&w, &mut h, vec![section(&p, claim(1), 1)]).await;
 
-    let spied = Interpose::new(raw.clone());
-    let b = open(spied.clone()).await;
+    let (spied, b) = spied_handle(&raw).await;
     b.walk_runs(&p, &run, 1, tenure(1, 1)).await?;
     for c in 2..=5 {
         batch(&w, &mut h, vec![section(&q, claim(1), c)]).await;
@@ -504,8 +277,7 @@ async fn a_walk_lists_from_its_own_entry_not_from_an_earlier_walks_lower_one() -
     let walked = decided(&b.walk_runs(&q, &run, 5, tenure(1, 1)).await);
     let (b_lists, b_gets) = (spied.take_lists(), spied.take_gets());
 
-    let own = Interpose::new(raw.clone());
-    let f = open(own.clone()).await;
+    let (own, f) = spied_handle(&raw).await;
     own.take_gets();
     own.take_lists();
     let fresh = decided(&f.walk_runs(&q, &run, 5, tenure(1, 1)).await);
@@ -542,19 +314,16 @@ async fn a_walk_lists_from_its_own_entry_not_from_an_earlier_walks_lower_one() -
 /// held in Cr with H's state).
 #[tokio::test]
 async fn a_later_hop_never_reads_a_listing_older_than_the_exclusion_that_led_there() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (o, p) = (org("o"), org("p"));
     let (a, cr) = (run_of(0xa), run_of(0xc));
-    let mut h = Run::new(a.clone(), "h", 4)?;
-    h.attach(&o, 1)?;
+    let mut h = writer(&a, "h", 1, &[&o]);
     batch(&w, &mut h, vec![section(&o, claim(1), 1)]).await;
-    let mut c = Run::new(cr.clone(), "c", 4)?;
-    c.attach(&p, 1)?;
+    let mut c = writer(&cr, "c", 1, &[&p]);
     batch(&w, &mut c, vec![section(&p, claim(1), 10)]).await;
 
-    let spied = Interpose::new(raw.clone());
-    let b = open(spied.clone()).await;
+    let (spied, b) = spied_handle(&raw).await;
     let (g, arrived, go) = gate();
     spied.gate_list(jdir(&a), g);
     let mut walk = Box::pin(b.walk_runs(&o, &a, 1, tenure(1, 1)));
@@ -567,7 +336,7 @@ async fn a_later_hop_never_reads_a_listing_older_than_the_exclusion_that_led_the
     // C self-seals Cr, its exclusion of o lands in A, it serves o in Cr2.
     let (mut c2, _) = w.seal_self(&mut c, 1).await?;
     assert_eq!(c2.name(), &cr.next());
-    put_object(&raw, &header(&a, 2, 2, exclusion(&o, 7, 2, &cr, 1))).await;
+    create_object(&raw, &header(&a, 2, 2, exclusion_obj(&o, 7, 2, &cr, 1))).await;
     c2.attach(&o, 2)?;
     batch(&w, &mut c2, vec![section(&o, claim(7), 20)]).await;
 
@@ -594,37 +363,20 @@ async fn a_later_hop_never_reads_a_listing_older_than_the_exclusion_that_led_the
 /// 2; a walk from 3 is served by the kept part and must agree with a fresh walk too.
 #[tokio::test]
 async fn a_hole_below_an_adopt_seal_filled_by_the_dead_writers_late_batch_is_read() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (o, p) = (org("o"), org("p"));
     let (a, adopter) = (run_of(0xa), run_of(0xad));
-    let mut h = Run::new(a.clone(), "h", 4)?;
-    h.attach(&o, 1)?;
-    h.attach(&p, 1)?;
-    batch(&w, &mut h, vec![section(&o, claim(1), 1)]).await;
-    let late = w
-        .issue_batch(&mut h, vec![section(&o, claim(1), 2)], BatchMeta::new(1))
-        .await?;
-    let third = w
-        .issue_batch(&mut h, vec![section(&p, claim(1), 3)], BatchMeta::new(1))
-        .await?;
-    assert!(matches!(w.land_batch(&third).await, BatchLanding::Landed));
-    put_object(&raw, &header(&a, 4, 2, adopt_seal(&adopter, 1))).await;
+    let (_h, late) = hole_below_an_adopt_seal((&w, &raw), (&a, &adopter), (&o, &p), &p).await?;
 
     let b = open(raw.clone()).await;
     for entry in [1, 3] {
-        let walked = decided(&b.walk_runs(&o, &a, entry, tenure(1, 1)).await);
-        assert_eq!(walked, fresh_walk(&raw, &o, &a, entry, tenure(1, 1)).await);
+        agrees_with_fresh(&b, &raw, &o, &a, entry).await;
     }
 
     assert!(matches!(w.land_batch(&late).await, BatchLanding::Landed));
     for entry in [1, 2, 3, 4] {
-        let walked = decided(&b.walk_runs(&o, &a, entry, tenure(1, 1)).await);
-        assert_eq!(
-            walked,
-            fresh_walk(&raw, &o, &a, entry, tenure(1, 1)).await,
-            "entry {entry}"
-        );
+        agrees_with_fresh(&b, &raw, &o, &a, entry).await;
     }
     let from1 = decided(&b.walk_runs(&o, &a, 1, tenure(1, 1)).await).unwrap();
     assert_eq!(from1.newest, Some((a.to_string(), 2, 2)));
@@ -636,32 +388,19 @@ async fn a_hole_below_an_adopt_seal_filled_by_the_dead_writers_late_batch_is_rea
 /// slot 2), whatever B kept from its listing with the hole.
 #[tokio::test]
 async fn a_second_seal_filling_a_hole_below_a_kept_listing_is_met() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (o, p) = (org("o"), org("p"));
     let (a, adopter) = (run_of(0xa), run_of(0xad));
-    let mut h = Run::new(a.clone(), "h", 4)?;
-    h.attach(&o, 1)?;
-    h.attach(&p, 1)?;
-    batch(&w, &mut h, vec![section(&o, claim(1), 1)]).await;
-    let _never = w
-        .issue_batch(&mut h, vec![section(&o, claim(1), 2)], BatchMeta::new(1))
-        .await?;
-    let third = w
-        .issue_batch(&mut h, vec![section(&o, claim(1), 3)], BatchMeta::new(1))
-        .await?;
-    assert!(matches!(w.land_batch(&third).await, BatchLanding::Landed));
-    put_object(&raw, &header(&a, 4, 2, adopt_seal(&adopter, 1))).await;
+    let (_h, _never) = hole_below_an_adopt_seal((&w, &raw), (&a, &adopter), (&o, &p), &o).await?;
     // The adopter's run, with an attach section of o via the seal at 2 (the lowest of its).
-    let mut i = Run::new(adopter.clone(), "adopter", 4)?;
-    i.attach(&o, 2)?;
+    let mut i = writer(&adopter, "adopter", 2, &[&o]);
 
     let b = open(raw.clone()).await;
-    let before = decided(&b.walk_runs(&o, &a, 1, tenure(1, 1)).await);
-    assert_eq!(before, fresh_walk(&raw, &o, &a, 1, tenure(1, 1)).await);
+    agrees_with_fresh(&b, &raw, &o, &a, 1).await;
 
     // fill_holes: a second seal, same body, at 2.
-    put_object(&raw, &header(&a, 2, 2, adopt_seal(&adopter, 1))).await;
+    create_object(&raw, &header(&a, 2, 2, adopt_seal(&adopter, 1))).await;
     batch(
         &w,
         &mut i,
@@ -676,12 +415,7 @@ async fn a_second_seal_filling_a_hole_below_a_kept_listing_is_met() -> R {
     )
     .await;
     for entry in [1, 2, 3] {
-        let walked = decided(&b.walk_runs(&o, &a, entry, tenure(1, 1)).await);
-        assert_eq!(
-            walked,
-            fresh_walk(&raw, &o, &a, entry, tenure(1, 1)).await,
-            "entry {entry}"
-        );
+        agrees_with_fresh(&b, &raw, &o, &a, entry).await;
     }
     Ok(())
 }
@@ -692,32 +426,28 @@ async fn a_second_seal_filling_a_hole_below_a_kept_listing_is_met() -> R {
 /// run's LIST. W2 must not read W1's listing (begun before W2): it ends in Cr with commit 40.
 #[tokio::test]
 async fn a_walk_begun_after_an_exclusion_landed_never_reads_a_listing_without_it() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (o, p) = (org("o"), org("p"));
     let (a, cr) = (run_of(0xa), run_of(0xc));
-    let mut h = Run::new(a.clone(), "h", 4)?;
-    h.attach(&o, 1)?;
-    h.attach(&p, 1)?;
+    let mut h = writer(&a, "h", 1, &[&o, &p]);
     batch(
         &w,
         &mut h,
         vec![section(&o, claim(1), 1), section(&p, claim(1), 1)],
     )
     .await;
-    let mut c = Run::new(cr.clone(), "c", 4)?;
-    c.attach(&o, 2)?;
+    let mut c = writer(&cr, "c", 2, &[&o]);
     batch(&w, &mut c, vec![section(&o, claim(7), 40)]).await;
 
-    let spied = Interpose::new(raw.clone());
-    let b = open(spied.clone()).await;
+    let (spied, b) = spied_handle(&raw).await;
     let (g, arrived, go) = gate();
     spied.before_get(jpath(&a, 1), g);
     let mut w1 = Box::pin(b.walk_runs(&p, &a, 1, tenure(1, 1)));
     assert!(futures::poll!(w1.as_mut()).is_pending());
     arrived.await?;
 
-    put_object(&raw, &header(&a, 2, 2, exclusion(&o, 7, 2, &cr, 1))).await;
+    create_object(&raw, &header(&a, 2, 2, exclusion_obj(&o, 7, 2, &cr, 1))).await;
     let mut w2 = Box::pin(b.walk_runs(&o, &a, 1, tenure(1, 1)));
     assert!(futures::poll!(w2.as_mut()).is_pending());
     go.send(()).unwrap();
@@ -735,7 +465,7 @@ async fn a_walk_begun_after_an_exclusion_landed_never_reads_a_listing_without_it
 /// all at once, agrees with a fresh handle's, in its own tenure and in a tenure nobody has.
 #[tokio::test]
 async fn twenty_orgs_sharing_listings_each_find_their_own_section() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let orgs: Vec<OrgId> = (0..20).map(|i| org(&format!("org{i:02}"))).collect();
     let (a, cr) = (run_of(0xa), run_of(0xc));
@@ -757,7 +487,11 @@ async fn twenty_orgs_sharing_listings_each_find_their_own_section() -> R {
         .map(|(i, o)| section(o, claim(1), 200 + i as u64))
         .collect();
     batch(&w, &mut h, odd).await;
-    put_object(&raw, &header(&a, 3, 3, exclusion(&orgs[3], 9, 2, &cr, 1))).await;
+    create_object(
+        &raw,
+        &header(&a, 3, 3, exclusion_obj(&orgs[3], 9, 2, &cr, 1)),
+    )
+    .await;
     // H resolves slot 3 as the exclusion; its next batch goes at 4.
     let taken = w.issue_batch(&mut h, Vec::new(), BatchMeta::new(1)).await?;
     let l = w.land_batch(&taken).await;
@@ -793,13 +527,11 @@ async fn twenty_orgs_sharing_listings_each_find_their_own_section() -> R {
 /// A2/1.
 #[tokio::test]
 async fn a_kept_sealed_listing_outlives_retention_below_every_entry() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let (o, p) = (org("o"), org("p"));
     let (a, cr) = (run_of(0xa), run_of(0xc));
-    let mut h = Run::new(a.clone(), "h", 4)?;
-    h.attach(&o, 1)?;
-    h.attach(&p, 1)?;
+    let mut h = writer(&a, "h", 1, &[&o, &p]);
     for c in 1..=3 {
         batch(
             &w,
@@ -811,27 +543,18 @@ async fn a_kept_sealed_listing_outlives_retention_below_every_entry() -> R {
     let (mut h2, _) = w.seal_self(&mut h, 3).await?;
 
     let b = open(raw.clone()).await;
-    let before = decided(&b.walk_runs(&o, &a, 1, tenure(1, 1)).await);
-    assert_eq!(before, fresh_walk(&raw, &o, &a, 1, tenure(1, 1)).await);
+    agrees_with_fresh(&b, &raw, &o, &a, 1).await;
 
     batch(&w, &mut h2, vec![section(&o, claim(1), 50)]).await;
     let retained = w.retain_run(&a, 0).await?;
     assert_eq!(retained.deleted, vec![1, 2]);
-    put_object(&raw, &header(&a, 1, 1, exclusion(&o, 9, 2, &cr, 1))).await;
+    create_object(&raw, &header(&a, 1, 1, exclusion_obj(&o, 9, 2, &cr, 1))).await;
 
     for entry in [3, 4] {
-        let walked = decided(&b.walk_runs(&o, &a, entry, tenure(1, 1)).await);
-        assert_eq!(
-            walked,
-            fresh_walk(&raw, &o, &a, entry, tenure(1, 1)).await,
-            "entry {entry}"
-        );
+        agrees_with_fresh(&b, &raw, &o, &a, entry).await;
     }
     let a2 = a.next();
-    assert_eq!(
-        decided(&b.walk_runs(&p, &a2, 1, tenure(1, 1)).await),
-        fresh_walk(&raw, &p, &a2, 1, tenure(1, 1)).await
-    );
+    agrees_with_fresh(&b, &raw, &p, &a2, 1).await;
     Ok(())
 }
 
@@ -843,25 +566,12 @@ async fn a_kept_sealed_listing_outlives_retention_below_every_entry() -> R {
 /// step X's walk agrees with a fresh handle's.
 #[tokio::test]
 async fn a_release_seal_then_two_claimants_walk_alike_on_a_kept_listing() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let w = open(raw.clone()).await;
     let o = org("o");
     let (a, br, dr) = (run_of(0xa), run_of(0xb), run_of(0xd));
-    let claim_entry = |seq, round, run: &RunName, after| JournalClaim {
-        seq,
-        round,
-        writer: "j".into(),
-        run: run.clone(),
-        from: 1,
-        after,
-    };
-    assert!(matches!(
-        w.create_journal_claim(&o, claim_entry(1, 1, &a, Some(FreePoint::Empty)))
-            .await?,
-        EntryCreated::Landed(_)
-    ));
-    let mut h = Run::new(a.clone(), "h", 4)?;
-    h.attach(&o, 1)?;
+    claim_after(&w, &o, (1, 1), &a, Some(FreePoint::Empty)).await;
+    let mut h = writer(&a, "h", 1, &[&o]);
     for c in 1..=2 {
         batch(&w, &mut h, vec![section(&o, claim(1), c)]).await;
     }
@@ -869,66 +579,36 @@ async fn a_release_seal_then_two_claimants_walk_alike_on_a_kept_listing() -> R {
     assert_eq!(seal, 3);
 
     let x = open(raw.clone()).await;
-    let check = |x: Replica, raw: Arc<dyn ObjectStore>, o: OrgId, step: &'static str| async move {
-        let walked = org_decided(&x.walk_org(&o).await);
-        let fresh = org_decided(&open(raw).await.walk_org(&o).await);
-        assert_eq!(walked, fresh, "{step}");
-        walked
-    };
-    check(x.clone(), raw.clone(), o.clone(), "released")
+    org_agrees_with_fresh(&x, &raw, &o, "released")
         .await
         .unwrap();
 
-    assert!(matches!(
-        w.create_journal_claim(
-            &o,
-            claim_entry(
-                2,
-                2,
-                &br,
-                Some(FreePoint::Seal {
-                    run: a.clone(),
-                    slot: 3
-                })
-            )
-        )
-        .await?,
-        EntryCreated::Landed(_)
-    ));
-    let mut bw = Run::new(br.clone(), "b", 4)?;
-    bw.attach(&o, 2)?;
+    let after_seal = FreePoint::Seal {
+        run: a.clone(),
+        slot: 3,
+    };
+    claim_after(&w, &o, (2, 2), &br, Some(after_seal)).await;
+    let mut bw = writer(&br, "b", 2, &[&o]);
     batch(&w, &mut bw, vec![section(&o, claim(2), 60)]).await;
-    check(x.clone(), raw.clone(), o.clone(), "claimed after the seal")
+    org_agrees_with_fresh(&x, &raw, &o, "claimed after the seal")
         .await
         .unwrap();
 
     let (mut bw2, _) = w.seal_self(&mut bw, 1).await?;
     batch(&w, &mut bw2, vec![section(&o, claim(2), 61)]).await;
-    check(
-        x.clone(),
-        raw.clone(),
-        o.clone(),
-        "the claimant's run self-sealed",
-    )
-    .await
-    .unwrap();
+    org_agrees_with_fresh(&x, &raw, &o, "the claimant's run self-sealed")
+        .await
+        .unwrap();
 
-    assert!(matches!(
-        w.create_journal_claim(&o, claim_entry(3, 3, &dr, None))
-            .await?,
-        EntryCreated::Landed(_)
-    ));
-    put_object(&raw, &header(&br.next(), 2, 2, exclusion(&o, 3, 3, &dr, 1))).await;
-    let mut dw = Run::new(dr.clone(), "d", 4)?;
-    dw.attach(&o, 3)?;
-    batch(&w, &mut dw, vec![section(&o, claim(3), 70)]).await;
-    let last = check(
-        x.clone(),
-        raw.clone(),
-        o.clone(),
-        "excluded by a second claimant",
+    claim_after(&w, &o, (3, 3), &dr, None).await;
+    create_object(
+        &raw,
+        &header(&br.next(), 2, 2, exclusion_obj(&o, 3, 3, &dr, 1)),
     )
     .await;
+    let mut dw = writer(&dr, "d", 3, &[&o]);
+    batch(&w, &mut dw, vec![section(&o, claim(3), 70)]).await;
+    let last = org_agrees_with_fresh(&x, &raw, &o, "excluded by a second claimant").await;
     assert!(last.unwrap().contains("commit 70"));
     Ok(())
 }

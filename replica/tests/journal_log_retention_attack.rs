@@ -7,35 +7,22 @@
 
 #![allow(clippy::unwrap_used, clippy::too_many_lines, missing_docs)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
-use futures::TryStreamExt;
-use futures::future::BoxFuture;
-use futures::stream::BoxStream;
-use idem_replica::journal::*;
-use idem_replica::{Delta, Error, OrgId, Replica, Retention, Settings, Snapshot};
-use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result as OsResult,
+use common::interpose::{Hook, Interpose};
+use common::journal::{
+    checkpoint, claim_after, cp_header, delta_cp, image, image_section, landed, log_path, run_of,
+    settled_batch, snap_cp, writer,
 };
-
-type R<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-fn org(s: &str) -> OrgId {
-    OrgId::new(s).unwrap()
-}
-
-fn run_of(n: u64) -> RunName {
-    RunName::new(&format!("{n:032x}"), 1).unwrap()
-}
-
-async fn open(store: Arc<dyn ObjectStore>) -> Replica {
-    Replica::open(store, "", Settings::default()).await.unwrap()
-}
+use common::{R, memory, objects, open, org};
+use futures::TryStreamExt;
+use idem_replica::journal::*;
+use idem_replica::{Claim, Error, OrgId, Replica, Retention, Snapshot};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 /// Everything is older than `keep_ms`, and only the newest snapshot is kept by count: the
 /// rule's structural roots alone decide.
@@ -44,176 +31,6 @@ fn old() -> Retention {
         keep_ms: 0,
         keep_snapshots: 1,
         ..Retention::default()
-    }
-}
-
-/// A canonical database image with `rows` rows of 700 random bytes, at commit `commit`.
-fn image(rows: u64, commit: u64) -> Vec<u8> {
-    let conn = rusqlite::Connection::open_in_memory().unwrap();
-    conn.execute_batch("PRAGMA page_size = 4096; CREATE TABLE t(x, y);")
-        .unwrap();
-    for i in 0..rows {
-        conn.execute(
-            "INSERT INTO t VALUES (?1, randomblob(700))",
-            rusqlite::params![i as i64],
-        )
-        .unwrap();
-    }
-    Snapshot::take(&conn, |_| Ok(commit))
-        .unwrap()
-        .bytes()
-        .to_vec()
-}
-
-/// The pages of `next` that differ from `prev`, as a delta to commit `commit`.
-fn diff(prev: &[u8], next: &[u8], commit: u64) -> Delta {
-    let ps = 4096;
-    let mut pages = BTreeMap::new();
-    for (i, page) in next.chunks(ps).enumerate() {
-        if prev.get(i * ps..(i + 1) * ps) != Some(page) {
-            pages.insert(i as u32 + 1, page.to_vec());
-        }
-    }
-    Delta::new(ps as u32, (next.len() / ps) as u32, pages, commit).unwrap()
-}
-
-fn log_path(o: &OrgId, seq: u64) -> Path {
-    Path::from(format!("orgs/{o}/log/{seq:020}.json"))
-}
-
-fn landed(created: EntryCreated) -> u64 {
-    match created {
-        EntryCreated::Landed(e) => e.seq(),
-        EntryCreated::Taken(e) => panic!("slot taken by {e:?}"),
-    }
-}
-
-async fn claim_after(
-    r: &Replica,
-    o: &OrgId,
-    (seq, round): (u64, u64),
-    run: &RunName,
-    after: Option<FreePoint>,
-) -> u64 {
-    landed(
-        r.create_journal_claim(
-            o,
-            JournalClaim {
-                seq,
-                round,
-                writer: "j".into(),
-                run: run.clone(),
-                from: 1,
-                after,
-            },
-        )
-        .await
-        .unwrap(),
-    )
-}
-
-/// A snapshot checkpoint of `img` (commit `commit`) through `through`.
-#[allow(clippy::too_many_arguments)]
-async fn snap_cp(
-    r: &Replica,
-    o: &OrgId,
-    (seq, round): (u64, u64),
-    run: &RunName,
-    via: &Via,
-    through: u64,
-    img: &[u8],
-    commit: u64,
-) -> u64 {
-    landed(
-        r.create_checkpoint(
-            o,
-            Checkpoint {
-                header: CheckpointHeader {
-                    seq,
-                    round,
-                    writer: "j".into(),
-                    run: run.clone(),
-                    through,
-                    tenure: via.clone(),
-                    released: false,
-                },
-                snapshot: Snapshot::from_bytes(img.to_vec(), commit),
-            },
-        )
-        .await
-        .unwrap(),
-    )
-}
-
-/// A delta checkpoint from `base` (at `base_seq`) to `next` (commit `commit`).
-#[allow(clippy::too_many_arguments)]
-async fn delta_cp(
-    r: &Replica,
-    o: &OrgId,
-    (seq, round): (u64, u64),
-    run: &RunName,
-    via: &Via,
-    through: u64,
-    (base_seq, base): (u64, &[u8]),
-    next: &[u8],
-    commit: u64,
-) -> u64 {
-    landed(
-        r.create_delta_checkpoint(
-            o,
-            DeltaCheckpoint {
-                header: CheckpointHeader {
-                    seq,
-                    round,
-                    writer: "j".into(),
-                    run: run.clone(),
-                    through,
-                    tenure: via.clone(),
-                    released: false,
-                },
-                base: Base {
-                    seq: base_seq,
-                    checksum: image_checksum(base).unwrap(),
-                },
-                checksum: image_checksum(next).unwrap(),
-                pages: diff(base, next, commit),
-            },
-        )
-        .await
-        .unwrap(),
-    )
-}
-
-/// One batch of `writer` with `sections` (none: an empty batch), landed and settled.
-async fn batch(r: &Replica, writer: &mut Run, sections: Vec<SectionInput>) -> u64 {
-    let b = r
-        .issue_batch(writer, sections, BatchMeta::new(1))
-        .await
-        .unwrap();
-    let slot = b.slot();
-    let l = r.land_batch(&b).await;
-    writer.settle(b, l).unwrap();
-    slot
-}
-
-/// A cumulative section of `o` from `base` (at `base_seq`) to `next`.
-fn section(
-    o: &OrgId,
-    via: &Via,
-    (base_seq, base): (u64, &[u8]),
-    next: &[u8],
-    commit: u64,
-) -> SectionInput {
-    SectionInput {
-        org: o.clone(),
-        via: via.clone(),
-        base: Base {
-            seq: base_seq,
-            checksum: image_checksum(base).unwrap(),
-        },
-        checksum: image_checksum(next).unwrap(),
-        pages: diff(base, next, commit),
-        released: false,
     }
 }
 
@@ -243,113 +60,96 @@ async fn log_seqs(store: &Arc<dyn ObjectStore>, o: &OrgId) -> BTreeSet<u64> {
         .unwrap()
 }
 
-/// Every object under the store, with its size.
-async fn objects(store: &Arc<dyn ObjectStore>) -> Vec<(String, u64)> {
-    let mut all: Vec<(String, u64)> = store
-        .list(None)
-        .map_ok(|m| (m.location.to_string(), m.size))
-        .try_collect()
-        .await
-        .unwrap();
-    all.sort();
-    all
+/// Images 1 to `n`: image `i` has `2 * i` rows at commit `i`.
+fn images(n: u64) -> Vec<Vec<u8>> {
+    (1..=n).map(|i| image(2 * i, i)).collect()
 }
 
-/// A store that runs `hook` once, just before the first GET of exactly `at` reaches the
-/// inner store: another process's step interposed at a precise point of a reader's run.
-struct Interpose {
-    inner: Arc<dyn ObjectStore>,
-    at: Path,
-    hook: Mutex<Option<BoxFuture<'static, ()>>>,
+/// A journal claim of `o` at 1 (round `round`) after `empty`, continuing in run 1: the run
+/// and the claim's tenure.
+async fn claimed(r: &Replica, o: &OrgId, round: u64) -> (RunName, Via) {
+    let run = run_of(1);
+    let c = claim_after(r, o, (1, round), &run, Some(FreePoint::Empty)).await;
+    (run, Via::Claim { seq: c })
 }
 
-impl Interpose {
-    fn new(inner: Arc<dyn ObjectStore>, at: Path) -> Arc<Interpose> {
-        Arc::new(Interpose {
-            inner,
-            at,
-            hook: Mutex::new(None),
-        })
-    }
-
-    fn arm(&self, hook: BoxFuture<'static, ()>) {
-        *self.hook.lock().unwrap() = Some(hook);
-    }
-
-    fn fired(&self) -> bool {
-        self.hook.lock().unwrap().is_none()
-    }
+/// `acme` on a fresh store, held by writer "j" in run 1 (a claim at 1 after `empty`, round
+/// 1): an empty batch at slot 1, a snapshot checkpoint of `imgs[0]` at 2 through it, and a
+/// section to `imgs[1]` on that checkpoint at slot 2.
+struct Held {
+    store: Arc<dyn ObjectStore>,
+    o: OrgId,
+    /// The holder's handle.
+    r: Replica,
+    /// [`images`] `(n)`.
+    imgs: Vec<Vec<u8>>,
+    run: RunName,
+    via: Via,
+    writer: Run,
+    /// The section's slot.
+    s2: u64,
 }
 
-impl std::fmt::Debug for Interpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Interpose({})", self.at)
-    }
+/// [`Held`] with `n` images.
+async fn held(n: u64) -> R<Held> {
+    let store = memory();
+    let o = org("acme");
+    let r = open(store.clone()).await;
+    let imgs = images(n);
+    let (run, via) = claimed(&r, &o, 1).await;
+    let mut w = writer(&run, "j", 1, &[&o]);
+    let s1 = settled_batch(&r, &mut w, vec![]).await;
+    snap_cp(&r, &o, (2, 1), &run, &via, s1, &imgs[0], 1).await;
+    let section = image_section(&o, &via, (2, &imgs[0]), &imgs[1], 2);
+    let s2 = settled_batch(&r, &mut w, vec![section]).await;
+    Ok(Held {
+        store,
+        o,
+        r,
+        imgs,
+        run,
+        via,
+        writer: w,
+        s2,
+    })
 }
 
-impl std::fmt::Display for Interpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Interpose({})", self.inner)
-    }
-}
+/// The journal's side of the per-org zombie tests, once Q's Release entry is at `released`:
+/// a journal claim after it (round `round`) and a snapshot checkpoint of `taken` (commit
+/// `commit`) just above, where the walk starts; a retention run of the org; then the paused
+/// per-org zombie P ships commit 9 and must be `Fenced`. The journal's handle.
+async fn journal_above_then_zombie_ships(
+    store: &Arc<dyn ObjectStore>,
+    o: &OrgId,
+    (p, zombie): (&Replica, &mut Claim),
+    (released, round): (u64, u64),
+    taken: &[u8],
+    commit: u64,
+) -> R<Replica> {
+    let j = open(store.clone()).await;
+    let run = run_of(1);
+    let after = Some(FreePoint::Entry { seq: released });
+    let c = claim_after(&j, o, (released + 1, round), &run, after).await;
+    let via = Via::Claim { seq: c };
+    snap_cp(&j, o, (released + 2, round), &run, &via, 1, taken, commit).await;
+    let before = j.walk_org(o).await?;
+    assert!(
+        matches!(before.state, WalkState::Entry { seq } if seq == released + 2),
+        "{:?}",
+        before.state
+    );
 
-#[async_trait]
-impl ObjectStore for Interpose {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> OsResult<PutResult> {
-        self.inner.put_opts(location, payload, opts).await
-    }
+    let report = j.retain(o, &old()).await?;
+    eprintln!("retention deleted {:?}", report.deleted_entries);
 
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> OsResult<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> OsResult<GetResult> {
-        let hook = if *location == self.at {
-            self.hook.lock().unwrap().take()
-        } else {
-            None
-        };
-        if let Some(h) = hook {
-            h.await;
-        }
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, OsResult<Path>>,
-    ) -> BoxStream<'static, OsResult<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> OsResult<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> OsResult<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
+    let shipped = p.ship(zombie, Snapshot::from_bytes(image(9, 9), 9)).await;
+    assert!(
+        matches!(shipped, Err(Error::Fenced { .. })),
+        "the per-org zombie acknowledged commit 9 at seq {:?} after retention freed {:?}",
+        shipped.as_ref().map(|s| s.seq),
+        report.deleted_entries
+    );
+    Ok(j)
 }
 
 /// I7 against a per-org zombie below the journal's tenure. A per-org holder P (claim 1,
@@ -361,7 +161,7 @@ impl ObjectStore for Interpose {
 /// acknowledge nothing; the walk must still read the journal's state.
 #[tokio::test]
 async fn a_per_org_zombie_below_the_journal_tenure_is_still_fenced_by_its_create() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let o = org("acme");
     let p = open(store.clone()).await;
     let mut zombie = p.claim(&o, "p", false).await?;
@@ -376,30 +176,8 @@ async fn a_per_org_zombie_below_the_journal_tenure_is_still_fenced_by_its_create
     q.release(&mut taker).await?;
     assert_eq!(log_seqs(&store, &o).await, (1..=5).collect());
 
-    let j = open(store.clone()).await;
-    let run = run_of(1);
-    let c = claim_after(&j, &o, (6, 3), &run, Some(FreePoint::Entry { seq: 5 })).await;
-    let via = Via::Claim { seq: c };
-    snap_cp(&j, &o, (7, 3), &run, &via, 1, &taken, 3).await;
-    let before = j.walk_org(&o).await?;
-    assert!(
-        matches!(before.state, WalkState::Entry { seq: 7 }),
-        "{:?}",
-        before.state
-    );
-
-    let report = j.retain(&o, &old()).await?;
-    eprintln!("retention deleted {:?}", report.deleted_entries);
-
-    let shipped = p
-        .ship(&mut zombie, Snapshot::from_bytes(image(9, 9), 9))
-        .await;
-    assert!(
-        matches!(shipped, Err(Error::Fenced { .. })),
-        "the per-org zombie acknowledged commit 9 at seq {:?} after retention freed {:?}",
-        shipped.as_ref().map(|s| s.seq),
-        report.deleted_entries
-    );
+    let j =
+        journal_above_then_zombie_ships(&store, &o, (&p, &mut zombie), (5, 3), &taken, 3).await?;
     let after = j.walk_org(&o).await?;
     assert!(
         matches!(after.state, WalkState::Entry { seq: 7 }),
@@ -417,18 +195,16 @@ async fn a_per_org_zombie_below_the_journal_tenure_is_still_fenced_by_its_create
 /// and `Log::read_all` drops a listed entry that is gone when read.
 #[tokio::test]
 async fn a_walk_listed_before_a_checkpoint_and_read_after_retention_does_not_fall_back() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let raw = memory();
     let o = org("acme");
     let holder = open(raw.clone()).await;
-    let run = run_of(1);
-    let c = claim_after(&holder, &o, (1, 1), &run, Some(FreePoint::Empty)).await;
-    let via = Via::Claim { seq: c };
+    let (run, via) = claimed(&holder, &o, 1).await;
     let (a, b, newest) = (image(2, 1), image(4, 2), image(6, 3));
     snap_cp(&holder, &o, (2, 1), &run, &via, 1, &a, 1).await;
     delta_cp(&holder, &o, (3, 1), &run, &via, 2, (2, &a), &b, 2).await;
 
-    let interposed = Interpose::new(raw.clone(), log_path(&o, 3));
-    let hook: BoxFuture<'static, ()> = Box::pin({
+    let interposed = Interpose::new(raw.clone());
+    let hook: Hook = Box::pin({
         let (holder, o, run, via, newest, raw) = (
             holder.clone(),
             o.clone(),
@@ -456,7 +232,7 @@ async fn a_walk_listed_before_a_checkpoint_and_read_after_retention_does_not_fal
             );
         }
     });
-    interposed.arm(hook);
+    interposed.before_get(log_path(&o, 3), hook);
     let reader = open(interposed.clone()).await;
     let walk = reader.walk_org(&o).await?;
     assert!(interposed.fired(), "the interposed step never ran");
@@ -483,37 +259,30 @@ async fn a_walk_listed_before_a_checkpoint_and_read_after_retention_does_not_fal
 /// lands (6, a delta on 5) with a section on it, and a second run deletes 3 and 4.
 #[tokio::test]
 async fn retention_keeps_an_older_base_a_section_names_and_every_kept_position_restores() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let o = org("acme");
-    let r = open(store.clone()).await;
-    let run = run_of(1);
-    let c = claim_after(&r, &o, (1, 1), &run, Some(FreePoint::Empty)).await;
-    let via = Via::Claim { seq: c };
-    let mut writer = Run::new(run.clone(), "j", 4)?;
-    writer.attach(&o, 1)?;
-    let imgs: Vec<Vec<u8>> = (1..=6).map(|i| image(2 * i, i)).collect();
-    let s1 = batch(&r, &mut writer, vec![]).await;
-    snap_cp(&r, &o, (2, 1), &run, &via, s1, &imgs[0], 1).await;
-    let s2 = batch(
-        &r,
-        &mut writer,
-        vec![section(&o, &via, (2, &imgs[0]), &imgs[1], 2)],
-    )
-    .await;
+    let Held {
+        store,
+        o,
+        r,
+        imgs,
+        run,
+        via,
+        mut writer,
+        s2,
+    } = held(6).await?;
     snap_cp(&r, &o, (3, 1), &run, &via, s2, &imgs[1], 2).await;
-    let s3 = batch(
+    let s3 = settled_batch(
         &r,
         &mut writer,
-        vec![section(&o, &via, (3, &imgs[1]), &imgs[2], 3)],
+        vec![image_section(&o, &via, (3, &imgs[1]), &imgs[2], 3)],
     )
     .await;
     delta_cp(&r, &o, (4, 1), &run, &via, s3, (3, &imgs[1]), &imgs[2], 3).await;
     // The chain bound: a snapshot of the same state; the section in flight names 4.
     snap_cp(&r, &o, (5, 1), &run, &via, s3, &imgs[2], 3).await;
-    batch(
+    settled_batch(
         &r,
         &mut writer,
-        vec![section(&o, &via, (4, &imgs[2]), &imgs[3], 4)],
+        vec![image_section(&o, &via, (4, &imgs[2]), &imgs[3], 4)],
     )
     .await;
 
@@ -555,10 +324,10 @@ async fn retention_keeps_an_older_base_a_section_names_and_every_kept_position_r
 
     // The next checkpoint: a delta on 5 through slot 4; a section on it at slot 5.
     delta_cp(&r, &o, (6, 1), &run, &via, 4, (5, &imgs[2]), &imgs[3], 4).await;
-    batch(
+    settled_batch(
         &r,
         &mut writer,
-        vec![section(&o, &via, (6, &imgs[3]), &imgs[4], 5)],
+        vec![image_section(&o, &via, (6, &imgs[3]), &imgs[4], 5)],
     )
     .await;
     let report = fresh.retain(&o, &old()).await?;
@@ -576,23 +345,16 @@ async fn retention_keeps_an_older_base_a_section_names_and_every_kept_position_r
 /// newest state byte for byte, before and after another run.
 #[tokio::test]
 async fn a_holder_checkpointing_during_another_process_retention_keeps_its_bases() -> R {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let o = org("acme");
-    let holder = open(raw.clone()).await;
-    let run = run_of(1);
-    let c = claim_after(&holder, &o, (1, 1), &run, Some(FreePoint::Empty)).await;
-    let via = Via::Claim { seq: c };
-    let mut writer = Run::new(run.clone(), "j", 4)?;
-    writer.attach(&o, 1)?;
-    let imgs: Vec<Vec<u8>> = (1..=4).map(|i| image(2 * i, i)).collect();
-    let s1 = batch(&holder, &mut writer, vec![]).await;
-    snap_cp(&holder, &o, (2, 1), &run, &via, s1, &imgs[0], 1).await;
-    let s2 = batch(
-        &holder,
-        &mut writer,
-        vec![section(&o, &via, (2, &imgs[0]), &imgs[1], 2)],
-    )
-    .await;
+    let Held {
+        store: raw,
+        o,
+        r: holder,
+        imgs,
+        run,
+        via,
+        mut writer,
+        s2,
+    } = held(4).await?;
     delta_cp(
         &holder,
         &o,
@@ -605,35 +367,38 @@ async fn a_holder_checkpointing_during_another_process_retention_keeps_its_bases
         2,
     )
     .await;
-    let s3 = batch(
+    let s3 = settled_batch(
         &holder,
         &mut writer,
-        vec![section(&o, &via, (3, &imgs[1]), &imgs[2], 3)],
+        vec![image_section(&o, &via, (3, &imgs[1]), &imgs[2], 3)],
     )
     .await;
 
-    let interposed = Interpose::new(raw.clone(), log_path(&o, 3));
+    let interposed = Interpose::new(raw.clone());
     let writer = Arc::new(tokio::sync::Mutex::new(writer));
-    interposed.arm(Box::pin({
-        let (holder, o, run, via, imgs, writer) = (
-            holder.clone(),
-            o.clone(),
-            run.clone(),
-            via.clone(),
-            imgs.clone(),
-            writer.clone(),
-        );
-        async move {
-            snap_cp(&holder, &o, (4, 1), &run, &via, s3, &imgs[2], 3).await;
-            let mut w = writer.lock().await;
-            batch(
-                &holder,
-                &mut w,
-                vec![section(&o, &via, (4, &imgs[2]), &imgs[3], 4)],
-            )
-            .await;
-        }
-    }));
+    interposed.before_get(
+        log_path(&o, 3),
+        Box::pin({
+            let (holder, o, run, via, imgs, writer) = (
+                holder.clone(),
+                o.clone(),
+                run.clone(),
+                via.clone(),
+                imgs.clone(),
+                writer.clone(),
+            );
+            async move {
+                snap_cp(&holder, &o, (4, 1), &run, &via, s3, &imgs[2], 3).await;
+                let mut w = writer.lock().await;
+                settled_batch(
+                    &holder,
+                    &mut w,
+                    vec![image_section(&o, &via, (4, &imgs[2]), &imgs[3], 4)],
+                )
+                .await;
+            }
+        }),
+    );
     let other = open(interposed.clone()).await;
     let report = other.retain(&o, &old()).await?;
     assert!(interposed.fired(), "the interposed step never ran");
@@ -665,13 +430,11 @@ async fn a_holder_checkpointing_during_another_process_retention_keeps_its_bases
 /// nothing (the chain's snapshot 2 is still a restorable position).
 #[tokio::test]
 async fn a_missing_link_in_the_newest_chain_stops_retention_with_nothing_deleted() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let o = org("acme");
     let r = open(store.clone()).await;
-    let run = run_of(1);
-    let c = claim_after(&r, &o, (1, 2), &run, Some(FreePoint::Empty)).await;
-    let via = Via::Claim { seq: c };
-    let imgs: Vec<Vec<u8>> = (1..=4).map(|i| image(2 * i, i)).collect();
+    let (run, via) = claimed(&r, &o, 2).await;
+    let imgs = images(4);
     snap_cp(&r, &o, (2, 2), &run, &via, 1, &imgs[0], 1).await;
     delta_cp(&r, &o, (3, 2), &run, &via, 2, (2, &imgs[0]), &imgs[1], 2).await;
     delta_cp(&r, &o, (4, 2), &run, &via, 3, (3, &imgs[1]), &imgs[2], 3).await;
@@ -701,13 +464,11 @@ async fn a_missing_link_in_the_newest_chain_stops_retention_with_nothing_deleted
 /// store is unchanged.
 #[tokio::test]
 async fn a_damaged_entry_stops_retention_with_nothing_deleted() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
-    let run = run_of(1);
-    let imgs: Vec<Vec<u8>> = (1..=2).map(|i| image(2 * i, i)).collect();
+    let imgs = images(2);
     let o2 = org("beta");
-    let c = claim_after(&r, &o2, (1, 1), &run, Some(FreePoint::Empty)).await;
-    let via = Via::Claim { seq: c };
+    let (run, via) = claimed(&r, &o2, 1).await;
     snap_cp(&r, &o2, (2, 1), &run, &via, 1, &imgs[0], 1).await;
     snap_cp(&r, &o2, (3, 1), &run, &via, 2, &imgs[1], 2).await;
     store
@@ -731,32 +492,15 @@ async fn a_damaged_entry_stops_retention_with_nothing_deleted() -> R {
 /// serving tenure's.
 #[tokio::test]
 async fn a_paused_free_claimant_landing_in_a_freed_slot_is_abandoned_by_c2() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let o = org("acme");
     let r = open(store.clone()).await;
-    let imgs: Vec<Vec<u8>> = (1..=3).map(|i| image(2 * i, i)).collect();
+    let imgs = images(3);
     let release_cp = |seq: u64, round: u64, run: RunName, via: Via, img: Vec<u8>, commit: u64| {
         let (r, o) = (r.clone(), o.clone());
         async move {
-            landed(
-                r.create_checkpoint(
-                    &o,
-                    Checkpoint {
-                        header: CheckpointHeader {
-                            seq,
-                            round,
-                            writer: "j".into(),
-                            run,
-                            through: 1,
-                            tenure: via,
-                            released: true,
-                        },
-                        snapshot: Snapshot::from_bytes(img, commit),
-                    },
-                )
-                .await
-                .unwrap(),
-            );
+            let header = cp_header((seq, round), &run, &via, 1, true);
+            checkpoint(&r, &o, header, &img, commit).await;
             landed(r.create_release(&o, (seq + 1, round), "j").await.unwrap());
         }
     };
@@ -824,7 +568,7 @@ async fn a_paused_free_claimant_landing_in_a_freed_slot_is_abandoned_by_c2() -> 
 /// it must be `Fenced` (Q's claim stays), never acknowledged.
 #[tokio::test]
 async fn a_per_org_fence_above_an_abandoned_journal_claim_in_a_freed_slot_stays() -> R {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let o = org("acme");
     let p = open(store.clone()).await;
     let mut zombie = p.claim(&o, "p", false).await?;
@@ -852,28 +596,6 @@ async fn a_per_org_fence_above_an_abandoned_journal_claim_in_a_freed_slot_stays(
     q.release(&mut taker).await?;
     assert_eq!(log_seqs(&store, &o).await, (1..=6).collect());
 
-    let j = open(store.clone()).await;
-    let run = run_of(1);
-    let c = claim_after(&j, &o, (7, 4), &run, Some(FreePoint::Entry { seq: 6 })).await;
-    let via = Via::Claim { seq: c };
-    snap_cp(&j, &o, (8, 4), &run, &via, 1, &taken, 4).await;
-    let before = j.walk_org(&o).await?;
-    assert!(
-        matches!(before.state, WalkState::Entry { seq: 8 }),
-        "{:?}",
-        before.state
-    );
-
-    let report = j.retain(&o, &old()).await?;
-    eprintln!("retention deleted {:?}", report.deleted_entries);
-    let shipped = p
-        .ship(&mut zombie, Snapshot::from_bytes(image(9, 9), 9))
-        .await;
-    assert!(
-        matches!(shipped, Err(Error::Fenced { .. })),
-        "the per-org zombie acknowledged commit 9 at seq {:?} after retention freed {:?}",
-        shipped.as_ref().map(|s| s.seq),
-        report.deleted_entries
-    );
+    journal_above_then_zombie_ships(&store, &o, (&p, &mut zombie), (6, 4), &taken, 4).await?;
     Ok(())
 }

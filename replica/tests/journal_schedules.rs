@@ -9,128 +9,23 @@
 
 #![allow(clippy::unwrap_used, clippy::too_many_lines, missing_docs)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use common::journal::{
+    encode, exclusion_obj, frame, header, jpath, put_object, run_of, seal_obj, tenure,
+};
+use common::{R, memory, open, org};
 use idem_replica::fault::{Fault, FaultStore, Op, SeededRng};
 use idem_replica::journal::*;
-use idem_replica::{Delta, Error, OrgId, Replica, Settings};
-use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sha2::{Digest, Sha256};
+use idem_replica::{Error, OrgId};
+use object_store::{ObjectStoreExt, PutPayload};
 
-type R<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
-
-fn inst(n: u64) -> String {
-    format!("{n:032x}")
-}
-
-fn run_of(n: u64) -> RunName {
-    RunName::new(&inst(n), 1).unwrap()
-}
-
-fn org(s: &str) -> OrgId {
-    OrgId::new(s).unwrap()
-}
-
-fn pages(commit: u64) -> Delta {
-    let fill = commit as u8;
-    Delta::new(
-        4096,
-        3,
-        BTreeMap::from([(2, vec![fill; 4096]), (3, vec![fill ^ 0x5a; 4096])]),
-        commit,
-    )
-    .unwrap()
-}
-
-fn section_via(o: &OrgId, via: Via, commit: u64) -> SectionInput {
-    SectionInput {
-        org: o.clone(),
-        via,
-        base: Base {
-            seq: 1,
-            checksum: "base".into(),
-        },
-        checksum: format!("after-{commit}"),
-        pages: pages(commit),
-        released: false,
-    }
-}
-
+/// A section of `o` in claim 1's tenure to commit `commit`.
 fn section(o: &OrgId, commit: u64) -> SectionInput {
-    section_via(o, Via::Claim { seq: 1 }, commit)
-}
-
-fn tenure(round: u64, claim: u64) -> WalkTenure {
-    WalkTenure {
-        round,
-        via: Via::Claim { seq: claim },
-    }
-}
-
-async fn open(store: Arc<dyn ObjectStore>) -> Replica {
-    Replica::open(store, "", Settings::default()).await.unwrap()
-}
-
-fn jpath(run: &RunName, slot: u64) -> Path {
-    Path::from(format!("journals/{run}/{slot:020}.jnl"))
-}
-
-/// Encodes a header-only journal object (a seal or an exclusion, or a batch with no
-/// sections) exactly as the format does.
-fn encode(header: &JournalHeader) -> Vec<u8> {
-    let json = serde_json::to_vec(header).unwrap();
-    let mut out = Vec::new();
-    out.extend_from_slice(&JOURNAL_MAGIC);
-    out.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&json));
-    out.extend_from_slice(&json);
-    out
-}
-
-async fn put_object(store: &Arc<dyn ObjectStore>, header: &JournalHeader) {
-    store
-        .put(
-            &jpath(&header.run, header.slot),
-            PutPayload::from(encode(header)),
-        )
-        .await
-        .unwrap();
-}
-
-fn exclusion_obj(o: &str, claim: u64, round: u64, continued: &RunName, from: u64) -> JournalObject {
-    JournalObject::Exclusion(Exclusion {
-        org: o.into(),
-        claim,
-        round,
-        continued: continued.clone(),
-        from,
-        by: "x".into(),
-    })
-}
-
-fn seal_obj(kind: SealKind, continued: Option<RunName>, from: u64) -> JournalObject {
-    JournalObject::Seal(Seal {
-        by: "x".into(),
-        instance: inst(0xee),
-        seal: kind,
-        continued,
-        from,
-        retain_below: 0,
-    })
-}
-
-fn header(run: &RunName, slot: u64, floor: u64, object: JournalObject) -> JournalHeader {
-    JournalHeader {
-        run: run.clone(),
-        slot,
-        nonce: format!("crafted-{slot}"),
-        floor,
-        object,
-    }
+    common::journal::section(o, Via::Claim { seq: 1 }, commit)
 }
 
 /// Runs `f` on a task and reports whether it panicked.
@@ -174,7 +69,7 @@ struct Outcome {
 /// fence and seal is ordered by the seed.
 async fn schedule(seed: u64) -> R<Outcome> {
     let mut rng = SeededRng::new(seed);
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let hstore = Arc::new(FaultStore::new(mem.clone()));
     let h = open(hstore.clone()).await;
     let others = open(mem.clone()).await;
@@ -553,7 +448,7 @@ async fn seeded_interleavings_keep_every_ack_readable() -> R {
 /// computes `end_slot` = slot + 1.
 #[tokio::test]
 async fn crafted_object_at_the_highest_slot_is_an_error_not_a_panic() {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let r = open(mem.clone()).await;
     let run = run_of(1);
     let other = run_of(2);
@@ -578,7 +473,7 @@ async fn crafted_object_at_the_highest_slot_is_an_error_not_a_panic() {
 #[tokio::test]
 async fn a_floor_above_its_own_slot_is_corrupt_and_fences_nothing() {
     for floor in [u64::MAX, 1_000_000] {
-        let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let mem = memory();
         let r = open(mem.clone()).await;
         let run = run_of(1);
         put_object(
@@ -604,7 +499,7 @@ async fn a_floor_above_its_own_slot_is_corrupt_and_fences_nothing() {
 /// run whose adopt seal gives round + 1.
 #[tokio::test]
 async fn crafted_round_at_u64_max_is_an_error_not_a_panic() {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let r = open(mem.clone()).await;
     let (run, next, last) = (run_of(1), run_of(2), run_of(3));
     put_object(
@@ -629,7 +524,7 @@ async fn crafted_round_at_u64_max_is_an_error_not_a_panic() {
 /// store error a caller retries for ever; in the writer's own slot it stops the run.
 #[tokio::test]
 async fn a_zero_byte_object_is_corrupt() {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let r = open(mem.clone()).await;
     let run = run_of(1);
     mem.put(&jpath(&run, 1), PutPayload::from(Vec::<u8>::new()))
@@ -670,7 +565,7 @@ async fn a_zero_byte_object_is_corrupt() {
 /// order: typed errors.
 #[tokio::test]
 async fn crafted_headers_are_typed_errors() {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let r = open(mem.clone()).await;
     let run = run_of(1);
     let acme = org("acme");
@@ -728,13 +623,7 @@ async fn crafted_headers_are_typed_errors() {
     let json = format!(
         r#"{{"run":"{run}","slot":7,"nonce":"n","floor":1,"object":{{"kind":"exclusion","org":"acme","claim":1,"round":9,"continued":"../../orgs/acme-00000000000000000001","from":1,"by":"x"}}}}"#
     );
-    let mut h7 = Vec::new();
-    h7.extend_from_slice(&JOURNAL_MAGIC);
-    h7.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
-    h7.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    h7.extend_from_slice(&Sha256::digest(json.as_bytes()));
-    h7.extend_from_slice(json.as_bytes());
-    cases.push(("bad continued run name", h7));
+    cases.push(("bad continued run name", frame(json.as_bytes())));
 
     for (slot, (what, bytes)) in (2u64..).zip(cases) {
         let slot = match what {
@@ -790,7 +679,7 @@ async fn crafted_headers_are_typed_errors() {
 /// exclusion, must not be acknowledged (no walk reads it), whatever tenure acme holds now.
 #[tokio::test]
 async fn a_later_tenure_never_acknowledges_an_earlier_tenures_section_above_its_fence() -> R {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let h = open(mem.clone()).await;
     let c = open(mem.clone()).await;
     let (acme, beta) = (org("acme"), org("beta"));
@@ -868,7 +757,7 @@ async fn a_later_tenure_never_acknowledges_an_earlier_tenures_section_above_its_
 /// landed acknowledges commits no walk reads. Placed again, the release is found as ours.
 #[tokio::test]
 async fn an_undecided_release_seal_is_placed_again_never_turned_into_a_self_seal() -> R {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let fs = Arc::new(FaultStore::new(mem.clone()));
     let h = open(fs.clone()).await;
     let acme = org("acme");
@@ -910,7 +799,7 @@ async fn an_undecided_release_seal_is_placed_again_never_turned_into_a_self_seal
 /// a self seal is refused until the release is placed again.
 #[tokio::test]
 async fn a_refused_release_seal_blocks_a_self_seal_until_placed_again() -> R {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let fs = Arc::new(FaultStore::new(mem.clone()));
     let h = open(fs.clone()).await;
     let acme = org("acme");
@@ -956,7 +845,7 @@ async fn a_refused_release_seal_blocks_a_self_seal_until_placed_again() -> R {
 /// its run with no writer.
 #[tokio::test]
 async fn an_adopt_seal_of_unknown_outcome_is_found_as_ours_on_the_next_call() -> R {
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let mem = memory();
     let h = open(mem.clone()).await;
     let fs = Arc::new(FaultStore::new(mem.clone()));
     let d = open(fs.clone()).await;

@@ -6,72 +6,30 @@
 
 #![allow(clippy::unwrap_used, clippy::too_many_lines, missing_docs)]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path as FsPath;
 use std::sync::Arc;
 
+use common::journal::{
+    claim_after, cp_header, header, image, image_section, landed, log_path, put_object, run_of,
+    seal_obj, settled_batch, writer,
+};
+use common::{R, memory, objects, open, org};
 use idem_replica::journal::*;
-use idem_replica::{Delta, Error, OrgId, Replica, Retention, Settings, Snapshot};
-use object_store::memory::InMemory;
+use idem_replica::{Error, OrgId, Replica, Retention, Snapshot};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use sha2::{Digest, Sha256};
-
-type R<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const MAX: u64 = u64::MAX;
 
-fn org(s: &str) -> OrgId {
-    OrgId::new(s).unwrap()
-}
-
-fn run_of(n: u64) -> RunName {
-    RunName::new(&format!("{n:032x}"), 1).unwrap()
-}
-
-async fn open(store: Arc<dyn ObjectStore>) -> Replica {
-    Replica::open(store, "", Settings::default()).await.unwrap()
-}
-
-/// A database image with `rows` rows of 700 random bytes each.
-fn image(rows: u64) -> Vec<u8> {
-    let conn = rusqlite::Connection::open_in_memory().unwrap();
-    conn.execute_batch("PRAGMA page_size = 4096; CREATE TABLE t(x, y);")
-        .unwrap();
-    for i in 0..rows {
-        conn.execute(
-            "INSERT INTO t VALUES (?1, randomblob(700))",
-            rusqlite::params![i as i64],
-        )
-        .unwrap();
-    }
-    Snapshot::take(&conn, |_| Ok(rows))
-        .unwrap()
-        .bytes()
-        .to_vec()
-}
-
-/// The pages of `next` that differ from `prev`, as a delta to commit `commit`.
-fn diff(prev: &[u8], next: &[u8], commit: u64) -> Delta {
-    let ps = 4096;
-    let mut pages = BTreeMap::new();
-    for (i, page) in next.chunks(ps).enumerate() {
-        if prev.get(i * ps..(i + 1) * ps) != Some(page) {
-            pages.insert(i as u32 + 1, page.to_vec());
-        }
-    }
-    Delta::new(ps as u32, (next.len() / ps) as u32, pages, commit).unwrap()
-}
-
-fn log_path(o: &OrgId, seq: u64) -> Path {
-    Path::from(format!("orgs/{o}/log/{seq:020}.json"))
-}
-
+/// `o`'s log entry `seq` as JSON.
 async fn raw(store: &Arc<dyn ObjectStore>, o: &OrgId, seq: u64) -> serde_json::Value {
     let bytes = store.get(&log_path(o, seq)).await.unwrap().bytes().await;
     serde_json::from_slice(&bytes.unwrap()).unwrap()
 }
 
+/// Writes `entry` as `o`'s log entry `seq`, over whatever is there.
 async fn put_raw(store: &Arc<dyn ObjectStore>, o: &OrgId, seq: u64, entry: &serde_json::Value) {
     store
         .put(
@@ -82,114 +40,19 @@ async fn put_raw(store: &Arc<dyn ObjectStore>, o: &OrgId, seq: u64, entry: &serd
         .unwrap();
 }
 
-/// Encodes a header-only journal object exactly as the format does.
-fn encode(header: &JournalHeader) -> Vec<u8> {
-    let json = serde_json::to_vec(header).unwrap();
-    let mut out = Vec::new();
-    out.extend_from_slice(&JOURNAL_MAGIC);
-    out.extend_from_slice(&JOURNAL_VERSION.to_le_bytes());
-    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    out.extend_from_slice(&Sha256::digest(&json));
-    out.extend_from_slice(&json);
-    out
-}
-
-async fn put_seal(store: &Arc<dyn ObjectStore>, run: &RunName, slot: u64, seal: SealKind) {
-    let header = JournalHeader {
-        run: run.clone(),
-        slot,
-        nonce: format!("crafted-{slot}"),
-        floor: slot,
-        object: JournalObject::Seal(Seal {
-            by: "x".into(),
-            instance: format!("{:032x}", 0xee),
-            seal,
-            continued: None,
-            from: 1,
-            retain_below: 0,
-        }),
-    };
-    store
-        .put(
-            &Path::from(format!("journals/{run}/{slot:020}.jnl")),
-            PutPayload::from(encode(&header)),
-        )
-        .await
-        .unwrap();
-}
-
-fn landed(created: EntryCreated) -> u64 {
-    match created {
-        EntryCreated::Landed(e) => e.seq(),
-        EntryCreated::Taken(e) => panic!("slot taken by {e:?}"),
-    }
-}
-
-async fn claim_after(
-    r: &Replica,
-    o: &OrgId,
-    (seq, round): (u64, u64),
-    run: &RunName,
-    after: Option<FreePoint>,
-) -> u64 {
-    landed(
-        r.create_journal_claim(
-            o,
-            JournalClaim {
-                seq,
-                round,
-                writer: "j".into(),
-                run: run.clone(),
-                from: 1,
-                after,
-            },
-        )
-        .await
-        .unwrap(),
-    )
-}
-
+/// A snapshot checkpoint of writer "j" at `seq` in round `round`, in `run` through slot 1
+/// in the tenure `via`, of `img` at commit 1: its seq.
 async fn checkpoint(
     r: &Replica,
     o: &OrgId,
-    (seq, round): (u64, u64),
+    seq_round: (u64, u64),
     run: &RunName,
     via: Via,
     released: bool,
     img: &[u8],
 ) -> u64 {
-    landed(
-        r.create_checkpoint(
-            o,
-            Checkpoint {
-                header: CheckpointHeader {
-                    seq,
-                    round,
-                    writer: "j".into(),
-                    run: run.clone(),
-                    through: 1,
-                    tenure: via,
-                    released,
-                },
-                snapshot: Snapshot::from_bytes(img.to_vec(), 1),
-            },
-        )
-        .await
-        .unwrap(),
-    )
-}
-
-/// Every object under the store, with its size: what "deleted nothing" compares.
-async fn objects(store: &Arc<dyn ObjectStore>) -> Vec<(String, u64)> {
-    use futures::TryStreamExt;
-    let mut all: Vec<(String, u64)> = store
-        .list(None)
-        .map_ok(|m| (m.location.to_string(), m.size))
-        .try_collect()
-        .await
-        .unwrap();
-    all.sort();
-    all
+    let header = cp_header(seq_round, run, &via, 1, released);
+    common::journal::checkpoint(r, o, header, img, 1).await
 }
 
 /// Nothing at `dest` and nothing beside it (no temp file, no sidecar).
@@ -208,13 +71,13 @@ fn nothing_installed(dir: &FsPath, dest: &FsPath) {
 /// ending the walk free.)
 #[tokio::test]
 async fn a_released_checkpoint_at_the_last_seq_walks_its_run_not_a_panic() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let o = org("acme");
     let run = run_of(1);
     let c = claim_after(&r, &o, (1, 1), &run, Some(FreePoint::Empty)).await;
     let via = Via::Claim { seq: c };
-    checkpoint(&r, &o, (2, 1), &run, via.clone(), true, &image(3)).await;
+    checkpoint(&r, &o, (2, 1), &run, via.clone(), true, &image(3, 3)).await;
     // A Release entry of the same round below it, and the checkpoint moved to the top.
     landed(r.create_release(&o, (3, 1), "j").await.unwrap());
     let mut top = raw(&store, &o, 2).await;
@@ -247,7 +110,7 @@ async fn a_released_checkpoint_at_the_last_seq_walks_its_run_not_a_panic() {
 /// without overflowing; the claim's process holds the org. (It panicked.)
 #[tokio::test]
 async fn a_per_org_claim_at_the_last_seq_is_held_per_org_not_a_panic() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let o = org("acme");
     let claim = serde_json::json!({
@@ -281,13 +144,13 @@ async fn a_per_org_claim_at_the_last_seq_is_held_per_org_not_a_panic() {
 #[tokio::test]
 async fn an_abandoned_takeover_claim_in_a_freed_slot_under_the_holders_entries_is_not_followed() -> R
 {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let o = org("acme");
     let mut claim = r.claim(&o, "a", false).await?;
-    r.ship(&mut claim, Snapshot::from_bytes(image(2), 2))
+    r.ship(&mut claim, Snapshot::from_bytes(image(2, 2), 2))
         .await?;
-    let img = image(5);
+    let img = image(5, 5);
     let newest = r
         .ship(&mut claim, Snapshot::from_bytes(img.clone(), 5))
         .await?;
@@ -338,11 +201,15 @@ async fn an_abandoned_takeover_claim_in_a_freed_slot_under_the_holders_entries_i
 /// after a bounded number of hops with a typed error, never loops.
 #[tokio::test]
 async fn a_claim_after_a_release_seal_that_leads_back_into_it_is_corrupt_not_a_loop() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let o = org("acme");
     let run = run_of(1);
-    put_seal(&store, &run, 1, SealKind::Release).await;
+    put_object(
+        &store,
+        &header(&run, 1, 1, seal_obj(SealKind::Release, None, 1)),
+    )
+    .await;
     claim_after(&r, &o, (1, 1), &run, Some(FreePoint::Empty)).await;
     let seal = FreePoint::Seal {
         run: run.clone(),
@@ -367,34 +234,21 @@ async fn journaled(
     let run = run_of(run);
     let c = claim_after(r, o, (1, 1), &run, Some(FreePoint::Empty)).await;
     let via = Via::Claim { seq: c };
-    let mut writer = Run::new(run.clone(), "j", 4).unwrap();
-    writer.attach(o, 1).unwrap();
-    let b = r
-        .issue_batch(&mut writer, vec![], BatchMeta::new(1))
-        .await
-        .unwrap();
-    let l = r.land_batch(&b).await;
-    writer.settle(b, l).unwrap();
-    let base = Snapshot::from_bytes(image(2), 1).bytes().to_vec();
+    let mut w = writer(&run, "j", 1, &[o]);
+    settled_batch(r, &mut w, vec![]).await;
+    let base = Snapshot::from_bytes(image(2, 2), 1).bytes().to_vec();
     checkpoint(r, o, (2, 1), &run, via.clone(), false, &base).await;
-    let next = Snapshot::from_bytes(image(4), 2).bytes().to_vec();
-    let section = SectionInput {
-        org: o.clone(),
-        via,
-        base: Base {
-            seq: 2,
-            checksum: image_checksum(&base).unwrap(),
-        },
-        checksum: lie.map_or_else(|| image_checksum(&next).unwrap(), str::to_owned),
-        pages: diff(&base, &next, 2),
-        released: false,
-    };
+    let next = Snapshot::from_bytes(image(4, 4), 2).bytes().to_vec();
+    let mut section = image_section(o, &via, (2, &base), &next, 2);
+    if let Some(lie) = lie {
+        section.checksum = lie.to_owned();
+    }
     let b = r
-        .issue_batch(&mut writer, vec![section], BatchMeta::new(1))
+        .issue_batch(&mut w, vec![section], BatchMeta::new(1))
         .await
         .unwrap();
     let l = r.land_batch(&b).await;
-    assert_eq!(writer.settle(b, l).unwrap().len(), 1);
+    assert_eq!(w.settle(b, l).unwrap().len(), 1);
     (run, base, next)
 }
 
@@ -404,7 +258,7 @@ async fn journaled(
 /// byte for byte.
 #[tokio::test]
 async fn a_tampered_base_or_section_installs_nothing_and_leaves_no_temp_file() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("org.db");
@@ -433,7 +287,7 @@ async fn a_tampered_base_or_section_installs_nothing_and_leaves_no_temp_file() {
         &run_of(9),
         Via::Claim { seq: 1 },
         false,
-        &image(3),
+        &image(3, 3),
     )
     .await;
     let mut swapped = raw(&store, &other, 1).await;
@@ -477,7 +331,7 @@ async fn a_tampered_base_or_section_installs_nothing_and_leaves_no_temp_file() {
 /// the walk's state is a typed error before anything is written beside the destination.
 #[tokio::test]
 async fn a_checkpoint_delta_linking_to_itself_upward_or_to_a_claim_is_refused() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("org.db");
@@ -491,7 +345,7 @@ async fn a_checkpoint_delta_linking_to_itself_upward_or_to_a_claim_is_refused() 
         &run,
         Via::Claim { seq: c },
         false,
-        &image(2),
+        &image(2, 2),
     )
     .await;
     let snap = raw(&store, &o, 2).await;
@@ -531,7 +385,7 @@ async fn a_checkpoint_delta_linking_to_itself_upward_or_to_a_claim_is_refused() 
 /// released checkpoint frees the org only at a Release entry of its own round.
 #[tokio::test]
 async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_release() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let r = open(store.clone()).await;
     let o = org("acme");
     let (run1, run2) = (run_of(1), run_of(2));
@@ -543,13 +397,13 @@ async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_re
         &run1,
         Via::Claim { seq: c1 },
         false,
-        &image(1),
+        &image(1, 1),
     )
     .await;
     let c2 = claim_after(&r, &o, (3, 2), &run2, None).await;
     let via2 = Via::Claim { seq: c2 };
-    checkpoint(&r, &o, (4, 2), &run2, via2.clone(), false, &image(2)).await;
-    let img = image(3);
+    checkpoint(&r, &o, (4, 2), &run2, via2.clone(), false, &image(2, 2)).await;
+    let img = image(3, 3);
     let newest = checkpoint(&r, &o, (5, 2), &run2, via2.clone(), true, &img).await;
     // The round-1 writer, fenced, still creates its checkpoint and its Release above.
     checkpoint(
@@ -559,7 +413,7 @@ async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_re
         &run1,
         Via::Claim { seq: c1 },
         true,
-        &image(4),
+        &image(4, 4),
     )
     .await;
     landed(r.create_release(&o, (7, 1), "j").await.unwrap());
@@ -601,19 +455,19 @@ async fn the_newest_checkpoint_is_by_round_then_seq_and_frees_only_at_its_own_re
 /// T4, deletes no entry younger than `keep_ms`, only the fenced ship's orphan objects).
 #[tokio::test]
 async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_refused() {
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = memory();
     let holder = open(store.clone()).await;
     let o = org("acme");
     let mut claim = holder.claim(&o, "a", false).await.unwrap();
     holder
-        .ship(&mut claim, Snapshot::from_bytes(image(2), 2))
+        .ship(&mut claim, Snapshot::from_bytes(image(2, 2), 2))
         .await
         .unwrap();
     // Retention on the holder's handle remembers both entries.
     holder.retain(&o, &Retention::default()).await.unwrap();
     let run = run_of(1);
     let c = claim_after(&holder, &o, (3, 2), &run, Some(FreePoint::Entry { seq: 1 })).await;
-    let taken_over = image(3);
+    let taken_over = image(3, 3);
     checkpoint(
         &holder,
         &o,
@@ -626,7 +480,7 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
     .await;
 
     let fenced = holder
-        .ship(&mut claim, Snapshot::from_bytes(image(3), 3))
+        .ship(&mut claim, Snapshot::from_bytes(image(3, 3), 3))
         .await;
     assert!(
         matches!(
@@ -640,7 +494,7 @@ async fn per_org_writers_and_readers_meeting_a_journal_takeover_are_fenced_or_re
         "{fenced:?}"
     );
     let again = holder
-        .ship(&mut claim, Snapshot::from_bytes(image(3), 3))
+        .ship(&mut claim, Snapshot::from_bytes(image(3, 3), 3))
         .await;
     assert!(again.is_err(), "a fenced claim shipped again: {again:?}");
 

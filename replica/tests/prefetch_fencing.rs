@@ -6,21 +6,14 @@
 //! state. Another claimant is interposed at the exact step (before the claim's PUT reaches
 //! the store, or after it landed and before its successor check), not raced by timing.
 
-use std::sync::{Arc, Mutex};
+mod common;
 
-use async_trait::async_trait;
-use futures::future::BoxFuture;
-use futures::stream::BoxStream;
+use std::sync::Arc;
+
+use common::interpose::{Hook, Interpose};
+use common::{R, memory};
 use idem_replica::conformance::test_snapshot;
 use idem_replica::{Error, OrgId, Replica, Settings};
-use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result as OsResult,
-};
-
-type R = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
 /// When the interposed claimant runs, relative to the first log PUT through the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,109 +24,17 @@ enum When {
     AfterPut,
 }
 
-/// A store that runs `hook` once, around the first PUT of a log entry.
-struct Interpose {
-    inner: Arc<dyn ObjectStore>,
-    when: When,
-    hook: Mutex<Option<BoxFuture<'static, ()>>>,
-}
-
-impl std::fmt::Debug for Interpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Interpose({:?})", self.when)
-    }
-}
-
-impl std::fmt::Display for Interpose {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Interpose({})", self.inner)
-    }
-}
-
-impl Interpose {
-    fn take_hook(&self, location: &Path) -> Option<BoxFuture<'static, ()>> {
-        if !location.as_ref().contains("/log/") {
-            return None;
-        }
-        self.hook.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Interpose {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> OsResult<PutResult> {
-        let hook = self.take_hook(location);
-        if self.when == When::BeforePut
-            && let Some(h) = hook
-        {
-            h.await;
-            return self.inner.put_opts(location, payload, opts).await;
-        }
-        let put = self.inner.put_opts(location, payload, opts).await;
-        if let Some(h) = hook {
-            h.await;
-        }
-        put
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> OsResult<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(&self, location: &Path, options: GetOptions) -> OsResult<GetResult> {
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, OsResult<Path>>,
-    ) -> BoxStream<'static, OsResult<Path>> {
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.inner.list(prefix)
-    }
-
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, OsResult<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> OsResult<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> OsResult<()> {
-        self.inner.copy_opts(from, to, options).await
-    }
-}
-
 /// An org whose first holder shipped commit 5 and released it; then a store over it that
 /// lets a third writer claim (by force) and ship commit 9 at `when`.
-async fn interposed(
-    when: When,
-) -> Result<Arc<Interpose>, Box<dyn std::error::Error + Send + Sync>> {
-    let raw: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+async fn interposed(when: When) -> R<Arc<Interpose>> {
+    let raw = memory();
     let org = OrgId::new("acme")?;
     let a = Replica::open(raw.clone(), "", Settings::default()).await?;
     let mut claim = a.claim(&org, "a", false).await?;
     a.ship(&mut claim, test_snapshot(5)?).await?;
     a.release(&mut claim).await?;
     let c_store = raw.clone();
-    let hook: BoxFuture<'static, ()> = Box::pin(async move {
+    let hook: Hook = Box::pin(async move {
         let run = async {
             let c = Replica::open(c_store, "", Settings::default()).await?;
             let org = OrgId::new("acme")?;
@@ -145,11 +46,12 @@ async fn interposed(
             panic!("the interposed writer failed: {e}");
         }
     });
-    Ok(Arc::new(Interpose {
-        inner: raw,
-        when,
-        hook: Mutex::new(Some(hook)),
-    }))
+    let store = Interpose::new(raw);
+    match when {
+        When::BeforePut => store.before_put("/log/", hook),
+        When::AfterPut => store.after_put("/log/", hook),
+    }
+    Ok(store)
 }
 
 /// With no retry, the claim that lost answers `Contended` and leaves nothing on disk.
