@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::format::entry::EntryBody;
 use crate::format::journal::Via;
@@ -168,15 +168,7 @@ impl Replica {
             .filter(|e| !structural.contains(&e.seq()))
             .map(|e| (modified_ms(e), policy.keep_ms))
             .collect();
-        let now = match self.age_now(&candidates).await {
-            Ok(now) => Some(now),
-            Err(e @ Error::ClockSkew { .. }) => {
-                warn!(%org, error = %e, "retention skipped deletions by age");
-                report.age_skipped = true;
-                None
-            }
-            Err(e) => return Err(e),
-        };
+        let now = self.age_now_or_skip(org, &candidates, &mut report).await?;
         let young = |e: &LogEntry| {
             now.is_none_or(|now| now.saturating_sub(modified_ms(e)) < policy.keep_ms)
         };

@@ -104,16 +104,7 @@ impl Replica {
                 .iter()
                 .map(|(newest_ms, _)| (*newest_ms, policy.keep_ms)),
         );
-        let now = match self.age_now(&ages).await {
-            Ok(now) => Some(now),
-            // A clock the store contradicts decides no age (I15); refuse() counted it.
-            Err(e @ Error::ClockSkew { .. }) => {
-                warn!(%org, error = %e, "retention skipped deletions by age");
-                report.age_skipped = true;
-                None
-            }
-            Err(e) => return Err(e),
-        };
+        let now = self.age_now_or_skip(org, &ages, &mut report).await?;
         let old_enough =
             |at_ms: u64, age: u64| now.is_some_and(|now| now.saturating_sub(at_ms) >= age);
         let mut doomed: Vec<&LogEntry> = beyond_count
@@ -318,6 +309,29 @@ impl Replica {
         Ok(())
     }
 
+    /// [`Replica::age_now`], or `None` when this host's clock disagrees with the store's:
+    /// a clock the store contradicts decides no age (I15; `refuse` counted it), which
+    /// `report` records, and the run goes on with what does not depend on age.
+    ///
+    /// # Errors
+    /// The store's errors while reading its clock.
+    pub(crate) async fn age_now_or_skip(
+        &self,
+        org: &OrgId,
+        candidates: &[(u64, u64)],
+        report: &mut RetentionReport,
+    ) -> Result<Option<u64>, Error> {
+        match self.age_now(candidates).await {
+            Ok(now) => Ok(Some(now)),
+            Err(e @ Error::ClockSkew { .. }) => {
+                warn!(%org, error = %e, "retention skipped deletions by age");
+                report.age_skipped = true;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// The now snapshot ages are judged by (ms since the Unix epoch). Only when this host's
     /// clock would delete one of `candidates` by age is the store's clock asked: then the
     /// earlier of the two is used, so no snapshot goes younger than `keep_ms` by either, and a
@@ -326,7 +340,7 @@ impl Replica {
     ///
     /// # Errors
     /// [`Error::ClockSkew`] and the other errors of [`Replica::store_time`].
-    pub(crate) async fn age_now(&self, candidates: &[(u64, u64)]) -> Result<u64, Error> {
+    async fn age_now(&self, candidates: &[(u64, u64)]) -> Result<u64, Error> {
         let host = self.inner.clock.now_ms();
         let by_host = |(at_ms, age): &(u64, u64)| *age > 0 && host.saturating_sub(*at_ms) >= *age;
         if !candidates.iter().any(by_host) {
