@@ -1,9 +1,9 @@
 //! T4 as built (`docs/design.md` 3g, "T4 as built"): retention of a journal org's log.
 //! Everything K0 reads stays (the newest checkpoint `C`, the base of the walk's newest
 //! section, the claims and Release entries from `C`'s tenure claim on, the highest entry),
-//! as does every entry younger than `keep_ms`, the newest `keep_snapshots` snapshots, and
-//! every entry a kept delta is rebuilt from; the rest goes, highest seq first, then the
-//! objects no kept entry names.
+//! as do the entries that fence a per-org writer, every entry younger than `keep_ms`, the
+//! newest `keep_snapshots` snapshots, and every entry a kept delta is rebuilt from; the
+//! rest goes, highest seq first, then the objects no kept entry names.
 
 use std::collections::{BTreeMap, BTreeSet};
 
