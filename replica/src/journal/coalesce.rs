@@ -70,7 +70,7 @@ impl RunListings {
         let began = self.begin();
         let listing = Arc::new(list(from).await?);
         *per_run.newest.lock().unwrap_or_else(|p| p.into_inner()) = Some((began, listing.clone()));
-        Ok(sub_listing(&listing, from))
+        Ok(listing.part(from, from..))
     }
 
     fn per_run(&self, run: &RunName) -> Arc<PerRun> {
@@ -100,20 +100,7 @@ impl PerRun {
 
     fn usable(&self, from: u64, since: u64) -> Option<RunListing> {
         let (began, listing) = self.newest()?;
-        (began > since && listing.from <= from).then(|| sub_listing(&listing, from))
-    }
-}
-
-/// The objects of `listing` from `from` up, as a listing from `from`.
-fn sub_listing(listing: &RunListing, from: u64) -> RunListing {
-    RunListing {
-        run: listing.run.clone(),
-        from,
-        objects: listing
-            .objects
-            .range(from..)
-            .map(|(s, l)| (*s, l.clone()))
-            .collect(),
+        (began > since && listing.from <= from).then(|| listing.part(from, from..))
     }
 }
 

@@ -96,15 +96,7 @@ impl SealedListings {
     pub(crate) fn get(&self, run: &RunName, from: u64) -> Option<RunListing> {
         let sealed = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (seal, listing) = sealed.by_run.get(run)?;
-        (listing.from <= from && from <= *seal).then(|| RunListing {
-            run: run.clone(),
-            from,
-            objects: listing
-                .objects
-                .range(from..=*seal)
-                .map(|(s, l)| (*s, l.clone()))
-                .collect(),
-        })
+        (listing.from <= from && from <= *seal).then(|| listing.part(from, from..=*seal))
     }
 
     /// Keeps the part of `listing` up to its first seal that has no empty slot, unless a
@@ -122,23 +114,14 @@ impl SealedListings {
         while from > listing.from && listing.objects.contains_key(&(from - 1)) {
             from -= 1;
         }
-        let kept = RunListing {
-            run: listing.run.clone(),
-            from,
-            objects: listing
-                .objects
-                .range(from..=seal)
-                .map(|(s, l)| (*s, l.clone()))
-                .collect(),
-        };
-        let weight: usize = kept.objects.values().map(|l| l.header_len.max(1)).sum();
+        let kept = listing.part(from, from..=seal);
+        let weight = kept.header_bytes();
         let mut sealed = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, old)) = sealed.by_run.get(&listing.run) {
             if old.from <= from {
                 return;
             }
-            let old_weight: usize = old.objects.values().map(|l| l.header_len.max(1)).sum();
-            sealed.bytes = sealed.bytes.saturating_sub(old_weight);
+            sealed.bytes = sealed.bytes.saturating_sub(old.header_bytes());
         } else {
             sealed.order.push_back(listing.run.clone());
         }
@@ -149,8 +132,7 @@ impl SealedListings {
                 break;
             };
             if let Some((_, old)) = sealed.by_run.remove(&oldest) {
-                let w: usize = old.objects.values().map(|l| l.header_len.max(1)).sum();
-                sealed.bytes = sealed.bytes.saturating_sub(w);
+                sealed.bytes = sealed.bytes.saturating_sub(old.header_bytes());
             }
         }
     }

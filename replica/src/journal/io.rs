@@ -57,8 +57,9 @@ impl Listed {
             JournalObject::Batch(b) => &b.sections,
             _ => &[],
         };
-        let found: Vec<&SectionIndex> = if sections.len() <= LINEAR_SECTIONS {
-            sections.iter().filter(|s| s.org == org).collect()
+        // Either a linear search of a small batch or the index of a large one, never both.
+        let (linear, indexed): (&[SectionIndex], &[usize]) = if sections.len() <= LINEAR_SECTIONS {
+            (sections, &[])
         } else {
             let index = self.by_org.get_or_init(|| {
                 let mut index: HashMap<String, Vec<usize>> = HashMap::new();
@@ -67,12 +68,12 @@ impl Listed {
                 }
                 index
             });
-            index
-                .get(org)
-                .map(|is| is.iter().filter_map(|i| sections.get(*i)).collect())
-                .unwrap_or_default()
+            (&[], index.get(org).map_or(&[][..], Vec::as_slice))
         };
-        found.into_iter()
+        linear
+            .iter()
+            .filter(move |s| s.org == org)
+            .chain(indexed.iter().filter_map(move |i| sections.get(*i)))
     }
 }
 
@@ -91,6 +92,24 @@ pub struct RunListing {
 }
 
 impl RunListing {
+    /// The objects of this listing in `slots`, as a listing from `from` (the range's start).
+    pub(crate) fn part(&self, from: u64, slots: impl std::ops::RangeBounds<u64>) -> RunListing {
+        RunListing {
+            run: self.run.clone(),
+            from,
+            objects: self
+                .objects
+                .range(slots)
+                .map(|(s, l)| (*s, l.clone()))
+                .collect(),
+        }
+    }
+
+    /// Header bytes the listing holds (at least one per object): what keeping it costs.
+    pub(crate) fn header_bytes(&self) -> usize {
+        self.objects.values().map(|l| l.header_len.max(1)).sum()
+    }
+
     /// The slot after the highest listed object (`from` for an empty listing): the run's end
     /// slot as this listing saw it.
     pub fn end_slot(&self) -> u64 {
