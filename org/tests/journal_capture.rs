@@ -63,22 +63,6 @@ async fn acknowledge(
     Ok(lens)
 }
 
-/// A successor on `store` replays every key without applying it again.
-async fn successor_replays(store: Arc<dyn ObjectStore>, keys: &[String]) -> R {
-    let dir = tempfile::tempdir()?;
-    let rb = replica_with_lease(store, LEASE_MS).await?;
-    let b = registry(dir.path(), rb, "wb", journal(4 << 20))?;
-    let acme = OrgId::new("acme")?;
-    for key in keys {
-        let out = b.once(&acme, key, effect("acme", "never")).await?;
-        assert!(!out.applied, "{key} applied twice");
-        assert_eq!(out.result, key.as_bytes());
-    }
-    let results = b.shutdown().await;
-    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    Ok(())
-}
-
 /// With a bound of 4 MiB no ship checkpoints the WAL: the frames of every
 /// acknowledged commit stay in it and the WAL only grows, while the store follows each
 /// acknowledgement. (A ship that checkpointed would leave the WAL empty after its ack.)
@@ -99,7 +83,7 @@ async fn ships_read_wal_frames_without_a_checkpoint_each() -> R {
     );
     let results = a.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    successor_replays(store, &keys).await
+    common::journal::successor_replays(store, &keys, journal(4 << 20)).await
 }
 
 /// With a bound of 16 KiB the WAL is checkpointed and restarted every few ships; captures
@@ -123,7 +107,7 @@ async fn wal_restarts_between_ships_lose_nothing() -> R {
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     let results = a.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    successor_replays(store, &keys).await
+    common::journal::successor_replays(store, &keys, journal(4 << 20)).await
 }
 
 /// The delta checkpoints from `org`'s newest stored entry down to a snapshot, by `base`
@@ -177,7 +161,7 @@ async fn checkpoint_chains_end_in_a_snapshot_within_the_bound() -> R {
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     let results = a.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    successor_replays(store, &keys).await
+    common::journal::successor_replays(store, &keys, journal(4 << 20)).await
 }
 
 /// Acknowledges `keys` on `acme`, each writing an effect row of 6,000 bytes: about two new

@@ -99,22 +99,6 @@ async fn acknowledge(reg: &Registry, keys: &[String]) -> R {
     Ok(())
 }
 
-/// A successor replays every key of `keys` without applying it again.
-async fn successor_replays(store: Arc<dyn ObjectStore>, keys: &[String]) -> R {
-    let dir = tempfile::tempdir()?;
-    let rb = replica_with_lease(store, LEASE_MS).await?;
-    let b = registry(dir.path(), rb, "wb", settings(false))?;
-    let acme = OrgId::new("acme")?;
-    for key in keys {
-        let out = b.once(&acme, key, effect("acme", "never")).await?;
-        assert!(!out.applied, "{key} applied twice");
-        assert_eq!(out.result, key.as_bytes());
-    }
-    let results = b.shutdown().await;
-    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    Ok(())
-}
-
 /// A retention run from another handle, under a live holder: young entries all stay; with
 /// nothing kept for its age, older checkpoints and their objects go, every kept position
 /// restores byte for byte as before, the newest state is unchanged, and the holder goes on
@@ -171,7 +155,7 @@ async fn retention_keeps_every_kept_position_and_the_holder_builds_on_it() -> R 
     let results = a.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
     let all: Vec<String> = keys.into_iter().chain(more).collect();
-    successor_replays(store, &all).await
+    common::journal::successor_replays(store, &all, settings(false)).await
 }
 
 /// The registry retains a journal org's log after its snapshot checkpoints: after many
@@ -199,5 +183,5 @@ async fn the_registry_keeps_a_journal_orgs_log_short() -> R {
     );
     let verified = ra.verify(&acme).await?;
     assert!(verified.failed.is_empty(), "{:?}", verified.failed);
-    successor_replays(store, &keys).await
+    common::journal::successor_replays(store, &keys, settings(false)).await
 }

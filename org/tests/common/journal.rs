@@ -84,6 +84,22 @@ pub async fn replays(reg: &Registry, o: &OrgId, keys: &[String]) -> R {
     replays_within(PATIENCE, reg, o, keys).await
 }
 
+/// A successor registry (writer `wb`, fresh data directory, `settings`) on `store` replays
+/// every key of `keys` in org `acme` without applying it again, then shuts down cleanly.
+pub async fn successor_replays(
+    store: Arc<dyn ObjectStore>,
+    keys: &[String],
+    settings: RegistrySettings,
+) -> R {
+    let dir = tempfile::tempdir()?;
+    let rb = super::replica_with_lease(store, LEASE_MS).await?;
+    let b = super::registry(dir.path(), rb, "wb", settings)?;
+    replays(&b, &OrgId::new("acme")?, keys).await?;
+    let results = b.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    Ok(())
+}
+
 /// [`replays`], each call retried for at most `patience` (zero: its first answer).
 pub async fn replays_within(patience: Duration, reg: &Registry, o: &OrgId, keys: &[String]) -> R {
     for key in keys {
