@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_replica::journal::{Issuer, JournalAcquire, JournalLimits, JournalShipper, JournalStart};
+use idem_replica::sqlite::Durability::{self, Synced, Volatile};
 use idem_replica::sqlite::{OwnError, Owned};
 use idem_replica::{Claim, OrgId, Replica, Shipper};
 
@@ -93,7 +94,7 @@ impl Org {
         };
         let owned_files = owned.files().clone();
         let (round, seq) = (claim.round(), claim.seq());
-        let serving = Serving::start(&opening, &org, round, files, owned, commit_seq)?;
+        let serving = Serving::start(&opening, &org, round, files, owned, commit_seq, Synced)?;
         metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
             .record(crate::metrics::seconds(began.elapsed()));
         tracing::info!(org = %org, round, seq, commit_seq, "acquired");
@@ -139,8 +140,9 @@ async fn open_journal(
             Duration::from_millis(opening.settings.busy_timeout_ms),
             opening.cache_kib,
         );
+        let init = opening.init.clone();
         let (owned, in_file) =
-            open_writer(&org, &files.db, busy, cache_kib, opening.init.clone()).await?;
+            open_writer(&org, &files.db, busy, cache_kib, init, Volatile).await?;
         if let Some(h) = &hydrated
             && h.commit != in_file
         {
@@ -162,7 +164,7 @@ async fn open_journal(
         }
     };
     let owned_files = owned.files().clone();
-    let serving = Serving::start(&opening, &org, round, files, owned, commit_seq)?;
+    let serving = Serving::start(&opening, &org, round, files, owned, commit_seq, Volatile)?;
     let shipper = JournalShipper::start(
         issuer.clone(),
         start,
@@ -201,7 +203,8 @@ struct Serving {
 }
 
 impl Serving {
-    /// Starts the writer on `owned` (the installed file, holding `commit_seq`).
+    /// Starts the writer on `owned` (the installed file, holding `commit_seq`, opened with
+    /// `durability`, which a reopen keeps).
     fn start(
         opening: &Opening<'_>,
         org: &OrgId,
@@ -209,6 +212,7 @@ impl Serving {
         files: LocalFiles,
         owned: Owned,
         commit_seq: u64,
+        durability: Durability,
     ) -> Result<Serving, Error> {
         let acks = Arc::new(Acks {
             org: org.clone(),
@@ -232,6 +236,7 @@ impl Serving {
             busy: Duration::from_millis(opening.settings.busy_timeout_ms),
             cache_kib: opening.cache_kib,
             init: opening.init.clone(),
+            durability,
         };
         let ctx = WriterCtx {
             round,
@@ -292,17 +297,20 @@ impl Serving {
     }
 }
 
-/// Opens the writer on `path` and reads the commit sequence the file holds.
+/// Opens the writer on `path` (a file of `durability`) and reads the commit sequence the
+/// file holds.
 async fn open_writer(
     org: &OrgId,
     path: &std::path::Path,
     busy: Duration,
     cache_kib: u64,
     init: Option<InitFn>,
+    durability: Durability,
 ) -> Result<(Owned, u64), Error> {
     let (org2, path) = (org.clone(), path.to_owned());
     tokio::task::spawn_blocking(move || {
-        let owned = writer::open(&path, busy, cache_kib, init.as_ref()).map_err(|e| match e {
+        let opened = writer::open(&path, busy, cache_kib, init.as_ref(), durability);
+        let owned = opened.map_err(|e| match e {
             OpenError::Idem(source) => Error::from_idem(&org2, source),
             OpenError::Own(source) => Error::Writer {
                 org: org2.clone(),
@@ -365,7 +373,7 @@ async fn open_files(
         }
     };
     let busy = Duration::from_millis(settings.busy_timeout_ms);
-    let opened = open_writer(&org, &files.db, busy, cache_kib, init).await;
+    let opened = open_writer(&org, &files.db, busy, cache_kib, init, Synced).await;
     let (owned, in_file) = opened?;
     if in_file != commit {
         return Err(Error::CommitMismatch {

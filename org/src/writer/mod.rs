@@ -53,14 +53,16 @@ impl From<rusqlite::Error> for OpenError {
 /// `idem_replica::sqlite::open_exclusive`), creates the commit sequence and idem's schema,
 /// runs the application's hook, sizes SQLite's page cache to `cache_kib` KiB (after the hook,
 /// so the registry's memory budget holds whatever the hook set), then takes the descriptors
-/// the shipper reads through.
+/// the shipper reads through. `durability` is the file's: `Volatile` for a journal tenure's,
+/// which is never kept or resumed.
 pub(crate) fn open(
     path: &std::path::Path,
     busy: Duration,
     cache_kib: u64,
     init: Option<&InitFn>,
+    durability: sqlite::Durability,
 ) -> Result<Owned, OpenError> {
-    let conn = sqlite::open_exclusive(path, busy)?;
+    let conn = sqlite::open_exclusive(path, busy, durability)?;
     prepare(conn, path, busy, cache_kib, init)
 }
 
@@ -385,4 +387,5 @@ pub(crate) struct Reopen {
     pub busy: Duration,
     pub cache_kib: u64,
     pub init: Option<InitFn>,
+    pub durability: sqlite::Durability,
 }

@@ -20,10 +20,12 @@ impl Reopen {
     /// Reopens the closed database ([`sqlite::reopen_exclusive`]: never creates it, refuses
     /// a WAL someone else left) and configures the connection as [`super::open`] does.
     fn open(&self) -> Result<Owned, String> {
-        let conn = sqlite::reopen_exclusive(&self.path, self.busy).map_err(|e| match e {
-            ReopenError::Foreign(f) => f.to_string(),
-            e => idem_base::ErrorChain::every(&e).to_string(),
-        })?;
+        let conn = sqlite::reopen_exclusive(&self.path, self.busy, self.durability).map_err(
+            |e| match e {
+                ReopenError::Foreign(f) => f.to_string(),
+                e => idem_base::ErrorChain::every(&e).to_string(),
+            },
+        )?;
         prepare(
             conn,
             &self.path,

@@ -19,6 +19,7 @@ use crate::format::layout::new_nonce;
 use crate::journal::SectionIndex;
 use crate::journal::io::Listed;
 use crate::journal::org_walk::{OrgWalk, WalkState};
+use crate::live::Durability;
 use crate::rebuild::image::FileImage;
 use crate::rebuild::install::{discard, install_file, temp_beside};
 use crate::replica::blocking;
@@ -39,7 +40,27 @@ impl Replica {
         walk: &OrgWalk,
         dest: &Path,
     ) -> Result<Option<u64>, Error> {
-        let installed = self.install_walk(org, walk, dest).await?;
+        let installed = self
+            .install_walk(org, walk, dest, Durability::Synced)
+            .await?;
+        Ok(installed.snapshot.is_some().then_some(installed.commit))
+    }
+
+    /// [`Replica::restore_walk`] for a writer's own file that lives only as long as this
+    /// process ([`Durability::Volatile`], a journal tenure's): nothing is fsynced and page 1
+    /// says WAL mode, so installing and opening it cost no flush of the disk.
+    ///
+    /// # Errors
+    /// As [`Replica::restore_walk`].
+    pub(crate) async fn restore_walk_volatile(
+        &self,
+        org: &OrgId,
+        walk: &OrgWalk,
+        dest: &Path,
+    ) -> Result<Option<u64>, Error> {
+        let installed = self
+            .install_walk(org, walk, dest, Durability::Volatile)
+            .await?;
         Ok(installed.snapshot.is_some().then_some(installed.commit))
     }
 
@@ -51,7 +72,7 @@ impl Replica {
     /// entry; [`Error::ChainBroken`] when a delta does not apply to the state below it;
     /// [`Error::Corrupt`] for a base link that does not go down; the store's errors.
     pub async fn restore_entry(&self, org: &OrgId, seq: u64, dest: &Path) -> Result<u64, Error> {
-        self.install_linked(org, seq, None, dest, None)
+        self.install_linked(org, seq, None, dest, None, Durability::Synced)
             .await
             .map(|h| h.commit)
     }
@@ -72,9 +93,16 @@ impl Replica {
         section: &SectionIndex,
         dest: &Path,
     ) -> Result<u64, Error> {
-        self.install_linked(org, section.base.seq, None, dest, Some((listed, section)))
-            .await
-            .map(|h| h.commit)
+        self.install_linked(
+            org,
+            section.base.seq,
+            None,
+            dest,
+            Some((listed, section)),
+            Durability::Synced,
+        )
+        .await
+        .map(|h| h.commit)
     }
 
     /// The chain that rebuilds the entry at `seq`: its snapshot and the deltas its `base`
@@ -131,10 +159,13 @@ impl Replica {
         dest: &Path,
     ) -> Result<Hydrated, Error> {
         if let Some(seq) = at {
-            return self.install_linked(org, seq, None, dest, None).await;
+            return self
+                .install_linked(org, seq, None, dest, None, Durability::Synced)
+                .await;
         }
         let walk = self.walk_org(org).await?;
-        self.install_walk(org, &walk, dest).await
+        self.install_walk(org, &walk, dest, Durability::Synced)
+            .await
     }
 
     /// Installs `walk`'s state; one with no state installs nothing.
@@ -143,6 +174,7 @@ impl Replica {
         org: &OrgId,
         walk: &OrgWalk,
         dest: &Path,
+        durability: Durability,
     ) -> Result<Hydrated, Error> {
         let log = Some(&walk.log);
         match &walk.state {
@@ -152,16 +184,22 @@ impl Replica {
                 position: None,
                 deltas: 0,
             }),
-            WalkState::Entry { seq } => self.install_linked(org, *seq, log, dest, None).await,
+            WalkState::Entry { seq } => {
+                self.install_linked(org, *seq, log, dest, None, durability)
+                    .await
+            }
             WalkState::Section { batch, section } => {
-                self.install_linked(org, section.base.seq, log, dest, Some((batch, section)))
+                let base = section.base.seq;
+                let section = Some((&**batch, section));
+                self.install_linked(org, base, log, dest, section, durability)
                     .await
             }
         }
     }
 
     /// Installs the entry at `base` (rebuilt by its links), with `section` applied when
-    /// given. `position` is the log position of the base; `commit` the state's.
+    /// given, as `durability` says. `position` is the log position of the base; `commit`
+    /// the state's.
     async fn install_linked(
         &self,
         org: &OrgId,
@@ -169,6 +207,7 @@ impl Replica {
         log: Option<&BTreeMap<u64, LogEntry>>,
         dest: &Path,
         section: Option<(&Listed, &SectionIndex)>,
+        durability: Durability,
     ) -> Result<Hydrated, Error> {
         let section = match section {
             Some((listed, s)) => {
@@ -204,8 +243,9 @@ impl Replica {
             Ok(mut r) => {
                 blocking("applying a journal section", move || {
                     let Some((object, section, body)) = section else {
-                        r.image.sync()?;
-                        install_file(&format!("orgs/{org_id}/log/{base:020}.json"), &t, &dest_buf)?;
+                        r.image.finish(durability)?;
+                        let object = format!("orgs/{org_id}/log/{base:020}.json");
+                        install_file(&object, &t, &dest_buf, durability)?;
                         return Ok(commit);
                     };
                     let before = checksum_hex(r.hashes.sum());
@@ -231,8 +271,8 @@ impl Replica {
                             ),
                         ));
                     }
-                    r.image.sync()?;
-                    install_file(&object, &t, &dest_buf)?;
+                    r.image.finish(durability)?;
+                    install_file(&object, &t, &dest_buf, durability)?;
                     Ok(section.commit)
                 })
                 .await

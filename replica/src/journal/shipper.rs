@@ -117,8 +117,9 @@ pub struct Hydrated {
 }
 
 impl JournalShipper {
-    /// Installs `start`'s walk state at `dest` (nothing when the org was never written)
-    /// and, when that state is not a log entry (a section read in a run), writes the
+    /// Installs `start`'s walk state at `dest` (nothing when the org was never written) as
+    /// a file of this process's lifetime ([`crate::sqlite::Durability::Volatile`]: open its
+    /// writer so too; a journal tenure's file is never kept or resumed) and, when that state is not a log entry (a section read in a run), writes the
     /// tenure's first checkpoint of it through `start.through` (J5), so sections have a
     /// base. Call before the writer opens the file: the open path's own writes (schema,
     /// WAL mode) ride in the first section.
@@ -133,7 +134,10 @@ impl JournalShipper {
     ) -> Result<Option<Hydrated>, Error> {
         let replica = issuer.replica();
         let org = &start.org;
-        let Some(commit) = replica.restore_walk(org, &start.tenure.walk, dest).await? else {
+        let Some(commit) = replica
+            .restore_walk_volatile(org, &start.tenure.walk, dest)
+            .await?
+        else {
             return Ok(None);
         };
         let image = tokio::fs::read(dest).await.map_err(|source| Error::Io {

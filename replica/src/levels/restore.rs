@@ -6,6 +6,7 @@ use crate::format::body::DeltaBody;
 use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::layout::new_nonce;
 use crate::format::level::LevelFile;
+use crate::live::Durability;
 use crate::rebuild::hydrate::Hydrated;
 use crate::rebuild::image::FileImage;
 use crate::rebuild::install::{discard, install_file, temp_beside};
@@ -157,7 +158,7 @@ impl Replica {
             let (t, d) = (tmp.clone(), dest.to_path_buf());
             blocking("installing a restored position", move || {
                 image.sync()?;
-                install_file(&object, &t, &d)
+                install_file(&object, &t, &d, Durability::Synced)
             })
             .await
         }

@@ -44,21 +44,41 @@ pub enum OwnError {
     Io(#[from] std::io::Error),
 }
 
+/// How much of a writer's local file must survive the host (not the process): the store is
+/// the authority either way (I8), so this only decides what a crash of the host costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `synchronous = NORMAL`: the WAL and the file are fsynced at checkpoints, so a file
+    /// kept at release survives the host for a later acquire to resume from.
+    #[default]
+    Synced,
+    /// A cache for this process's lifetime, never kept at release nor resumed (a journal
+    /// tenure's file, `docs/design.md` 3g): `synchronous = OFF`, set before the switch to
+    /// WAL, so neither that switch, nor a checkpoint, nor a commit fsyncs. The OS page cache
+    /// keeps every reader in this process consistent; a host crash leaves at most a torn
+    /// file, which the next acquire on the host deletes before it hydrates.
+    Volatile,
+}
+
 /// Opens `path` as its one writer: `locking_mode = EXCLUSIVE` before the first access, WAL,
-/// `synchronous = NORMAL`, `wal_autocheckpoint = 0`, and takes the write lock at once.
+/// `synchronous` by `durability`, `wal_autocheckpoint = 0`, and takes the write lock at once.
 ///
 /// With exclusive locking the WAL index lives in this connection's heap (no `-shm` file) and
 /// the lock is held for the connection's lifetime: another process opening the file gets
 /// "database is locked" and can neither read, write, checkpoint nor remove the WAL.
-/// `synchronous = NORMAL`: a commit is made durable across machines by the ship that
-/// acknowledges it, and the local file is a per-claim cache. `wal_autocheckpoint = 0`: only
+/// `synchronous = NORMAL` at most ([`Durability`]): a commit is made durable across machines
+/// by the ship that acknowledges it, and the local file is a per-claim cache. `wal_autocheckpoint = 0`: only
 /// a capture checkpoints, so no frame leaves the WAL before a ship has copied it.
 ///
 /// # Errors
 /// [`OwnError::Sqlite`] when SQLite refuses (the lock is held elsewhere included);
 /// [`OwnError::Mode`] when the connection is not in exclusive WAL mode.
-pub fn open_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, OwnError> {
-    exclusive(Connection::open(path)?, busy)
+pub fn open_exclusive(
+    path: &std::path::Path,
+    busy: Duration,
+    durability: Durability,
+) -> Result<Connection, OwnError> {
+    exclusive(Connection::open(path)?, busy, durability)
 }
 
 /// Reopens the closed database at `path` as its one writer, as [`open_exclusive`] does,
@@ -73,7 +93,11 @@ pub fn open_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connecti
 /// [`ReopenError::Foreign`] for a missing database file or a WAL with frames;
 /// [`ReopenError::Own`] when SQLite refuses the open (the lock is held elsewhere
 /// included).
-pub fn reopen_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connection, ReopenError> {
+pub fn reopen_exclusive(
+    path: &std::path::Path,
+    busy: Duration,
+    durability: Durability,
+) -> Result<Connection, ReopenError> {
     use rusqlite::OpenFlags;
     // No CREATE flag: a missing file is an error, never a new empty database.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -88,7 +112,7 @@ pub fn reopen_exclusive(path: &std::path::Path, busy: Duration) -> Result<Connec
         }
         Err(e) => return Err(ReopenError::Own(e.into())),
     };
-    let conn = exclusive(conn, busy).map_err(ReopenError::Own)?;
+    let conn = exclusive(conn, busy, durability).map_err(ReopenError::Own)?;
     match std::fs::metadata(owned::wal_path(path)) {
         Ok(m) if m.len() > 0 => Err(ReopenError::Foreign(Foreign(format!(
             "a WAL of {} bytes appeared beside the parked database file",
@@ -110,14 +134,23 @@ pub enum ReopenError {
     Own(#[source] OwnError),
 }
 
-fn exclusive(conn: Connection, busy: Duration) -> Result<Connection, OwnError> {
+fn exclusive(
+    conn: Connection,
+    busy: Duration,
+    durability: Durability,
+) -> Result<Connection, OwnError> {
     conn.busy_timeout(busy)?;
+    let synchronous = match durability {
+        Durability::Synced => "NORMAL",
+        Durability::Volatile => "OFF",
+    };
+    // Before the switch to WAL, which writes page 1 through a rollback journal when the
+    // file is in rollback mode.
+    conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))?;
     let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
     let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     check_mode(&locking, &journal)?;
-    conn.execute_batch(
-        "PRAGMA synchronous = NORMAL; PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;",
-    )?;
+    conn.execute_batch("PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;")?;
     Ok(conn)
 }
 

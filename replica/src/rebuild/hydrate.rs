@@ -15,6 +15,7 @@ use crate::fence::log::Window;
 use crate::format::blob::{inline_body, unpack};
 use crate::format::checksum::PageHashes;
 use crate::format::layout::new_nonce;
+use crate::live::Durability;
 use crate::publish::ship::Shipped;
 use crate::rebuild::image::{FileImage, PageImage};
 use crate::rebuild::install::{discard, install_file, remove_db, temp_beside};
@@ -526,7 +527,7 @@ impl Replica {
             Ok(mut r) => {
                 blocking("installing a snapshot", move || {
                     r.image.sync()?;
-                    install_file(&r.object, &t, &dest_buf)?;
+                    install_file(&r.object, &t, &dest_buf, Durability::Synced)?;
                     Ok((r.hashes, r.manifest))
                 })
                 .await

@@ -8,6 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::Error;
+use crate::live::Durability;
 
 /// Bytes of an image addressed by offset: what a delta reads and writes when it applies.
 pub(crate) trait PageImage {
@@ -111,8 +112,21 @@ impl FileImage {
     /// # Errors
     /// [`Error::Io`].
     pub(crate) fn sync(&mut self) -> Result<(), Error> {
+        self.finish(Durability::Synced)
+    }
+
+    /// Writes the held pages; with [`Durability::Synced`], flushes the file to stable
+    /// storage too (a [`Durability::Volatile`] install needs its bytes in the page cache
+    /// only).
+    ///
+    /// # Errors
+    /// [`Error::Io`].
+    pub(crate) fn finish(&mut self, durability: Durability) -> Result<(), Error> {
         self.flush()?;
-        self.file.sync_all().map_err(|e| Error::io(&self.path, e))
+        match durability {
+            Durability::Synced => self.file.sync_all().map_err(|e| Error::io(&self.path, e)),
+            Durability::Volatile => Ok(()),
+        }
     }
 
     /// Writes the held pages to the file, in offset order.

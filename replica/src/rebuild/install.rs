@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::Connection;
 
 use crate::Error;
+use crate::live::Durability;
 use crate::rebuild::check::sqlite_check;
 
 /// Sidecar files SQLite keeps next to a database.
@@ -76,19 +77,32 @@ pub(crate) fn discard(tmp: &Path) {
     }
 }
 
-/// Atomically installs the verified image written and synced at `tmp` (from
-/// [`temp_beside`]) at `dest`: `quick_check` on the temp file, remove stale sidecars,
-/// rename, fsync the directory. `object` names the image in errors. On any failure nothing
-/// is installed and the temp file is removed (I10).
+/// Atomically installs the verified image written (and, when `durability` is
+/// [`Durability::Synced`], synced) at `tmp` (from [`temp_beside`]) at `dest`: `quick_check`
+/// on the temp file, remove stale sidecars, rename, fsync the directory. `object` names the
+/// image in errors. On any failure nothing is installed and the temp file is removed (I10).
+///
+/// A [`Durability::Volatile`] install is a writer's cache for this process's lifetime: no
+/// fsync, and page 1 says WAL mode (bytes 18–19 = 2), so the writer's switch to WAL writes
+/// nothing and creates no rollback journal. The image's pages, as hashed and shipped,
+/// keep page 1 canonical ([`crate::format::pages::canonical_page1`]).
 ///
 /// # Errors
 /// [`Error::Corrupt`] when the file fails `quick_check`; [`Error::Io`].
-pub(crate) fn install_file(object: &str, tmp: &Path, dest: &Path) -> Result<(), Error> {
+pub(crate) fn install_file(
+    object: &str,
+    tmp: &Path,
+    dest: &Path,
+    durability: Durability,
+) -> Result<(), Error> {
     let result = (|| {
         {
             let conn = Connection::open_with_flags(tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
                 .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
             sqlite_check(&conn, "quick_check", object)?;
+        }
+        if durability == Durability::Volatile {
+            wal_header(tmp)?;
         }
         for s in sidecars(tmp) {
             remove_if_exists(&s)?;
@@ -97,10 +111,30 @@ pub(crate) fn install_file(object: &str, tmp: &Path, dest: &Path) -> Result<(), 
             remove_if_exists(&s)?;
         }
         std::fs::rename(tmp, dest).map_err(|e| Error::io(dest, e))?;
-        sync_dir(&parent(dest))
+        match durability {
+            Durability::Synced => sync_dir(&parent(dest)),
+            Durability::Volatile => Ok(()),
+        }
     })();
     if result.is_err() {
         discard(tmp);
     }
     result
+}
+
+/// Marks the database at `path` as in WAL mode (page 1 bytes 18–19 = 2, as SQLite leaves a
+/// WAL database it closed); a file too short to hold a header is left alone (`quick_check`
+/// passed, so it is an empty database).
+fn wal_header(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len < 100 {
+        return Ok(());
+    }
+    file.write_all_at(&[2, 2], 18)
+        .map_err(|e| Error::io(path, e))
 }

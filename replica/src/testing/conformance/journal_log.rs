@@ -78,12 +78,34 @@ fn landed(created: EntryCreated) -> R<u64> {
     }
 }
 
+/// The walk's state restored at `dest`. A writer's install of it (a journal tenure's,
+/// `Durability::Volatile`) is checked beside it: the same database, page 1 in WAL mode
+/// instead of canonical, readable by SQLite as it is.
 async fn restored(r: &Replica, o: &OrgId, dest: &Path) -> R<Vec<u8>> {
     let walk = r.walk_org(o).await?;
-    r.restore_walk(o, &walk, dest)
-        .await?
-        .ok_or("the walk found no state")?;
-    Ok(std::fs::read(dest)?)
+    let commit = r.restore_walk(o, &walk, dest).await?;
+    commit.ok_or("the walk found no state")?;
+    let image = std::fs::read(dest)?;
+    let volatile = dest.with_extension("volatile");
+    assert_eq!(r.restore_walk_volatile(o, &walk, &volatile).await?, commit);
+    let mut written = std::fs::read(&volatile)?;
+    assert_eq!((image[18], image[19]), (1, 1), "a restore is canonical");
+    assert_eq!(
+        (written[18], written[19]),
+        (2, 2),
+        "a writer's install is in WAL mode"
+    );
+    let conn = rusqlite::Connection::open(&volatile)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |row| row.get(0))?;
+    let check: String = conn.query_row("PRAGMA quick_check", [], |row| row.get(0))?;
+    assert_eq!((mode.as_str(), check.as_str()), ("wal", "ok"));
+    drop(conn);
+    written[18..20].copy_from_slice(&[1, 1]);
+    assert!(
+        written == image,
+        "a writer's install differs beyond page 1's mode"
+    );
+    Ok(image)
 }
 
 /// A per-org history, taken over by a journal claim naming its claim (K1.6), journaled,
