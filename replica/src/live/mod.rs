@@ -144,10 +144,12 @@ fn exclusive(
         Durability::Synced => "NORMAL",
         Durability::Volatile => "OFF",
     };
-    // Before the switch to WAL, which writes page 1 through a rollback journal when the
-    // file is in rollback mode.
-    conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))?;
+    // Exclusive locking before anything else: a first access in shared mode opens a `-shm`
+    // index beside a file already in WAL mode (a reopened parked file), and keeps its
+    // descriptor. Then `synchronous`, before the switch to WAL, which writes page 1 through
+    // a rollback journal when the file is in rollback mode.
     let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
+    conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))?;
     let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     check_mode(&locking, &journal)?;
     conn.execute_batch("PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;")?;
@@ -235,5 +237,35 @@ impl Owned {
         let counter_page = commit::root_page(&self.conn).map_err(label)?;
         self.capturer
             .capture(&self.conn, commit_seq, counter_page, request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reopened file is already in WAL mode: a first access in shared locking would open a
+    /// `-shm` index and keep its descriptor for the connection's life (one more descriptor
+    /// per active org). Exclusive locking comes first, so no `-shm` is ever created.
+    #[test]
+    fn a_reopened_wal_file_gets_no_shm_index() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("db");
+        let busy = Duration::from_millis(100);
+        for durability in [Durability::Synced, Durability::Volatile] {
+            let conn = open_exclusive(&path, busy, durability)?;
+            conn.execute_batch("CREATE TABLE IF NOT EXISTS t(x); INSERT INTO t VALUES (1);")?;
+            conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")?;
+            drop(conn);
+            let conn = reopen_exclusive(&path, busy, durability)?;
+            let n: i64 = conn.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+            assert!(n >= 1);
+            let shm = dir.path().join("db-shm");
+            assert!(
+                !shm.exists(),
+                "{durability:?}: a -shm index beside {path:?}"
+            );
+        }
+        Ok(())
     }
 }
