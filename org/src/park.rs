@@ -17,6 +17,11 @@
 //!               deleted; the next acquire hydrates from the store
 //! ```
 //!
+//! A journal org (3g) parks the same way: "the tip" is the state of its newest acknowledged
+//! section (the shipper's page hashes), and it stays attached to the run while parked. A
+//! release of one parked journal org (J7's lag trigger, an eviction) captures a released
+//! section, so it unparks first; at shutdown the run's release seal frees it as it is.
+//!
 //! Both run under the org's shipper lock, and the writer's queue hands requests back while
 //! the org is parked (see `Writer::park`), so a park never races a capture, a ship or a
 //! request, and no request runs on a file before it is proven. Which orgs park is the
@@ -57,25 +62,22 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
     if !idle(inner) {
         return Ok(false);
     }
-    // A journal org never parks: its run's batches are its ships, and nothing of it
-    // resumes from a kept file.
-    let Some(per_org) = shipper.per_org() else {
-        return Ok(false);
-    };
-    if !per_org.parkable() {
+    if !shipper.parkable() {
         // A continued chain whose file differs from its tip (SQLite's switch to WAL rewrote
-        // page 1, a hook wrote), or a claim with nothing published: one ship makes the file
-        // the tip, as before a release.
+        // page 1, a hook wrote), a claim with nothing published, or a journal tenure whose
+        // newest capture is not acknowledged (none yet: the open path's writes): one ship
+        // makes the file the published state, as before a release.
         let differs = shipper.inherited_unshipped().await.unwrap_or(true);
-        let untipped = shipper
-            .per_org()
-            .is_none_or(|s| s.claim().chain_tip().is_none());
+        let untipped = match shipper.per_org() {
+            Some(s) => s.claim().chain_tip().is_none(),
+            None => true,
+        };
         if (differs || untipped)
             && let Err(e) = crate::ship::ship_once(inner, &mut shipper).await
         {
             return stop_after(inner, &mut shipper, e).await.map(|()| false);
         }
-        if !shipper.per_org().is_some_and(|s| s.parkable()) || !idle(inner) {
+        if !shipper.parkable() || !idle(inner) {
             return Ok(false);
         }
     }
@@ -83,9 +85,7 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
     match inner.writer.park(shipped).await {
         Ok(true) => {
             // The connection is closed: the shipper's descriptors may go (I13).
-            if let Some(s) = shipper.per_org() {
-                s.park();
-            }
+            shipper.park();
             inner.active.remove(inner.serial);
             metrics::counter!(crate::metrics::PARKS).increment(1);
             inner.acks.counters.parks.fetch_add(1, Ordering::Relaxed);

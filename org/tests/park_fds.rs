@@ -33,6 +33,17 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// at 3 795 open orgs. With 10 active of 200 open, the process holds 10 × 5 + 190 × 1.
 #[test]
 fn parked_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
+    parked_orgs_hold_one_descriptor(RegistrySettings::default())
+}
+
+/// The same on the journal (3g): a journal org parks as a per-org one does, and its tenure
+/// stays attached to the run while parked.
+#[test]
+fn parked_journal_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
+    parked_orgs_hold_one_descriptor(common::journal::settings(16 * 1024))
+}
+
+fn parked_orgs_hold_one_descriptor(base: RegistrySettings) -> R {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     const ORGS: usize = 200;
     const ACTIVE: usize = 10;
@@ -42,7 +53,7 @@ fn parked_orgs_hold_one_descriptor_and_reopen_without_a_store_request() -> R {
         let settings = RegistrySettings {
             max_active_orgs: ACTIVE,
             writer_threads: 2,
-            ..RegistrySettings::default()
+            ..base
         };
         let reg = registry(dir.path(), replica.clone(), "A", settings)?;
         assert_eq!(reg.max_active_orgs(), ACTIVE);

@@ -4,9 +4,9 @@
 //! another (I6, I7, I13).
 //!
 //! What it guards is a [`Publisher`]: the per-org [`Shipper`] of a claim (3, 3e), or the
-//! [`JournalShipper`] of a tenure in the process's journal run (3g). A journal org never
-//! parks, never keeps its file at release and never pipelines its own ships: the run
-//! pipelines for every org at once.
+//! [`JournalShipper`] of a tenure in the process's journal run (3g). A journal org parks as
+//! a per-org one does, but never keeps its file at release and never pipelines its own
+//! ships: the run pipelines for every org at once.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -58,7 +58,33 @@ impl Publisher {
         }
     }
 
-    /// The per-org shipper, for what only a claim has (pipelining, parking, resuming).
+    /// True when the writer may park once every commit is shipped: nothing captured waits
+    /// to be published and the file is known to hold nothing else ([`Shipper::parkable`],
+    /// [`JournalShipper::parkable`]).
+    pub(crate) fn parkable(&self) -> bool {
+        match self {
+            Publisher::PerOrg(s) => s.parkable(),
+            Publisher::Journal(j) => j.parkable(),
+        }
+    }
+
+    /// Lets go of the writer's descriptors; call only once its connection is closed (I13).
+    pub(crate) fn park(&mut self) {
+        match self {
+            Publisher::PerOrg(s) => s.park(),
+            Publisher::Journal(j) => j.park(),
+        }
+    }
+
+    /// True when [`Publisher::release`] captures from the writer (J4 for one org), so a
+    /// parked writer must reopen first; false for a per-org release (nothing unshipped is
+    /// captured there) and for a journal org once its run is closing (the release seal frees
+    /// it).
+    pub(crate) fn release_captures(&self) -> bool {
+        matches!(self, Publisher::Journal(j) if j.release_captures())
+    }
+
+    /// The per-org shipper, for what only a claim has (pipelining, resuming).
     pub(crate) fn per_org(&mut self) -> Option<&mut Shipper> {
         match self {
             Publisher::PerOrg(s) => Some(s),
@@ -103,18 +129,18 @@ impl Publisher {
         }
     }
 
-    /// Takes back the writer's descriptors after an unpark (per org only: a journal org
-    /// never parks).
+    /// Takes back the writer's descriptors after an unpark, once the file is proven to be
+    /// the published state.
     ///
     /// # Errors
-    /// As [`Shipper::unpark`].
+    /// As [`Shipper::unpark`] and [`JournalShipper::unpark`].
     pub(crate) async fn unpark(
         &mut self,
         files: Arc<idem_replica::sqlite::OwnedFiles>,
     ) -> Result<(), Error> {
         match self {
             Publisher::PerOrg(s) => s.unpark(files).await,
-            Publisher::Journal(_) => Ok(()),
+            Publisher::Journal(j) => j.unpark(files).await,
         }
     }
 }

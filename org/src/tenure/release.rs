@@ -35,6 +35,12 @@ impl Org {
         let keep = inner.settings.reuse_released_files;
         // Wait for a ship in flight first.
         let mut publishing = inner.publishing().await;
+        // A parked journal org's release captures a released section: reopen and prove the
+        // file first (a failed proof has poisoned and ended the tenure).
+        let stopped = inner.acks.lock().stop.is_some();
+        if !stopped && publishing.release_captures() && inner.writer.parked() {
+            crate::park::unpark_locked(inner, &mut publishing).await?;
+        }
         let drained = inner.writer.drain().await;
         let stopped = inner.acks.lock().stop.clone();
         let (shipped, how) = match stopped {

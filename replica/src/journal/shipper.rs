@@ -24,6 +24,8 @@
 //!          cumulative += changed → issuer.submit(section) → acked at (run, slot)
 //! confirm: issuer.confirm (J6), then the files are still ours (I13)
 //! release: released section → released checkpoint through its slot → Release entry (J4)
+//! park:    (newest capture acked, WAL folded into the file, connection closed) drop files
+//! unpark:  the file's page hashes == the acked state's (I13), else FilesChanged
 //! ```
 
 use std::collections::BTreeMap;
@@ -68,7 +70,10 @@ pub struct JournalShipper {
     org: OrgId,
     round: u64,
     via: Via,
-    files: Arc<OwnedFiles>,
+    /// The writer's descriptors; `None` while the org is parked ([`JournalShipper::park`]).
+    files: Option<Arc<OwnedFiles>>,
+    /// Where the database file is, for errors while parked.
+    db_path: std::path::PathBuf,
     /// Page hashes of the state the newest capture left (page 1 canonical).
     hashes: PageHashes,
     /// The checkpoint sections are cumulative from.
@@ -217,7 +222,8 @@ impl JournalShipper {
             org: start.org,
             round: start.tenure.round,
             via: start.tenure.via,
-            files,
+            db_path: files.db_path().to_owned(),
+            files: Some(files),
             hashes,
             base,
             cumulative: BTreeMap::new(),
@@ -288,7 +294,7 @@ impl JournalShipper {
     /// [`Error::Fenced`], [`Error::RunFenced`]; [`Error::FilesChanged`].
     pub async fn confirm(&mut self) -> Result<(), Error> {
         self.issuer.confirm(&self.org).await?;
-        self.files
+        self.files()?
             .check_unchanged()
             .map_err(|f| self.files_changed(&f))
     }
@@ -331,6 +337,80 @@ impl JournalShipper {
         self.next_seq += 1;
         self.issuer.detach(&self.org);
         Ok(())
+    }
+
+    /// True when the writer may park ([`JournalShipper::park`]): the newest capture's
+    /// commit was acknowledged and the WAL position is known, so the WAL holds nothing
+    /// beyond what was captured and the file, once the writer checkpointed the WAL into it,
+    /// holds exactly the state `hashes` describe; and the descriptors are held. After an
+    /// unpark that found the WAL written (an application hook at open) the position is
+    /// unknown until a capture diffs the file: the caller ships once first.
+    pub fn parkable(&self) -> bool {
+        self.files.is_some()
+            && !matches!(self.wal, WalState::Lost)
+            && self.acked.as_ref().is_some_and(|(_, c)| *c == self.commit)
+    }
+
+    /// Lets go of the writer's descriptors (I14: a parked org keeps no descriptor of its
+    /// database), as [`crate::Shipper::park`]. The tenure stays attached to the run: its
+    /// walk entry still counts for retention, and J7's lag trigger may release it. Call
+    /// only once the writer closed its connection after checkpointing the WAL into the file
+    /// (closing a descriptor while SQLite has the file open drops its locks, I13). Until
+    /// [`JournalShipper::unpark`], ships, confirmations and releases fail with
+    /// [`Error::Io`].
+    pub fn park(&mut self) {
+        self.files = None;
+        self.wal = WalState::Lost;
+        self.file_at_commit = false;
+    }
+
+    /// Takes the descriptors of a reopened writer after proving, before anything is served
+    /// from it, that the database file is exactly the acknowledged state: every page's hash
+    /// (page 1 canonical) and the size equal `hashes` (I8, I13). Local, no store request.
+    /// Whatever the open path wrote into the WAL since (an application hook) ships with the
+    /// next section: that capture checkpoints the WAL and diffs the file.
+    ///
+    /// # Errors
+    /// [`Error::FilesChanged`] when the file was changed, replaced or truncated while
+    /// parked: nothing may be answered from it; [`Error::Io`] reading it.
+    pub async fn unpark(&mut self, files: Arc<OwnedFiles>) -> Result<(), Error> {
+        let reader = files.clone();
+        let hashes = self.hashes.clone();
+        let read = tokio::task::spawn_blocking(move || live::file_is(&reader, &hashes))
+            .await
+            .map_err(|source| Error::Task {
+                op: "proving a parked journal org's file",
+                source,
+            })?;
+        if !read.map_err(|e| self.capture_error(e))? {
+            return Err(self.files_changed(&live::Foreign(
+                "the parked database file is not the acknowledged state".into(),
+            )));
+        }
+        let wal = files.wal_len().map_err(|source| Error::Io {
+            path: self.db_path.display().to_string(),
+            source,
+        })?;
+        self.files = Some(files);
+        (self.wal, self.file_at_commit) = if wal == 0 {
+            (WalState::Fresh, true)
+        } else {
+            (WalState::Lost, false)
+        };
+        Ok(())
+    }
+
+    fn files(&self) -> Result<&Arc<OwnedFiles>, Error> {
+        self.files.as_ref().ok_or_else(|| Error::Io {
+            path: self.db_path.display().to_string(),
+            source: std::io::Error::other("the writer is parked"),
+        })
+    }
+
+    /// True when [`JournalShipper::release`] captures from the writer (a released section of
+    /// everything committed); false once the run is closing, when it writes nothing.
+    pub fn release_captures(&self) -> bool {
+        !self.issuer.is_closing()
     }
 
     fn cumulative_bytes(&self) -> u64 {
@@ -438,7 +518,7 @@ impl JournalShipper {
     /// file that differs from the previous state's hashes, proving the counter (I13).
     async fn capture_file(&mut self, source: &dyn CaptureSource) -> Result<Capture, Error> {
         let (commit, counter_page, reset) = capture(&self.org, self.round, source).await?;
-        let files = self.files.clone();
+        let files = self.files()?.clone();
         let hashes = self.hashes.clone();
         let read = tokio::task::spawn_blocking(move || live::file_changes(&files, &hashes))
             .await
@@ -546,8 +626,8 @@ impl JournalShipper {
     /// The database file as a snapshot of the acknowledged commit: the caller checked the
     /// file holds exactly it, and its page hashes must say so (I10), else `FilesChanged`.
     async fn acked_image(&self) -> Result<Snapshot, Error> {
-        let image = read_file(&self.files).await?;
-        self.files
+        let image = read_file(self.files()?).await?;
+        self.files()?
             .check_unchanged()
             .map_err(|f| self.files_changed(&f))?;
         // Hashed as stored: page 1 canonical.
@@ -572,7 +652,7 @@ impl JournalShipper {
     fn capture_error(&self, e: CaptureError) -> Error {
         match e {
             CaptureError::Io(source) => Error::Io {
-                path: self.files.db_path().display().to_string(),
+                path: self.db_path.display().to_string(),
                 source,
             },
             CaptureError::Foreign(f) => self.files_changed(&f),

@@ -296,6 +296,20 @@ pub(crate) fn read_pages(
 /// The database file's size in pages and its pages that differ from a tip, by number.
 pub(crate) type FileChanges = (u32, BTreeMap<u32, Vec<u8>>);
 
+/// True when the database file is exactly the state `tip` describes: no page's hash
+/// differs ([`file_changes`]) and it has `tip`'s size and page size. What an unpark proves
+/// of a parked file before anything is served from it (I8, I13).
+///
+/// # Errors
+/// As [`file_changes`].
+pub(crate) fn file_is(
+    files: &OwnedFiles,
+    tip: &crate::format::checksum::PageHashes,
+) -> Result<bool, CaptureError> {
+    Ok(file_changes(files, tip)?
+        .is_some_and(|(pages, changed)| changed.is_empty() && pages as usize == tip.pages()))
+}
+
 /// Pages read per chunk by [`file_changes`]: memory stays bounded whatever the file's size.
 const DIFF_CHUNK_PAGES: u64 = 256;
 

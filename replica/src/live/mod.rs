@@ -24,7 +24,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 pub use capture::{CaptureError, CaptureRequest, Captured, Checkpoint};
-pub(crate) use capture::{file_changes, read_pages};
+pub(crate) use capture::{file_changes, file_is, read_pages};
 pub(crate) use owned::DbState;
 pub use owned::{Foreign, OwnedFiles};
 

@@ -212,14 +212,8 @@ impl Shipper {
         };
         let reader = files.clone();
         let hashes = tip.hashes.clone();
-        let read = off_thread(move || live::file_changes(&reader, &hashes)).await?;
-        let same = match read.map_err(|e| self.capture_error(e))? {
-            Some((db_pages, changed)) => {
-                changed.is_empty() && db_pages as usize == tip.hashes.pages()
-            }
-            None => false,
-        };
-        if !same {
+        let read = off_thread(move || live::file_is(&reader, &hashes)).await?;
+        if !read.map_err(|e| self.capture_error(e))? {
             return Err(self.files_changed(&Foreign(
                 "the parked database file is not the chain's tip".into(),
             )));
