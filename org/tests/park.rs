@@ -360,3 +360,59 @@ async fn a_released_parked_org_keeps_its_file_for_reuse() -> R {
     let acked = ["k1", "k2"].map(String::from);
     common::oracle::exactly_once(&w.replica, "acme", &acked, &[], w.dir.path()).await
 }
+
+/// A park must not be skipped because a pool worker still holds the org after its last
+/// answer went out (the worker lets go of an org only once its queue is empty). Here the
+/// worker is held inside a read whose caller has gone (its future dropped, so the org is
+/// idle): the park queues behind it, the org is marked parked at once, and the park
+/// completes when the read ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_park_waits_for_a_worker_still_holding_an_idle_org() -> R {
+    let dir = tempfile::tempdir()?;
+    let store = Replica::local_store(&dir.path().join("store"))?;
+    let replica = replica(store, None).await?;
+    let settings = RegistrySettings {
+        max_active_orgs: 1,
+        writer_threads: 2,
+        ..RegistrySettings::default()
+    };
+    let reg = registry(&dir.path().join("data"), replica.clone(), "w", settings)?;
+    let acme = reg.acquire(&id("acme")?).await?;
+    assert!(acme.once("k1", effect("acme", "k1")).await?.applied);
+
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let reader = acme.clone();
+    let read = tokio::spawn(async move {
+        reader
+            .read(move |_| {
+                let _ = started_tx.send(());
+                let _ = go_rx.recv();
+                Ok(())
+            })
+            .await
+    });
+    tokio::task::spawn_blocking(move || started_rx.recv()).await??;
+    // The caller gives up: the org is idle, but a worker still runs its read.
+    read.abort();
+    assert!(read.await.is_err_and(|e| e.is_cancelled()));
+
+    let other = {
+        let reg = reg.clone();
+        tokio::spawn(async move {
+            reg.once(&OrgId::new("other")?, "x", effect("other", "x"))
+                .await
+                .map_err(BoxErr::from)
+        })
+    };
+    common::until(|| acme.is_parked()).await?;
+    go_tx.send(())?;
+    assert!(other.await??.applied);
+    assert!(acme.is_parked());
+    assert_eq!(acme.stats().parks, 1);
+    let out = acme.once("k1", effect("acme", "ran-again")).await?;
+    assert!(!out.applied);
+    assert_eq!(acme.stats().unparks, 1);
+    reg.shutdown().await;
+    common::oracle::exactly_once(&replica, "acme", &["k1".to_owned()], &[], dir.path()).await
+}
