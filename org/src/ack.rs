@@ -39,6 +39,10 @@ pub(crate) enum Stop {
     /// publish of unknown outcome, an unusable claim); the replica's error as text.
     ClaimLost(Arc<str>),
     Closed,
+    /// Closed by a release whose Release entry landed (`crate::tenure::end`): a later
+    /// release of the same handle has nothing left to do and answers Ok. Requests get
+    /// [`Error::Closed`] as after any close.
+    Released,
     /// Someone else changed the org's files (I13); the reason as seen.
     Poisoned(Arc<str>),
 }
@@ -131,7 +135,7 @@ impl Acks {
                 round: self.round,
                 reason: reason.to_string(),
             },
-            Stop::Closed => Error::Closed {
+            Stop::Closed | Stop::Released => Error::Closed {
                 org: self.org.clone(),
                 round: self.round,
             },

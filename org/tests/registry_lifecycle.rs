@@ -178,3 +178,32 @@ async fn shutdown_releases_an_org_that_was_still_opening() -> R {
     );
     Ok(())
 }
+
+/// An org released while the registry still maps it (an explicit `Org::release`, or J7's
+/// release of a lagging journal org racing the shutdown) is released once: a second
+/// `release` answers Ok, so `shutdown` reports every org released and retires the process
+/// lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_org_released_before_shutdown_is_reported_released() -> R {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(InMemory::new());
+    let reg = registry(
+        dir.path(),
+        replica(store.clone(), None).await?,
+        "A",
+        RegistrySettings::default(),
+    )?;
+    let acme = OrgId::new("acme")?;
+    let org = reg.acquire(&acme).await?;
+    assert!(org.once("k", effect("acme", "k")).await?.applied);
+    org.release().await?;
+    org.release().await?;
+    let released = reg.shutdown().await;
+    assert!(released.iter().all(|(_, r)| r.is_ok()), "{released:?}");
+    let leases = reg.replica().process_leases().await?;
+    assert!(
+        leases.is_empty(),
+        "the process lease is retired: {leases:?}"
+    );
+    Ok(())
+}

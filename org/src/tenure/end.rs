@@ -107,7 +107,12 @@ pub(crate) async fn end(
     };
     // Stop while still holding the shipper lock, so a shipper task waiting for it finds the
     // org stopped instead of shipping on an ended claim.
-    inner.acks.stop(Stop::Closed);
+    let released = matches!(end, End::Released { .. }) && result.is_ok();
+    inner.acks.stop(if released {
+        Stop::Released
+    } else {
+        Stop::Closed
+    });
     close(inner, kept.as_ref()).await;
     tracing::debug!(org = %org, round, end = ?end, kept = kept.is_some(), "tenure ended");
     result

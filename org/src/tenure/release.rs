@@ -12,6 +12,8 @@ impl Org {
     /// ([`crate::RegistrySettings::reuse_released_files`]; the next acquire uses it only if the store
     /// proves it current) or deletes the local files.
     ///
+    /// A handle already released (its Release entry landed) answers Ok again.
+    ///
     /// # Errors
     /// The final ship's or the release's error; the handle is closed either way.
     pub async fn release(&self) -> Result<(), Error> {
@@ -44,6 +46,9 @@ impl Org {
         let drained = inner.writer.drain().await;
         let stopped = inner.acks.lock().stop.clone();
         let (shipped, how) = match stopped {
+            // Released already (this handle twice, or J7's release of a lagging journal org
+            // racing a shutdown): nothing is left to do.
+            Some(Stop::Released) => return Ok(()),
             // Already ended (or ending) by the path that stopped it.
             Some(stop) => (Err(inner.acks.stop_error(stop)), End::Abandoned),
             None if !drained => (Err(inner.acks.stop_error(Stop::Closed)), End::Abandoned),
