@@ -90,6 +90,11 @@ pub struct BenchArgs {
     /// p99 75 ms), `const:MS` (every request MS milliseconds), or `none` (local only).
     #[arg(long, default_value = "s3")]
     latency: p10::Latency,
+    /// What P10's latency-shaped column delays: `local` (a local directory, whose file
+    /// creates and scans run on this host's cores) or `memory` (an in-memory store: the
+    /// store's own work off the host's cores, as on S3).
+    #[arg(long, default_value = "local", value_parser = ["local", "memory"])]
+    latency_over: String,
     /// Pipelined ships P10's registries keep in flight per org (`docs/design.md` 3e), 1 to
     /// 8; 1 ships one at a time.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
@@ -246,6 +251,8 @@ pub async fn run(args: BenchArgs) -> Result<ExitCode, String> {
     if args.wants("p10") || handoff_only {
         p10::SHIP_WINDOW.store(args.ship_window, std::sync::atomic::Ordering::Relaxed);
         p10::JOURNAL.store(args.p10_journal, std::sync::atomic::Ordering::Relaxed);
+        let memory = args.latency_over == "memory";
+        p10::SHAPED_OVER_MEMORY.store(memory, std::sync::atomic::Ordering::Relaxed);
         let mut sizes = p10::Sizes::new(args.quick, args.row_time());
         sizes.handoff = args.handoff_orgs.unwrap_or(sizes.handoff);
         sizes.handoff_only = handoff_only;

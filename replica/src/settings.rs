@@ -41,6 +41,12 @@ pub struct Settings {
     pub zstd_level: i32,
     /// How many log entries are fetched concurrently when reading history.
     pub read_concurrency: usize,
+    /// How many journal batch headers one listing of a run reads concurrently (each a small
+    /// GET, `docs/design.md` 3g). A takeover's first listing reads every header from the
+    /// oldest entry among the holder's orgs, hundreds of them, and every walk waiting on it
+    /// waits for all: at 16 a run of 400 batches took 25 sequential round trips (700 ms
+    /// on S3's latency, P10). At least 1; default 128.
+    pub header_concurrency: usize,
     /// Where clients reach this process (for example `http://10.0.0.7:8080`), written into
     /// the leases it holds: a replica refused by one of them names it to its client, which
     /// retries there instead of waiting. `None`: not advertised.
@@ -94,6 +100,7 @@ impl Default for Settings {
             claim_retries: 8,
             zstd_level: 3,
             read_concurrency: 16,
+            header_concurrency: 128,
             advertise: None,
             inline_delta_bytes: 256 * 1024,
             ship_window: 1,
@@ -120,6 +127,9 @@ impl Settings {
         }
         if self.read_concurrency == 0 {
             return bad("read_concurrency must be at least 1".into());
+        }
+        if self.header_concurrency == 0 {
+            return bad("header_concurrency must be at least 1".into());
         }
         if self.segment_bytes == 0 || self.segment_bytes as u64 > crate::segment::MAX_SEGMENT_BYTES
         {

@@ -72,6 +72,13 @@ pub(crate) static SHIP_WINDOW: std::sync::atomic::AtomicU64 = std::sync::atomic:
 pub(crate) static JOURNAL: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// The latency-shaped column wraps an in-memory store rather than a local directory
+/// (`--latency-over memory`), set once before the rows run. S3 creates, renames and lists
+/// its objects on its own servers; a local directory under the wrapper charges that work
+/// (file creates, fsyncs, directory scans) to this host's cores, beside the registries'.
+pub(crate) static SHAPED_OVER_MEMORY: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// ", journal" in a row's label when [`JOURNAL`] is set, else "".
 pub(crate) fn path_label() -> &'static str {
     if JOURNAL.load(std::sync::atomic::Ordering::Relaxed) {
@@ -147,20 +154,33 @@ pub(crate) struct Column {
 
 impl Column {
     /// A fresh store in `dir`: the local directory, behind the latency wrapper when shaped.
+    /// The store under a shaped column's wrapper is an in-memory one with
+    /// [`SHAPED_OVER_MEMORY`].
     pub(crate) fn store(&self, dir: &Path, seed: u64) -> BenchResult<Arc<dyn ObjectStore>> {
-        let local = Replica::local_store(dir)?;
         Ok(match self.shape {
-            None => local,
-            Some(shape) => Arc::new(LatencyStore::new(local, Shapes::all(shape), seed)),
+            None => Replica::local_store(dir)?,
+            Some(shape) => Arc::new(LatencyStore::new(under(dir)?, Shapes::all(shape), seed)),
         })
     }
 
     /// [`Column::store`] always behind the wrapper, for its traces: with no delay on the
     /// plain column, which then only records.
     pub(crate) fn traced_store(&self, dir: &Path, seed: u64) -> BenchResult<Arc<LatencyStore>> {
-        let local = Replica::local_store(dir)?;
-        let shape = self.shape.unwrap_or(Shape::Constant(Duration::ZERO));
-        Ok(Arc::new(LatencyStore::new(local, Shapes::all(shape), seed)))
+        let (inner, shape) = match self.shape {
+            None => (Replica::local_store(dir)?, Shape::Constant(Duration::ZERO)),
+            Some(shape) => (under(dir)?, shape),
+        };
+        Ok(Arc::new(LatencyStore::new(inner, Shapes::all(shape), seed)))
+    }
+}
+
+/// What a shaped column's wrapper delays: the local directory `dir`, or an in-memory store
+/// with [`SHAPED_OVER_MEMORY`].
+fn under(dir: &Path) -> BenchResult<Arc<dyn ObjectStore>> {
+    if SHAPED_OVER_MEMORY.load(std::sync::atomic::Ordering::Relaxed) {
+        Ok(Arc::new(idem_org::object_store::memory::InMemory::new()))
+    } else {
+        Ok(Replica::local_store(dir)?)
     }
 }
 

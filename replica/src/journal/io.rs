@@ -330,7 +330,7 @@ impl Replica {
                     }),
                 }
             })
-            .buffer_unordered(self.inner.settings.read_concurrency.max(1))
+            .buffer_unordered(self.inner.settings.header_concurrency.max(1))
             .try_collect::<BTreeMap<u64, Arc<Listed>>>()
             .await?;
         let mut reads = reads;

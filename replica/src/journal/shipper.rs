@@ -139,10 +139,10 @@ impl JournalShipper {
     ) -> Result<Option<Hydrated>, Error> {
         let replica = issuer.replica();
         let org = &start.org;
-        let Some(commit) = replica
+        let (installed, section_body) = replica
             .restore_walk_volatile(org, &start.tenure.walk, dest)
-            .await?
-        else {
+            .await?;
+        let Some(commit) = installed else {
             return Ok(None);
         };
         let image = tokio::fs::read(dest).await.map_err(|source| Error::Io {
@@ -155,7 +155,7 @@ impl JournalShipper {
         let log = &start.tenure.walk.log;
         let (base, chain) = match start.base_entry() {
             Some(seq) => (Base { seq, checksum }, chain_deltas(log, seq)),
-            None => match section_pages(issuer, start).await? {
+            None => match section_pages(start, section_body)? {
                 // The section's own pages on its own base: one inline PUT.
                 Some((base, pages)) => {
                     let chain = chain_deltas(log, base.seq).saturating_add(1);
@@ -742,19 +742,20 @@ fn chain_deltas(log: &BTreeMap<u64, LogEntry>, mut seq: u64) -> u64 {
     }
 }
 
-/// The pages of the walk's newest section, when every one is stored whole (a section
-/// written by [`JournalShipper`] always is), with the base it names; `None` otherwise.
-async fn section_pages(
-    issuer: &Issuer,
+/// The pages of the walk's newest section (`body`: the delta body the install read,
+/// checked by its digest, applied and checked against the section's checksum), when every
+/// one is stored whole (a section written by [`JournalShipper`] always is), with the base
+/// it names; `None` otherwise.
+fn section_pages(
     start: &JournalStart,
+    body: Option<Vec<u8>>,
 ) -> Result<Option<(Base, Delta)>, Error> {
     let WalkState::Section { batch, section } = &start.tenure.walk.state else {
         return Ok(None);
     };
-    let body = issuer
-        .replica()
-        .read_journal_section(batch, section)
-        .await?;
+    let Some(body) = body else {
+        return Ok(None);
+    };
     let object = format!("{} slot {}", batch.header.run, batch.header.slot);
     let parsed = DeltaBody::parse(&object, &body)?;
     let mut pages = BTreeMap::new();

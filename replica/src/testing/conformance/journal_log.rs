@@ -87,7 +87,16 @@ async fn restored(r: &Replica, o: &OrgId, dest: &Path) -> R<Vec<u8>> {
     commit.ok_or("the walk found no state")?;
     let image = std::fs::read(dest)?;
     let volatile = dest.with_extension("volatile");
-    assert_eq!(r.restore_walk_volatile(o, &walk, &volatile).await?, commit);
+    let (installed, body) = r.restore_walk_volatile(o, &walk, &volatile).await?;
+    assert_eq!(installed, commit);
+    // The section the install applied comes back, as a read of it gives it.
+    match &walk.state {
+        crate::journal::WalkState::Section { batch, section } => {
+            let read = r.read_journal_section(batch, section).await?;
+            assert_eq!(body.as_deref(), Some(&read[..]), "the section's body");
+        }
+        _ => assert!(body.is_none(), "a body with no section"),
+    }
     let mut written = std::fs::read(&volatile)?;
     assert_eq!((image[18], image[19]), (1, 1), "a restore is canonical");
     assert_eq!(
