@@ -9,88 +9,23 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::journal::{LEASE_MS, in_store, replays, replays_within, settings};
 use common::outside::outside;
-use common::{BoxErr, R, effect, registry, replica_with_lease};
-use idem_org::{Error, ErrorKind, Org, Registry, RegistrySettings};
-use idem_replica::{OrgId, Replica};
-use object_store::ObjectStore;
-use object_store::memory::InMemory;
-
-struct World {
-    dir: tempfile::TempDir,
-    store: Arc<dyn ObjectStore>,
-    replica: Replica,
-    reg: Registry,
-}
-
-/// Journal settings with one active org.
-fn one_active() -> RegistrySettings {
-    RegistrySettings {
-        max_active_orgs: 1,
-        ..settings(16 * 1024)
-    }
-}
-
-async fn world() -> Result<World, BoxErr> {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
-    let reg = registry(
-        &dir.path().join("data"),
-        replica.clone(),
-        "wa",
-        one_active(),
-    )?;
-    assert_eq!(reg.max_active_orgs(), 1);
-    Ok(World {
-        dir,
-        store,
-        replica,
-        reg,
-    })
-}
-
-fn acme() -> Result<OrgId, BoxErr> {
-    Ok(OrgId::new("acme")?)
-}
-
-fn keys(names: &[&str]) -> Vec<String> {
-    names.iter().map(|k| (*k).to_owned()).collect()
-}
-
-/// `acme` served `names`, then parked: another org's request took the one active slot.
-async fn parked_acme(w: &World, names: &[&str]) -> Result<Org, BoxErr> {
-    let acme = w.reg.acquire(&acme()?).await?;
-    for key in names {
-        assert!(acme.once(key, effect("acme", key)).await?.applied);
-    }
-    assert!(!acme.is_parked());
-    let other = OrgId::new("other")?;
-    assert!(w.reg.once(&other, "x", effect("other", "x")).await?.applied);
-    assert!(
-        acme.is_parked(),
-        "acme parks when another org needs the slot"
-    );
-    assert_eq!(w.reg.active_orgs(), 1);
-    assert_eq!(acme.stats().parks, 1);
-    Ok(acme)
-}
-
-fn acme_db(w: &World) -> Result<PathBuf, BoxErr> {
-    common::outside::served_db(&w.dir.path().join("data"))
-}
+use common::parked::{
+    acme, acme_db, active, keys, parked_acme, world_with, world_with_writing_hook,
+};
+use common::{R, effect, registry, replica_with_lease};
+use idem_org::{Error, ErrorKind};
+use idem_replica::OrgId;
 
 /// A parked journal org's first request reopens it from its own file with no store read
 /// (no GET: nothing is hydrated), replays from it, and the org goes on committing in the
 /// same tenure; a successor replays every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_journal_org_serves_its_next_request_from_its_own_file() -> R {
-    let w = world().await?;
+    let w = world_with(active(1)).await?;
     let org = parked_acme(&w, &["k1", "k2"]).await?;
     let before = w.replica.store_requests();
     let out = org.once("k1", effect("acme", "ran-again")).await?;
@@ -121,7 +56,7 @@ async fn a_parked_journal_org_serves_its_next_request_from_its_own_file() -> R {
 /// state, without the outsider's row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_journal_file_written_from_outside_is_never_served() -> R {
-    let w = world().await?;
+    let w = world_with(active(1)).await?;
     let parked = parked_acme(&w, &["k1", "k2"]).await?;
     let lines = outside("write", &acme_db(&w)?, 1)?;
     assert_eq!(
@@ -171,7 +106,7 @@ async fn a_parked_journal_file_written_from_outside_is_never_served() -> R {
 /// replays every key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_a_parked_journal_org_frees_it_for_a_successor_at_once() -> R {
-    let w = world().await?;
+    let w = world_with(active(1)).await?;
     let acme_org = parked_acme(&w, &["k1", "k2"]).await?;
     acme_org.release().await?;
     assert_eq!(acme_org.stats().unparks, 1, "the release reopened the file");
@@ -199,19 +134,8 @@ async fn releasing_a_parked_journal_org_frees_it_for_a_successor_at_once() -> R 
 /// acknowledged state and poison a healthy org.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hook_that_writes_at_every_open_ships_before_a_journal_org_parks_again() -> R {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
-    let reg = Registry::builder(dir.path().join("data"), replica.clone(), "wa")
-        .settings(one_active())
-        .on_open(|c| {
-            c.execute_batch(common::LEDGER)?;
-            c.execute_batch(
-                "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
-                 INSERT INTO opens DEFAULT VALUES;",
-            )
-        })
-        .build()?;
+    let w = world_with_writing_hook().await?;
+    let (dir, replica, reg) = (&w.dir, &w.replica, &w.reg);
     let (acme, other) = (acme()?, OrgId::new("other")?);
     assert!(reg.once(&acme, "k0", effect("acme", "k0")).await?.applied);
     for round in 0..3 {
@@ -233,6 +157,6 @@ async fn a_hook_that_writes_at_every_open_ships_before_a_journal_org_parks_again
     assert_eq!(opens, 4);
     let results = reg.shutdown().await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    in_store(&replica, dir.path(), &acme, &keys(&["k0"]), &[]).await?;
+    in_store(replica, dir.path(), &acme, &keys(&["k0"]), &[]).await?;
     Ok(())
 }

@@ -15,93 +15,17 @@ use common::journal::{
     LEASE_MS, in_store, org, replays, replays_within, settings, successor_replays,
 };
 use common::outside::outside;
+use common::parked::{
+    World, acme, acme_db, active, keys, park_acme, parked_acme, world_with, world_with_writing_hook,
+};
 use common::{BoxErr, R, effect, registry, replica_with_lease};
 use idem_org::{Error, ErrorKind, Org, Registry, RegistrySettings};
-use idem_replica::{OrgId, Replica};
-use object_store::ObjectStore;
-use object_store::memory::InMemory;
-
-struct World {
-    dir: tempfile::TempDir,
-    store: Arc<dyn ObjectStore>,
-    replica: Replica,
-    reg: Registry,
-}
-
-/// Journal settings with `active` active orgs.
-fn active(active: usize) -> RegistrySettings {
-    RegistrySettings {
-        max_active_orgs: active,
-        ..settings(16 * 1024)
-    }
-}
-
-async fn world_with(s: RegistrySettings) -> Result<World, BoxErr> {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
-    let reg = registry(&dir.path().join("data"), replica.clone(), "wa", s)?;
-    Ok(World {
-        dir,
-        store,
-        replica,
-        reg,
-    })
-}
-
-fn acme() -> Result<OrgId, BoxErr> {
-    Ok(OrgId::new("acme")?)
-}
-
-fn keys(names: &[&str]) -> Vec<String> {
-    names.iter().map(|k| (*k).to_owned()).collect()
-}
-
-fn acme_db(w: &World) -> Result<PathBuf, BoxErr> {
-    common::outside::served_db(&w.dir.path().join("data"))
-}
+use idem_replica::OrgId;
 
 fn wal_of(db: &std::path::Path) -> PathBuf {
     let mut wal = db.as_os_str().to_owned();
     wal.push("-wal");
     PathBuf::from(wal)
-}
-
-/// `acme` served `names`, then parked: another org's request took the one active slot.
-async fn parked_acme(w: &World, names: &[&str]) -> Result<Org, BoxErr> {
-    let a_org = w.reg.acquire(&acme()?).await?;
-    for key in names {
-        assert!(a_org.once(key, effect("acme", key)).await?.applied);
-    }
-    park_acme(w, &a_org).await?;
-    Ok(a_org)
-}
-
-/// Numbers `other`'s keys, so every request of [`park_acme`] is a first run.
-static PARK_KEYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Parks `acme` by requests of `other` (the one active slot). A park is skipped while the
-/// pool's worker has not yet let go of acme after its last reply (a benign race), so this
-/// asks again until acme is parked: a wait for a state, at most 50 requests.
-async fn park_acme(w: &World, a_org: &Org) -> R {
-    assert!(!a_org.is_parked());
-    let parks = a_org.stats().parks;
-    let other = OrgId::new("other")?;
-    for i in 0..50 {
-        let n = PARK_KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let key = format!("x{parks}-{i}-{n}");
-        assert!(
-            w.reg
-                .once(&other, &key, effect("other", &key))
-                .await?
-                .applied
-        );
-        if a_org.is_parked() {
-            assert_eq!(a_org.stats().parks, parks + 1);
-            return Ok(());
-        }
-    }
-    Err("acme never parked".into())
 }
 
 /// The parked org's next request is refused as poisoned; a re-acquire (same process) serves
@@ -1008,25 +932,7 @@ async fn journal_park_with_snapshot_checkpoints_under_concurrent_requests_keeps_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn journal_park_with_a_writing_hook_under_concurrent_requests_keeps_exactly_once() -> R {
     const ORGS: usize = 5;
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
-    let reg = Registry::builder(dir.path().join("data"), replica.clone(), "wa")
-        .settings(active(1))
-        .on_open(|c| {
-            c.execute_batch(common::LEDGER)?;
-            c.execute_batch(
-                "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
-                 INSERT INTO opens DEFAULT VALUES;",
-            )
-        })
-        .build()?;
-    let w = World {
-        dir,
-        store,
-        replica,
-        reg,
-    };
+    let w = world_with_writing_hook().await?;
     let run = clients(&w.reg, ORGS, 5, 20).await?;
     assert!(run.parks > 0 && run.unparks > 0);
     let poisoned: u64 = w.reg.open_orgs().iter().filter(|o| !o.is_serving()).count() as u64;

@@ -16,6 +16,7 @@ pub const LEDGER: &str =
 pub mod journal;
 pub mod oracle;
 pub mod outside;
+pub mod parked;
 pub mod remote;
 pub mod scenarios;
 

@@ -1,0 +1,116 @@
+//! Parked journal orgs (`journal_park.rs`, `journal_park_attack.rs`): a journal registry on
+//! an in-memory store with few active orgs, and `acme` parked by a request of `other`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use idem_org::{Org, Registry, RegistrySettings};
+use idem_replica::{OrgId, Replica};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+use super::journal::{LEASE_MS, settings};
+use super::{BoxErr, R, effect, registry, replica_with_lease};
+
+/// A journal registry (writer `wa`) with its data directory, store and replica.
+pub struct World {
+    pub dir: tempfile::TempDir,
+    pub store: Arc<dyn ObjectStore>,
+    pub replica: Replica,
+    pub reg: Registry,
+}
+
+/// Journal settings (16 KiB sections) with `active` active orgs.
+pub fn active(active: usize) -> RegistrySettings {
+    RegistrySettings {
+        max_active_orgs: active,
+        ..settings(16 * 1024)
+    }
+}
+
+/// A [`World`] whose registry runs with `s`.
+pub async fn world_with(s: RegistrySettings) -> Result<World, BoxErr> {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let reg = registry(&dir.path().join("data"), replica.clone(), "wa", s)?;
+    Ok(World {
+        dir,
+        store,
+        replica,
+        reg,
+    })
+}
+
+/// A [`World`] with [`active`]`(1)` whose application hook writes at every open (a row in
+/// `opens`), outside any request's commit.
+pub async fn world_with_writing_hook() -> Result<World, BoxErr> {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let reg = Registry::builder(dir.path().join("data"), replica.clone(), "wa")
+        .settings(active(1))
+        .on_open(|c| {
+            c.execute_batch(super::LEDGER)?;
+            c.execute_batch(
+                "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
+                 INSERT INTO opens DEFAULT VALUES;",
+            )
+        })
+        .build()?;
+    Ok(World {
+        dir,
+        store,
+        replica,
+        reg,
+    })
+}
+
+/// Org `acme`.
+pub fn acme() -> Result<OrgId, BoxErr> {
+    Ok(OrgId::new("acme")?)
+}
+
+/// `names` as owned keys.
+pub fn keys(names: &[&str]) -> Vec<String> {
+    names.iter().map(|k| (*k).to_owned()).collect()
+}
+
+/// The database file `acme` is served from.
+pub fn acme_db(w: &World) -> Result<PathBuf, BoxErr> {
+    super::outside::served_db(&w.dir.path().join("data"))
+}
+
+/// Numbers `other`'s keys, so every request of [`park_acme`] is a first run.
+static PARK_KEYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Parks `acme` (idle) by one first run on `other`, which takes the one active slot.
+pub async fn park_acme(w: &World, a_org: &Org) -> R {
+    assert!(!a_org.is_parked());
+    let parks = a_org.stats().parks;
+    let other = OrgId::new("other")?;
+    let n = PARK_KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let key = format!("x{parks}-{n}");
+    assert!(
+        w.reg
+            .once(&other, &key, effect("other", &key))
+            .await?
+            .applied
+    );
+    assert!(
+        a_org.is_parked(),
+        "acme parks when another org needs the slot"
+    );
+    assert_eq!(a_org.stats().parks, parks + 1);
+    Ok(())
+}
+
+/// `acme` served `names`, then parked ([`park_acme`]).
+pub async fn parked_acme(w: &World, names: &[&str]) -> Result<Org, BoxErr> {
+    let a_org = w.reg.acquire(&acme()?).await?;
+    for key in names {
+        assert!(a_org.once(key, effect("acme", key)).await?.applied);
+    }
+    park_acme(w, &a_org).await?;
+    Ok(a_org)
+}
