@@ -181,6 +181,11 @@ impl Scheduled {
         !std::mem::replace(&mut self.0, true)
     }
 
+    /// True while the task is in the run queue or a worker runs it.
+    pub(crate) fn is_set(&self) -> bool {
+        self.0
+    }
+
     /// Marks the task idle: its FIFO is empty and no worker holds it.
     pub(crate) fn release(&mut self) {
         self.0 = false;

@@ -200,9 +200,9 @@ impl Writer {
         lock(&self.org.queue).parked
     }
 
-    /// Parks the writer if it is idle — no job queued (one still running goes first) — and
-    /// the database holds commit `shipped`: from now on requests are handed back, then a job
-    /// checkpoints every frame into the file and closes the connection. `Ok(false)` when it did not park (busy,
+    /// Parks the writer if it is idle — no job queued or running — and the database holds
+    /// commit `shipped`: from now on requests are handed back, then a job checkpoints every
+    /// frame into the file and closes the connection. `Ok(false)` when it did not park (busy,
     /// already parked, closing); the writer then serves on.
     ///
     /// # Errors
@@ -214,11 +214,7 @@ impl Writer {
             if !q.open || q.stopped || !q.accepting || q.parked {
                 return Ok(false);
             }
-            // A worker may still hold the org (it sent the last reply and has not yet let go):
-            // the park job queued behind it runs in that same turn, or in the next one it
-            // asks for, since it releases the org only under this lock with no job queued.
-            // Whatever that worker ran before is checked by the park job (`shipped`).
-            if !q.jobs.is_empty() {
+            if !q.jobs.is_empty() || q.scheduled.is_set() {
                 return Ok(false);
             }
             q.parked = true;
