@@ -78,8 +78,11 @@ pub struct JournalShipper {
     hashes: PageHashes,
     /// The checkpoint sections are cumulative from.
     base: Base,
-    /// Every page changed since `base`, page 1 canonical.
+    /// Every page changed since `base`, page 1 canonical; empty while parked.
     cumulative: BTreeMap<u32, Vec<u8>>,
+    /// While parked, the numbers of `cumulative`'s pages: their bytes are read back from the
+    /// proven file at unpark, so a parked org holds no page (I14).
+    parked_pages: Vec<u32>,
     db_pages: u32,
     /// The commit counter the newest capture proved.
     commit: u64,
@@ -227,6 +230,7 @@ impl JournalShipper {
             hashes,
             base,
             cumulative: BTreeMap::new(),
+            parked_pages: Vec::new(),
             db_pages,
             commit,
             acked: None,
@@ -352,13 +356,16 @@ impl JournalShipper {
     }
 
     /// Lets go of the writer's descriptors (I14: a parked org keeps no descriptor of its
-    /// database), as [`crate::Shipper::park`]. The tenure stays attached to the run: its
+    /// database), as [`crate::Shipper::park`], and of the cumulative section's page bytes
+    /// (their numbers are kept; [`JournalShipper::unpark`] reads them back from the proven
+    /// file, which holds exactly the acknowledged state). The tenure stays attached to the run: its
     /// walk entry still counts for retention, and J7's lag trigger may release it. Call
     /// only once the writer closed its connection after checkpointing the WAL into the file
     /// (closing a descriptor while SQLite has the file open drops its locks, I13). Until
     /// [`JournalShipper::unpark`], ships, confirmations and releases fail with
     /// [`Error::Io`].
     pub fn park(&mut self) {
+        self.parked_pages = std::mem::take(&mut self.cumulative).into_keys().collect();
         self.files = None;
         self.wal = WalState::Lost;
         self.file_at_commit = false;
@@ -372,21 +379,37 @@ impl JournalShipper {
     ///
     /// # Errors
     /// [`Error::FilesChanged`] when the file was changed, replaced or truncated while
-    /// parked: nothing may be answered from it; [`Error::Io`] reading it.
+    /// parked: nothing may be answered from it; [`Error::Io`] reading it; [`Error::Task`]
+    /// when the blocking read panicked.
     pub async fn unpark(&mut self, files: Arc<OwnedFiles>) -> Result<(), Error> {
         let reader = files.clone();
         let hashes = self.hashes.clone();
-        let read = tokio::task::spawn_blocking(move || live::file_is(&reader, &hashes))
-            .await
-            .map_err(|source| Error::Task {
-                op: "proving a parked journal org's file",
-                source,
-            })?;
-        if !read.map_err(|e| self.capture_error(e))? {
+        let (pages, db_pages) = (self.parked_pages.clone(), self.db_pages);
+        // The proof, then the cumulative section's pages read back from the proven file
+        // (the writer's exclusive lock is held again, and the read checks the file did not
+        // change since).
+        let read = tokio::task::spawn_blocking(move || {
+            if !live::file_is(&reader, &hashes)? {
+                return Ok(None);
+            }
+            let db = reader.db_state()?;
+            live::read_pages(&reader, db, hashes.page_size(), db_pages, &pages).map(Some)
+        })
+        .await
+        .map_err(|source| Error::Task {
+            op: "proving a parked journal org's file",
+            source,
+        })?;
+        let Some(mut cumulative) = read.map_err(|e| self.capture_error(e))? else {
             return Err(self.files_changed(&live::Foreign(
                 "the parked database file is not the acknowledged state".into(),
             )));
+        };
+        if let Some(p1) = cumulative.get_mut(&1) {
+            canonical_page1(p1);
         }
+        self.cumulative = cumulative;
+        self.parked_pages.clear();
         let wal = files.wal_len().map_err(|source| Error::Io {
             path: self.db_path.display().to_string(),
             source,
