@@ -39,7 +39,8 @@ pub(crate) enum Stop {
     /// publish of unknown outcome, an unusable claim); the replica's error as text.
     ClaimLost(Arc<str>),
     Closed,
-    /// Closed by a release whose Release entry landed (`crate::tenure::end`): a later
+    /// Closed by a release that succeeded (`crate::tenure::end`: its Release entry landed,
+    /// or, for a journal org whose run is closing, the run's release seal frees it): a later
     /// release of the same handle has nothing left to do and answers Ok. Requests get
     /// [`Error::Closed`] as after any close.
     Released,

@@ -12,10 +12,12 @@ impl Org {
     /// ([`crate::RegistrySettings::reuse_released_files`]; the next acquire uses it only if the store
     /// proves it current) or deletes the local files.
     ///
-    /// A handle already released (its Release entry landed) answers Ok again.
+    /// A handle already released (its release succeeded) answers Ok again.
     ///
     /// # Errors
     /// The final ship's or the release's error; the handle is closed either way.
+    /// [`Error::Poisoned`] when a parked journal org's file, reopened to capture its
+    /// released section, is not the acknowledged state (I13): nothing of it is published.
     pub async fn release(&self) -> Result<(), Error> {
         let span = tracing::info_span!(
             "release",

@@ -262,7 +262,7 @@ impl Replica {
     }
 
     /// Lists `run` from `from` up (S3's start-after, so the cost follows the objects above
-    /// `from`) and reads every listed object's header, `read_concurrency` at a time.
+    /// `from`) and reads every listed object's header, `header_concurrency` at a time.
     ///
     /// # Errors
     /// [`Error::MissingObject`] when a listed object is gone before its header is read (the

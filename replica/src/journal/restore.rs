@@ -225,6 +225,17 @@ impl Replica {
         section: Option<(&Listed, &SectionIndex)>,
         durability: Durability,
     ) -> Result<(Hydrated, Option<Vec<u8>>), Error> {
+        if let Some((listed, s)) = section
+            && s.org != org.as_str()
+        {
+            return Err(Error::corrupt(
+                &format!(
+                    "journals/{}/{:020}.jnl#{org}",
+                    listed.header.run, listed.header.slot
+                ),
+                format!("a section of {} read as {org}'s", s.org),
+            ));
+        }
         let section_read = async {
             let Some((listed, s)) = section else {
                 return Ok(None);
@@ -233,12 +244,6 @@ impl Replica {
                 "journals/{}/{:020}.jnl#{org}",
                 listed.header.run, listed.header.slot
             );
-            if s.org != org.as_str() {
-                return Err(Error::corrupt(
-                    &object,
-                    format!("a section of {} read as {org}'s", s.org),
-                ));
-            }
             let body = self.read_journal_section(listed, s).await?;
             Ok(Some((object, s.clone(), body)))
         };
@@ -273,7 +278,6 @@ impl Replica {
             .unwrap_or(&chain.snapshot)
             .commit()
             .unwrap_or(0);
-        let body_out = section.as_ref().map(|(_, _, body)| body.clone());
         let (org_id, dest_buf, t) = (org.clone(), dest.to_path_buf(), tmp.clone());
         let applied = match rebuilt {
             Ok(mut r) => {
@@ -282,7 +286,7 @@ impl Replica {
                         r.image.finish(durability)?;
                         let object = format!("orgs/{org_id}/log/{base:020}.json");
                         install_file(&object, &t, &dest_buf, durability)?;
-                        return Ok(commit);
+                        return Ok((commit, None));
                     };
                     let before = checksum_hex(r.hashes.sum());
                     if before != section.base.checksum {
@@ -309,7 +313,7 @@ impl Replica {
                     }
                     r.image.finish(durability)?;
                     install_file(&object, &t, &dest_buf, durability)?;
-                    Ok(section.commit)
+                    Ok((section.commit, Some(body)))
                 })
                 .await
             }
@@ -322,7 +326,7 @@ impl Replica {
             })
             .await?;
         }
-        applied.map(|commit| {
+        applied.map(|(commit, body_out)| {
             let hydrated = Hydrated {
                 snapshot: shipped,
                 commit,

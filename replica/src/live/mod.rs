@@ -87,7 +87,8 @@ pub fn open_exclusive(
 /// be empty. A WAL with frames was written by someone else while no connection held the
 /// file, and SQLite would show its frames to this connection without them ever touching
 /// the database file, so the caller's check of the file against the chain's tip
-/// ([`crate::Shipper::unpark`]) could not see them.
+/// ([`crate::Shipper::unpark`], [`crate::journal::JournalShipper::unpark`]) could not see
+/// them.
 ///
 /// # Errors
 /// [`ReopenError::Foreign`] for a missing database file or a WAL with frames;
