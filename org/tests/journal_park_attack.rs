@@ -216,22 +216,38 @@ async fn successor_and_oracle(w: &World, by_org: &[Vec<String>]) -> R {
     Ok(())
 }
 
-/// Idea 1: the journal variant of `park_and_unpark_under_concurrent_requests_keep_exactly_once`.
+/// Runs `n_clients` concurrent clients making `requests` each over `orgs` orgs on `w`
+/// ([`clients`]); with `must_park`, checks that orgs parked and unparked; checks that no
+/// healthy org was poisoned; then shuts down (every org released) and hands every org to a
+/// successor that replays every acknowledged key, with the oracle on the store.
+async fn clients_then_successor(
+    w: &World,
+    orgs: usize,
+    n_clients: usize,
+    requests: usize,
+    must_park: bool,
+) -> R {
+    let run = clients(&w.reg, orgs, n_clients, requests).await?;
+    if must_park {
+        assert!(
+            run.parks > 0 && run.unparks > 0,
+            "{} parks, {} unparks",
+            run.parks,
+            run.unparks
+        );
+    }
+    assert_eq!(run.poisoned, 0, "a healthy org was poisoned");
+    let results = w.reg.shutdown().await;
+    shutdown_ok(&results);
+    successor_and_oracle(w, &run.by_org).await
+}
+
+/// The journal variant of `park_and_unpark_under_concurrent_requests_keep_exactly_once`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn journal_park_and_unpark_under_concurrent_requests_keep_exactly_once() -> R {
     const ORGS: usize = 6;
     let w = world_with(active(2)).await?;
-    let run = clients(&w.reg, ORGS, 8, 25).await?;
-    assert!(
-        run.parks > 0 && run.unparks > 0,
-        "{} parks, {} unparks",
-        run.parks,
-        run.unparks
-    );
-    assert_eq!(run.poisoned, 0, "a healthy org was poisoned");
-    let results = w.reg.shutdown().await;
-    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    successor_and_oracle(&w, &run.by_org).await
+    clients_then_successor(&w, ORGS, 8, 25, true).await
 }
 
 /// One active slot: every request of another org parks the previous one.
@@ -239,12 +255,7 @@ async fn journal_park_and_unpark_under_concurrent_requests_keep_exactly_once() -
 async fn journal_one_active_slot_under_concurrent_requests_keeps_exactly_once() -> R {
     const ORGS: usize = 5;
     let w = world_with(active(1)).await?;
-    let run = clients(&w.reg, ORGS, 6, 20).await?;
-    assert!(run.parks > 0 && run.unparks > 0);
-    assert_eq!(run.poisoned, 0, "a healthy org was poisoned");
-    let results = w.reg.shutdown().await;
-    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    successor_and_oracle(&w, &run.by_org).await
+    clients_then_successor(&w, ORGS, 6, 20, true).await
 }
 
 /// Parking plus evictions (`max_open_orgs` below the orgs in use): a parked journal org is
@@ -259,11 +270,7 @@ async fn journal_park_with_evictions_under_concurrent_requests_keeps_exactly_onc
     })
     .await?;
     assert_eq!(w.reg.max_open_orgs(), 3);
-    let run = clients(&w.reg, ORGS, 6, 20).await?;
-    assert_eq!(run.poisoned, 0, "a healthy org was poisoned");
-    let results = w.reg.shutdown().await;
-    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    successor_and_oracle(&w, &run.by_org).await
+    clients_then_successor(&w, ORGS, 6, 20, false).await
 }
 
 /// Parking plus J7 (a lag of 3 batches releases idle, often parked, orgs) plus the run's
@@ -279,11 +286,7 @@ async fn journal_park_with_lag_releases_and_retention_keeps_exactly_once() -> R 
     s.journal.retain_every_batches = 2;
     s.retention.keep_ms = 0;
     let w = world_with(s).await?;
-    let run = clients(&w.reg, ORGS, 6, 20).await?;
-    assert_eq!(run.poisoned, 0, "a healthy org was poisoned");
-    let results = w.reg.shutdown().await;
-    shutdown_ok(&results);
-    successor_and_oracle(&w, &run.by_org).await
+    clients_then_successor(&w, ORGS, 6, 20, false).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -933,12 +936,5 @@ async fn journal_park_with_snapshot_checkpoints_under_concurrent_requests_keeps_
 async fn journal_park_with_a_writing_hook_under_concurrent_requests_keeps_exactly_once() -> R {
     const ORGS: usize = 5;
     let w = world_with_writing_hook().await?;
-    let run = clients(&w.reg, ORGS, 5, 20).await?;
-    assert!(run.parks > 0 && run.unparks > 0);
-    let poisoned: u64 = w.reg.open_orgs().iter().filter(|o| !o.is_serving()).count() as u64;
-    assert_eq!(poisoned, 0, "a healthy org was stopped");
-    assert_eq!(run.poisoned, 0, "a healthy org was poisoned");
-    let results = w.reg.shutdown().await;
-    shutdown_ok(&results);
-    successor_and_oracle(&w, &run.by_org).await
+    clients_then_successor(&w, ORGS, 5, 20, true).await
 }
