@@ -68,10 +68,9 @@ pub(crate) async fn park(inner: &Arc<Inner>) -> Result<bool, Error> {
         // newest capture is not acknowledged (none yet: the open path's writes): one ship
         // makes the file the published state, as before a release.
         let differs = shipper.inherited_unshipped().await.unwrap_or(true);
-        let untipped = match shipper.per_org() {
-            Some(s) => s.claim().chain_tip().is_none(),
-            None => true,
-        };
+        let untipped = shipper
+            .per_org()
+            .is_none_or(|s| s.claim().chain_tip().is_none());
         if (differs || untipped)
             && let Err(e) = crate::ship::ship_once(inner, &mut shipper).await
         {
