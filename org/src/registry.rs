@@ -306,6 +306,13 @@ impl Registry {
         self.inner.warm.as_ref().map_or(0, |w| w.claimed())
     }
 
+    /// Released journal runs of other processes whose orgs the warm takeover opened in the
+    /// background (K2.6, `docs/design.md` 3g): a drain this registry's watcher saw, met by
+    /// a claim that took an org free at the run's release seal.
+    pub fn warm_runs_followed(&self) -> u64 {
+        self.inner.warm.as_ref().map_or(0, |w| w.runs_followed())
+    }
+
     /// True while one more org may open without passing the open-org or active-org limit
     /// in force: a background claim never makes room by releasing or parking others.
     pub(crate) fn has_room(&self) -> bool {
@@ -424,6 +431,10 @@ impl Registry {
                     .await;
                     if let Some(journal) = &journal {
                         self.take_adopted(journal);
+                        match &inner.warm {
+                            Some(warm) => warm.follow_released(self, journal),
+                            None => drop(journal.take_released()),
+                        }
                     }
                     opened
                 })

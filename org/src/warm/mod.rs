@@ -1,11 +1,15 @@
 //! The warm takeover: claiming orgs in the background before their next requests arrive.
 //!
-//! Two sources name the orgs to claim. A draining process lists, in its process lease, the
+//! Three sources name the orgs to claim. A draining process lists, in its process lease, the
 //! orgs it is releasing ([`idem_replica::ProcessLease::releasing`]); the watcher
 //! (`watcher.rs`) finds it by listing `processes/`. And a request this registry refused
 //! with a held lease ([`idem_replica::Error::LeaseHeld`]) leaves the org remembered here,
 //! with the wait the refusal named, so that when the holder turns out dead (its process
 //! lease unchanged for a whole watch) the org is claimed with every other such org at once.
+//! On the journal a third: a claim that took an org free at the release seal of a process
+//! the watcher saw names that drained run, whose other orgs are then learned from its
+//! roster and claimed (K2.6, [`Warm::follow_released`]): a fast drain deletes its process
+//! lease before the watcher's next poll.
 //!
 //! Every claim is the normal one through [`crate::Registry`]: never forced, so it passes
 //! only when the org's Release entry is at the head or its holder's process lease was seen
@@ -38,6 +42,13 @@ const REFUSED_TRIES: u32 = 3;
 /// them or died, and a claim then waits for the normal watch like any other.
 const DRAINING_TERMS: u64 = 3;
 
+/// How long, in ms, a process seen listed in `processes/` counts as seen: a release seal of
+/// one of its runs met within it is a drain this registry watched (K2.6). A drain places
+/// its release seal just before it deletes its process lease, so the seal is met within a
+/// poll or two of the last sighting; a run released before this registry watched is never
+/// taken as a drain to follow.
+const SEEN_KEEP_MS: u64 = 600_000;
+
 /// The warm takeover's state in a registry: see the module docs.
 pub(crate) struct Warm {
     settings: WarmSettings,
@@ -57,6 +68,11 @@ pub(crate) struct Warm {
     /// `processes/` at its next wake instead of at its next poll (at most once per
     /// `settings.retry_ms`).
     pub(crate) look_now: std::sync::atomic::AtomicBool,
+    /// Other processes' instances the watcher listed, with the monotonic ms it last did
+    /// (kept [`SEEN_KEEP_MS`]).
+    seen: std::sync::Mutex<HashMap<String, u64>>,
+    /// Released journal runs whose orgs were learned to open in the background (K2.6).
+    runs_followed: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +103,9 @@ pub(crate) enum Why {
     },
     /// A request for it was refused; `tries` background claims were refused since.
     Refused { tries: u32 },
+    /// A journal run's release seal freed it (K2.6): one attempt, and a refusal of any
+    /// kind leaves it where it is.
+    Released,
 }
 
 /// The wait, in ms of this registry's monotonic clock, a held-lease refusal names.
@@ -121,12 +140,83 @@ impl Warm {
             wake: Notify::new(),
             claimed: AtomicU64::new(0),
             look_now: std::sync::atomic::AtomicBool::new(false),
+            seen: std::sync::Mutex::new(HashMap::new()),
+            runs_followed: AtomicU64::new(0),
         }
     }
 
     /// Orgs opened by a background claim so far.
     pub(crate) fn claimed(&self) -> u64 {
         self.claimed.load(Ordering::Relaxed)
+    }
+
+    /// Released journal runs followed so far (K2.6).
+    pub(crate) fn runs_followed(&self) -> u64 {
+        self.runs_followed.load(Ordering::Relaxed)
+    }
+
+    /// Notes the instances one LIST of `processes/` named, and forgets those not named for
+    /// [`SEEN_KEEP_MS`].
+    pub(crate) fn saw<'a>(&self, instances: impl IntoIterator<Item = &'a str>) {
+        let now = self.clock.monotonic_ms();
+        let mut seen = lock(&self.seen);
+        for instance in instances {
+            seen.insert(instance.to_owned(), now);
+        }
+        seen.retain(|_, at| now.saturating_sub(*at) < SEEN_KEEP_MS);
+    }
+
+    /// K2.6: follows the release seals `issuer`'s claims met (a drain of another process):
+    /// learns each run's orgs ([`idem_replica::Replica::released_run_orgs`]) in the
+    /// background and claims them as [`Why::Released`], so their next requests find them
+    /// served. A run whose process this watcher did not list within [`SEEN_KEEP_MS`] is
+    /// not followed: its orgs were released before this registry watched, and claiming
+    /// them all now would only load it with tenants nobody asked it for.
+    pub(crate) fn follow_released(
+        self: &Arc<Self>,
+        registry: &Registry,
+        issuer: &idem_replica::journal::Issuer,
+    ) {
+        let runs: Vec<_> = {
+            let now = self.clock.monotonic_ms();
+            let seen = lock(&self.seen);
+            issuer
+                .take_released()
+                .into_iter()
+                .filter(|(run, _)| {
+                    seen.get(run.instance())
+                        .is_some_and(|at| now.saturating_sub(*at) < SEEN_KEEP_MS)
+                })
+                .collect()
+        };
+        if runs.is_empty() {
+            return;
+        }
+        self.runs_followed
+            .fetch_add(runs.len() as u64, Ordering::Relaxed);
+        let (warm, weak) = (self.clone(), registry.downgrade());
+        tokio::spawn(async move {
+            for (run, seal) in runs {
+                let Some(registry) = weak.upgrade().map(Registry::from_inner) else {
+                    return;
+                };
+                let learned = match registry.replica().released_run_orgs(&run, seal).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!(%run, error = %e, "warm takeover: a released run's orgs not learned");
+                        continue;
+                    }
+                };
+                let mut started = 0usize;
+                for org in learned.orgs {
+                    if registry.serving(&org).is_none() {
+                        started += 1;
+                        warm.start(weak.clone(), org, Why::Released);
+                    }
+                }
+                tracing::info!(%run, seal, started, "warm takeover: following a released journal run");
+            }
+        });
     }
 
     /// Notes what a request's acquire of `org` came to: a held-lease refusal is remembered
@@ -285,6 +375,7 @@ impl Warm {
                 return;
             };
             match &why {
+                Why::Released => return,
                 Why::Refused { tries } => {
                     if tries + 1 < REFUSED_TRIES {
                         self.remember(org, wait_ms, tries + 1, None);

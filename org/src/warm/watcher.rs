@@ -91,6 +91,12 @@ async fn look(
             return;
         }
     };
+    warm.saw(
+        listed
+            .iter()
+            .filter(|l| l.instance != own)
+            .map(|l| l.instance.as_str()),
+    );
     versions.retain(|instance, _| listed.iter().any(|l| l.instance == *instance));
     for listing in listed {
         if listing.instance == own || versions.get(&listing.instance) == Some(&listing.version) {

@@ -5,6 +5,7 @@
 //! (3, 3e), which judges that holder as it always has.
 
 use crate::format::journal::{RunName, Via};
+use crate::format::mark::FreePoint;
 use crate::journal::claim::{JournalTenure, MAX_FREE_CLAIM_ATTEMPTS};
 use crate::journal::entries::{EntryCreated, JournalClaim};
 use crate::journal::issuer::Issuer;
@@ -74,7 +75,7 @@ impl Issuer {
                         writer: self.writer().to_owned(),
                         run: announced.run.clone(),
                         from: announced.from,
-                        after: Some(after),
+                        after: Some(after.clone()),
                     };
                     if let EntryCreated::Taken(_) = replica.create_journal_claim(org, claim).await?
                     {
@@ -91,6 +92,9 @@ impl Issuer {
                         continue;
                     }
                     self.attach(org, round, announced.from).await?;
+                    if let FreePoint::Seal { run, slot } = &after {
+                        self.note_released(run, *slot);
+                    }
                     return Ok(JournalAcquire::Tenure(Box::new(JournalStart {
                         org: org.clone(),
                         tenure: JournalTenure {

@@ -31,7 +31,7 @@ use crate::journal::run::{BatchLanding, BatchMeta, IssuedBatch, Run, SectionInpu
 use crate::{Error, OrgId, Replica};
 
 /// Batches between two rosters of a run (3g, "Objects": every `M`-th batch).
-const ROSTER_EVERY: u64 = 256;
+pub(crate) const ROSTER_EVERY: u64 = 256;
 
 /// The first guess of a batch's landing time before one was measured, ms.
 const FIRST_LANDING_MS: f64 = 30.0;
@@ -120,6 +120,11 @@ struct Shared {
     /// Runs this issuer's adopt seal ended: a walk that listed one before the seal landed
     /// walks again rather than judging its writer and adopting it once more.
     adopted_runs: Mutex<BTreeSet<RunName>>,
+    /// Release seals of other processes' runs that a claim of this issuer took an org at
+    /// (K1b), each run once: the first is kept in `released` for the caller (K2.6).
+    released_runs: Mutex<BTreeSet<RunName>>,
+    /// Release seals met and not yet taken by the caller: run and seal slot.
+    released: Mutex<Vec<(RunName, u64)>>,
     /// The process is shutting down: releases wait for the run's release seal.
     closing: std::sync::atomic::AtomicBool,
 }
@@ -176,6 +181,8 @@ impl Issuer {
             lag_tx: Mutex::new(None),
             adopted: Mutex::new(BTreeSet::new()),
             adopted_runs: Mutex::new(BTreeSet::new()),
+            released_runs: Mutex::new(BTreeSet::new()),
+            released: Mutex::new(Vec::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
         });
         let task = Task {
@@ -240,6 +247,25 @@ impl Issuer {
 
     pub(crate) fn note_adopted(&self, orgs: impl IntoIterator<Item = OrgId>) {
         lock(&self.shared.adopted).extend(orgs);
+    }
+
+    /// The release seals of other processes' runs that this issuer's claims took orgs at
+    /// since the last call (K2.6): run and seal slot, each run once in the issuer's life.
+    /// The caller may learn the run's other orgs ([`crate::Replica::released_run_orgs`])
+    /// and open them before their requests arrive.
+    pub fn take_released(&self) -> Vec<(RunName, u64)> {
+        std::mem::take(&mut *lock(&self.shared.released))
+    }
+
+    /// Notes that a claim took an org free at `run`'s release seal in `slot`: kept for
+    /// [`Issuer::take_released`] the first time `run` is met, unless it is this process's.
+    pub(crate) fn note_released(&self, run: &RunName, slot: u64) {
+        if run.instance() == self.run_name().instance() {
+            return;
+        }
+        if lock(&self.shared.released_runs).insert(run.clone()) {
+            lock(&self.shared.released).push((run.clone(), slot));
+        }
     }
 
     /// Remembers that this issuer's adopt seal ended `runs`.

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 
 use crate::format::journal::{Announced, JournalObject, RunName, SealKind};
 use crate::journal::io::RunListing;
+use crate::journal::issuer::ROSTER_EVERY;
 use crate::journal::walk::MAX_WALK_HOPS;
 use crate::{Error, OrgId, Replica};
 
@@ -24,6 +25,27 @@ pub struct RunOrgs {
 }
 
 impl Replica {
+    /// K2.6: the orgs a release seal in `seal` of `run` freed, for a successor to open
+    /// before their requests arrive: [`Replica::run_orgs`] below the seal. Lists the run
+    /// from `2 × ROSTER_EVERY` slots below the seal (a roster is written at least every
+    /// 256 batches, so it is there unless the run is young or its chain is continued),
+    /// and from slot 1 when that part holds no roster. What it returns is a hint: each org
+    /// is then acquired by the ordinary rules, which never take one from a live holder.
+    ///
+    /// # Errors
+    /// As [`Replica::run_orgs`] and [`Replica::list_run`].
+    pub async fn released_run_orgs(&self, run: &RunName, seal: u64) -> Result<RunOrgs, Error> {
+        let from = seal.saturating_sub(2 * ROSTER_EVERY).max(1);
+        let mut listing = self.list_run(run, from).await?;
+        let has_roster = listing.objects.range(..seal).any(
+            |(_, l)| matches!(&l.header.object, JournalObject::Batch(b) if b.roster.is_some()),
+        );
+        if !has_roster && from > 1 {
+            listing = self.list_run(run, 1).await?;
+        }
+        self.run_orgs(&listing, seal).await
+    }
+
     /// K2.3 over `listing`, the sealed run's listing from slot 1, reading objects below
     /// `below` (the adopter's seal: nothing at or above it is read by a walk). When the run
     /// holds no roster, its chain's earlier runs are read back along their `self` seals (a
