@@ -306,6 +306,19 @@ impl Registry {
         self.inner.warm.as_ref().map_or(0, |w| w.claimed())
     }
 
+    /// Other processes whose lease this registry's watcher saw written (new or changed
+    /// between two of its LISTs) in the last 10 minutes: the processes whose drained journal
+    /// runs it follows (K2.6). 0 without the watcher.
+    pub fn warm_processes_seen(&self) -> usize {
+        self.inner.warm.as_ref().map_or(0, |w| w.processes_seen())
+    }
+
+    /// Background claims of the warm takeover under way: orgs waiting for a permit or
+    /// being claimed ([`crate::WarmSettings::concurrency`] at a time). 0 without the watcher.
+    pub fn warm_claims_in_flight(&self) -> usize {
+        self.inner.warm.as_ref().map_or(0, |w| w.claiming())
+    }
+
     /// Released journal runs of other processes whose orgs the warm takeover opened in the
     /// background (K2.6, `docs/design.md` 3g): a drain this registry's watcher saw, met by
     /// a claim that took an org free at the run's release seal.

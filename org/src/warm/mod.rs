@@ -42,11 +42,12 @@ const REFUSED_TRIES: u32 = 3;
 /// them or died, and a claim then waits for the normal watch like any other.
 const DRAINING_TERMS: u64 = 3;
 
-/// How long, in ms, a process seen listed in `processes/` counts as seen: a release seal of
-/// one of its runs met within it is a drain this registry watched (K2.6). A drain places
-/// its release seal just before it deletes its process lease, so the seal is met within a
-/// poll or two of the last sighting; a run released before this registry watched is never
-/// taken as a drain to follow.
+/// How long, in ms, a process counts as seen after the watcher last found its lease new or
+/// changed (written while it looked): a release seal of one of its runs met within it is a
+/// drain this registry watched (K2.6). A drain places its release seal just before it
+/// deletes its process lease, so the seal is met within a renewal period or two of the
+/// last change seen; a run released before this registry watched, or whose lease was left
+/// behind unchanged, is never taken as a drain to follow.
 const SEEN_KEEP_MS: u64 = 600_000;
 
 /// The warm takeover's state in a registry: see the module docs.
@@ -155,8 +156,23 @@ impl Warm {
         self.runs_followed.load(Ordering::Relaxed)
     }
 
-    /// Notes the instances one LIST of `processes/` named, and forgets those not named for
-    /// [`SEEN_KEEP_MS`].
+    /// Other processes seen within [`SEEN_KEEP_MS`] (K2.6).
+    pub(crate) fn processes_seen(&self) -> usize {
+        let now = self.clock.monotonic_ms();
+        lock(&self.seen)
+            .values()
+            .filter(|at| now.saturating_sub(**at) < SEEN_KEEP_MS)
+            .count()
+    }
+
+    /// Background claims under way (each org once), waiting for a permit or running.
+    pub(crate) fn claiming(&self) -> usize {
+        lock(&self.claiming).len()
+    }
+
+    /// Notes the instances whose lease a LIST of `processes/` found new or changed since
+    /// the previous LIST (their processes wrote them while the watcher looked), and
+    /// forgets those not noted for [`SEEN_KEEP_MS`].
     pub(crate) fn saw<'a>(&self, instances: impl IntoIterator<Item = &'a str>) {
         let now = self.clock.monotonic_ms();
         let mut seen = lock(&self.seen);
@@ -195,17 +211,27 @@ impl Warm {
         self.runs_followed
             .fetch_add(runs.len() as u64, Ordering::Relaxed);
         let (warm, weak) = (self.clone(), registry.downgrade());
+        let replica = registry.replica().clone();
         tokio::spawn(async move {
             for (run, seal) in runs {
-                let Some(registry) = weak.upgrade().map(Registry::from_inner) else {
-                    return;
+                // The registry is held only between the reads, so a dropped one ends this.
+                let open = |weak: &Weak<RegistryInner>| {
+                    weak.upgrade()
+                        .map(Registry::from_inner)
+                        .filter(|r| !r.shutting_down() && r.has_room())
                 };
-                let learned = match registry.replica().released_run_orgs(&run, seal).await {
+                if open(&weak).is_none() {
+                    return;
+                }
+                let learned = match replica.released_run_orgs(&run, seal).await {
                     Ok(l) => l,
                     Err(e) => {
                         tracing::warn!(%run, error = %e, "warm takeover: a released run's orgs not learned");
                         continue;
                     }
+                };
+                let Some(registry) = open(&weak) else {
+                    return;
                 };
                 let mut started = 0usize;
                 for org in learned.orgs {
@@ -355,7 +381,12 @@ impl Warm {
                 return;
             }
             if !registry_now.has_room() {
-                tracing::info!(%org, "warm takeover: at the open or active org limit, not claiming");
+                // A followed run names every org it held, so its misses are many and expected.
+                if matches!(why, Why::Released) {
+                    tracing::debug!(%org, "warm takeover: at the open or active org limit, not claiming");
+                } else {
+                    tracing::info!(%org, "warm takeover: at the open or active org limit, not claiming");
+                }
                 return;
             }
             let result = registry_now.acquire_unnoted(org).await;
