@@ -5,7 +5,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_replica::journal::{Issuer, JournalAcquire, JournalLimits, JournalShipper, JournalStart};
+use idem_replica::journal::{
+    Installed, Issuer, JournalAcquire, JournalLimits, JournalShipper, JournalStart,
+};
 use idem_replica::sqlite::Durability::{self, Synced, Volatile};
 use idem_replica::sqlite::{OwnError, Owned};
 use idem_replica::{Claim, OrgId, Replica, Shipper};
@@ -55,14 +57,10 @@ impl Org {
     async fn open_traced(opening: Opening<'_>, org: OrgId) -> Result<Org, Error> {
         crate::local::prepare(opening.data_dir, &org)?;
         if let Some(issuer) = opening.journal {
-            let acquired = issuer
-                .acquire(&org, opening.settings.force_claim)
-                .await
-                .map_err(|e| Error::replica(&org, e))?;
             // A walk that ends at a per-org holder is claimed per org (K1.6 is not built).
-            if let JournalAcquire::Tenure(start) = acquired {
+            if let Some((start, staged)) = acquire_journal(&opening, &org, issuer).await? {
                 let issuer = issuer.clone();
-                return open_journal(opening, org, issuer, *start).await;
+                return open_journal(opening, org, issuer, start, staged).await;
             }
         }
         let began = idem_base::Stopwatch::start();
@@ -111,31 +109,116 @@ impl Org {
     }
 }
 
+/// The local files of a tenure-to-be and the walk's state installed in them while the
+/// acquire claimed ([`acquire_journal`]).
+type Staged = (LocalFiles, Installed);
+
+/// Acquires `org` on the journal, installing the walk's state beside the claim when the
+/// walk goes straight to one (K1b) or to an attach in this process's chain (K4): the
+/// install's reads (the section, the base's snapshot and deltas) depend on the walk alone,
+/// so they overlap the announcement, claim, C2 and attach instead of following them
+/// (`docs/design.md` 3g, "The install beside the claim"). The installed file is kept only
+/// when the tenure came from that same walk, in the round its files were named for;
+/// otherwise it is deleted and the tenure installs its own walk's state as before.
+/// `None`: the walk ends at a per-org holder.
+async fn acquire_journal(
+    opening: &Opening<'_>,
+    org: &OrgId,
+    issuer: &Issuer,
+) -> Result<Option<(JournalStart, Option<Staged>)>, Error> {
+    let replica = issuer.replica();
+    let walk = replica
+        .walk_org(org)
+        .await
+        .map_err(|e| Error::replica(org, e))?;
+    let staging = match issuer.tenure_round(&walk) {
+        Some(round) => Some((round, staged_files(opening.data_dir, org, round)?)),
+        None => None,
+    };
+    let install = async {
+        match &staging {
+            Some((_, files)) => Some(JournalShipper::install(replica, org, &walk, &files.db).await),
+            None => None,
+        }
+    };
+    let force = opening.settings.force_claim;
+    let (acquired, installed) = tokio::join!(
+        issuer.acquire_walked(org, force, Some(walk.clone())),
+        install
+    );
+    let discard = |staging: Option<(u64, LocalFiles)>| {
+        if let Some((_, files)) = staging {
+            files.remove();
+        }
+    };
+    let (acquired, given) = match acquired {
+        Ok(a) => a,
+        Err(e) => {
+            discard(staging);
+            return Err(Error::replica(org, e));
+        }
+    };
+    let JournalAcquire::Tenure(start) = acquired else {
+        discard(staging);
+        return Ok(None);
+    };
+    let staged = match (staging, installed) {
+        (Some((round, files)), Some(Ok(installed))) if given && round == start.tenure.round => {
+            Some((files, installed))
+        }
+        (staging, _) => {
+            discard(staging);
+            None
+        }
+    };
+    Ok(Some((*start, staged)))
+}
+
+/// Local files for a tenure of `org` in `round` whose slot is not known yet: a random
+/// nonce keeps the name apart from every other tenure's.
+fn staged_files(data_dir: &std::path::Path, org: &OrgId, round: u64) -> Result<LocalFiles, Error> {
+    let mut raw = [0u8; 8];
+    getrandom::fill(&mut raw).map_err(|e| Error::Local {
+        org: org.clone(),
+        path: data_dir.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    LocalFiles::create(data_dir, org, round, &format!("j{}", hex::encode(raw)))
+}
+
 /// The journal's start of a tenure: the walk's state installed (a first checkpoint of
 /// it when it is a section, J5), the writer opened, then a [`JournalShipper`] (a
-/// never-written org's first checkpoint is of the file the open path wrote).
+/// never-written org's first checkpoint is of the file the open path wrote). `staged`:
+/// the files the acquire installed the same walk's state in.
 async fn open_journal(
     opening: Opening<'_>,
     org: OrgId,
     issuer: Issuer,
     mut start: JournalStart,
+    staged: Option<Staged>,
 ) -> Result<Org, Error> {
     let began = idem_base::Stopwatch::start();
     let round = start.tenure.round;
     tracing::Span::current().record("round", round);
-    let nonce = format!("j{}-{}", start.run.number(), start.through);
-    let files = LocalFiles::create(opening.data_dir, &org, round, &nonce);
-    let files = match files {
-        Ok(f) => f,
-        Err(e) => {
-            issuer.detach(&org);
-            return Err(e);
+    let (files, installed) = match staged {
+        Some((files, installed)) => (files, Some(installed)),
+        None => {
+            let nonce = format!("j{}-{}", start.run.number(), start.through);
+            match LocalFiles::create(opening.data_dir, &org, round, &nonce) {
+                Ok(f) => (f, None),
+                Err(e) => {
+                    issuer.detach(&org);
+                    return Err(e);
+                }
+            }
         }
     };
     let installed = async {
-        let hydrated = JournalShipper::hydrate(&issuer, &mut start, &files.db)
-            .await
-            .map_err(|e| Error::replica(&org, e))?;
+        let hydrated = match installed {
+            Some(i) => JournalShipper::hydrate_installed(&issuer, &mut start, &files.db, i).await,
+            None => JournalShipper::hydrate(&issuer, &mut start, &files.db).await,
+        }
+        .map_err(|e| Error::replica(&org, e))?;
         let (busy, cache_kib) = (
             Duration::from_millis(opening.settings.busy_timeout_ms),
             opening.cache_kib,

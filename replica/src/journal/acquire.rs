@@ -62,9 +62,50 @@ impl Issuer {
     /// [`Error::Fenced`] when J2 fences the tenure at birth; [`Error::RunFenced`]; the
     /// walk's and the creates' errors.
     pub async fn acquire(&self, org: &OrgId, force: bool) -> Result<JournalAcquire, Error> {
+        let (acquired, _) = self.acquire_walked(org, force, None).await?;
+        Ok(acquired)
+    }
+
+    /// The round of the tenure an acquire from `walk` makes when it goes straight to a
+    /// claim (K1b: the walk ends free) or to an attach in this process's own chain (K4), so
+    /// that the walk's state is what the tenure installs unless a race makes the acquire
+    /// walk again; `None` when the acquire would first judge another holder, or claim per
+    /// org. The caller may then install that state beside the claim
+    /// ([`crate::journal::JournalShipper::install`], [`Issuer::acquire_walked`]).
+    pub fn tenure_round(&self, walk: &OrgWalk) -> Option<u64> {
+        match &walk.end {
+            OrgEnd::Free(_) => Some(walk.next_round()),
+            OrgEnd::Held { run, tenure, .. } => {
+                let ours = self.run_name();
+                (run.instance() == ours.instance() && run.number() <= ours.number())
+                    .then_some(tenure.round)
+            }
+            OrgEnd::HeldPerOrg { .. } => None,
+        }
+    }
+
+    /// [`Issuer::acquire`] whose first attempt uses `first`, a walk of `org` the caller
+    /// took (so it can install the walk's state beside the claim's requests). Also returns
+    /// true when the tenure came from `first` itself: its state is exactly that walk's, and
+    /// a file installed from it is the tenure's (the claim's C2, or the attach's mark, is
+    /// what makes the walk's state the newest, as on the sequential path). False when a
+    /// race made the acquire walk again: such a file must be discarded.
+    ///
+    /// # Errors
+    /// As [`Issuer::acquire`].
+    pub async fn acquire_walked(
+        &self,
+        org: &OrgId,
+        force: bool,
+        first: Option<OrgWalk>,
+    ) -> Result<(JournalAcquire, bool), Error> {
         let replica = self.replica();
+        let mut first = first;
         for _ in 0..MAX_FREE_CLAIM_ATTEMPTS {
-            let walk = replica.walk_org(org).await?;
+            let (walk, given) = match first.take() {
+                Some(w) => (w, true),
+                None => (replica.walk_org(org).await?, false),
+            };
             match walk.end.clone() {
                 OrgEnd::Free(after) => {
                     let (announced, through) = self.announce(org, true).await?;
@@ -95,7 +136,7 @@ impl Issuer {
                     if let FreePoint::Seal { run, slot } = &after {
                         self.note_released(run, *slot);
                     }
-                    return Ok(JournalAcquire::Tenure(Box::new(JournalStart {
+                    let start = JournalStart {
                         org: org.clone(),
                         tenure: JournalTenure {
                             round,
@@ -106,7 +147,8 @@ impl Issuer {
                         run: announced.run,
                         through,
                         next_seq: seq + 1,
-                    })));
+                    };
+                    return Ok((JournalAcquire::Tenure(Box::new(start)), given));
                 }
                 OrgEnd::Held {
                     run: holder,
@@ -125,7 +167,7 @@ impl Issuer {
                             .map_or(1, |(entry, _)| *entry);
                         self.attach(org, tenure.round, from).await?;
                         let next_seq = walk.next_seq();
-                        return Ok(JournalAcquire::Tenure(Box::new(JournalStart {
+                        let start = JournalStart {
                             org: org.clone(),
                             tenure: JournalTenure {
                                 round: tenure.round,
@@ -136,7 +178,8 @@ impl Issuer {
                             run: announced.run,
                             through,
                             next_seq,
-                        })));
+                        };
+                        return Ok((JournalAcquire::Tenure(Box::new(start)), given));
                     }
                     // Our adopt seal ended that run after this walk listed it (another
                     // org's acquire placed it): the next walk meets the seal.
@@ -171,7 +214,9 @@ impl Issuer {
                         Adoption::Released { .. } | Adoption::AdoptedBy { .. } => {}
                     }
                 }
-                OrgEnd::HeldPerOrg { .. } => return Ok(JournalAcquire::PerOrg(Box::new(walk))),
+                OrgEnd::HeldPerOrg { .. } => {
+                    return Ok((JournalAcquire::PerOrg(Box::new(walk)), given));
+                }
             }
         }
         Err(Error::Contended {

@@ -53,7 +53,7 @@ pub use place::{Adoption, Excluded, Placement};
 pub use retain::RunRetention;
 pub use roster::RunOrgs;
 pub use run::{BatchLanding, BatchMeta, Commits, IssuedBatch, Run, SectionInput};
-pub use shipper::{Hydrated as JournalHydrated, JournalLimits, JournalShipper};
+pub use shipper::{Hydrated as JournalHydrated, Installed, JournalLimits, JournalShipper};
 pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};
 
 /// The database checksum of a canonical SQLite image (`Snapshot::take`'s bytes), 16 lowercase

@@ -112,6 +112,15 @@ impl std::fmt::Debug for JournalShipper {
     }
 }
 
+/// A walk's state installed in a local file ([`JournalShipper::install`]), before the
+/// tenure's first checkpoint: the installed commit counter (`None`: the org was never
+/// written, nothing installed) and the section body the install checked and applied.
+#[derive(Debug)]
+pub struct Installed {
+    commit: Option<u64>,
+    section_body: Option<Vec<u8>>,
+}
+
 /// The state an org's tenure starts from, read before the writer opens the file.
 #[derive(Debug)]
 pub struct Hydrated {
@@ -140,11 +149,47 @@ impl JournalShipper {
         start: &mut JournalStart,
         dest: &std::path::Path,
     ) -> Result<Option<Hydrated>, Error> {
-        let replica = issuer.replica();
-        let org = &start.org;
-        let (installed, section_body) = replica
-            .restore_walk_volatile(org, &start.tenure.walk, dest)
-            .await?;
+        let installed =
+            Self::install(issuer.replica(), &start.org, &start.tenure.walk, dest).await?;
+        Self::hydrate_installed(issuer, start, dest, installed).await
+    }
+
+    /// The first half of [`JournalShipper::hydrate`]: installs `walk`'s state of `org` at
+    /// `dest` and reads nothing else. It depends on the walk alone, so an acquire may run it
+    /// beside its claim ([`Issuer::acquire_walked`]); the result serves only a tenure that
+    /// came from this same walk.
+    ///
+    /// # Errors
+    /// As [`crate::Replica::restore_walk`].
+    pub async fn install(
+        replica: &crate::Replica,
+        org: &crate::OrgId,
+        walk: &crate::journal::OrgWalk,
+        dest: &std::path::Path,
+    ) -> Result<Installed, Error> {
+        let (commit, section_body) = replica.restore_walk_volatile(org, walk, dest).await?;
+        Ok(Installed {
+            commit,
+            section_body,
+        })
+    }
+
+    /// The second half of [`JournalShipper::hydrate`], on what [`JournalShipper::install`]
+    /// put at `dest` from `start`'s own walk: the installed file's page hashes and, when the
+    /// walk's state is a section, the tenure's first checkpoint of it (J5).
+    ///
+    /// # Errors
+    /// As [`JournalShipper::hydrate`].
+    pub async fn hydrate_installed(
+        issuer: &Issuer,
+        start: &mut JournalStart,
+        dest: &std::path::Path,
+        installed: Installed,
+    ) -> Result<Option<Hydrated>, Error> {
+        let Installed {
+            commit: installed,
+            section_body,
+        } = installed;
         let Some(commit) = installed else {
             return Ok(None);
         };

@@ -1,0 +1,120 @@
+//! What a journal org's acquire costs on the store (I16, `docs/design.md` 3g, "The install
+//! beside the claim"). Guards against an acquire whose install (the section's range GET, the
+//! base's snapshot and deltas) waits for the announcement, claim, C2 and attach instead of
+//! going out beside them, and against an install done twice (its reads counted per
+//! request). Measured on a store that delays every request by one constant: the depth is
+//! the longest chain of requests each starting after the previous one ended. The delay is
+//! long next to the work between requests, so requests sent together always overlap.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::journal::{LEASE_MS, in_store, settings};
+use common::{R, effect, registry, replica_with_lease};
+use idem_replica::OrgId;
+use idem_replica::latency::{LatencyStore, Op, Recorded, Shape, Shapes};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+/// The delay every request takes.
+const DELAY: Duration = Duration::from_millis(100);
+
+/// A's registry serves `acme` (a few keys, so its state is a section of A's run) and shuts
+/// down; B, another process, then acquires it after one other org of its own (so B's run
+/// and process lease exist, as in steady state). Returns B's traced acquire of `acme` and
+/// the keys A acknowledged.
+async fn b_acquires_acme(
+    store: Arc<LatencyStore>,
+    dir: &std::path::Path,
+) -> Result<Recorded, common::BoxErr> {
+    let shared: Arc<dyn ObjectStore> = store.clone();
+    let ra = replica_with_lease(shared.clone(), LEASE_MS).await?;
+    let a = registry(&dir.join("a"), ra, "wa", settings(64 << 10))?;
+    let acme = OrgId::new("acme")?;
+    for key in ["k1", "k2", "k3"] {
+        assert!(a.once(&acme, key, effect("acme", key)).await?.applied);
+    }
+    for (o, r) in a.shutdown().await {
+        r.map_err(|e| format!("{o}: {e}"))?;
+    }
+    let rb = replica_with_lease(shared, LEASE_MS).await?;
+    let b = registry(&dir.join("b"), rb.clone(), "wb", settings(64 << 10))?;
+    let other = OrgId::new("other")?;
+    assert!(b.once(&other, "o", effect("other", "o")).await?.applied);
+    let trace = store.trace();
+    b.acquire(&acme).await?;
+    let recorded = trace.finish();
+    let keys: Vec<String> = ["k1", "k2", "k3"].map(String::from).to_vec();
+    common::journal::replays(&b, &acme, &keys).await?;
+    for (o, r) in b.shutdown().await {
+        r.map_err(|e| format!("{o}: {e}"))?;
+    }
+    in_store(&rb, &dir.join("check"), &acme, &keys, &[]).await?;
+    Ok(recorded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_acquire_installs_beside_its_claim() -> R {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(LatencyStore::new(
+        Arc::new(InMemory::new()),
+        Shapes::all(Shape::Constant(DELAY)),
+        0,
+    ));
+    let recorded = b_acquires_acme(store, dir.path()).await?;
+    // The process lease's renewals run on their own schedule, beside whatever is traced.
+    let recorded = Recorded {
+        requests: recorded
+            .requests
+            .into_iter()
+            .filter(|r| !r.path.contains("/processes/"))
+            .collect(),
+    };
+    // Walk: LIST the log, GET its head entries, LIST the run, GET its headers (4). Then the
+    // announcement's batch PUT beside the manifest's and the section's GETs, the claim PUT
+    // beside the segment's GET, C2's LIST, the first checkpoint's PUT: 8. Installing after
+    // the attach made it 10.
+    let depth = recorded.depth();
+    assert!(depth <= 8, "depth {depth}: {:#?}", recorded.requests);
+    // The install's reads once: 2 log entries, 4 run headers, manifest, section, segment.
+    assert_eq!(recorded.count(Op::Get), 9, "{:#?}", recorded.requests);
+    Ok(())
+}
+
+/// Two processes claim one free org at once: both install beside their claims, one claim
+/// lands, and the loser walks again, finds the org held and is refused. The loser's files,
+/// installed from a walk its tenure did not come from, are gone; the winner serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_leaves_no_installed_file_behind() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(LatencyStore::new(
+        Arc::new(InMemory::new()),
+        Shapes::all(Shape::Constant(Duration::from_millis(20))),
+        1,
+    ));
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let rc = replica_with_lease(store, LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb, "wb", settings(64 << 10))?;
+    let c = registry(&dir.path().join("c"), rc, "wc", settings(64 << 10))?;
+    let acme = OrgId::new("acme")?;
+    let (by_b, by_c) = tokio::join!(b.acquire(&acme), c.acquire(&acme));
+    assert!(
+        by_b.is_ok() != by_c.is_ok(),
+        "exactly one process takes the org: {by_b:?} {by_c:?}"
+    );
+    let (winner, loser) = if by_b.is_ok() { (&b, "c") } else { (&c, "b") };
+    let left: Vec<String> = std::fs::read_dir(dir.path().join(loser).join("orgs/acme"))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "the loser left {left:?}");
+    assert!(winner.once(&acme, "k", effect("acme", "k")).await?.applied);
+    for reg in [&b, &c] {
+        for (o, r) in reg.shutdown().await {
+            r.map_err(|e| format!("{o}: {e}"))?;
+        }
+    }
+    Ok(())
+}
