@@ -306,11 +306,11 @@ impl Registry {
         self.inner.warm.as_ref().map_or(0, |w| w.claimed())
     }
 
-    /// Other processes whose lease this registry's watcher saw written (new or changed
-    /// between two of its LISTs) in the last 10 minutes: the processes whose drained journal
-    /// runs it follows (K2.6). 0 without the watcher.
-    pub fn warm_processes_seen(&self) -> usize {
-        self.inner.warm.as_ref().map_or(0, |w| w.processes_seen())
+    /// Released journal runs of other processes that the warm takeover judged (K2.6):
+    /// followed ([`Registry::warm_runs_followed`]), too old, or not learned. 0 without the
+    /// watcher.
+    pub fn warm_runs_met(&self) -> u64 {
+        self.inner.warm.as_ref().map_or(0, |w| w.runs_met())
     }
 
     /// Background claims of the warm takeover under way: orgs waiting for a permit or
@@ -320,8 +320,8 @@ impl Registry {
     }
 
     /// Released journal runs of other processes whose orgs the warm takeover opened in the
-    /// background (K2.6, `docs/design.md` 3g): a drain this registry's watcher saw, met by
-    /// a claim that took an org free at the run's release seal.
+    /// background (K2.6, `docs/design.md` 3g): a claim took an org free at the run's
+    /// release seal, younger than [`crate::WarmSettings::follow_ms`].
     pub fn warm_runs_followed(&self) -> u64 {
         self.inner.warm.as_ref().map_or(0, |w| w.runs_followed())
     }

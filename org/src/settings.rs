@@ -157,6 +157,11 @@ pub struct WarmSettings {
     /// Most orgs remembered after a refusal with a held lease, to claim once the holder's
     /// lease lapses; beyond it, new refusals are not remembered. Default 10 000.
     pub remember: usize,
+    /// Ms, on the store's clock, within which another process's journal release seal is a
+    /// drain to follow (K2.6): a claim that takes an org free at a younger seal opens that
+    /// run's other orgs in the background. An older seal (an idle org's last holder, gone
+    /// long ago) is not followed. Default 300 000 (5 minutes); 0 follows none.
+    pub follow_ms: u64,
 }
 
 impl Default for WarmSettings {
@@ -167,6 +172,7 @@ impl Default for WarmSettings {
             poll_ms: WARM_POLL_MS,
             retry_ms: 200,
             remember: 10_000,
+            follow_ms: 300_000,
         }
     }
 }

@@ -3,9 +3,9 @@
 //! often faster than a successor's watcher polls. Guards against (1) the successor opening
 //! only the orgs whose requests reach it: its first claim at the seal learns the run's orgs
 //! and opens the rest in the background, with no request; (2) following a run released
-//! before the successor watched, or one whose process lease was left behind unchanged,
-//! which would load it with tenants nobody asked it for; (3) a background claim taking an
-//! org a live third process claimed after the drain. Each ends with the exactly-once oracle.
+//! longer ago than `follow_ms`, which would load it with tenants nobody asked it for; (3) a
+//! background claim taking an org a live third process claimed after the drain. Each ends
+//! with the exactly-once oracle.
 
 mod common;
 
@@ -15,7 +15,7 @@ use common::journal::{LEASE_MS, in_store, org, replays, settings, slow_store};
 use common::{R, effect, registry, replica_with_lease, until};
 use idem_org::{Registry, RegistrySettings, WarmSettings};
 use idem_replica::Replica;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 
 const ORGS: usize = 10;
 
@@ -55,33 +55,22 @@ async fn a_serving(
     Ok((a, ra, acked))
 }
 
-/// B with `settings`, returned once its watcher's first LIST has run.
-async fn b_watching(
+/// B with the watcher on and `follow_ms`.
+async fn b(
     store: &Arc<dyn ObjectStore>,
     dir: &std::path::Path,
-    settings: RegistrySettings,
+    follow_ms: u64,
 ) -> Result<(Registry, Replica), common::BoxErr> {
+    let settings = RegistrySettings {
+        warm: WarmSettings {
+            follow_ms,
+            ..warm().warm
+        },
+        ..warm()
+    };
     let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
     let b = registry(&dir.join("b"), rb.clone(), "wb", settings)?;
-    until(|| rb.store_requests().list >= 1).await?;
     Ok((b, rb))
-}
-
-/// B watching before A starts, then A serving every org, and B having seen A's lease
-/// written: a request B sends for an org A holds is refused, and the refusal makes the
-/// watcher list at once (its poll is an hour), finding A's lease new since its first LIST.
-async fn b_then_a(
-    store: &Arc<dyn ObjectStore>,
-    dir: &std::path::Path,
-) -> Result<(Registry, Replica, Registry, Vec<Vec<String>>), common::BoxErr> {
-    let (b, rb) = b_watching(store, dir, warm()).await?;
-    let (a, _ra, acked) = a_serving(store, dir).await?;
-    let refused = b
-        .once(&org(ORGS - 1), "early", effect("org", "early"))
-        .await;
-    assert!(refused.is_err(), "B served an org A holds: {refused:?}");
-    until(|| b.warm_processes_seen() == 1).await?;
-    Ok((b, rb, a, acked))
 }
 
 async fn shut(reg: &Registry) -> R {
@@ -117,69 +106,43 @@ async fn finish(
 async fn a_successors_first_claim_at_a_release_seal_opens_the_runs_other_orgs() -> R {
     let dir = tempfile::tempdir()?;
     let store = store();
-    let (b, rb, a, mut acked) = b_then_a(&store, dir.path()).await?;
+    let (a, _ra, mut acked) = a_serving(&store, dir.path()).await?;
     shut(&a).await?;
-    assert!(b.open_orgs().is_empty(), "nothing opened before a request");
+    // B starts after the drain: what it follows is the seal's age, not its own watch.
+    let (b, rb) = b(&store, dir.path(), 300_000).await?;
 
     // One request: its claim takes org0 free at A's release seal, and B follows the run.
     let out = b.once(&org(0), "first", effect("org0", "first")).await?;
     assert!(out.applied);
     acked[0].push("first".into());
+    until(|| b.warm_runs_met() == 1).await?;
     assert_eq!(b.warm_runs_followed(), 1, "A's released run followed");
     until(|| b.open_orgs().len() == ORGS && b.warm_claims_in_flight() == 0).await?;
-    // The org refused early may have been claimed by its remembered refusal instead.
-    assert!(
-        b.warm_claims() >= ORGS as u64 - 1,
-        "{} orgs opened in the background",
-        b.warm_claims()
+    assert_eq!(
+        b.warm_claims(),
+        ORGS as u64 - 1,
+        "every other org opened in the background"
     );
     assert!(b.open_orgs().iter().all(|o| o.is_serving()));
     finish(&b, &rb, acked, dir.path()).await
 }
 
+/// A seal older than `follow_ms` (here any seal: 0) is an idle org's last holder, not a
+/// drain to follow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_released_before_the_successor_watched_is_not_followed() -> R {
+async fn a_release_seal_older_than_follow_ms_is_not_followed() -> R {
     let dir = tempfile::tempdir()?;
     let store = store();
     let (a, _ra, mut acked) = a_serving(&store, dir.path()).await?;
     shut(&a).await?;
-    // A's lease is gone: B's watcher lists no other process.
-    let (b, rb) = b_watching(&store, dir.path(), warm()).await?;
+    let (b, rb) = b(&store, dir.path(), 0).await?;
     let out = b.once(&org(0), "first", effect("org0", "first")).await?;
     assert!(out.applied);
     acked[0].push("first".into());
-    assert_eq!(b.warm_runs_followed(), 0, "a run released before B watched");
+    until(|| b.warm_runs_met() == 1).await?;
+    assert_eq!(b.warm_runs_followed(), 0, "a seal older than follow_ms");
     assert_eq!(b.open_orgs().len(), 1);
-    finish(&b, &rb, acked, dir.path()).await
-}
-
-/// A process lease left behind (a drained process whose lease delete failed, here put back
-/// by hand) never changes: B's watcher, which lists it at every poll, does not count its
-/// process as seen, and B's claim at its run's release seal follows nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_left_behind_does_not_make_its_run_followed() -> R {
-    let dir = tempfile::tempdir()?;
-    let store = store();
-    let (a, ra, mut acked) = a_serving(&store, dir.path()).await?;
-    let path = object_store::path::Path::from(format!("t/processes/{}.json", ra.instance()));
-    let left = store.get(&path).await?.bytes().await?;
-    shut(&a).await?;
-    store.put(&path, left.into()).await?;
-    let polling = RegistrySettings {
-        warm: WarmSettings {
-            poll_ms: 20,
-            ..warm().warm
-        },
-        ..warm()
-    };
-    let (b, rb) = b_watching(&store, dir.path(), polling).await?;
-    // Many polls, each listing the lease left behind.
-    until(|| rb.store_requests().list >= 10).await?;
-    assert_eq!(b.warm_processes_seen(), 0);
-    let out = b.once(&org(0), "first", effect("org0", "first")).await?;
-    assert!(out.applied);
-    acked[0].push("first".into());
-    assert_eq!(b.warm_runs_followed(), 0, "a run whose lease never changed");
+    assert_eq!(b.warm_claims_in_flight(), 0);
     finish(&b, &rb, acked, dir.path()).await
 }
 
@@ -187,7 +150,7 @@ async fn a_lease_left_behind_does_not_make_its_run_followed() -> R {
 async fn following_a_released_run_never_takes_an_org_a_live_process_claimed() -> R {
     let dir = tempfile::tempdir()?;
     let store = store();
-    let (b, rb, a, mut acked) = b_then_a(&store, dir.path()).await?;
+    let (a, _ra, mut acked) = a_serving(&store, dir.path()).await?;
     shut(&a).await?;
     // C, live, claims org1 after the drain.
     let rc = replica_with_lease(store.clone(), LEASE_MS).await?;
@@ -196,9 +159,11 @@ async fn following_a_released_run_never_takes_an_org_a_live_process_claimed() ->
     assert!(out.applied);
     acked[1].push("c".into());
 
+    let (b, rb) = b(&store, dir.path(), 300_000).await?;
     let out = b.once(&org(0), "first", effect("org0", "first")).await?;
     assert!(out.applied);
     acked[0].push("first".into());
+    until(|| b.warm_runs_met() == 1).await?;
     assert_eq!(b.warm_runs_followed(), 1);
     // Every other org opened, and the attempt on org1 is over.
     until(|| b.open_orgs().len() == ORGS - 1 && b.warm_claims_in_flight() == 0).await?;

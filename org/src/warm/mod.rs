@@ -6,8 +6,8 @@
 //! with a held lease ([`idem_replica::Error::LeaseHeld`]) leaves the org remembered here,
 //! with the wait the refusal named, so that when the holder turns out dead (its process
 //! lease unchanged for a whole watch) the org is claimed with every other such org at once.
-//! On the journal a third: a claim that took an org free at the release seal of a process
-//! the watcher saw names that drained run, whose other orgs are then learned from its
+//! On the journal a third: a claim that took an org free at a recent release seal of
+//! another process names that drained run, whose other orgs are then learned from its
 //! roster and claimed (K2.6, [`Warm::follow_released`]): a fast drain deletes its process
 //! lease before the watcher's next poll.
 //!
@@ -42,14 +42,6 @@ const REFUSED_TRIES: u32 = 3;
 /// them or died, and a claim then waits for the normal watch like any other.
 const DRAINING_TERMS: u64 = 3;
 
-/// How long, in ms, a process counts as seen after the watcher last found its lease new or
-/// changed (written while it looked): a release seal of one of its runs met within it is a
-/// drain this registry watched (K2.6). A drain places its release seal just before it
-/// deletes its process lease, so the seal is met within a renewal period or two of the
-/// last change seen; a run released before this registry watched, or whose lease was left
-/// behind unchanged, is never taken as a drain to follow.
-const SEEN_KEEP_MS: u64 = 600_000;
-
 /// The warm takeover's state in a registry: see the module docs.
 pub(crate) struct Warm {
     settings: WarmSettings,
@@ -69,10 +61,8 @@ pub(crate) struct Warm {
     /// `processes/` at its next wake instead of at its next poll (at most once per
     /// `settings.retry_ms`).
     pub(crate) look_now: std::sync::atomic::AtomicBool,
-    /// Other processes' instances the watcher listed, with the monotonic ms it last did
-    /// (kept [`SEEN_KEEP_MS`]).
-    seen: std::sync::Mutex<HashMap<String, u64>>,
-    /// Released journal runs whose orgs were learned to open in the background (K2.6).
+    /// Released journal runs judged (K2.6), and of those, the runs followed.
+    runs_met: AtomicU64,
     runs_followed: AtomicU64,
 }
 
@@ -141,7 +131,7 @@ impl Warm {
             wake: Notify::new(),
             claimed: AtomicU64::new(0),
             look_now: std::sync::atomic::AtomicBool::new(false),
-            seen: std::sync::Mutex::new(HashMap::new()),
+            runs_met: AtomicU64::new(0),
             runs_followed: AtomicU64::new(0),
         }
     }
@@ -156,13 +146,9 @@ impl Warm {
         self.runs_followed.load(Ordering::Relaxed)
     }
 
-    /// Other processes seen within [`SEEN_KEEP_MS`] (K2.6).
-    pub(crate) fn processes_seen(&self) -> usize {
-        let now = self.clock.monotonic_ms();
-        lock(&self.seen)
-            .values()
-            .filter(|at| now.saturating_sub(**at) < SEEN_KEEP_MS)
-            .count()
+    /// Released journal runs judged so far (K2.6): followed, too old, or not learned.
+    pub(crate) fn runs_met(&self) -> u64 {
+        self.runs_met.load(Ordering::Relaxed)
     }
 
     /// Background claims under way (each org once), waiting for a permit or running.
@@ -170,79 +156,81 @@ impl Warm {
         lock(&self.claiming).len()
     }
 
-    /// Notes the instances whose lease a LIST of `processes/` found new or changed since
-    /// the previous LIST (their processes wrote them while the watcher looked), and
-    /// forgets those not noted for [`SEEN_KEEP_MS`].
-    pub(crate) fn saw<'a>(&self, instances: impl IntoIterator<Item = &'a str>) {
-        let now = self.clock.monotonic_ms();
-        let mut seen = lock(&self.seen);
-        for instance in instances {
-            seen.insert(instance.to_owned(), now);
-        }
-        seen.retain(|_, at| now.saturating_sub(*at) < SEEN_KEEP_MS);
-    }
-
-    /// K2.6: follows the release seals `issuer`'s claims met (a drain of another process):
-    /// learns each run's orgs ([`idem_replica::Replica::released_run_orgs`]) in the
-    /// background and claims them as [`Why::Released`], so their next requests find them
-    /// served. A run whose process this watcher did not list within [`SEEN_KEEP_MS`] is
-    /// not followed: its orgs were released before this registry watched, and claiming
-    /// them all now would only load it with tenants nobody asked it for.
+    /// K2.6: follows the release seals `issuer`'s claims met (another process's drain), in
+    /// the background: a seal younger than [`WarmSettings::follow_ms`] on the store's clock
+    /// ([`idem_replica::Replica::store_time`]: a lower bound of the store's time now, set
+    /// against the seal's Last-Modified, two readings of one clock, I15) has its run's orgs
+    /// learned ([`idem_replica::Replica::released_run_orgs`]) and claimed as
+    /// [`Why::Released`], so their next requests find them served. An older seal is an
+    /// idle org's last holder gone long ago: claiming all its orgs now would only load this
+    /// registry with tenants nobody asked it for. Nothing is learned or claimed once the
+    /// registry shuts down or has no room.
     pub(crate) fn follow_released(
         self: &Arc<Self>,
         registry: &Registry,
         issuer: &idem_replica::journal::Issuer,
     ) {
-        let runs: Vec<_> = {
-            let now = self.clock.monotonic_ms();
-            let seen = lock(&self.seen);
-            issuer
-                .take_released()
-                .into_iter()
-                .filter(|(run, _)| {
-                    seen.get(run.instance())
-                        .is_some_and(|at| now.saturating_sub(*at) < SEEN_KEEP_MS)
-                })
-                .collect()
-        };
+        let runs = issuer.take_released();
         if runs.is_empty() {
             return;
         }
-        self.runs_followed
-            .fetch_add(runs.len() as u64, Ordering::Relaxed);
         let (warm, weak) = (self.clone(), registry.downgrade());
         let replica = registry.replica().clone();
         tokio::spawn(async move {
-            for (run, seal) in runs {
-                // The registry is held only between the reads, so a dropped one ends this.
-                let open = |weak: &Weak<RegistryInner>| {
-                    weak.upgrade()
-                        .map(Registry::from_inner)
-                        .filter(|r| !r.shutting_down() && r.has_room())
-                };
-                if open(&weak).is_none() {
-                    return;
-                }
-                let learned = match replica.released_run_orgs(&run, seal).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::warn!(%run, error = %e, "warm takeover: a released run's orgs not learned");
-                        continue;
-                    }
-                };
-                let Some(registry) = open(&weak) else {
-                    return;
-                };
-                let mut started = 0usize;
-                for org in learned.orgs {
-                    if registry.serving(&org).is_none() {
-                        started += 1;
-                        warm.start(weak.clone(), org, Why::Released);
-                    }
-                }
-                tracing::info!(%run, seal, started, "warm takeover: following a released journal run");
+            for released in runs {
+                warm.follow(&weak, &replica, released).await;
+                warm.runs_met.fetch_add(1, Ordering::Relaxed);
             }
         });
+    }
+
+    /// [`Warm::follow_released`] for one run. The registry is held only between the reads,
+    /// so a dropped one ends it.
+    async fn follow(
+        self: &Arc<Self>,
+        weak: &Weak<RegistryInner>,
+        replica: &idem_replica::Replica,
+        released: idem_replica::journal::ReleasedRun,
+    ) {
+        let open = || {
+            weak.upgrade()
+                .map(Registry::from_inner)
+                .filter(|r| !r.shutting_down() && r.has_room())
+        };
+        let run = &released.run;
+        if open().is_none() {
+            return;
+        }
+        let age_ms = match replica.store_time("follow a released run").await {
+            Ok(t) => t.store_ms.saturating_sub(released.sealed_at_ms),
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "warm takeover: a released run not followed, the store's time unknown");
+                return;
+            }
+        };
+        if age_ms >= self.settings.follow_ms {
+            tracing::debug!(%run, age_ms, "warm takeover: a released run too old to follow");
+            return;
+        }
+        let learned = match replica.released_run_orgs(run, released.seal).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "warm takeover: a released run's orgs not learned");
+                return;
+            }
+        };
+        let Some(registry) = open() else {
+            return;
+        };
+        self.runs_followed.fetch_add(1, Ordering::Relaxed);
+        let mut started = 0usize;
+        for org in learned.orgs {
+            if registry.serving(&org).is_none() {
+                started += 1;
+                self.start(weak.clone(), org, Why::Released);
+            }
+        }
+        tracing::info!(%run, seal = released.seal, age_ms, started, "warm takeover: following a released journal run");
     }
 
     /// Notes what a request's acquire of `org` came to: a held-lease refusal is remembered

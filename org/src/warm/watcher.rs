@@ -25,8 +25,6 @@ pub(crate) fn spawn(registry: &Registry, warm: Arc<Warm>, poll_ms: u64) {
         let mut next_due: Option<u64> = None;
         // Monotonic ms of the registry's clock at the last early LIST.
         let mut looked_early_ms: Option<u64> = None;
-        // Each lease's version in the last LIST that succeeded (K2.6).
-        let mut last_listed: Option<HashMap<String, String>> = None;
         loop {
             // Wake for the next LIST, or sooner when a refusal falls due (the clock is the
             // registry's, read again on waking) or a new one is remembered.
@@ -58,15 +56,7 @@ pub(crate) fn spawn(registry: &Registry, warm: Arc<Warm>, poll_ms: u64) {
                 looked_early_ms = Some(now_ms);
             }
             if listing || early {
-                look(
-                    &registry,
-                    &warm,
-                    &weak,
-                    &own,
-                    &mut versions,
-                    &mut last_listed,
-                )
-                .await;
+                look(&registry, &warm, &weak, &own, &mut versions).await;
             }
             let (due, next) = warm.take_due();
             next_due = next;
@@ -86,18 +76,13 @@ async fn sleep_or_never(d: Option<Duration>) {
 }
 
 /// Lists `processes/`, GETs the leases that changed, and starts claims of the orgs a
-/// draining one lists. A store error is logged; the next poll tries again. A lease that
-/// appeared or changed since `last_listed` (the previous LIST that succeeded, replaced by
-/// this one) is one its process wrote while this watcher looked: that process counts as
-/// seen for K2.6 ([`Warm::saw`]). A lease left behind by a process long gone never
-/// changes, so it never counts.
+/// draining one lists. A store error is logged; the next poll tries again.
 async fn look(
     registry: &Registry,
     warm: &Arc<Warm>,
     weak: &Weak<RegistryInner>,
     own: &str,
     versions: &mut HashMap<String, String>,
-    last_listed: &mut Option<HashMap<String, String>>,
 ) {
     let listed = match registry.replica().process_leases().await {
         Ok(l) => l,
@@ -106,18 +91,6 @@ async fn look(
             return;
         }
     };
-    let now: HashMap<String, String> = listed
-        .iter()
-        .filter(|l| l.instance != own)
-        .map(|l| (l.instance.clone(), l.version.clone()))
-        .collect();
-    if let Some(before) = last_listed.replace(now.clone()) {
-        warm.saw(
-            now.iter()
-                .filter(|(instance, version)| before.get(*instance) != Some(*version))
-                .map(|(instance, _)| instance.as_str()),
-        );
-    }
     versions.retain(|instance, _| listed.iter().any(|l| l.instance == *instance));
     for listing in listed {
         if listing.instance == own || versions.get(&listing.instance) == Some(&listing.version) {

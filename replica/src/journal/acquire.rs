@@ -134,7 +134,16 @@ impl Issuer {
                     }
                     self.attach(org, round, announced.from).await?;
                     if let FreePoint::Seal { run, slot } = &after {
-                        self.note_released(run, *slot);
+                        // The walk ended at the seal: its last listing holds it.
+                        let sealed_at = walk
+                            .runs
+                            .last()
+                            .and_then(|w| w.visited.last())
+                            .and_then(|(_, listing)| listing.objects.get(slot))
+                            .map(|l| l.last_modified_ms);
+                        if let Some(at) = sealed_at {
+                            self.note_released(run, *slot, at);
+                        }
                     }
                     let start = JournalStart {
                         org: org.clone(),

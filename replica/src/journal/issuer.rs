@@ -33,6 +33,19 @@ use crate::{Error, OrgId, Replica};
 /// Batches between two rosters of a run (3g, "Objects": every `M`-th batch).
 pub(crate) const ROSTER_EVERY: u64 = 256;
 
+/// Another process's run that a claim of this issuer found released (K2.6): an org was
+/// free at its release seal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReleasedRun {
+    /// The run.
+    pub run: RunName,
+    /// The slot of its release seal.
+    pub seal: u64,
+    /// The seal's Last-Modified as the walk's LIST reported it (ms since the Unix epoch, on
+    /// the store's clock): compared only with another reading of the store's clock (I15).
+    pub sealed_at_ms: u64,
+}
+
 /// The first guess of a batch's landing time before one was measured, ms.
 const FIRST_LANDING_MS: f64 = 30.0;
 
@@ -123,8 +136,8 @@ struct Shared {
     /// Release seals of other processes' runs that a claim of this issuer took an org at
     /// (K1b), each run once: the first is kept in `released` for the caller (K2.6).
     released_runs: Mutex<BTreeSet<RunName>>,
-    /// Release seals met and not yet taken by the caller: run and seal slot.
-    released: Mutex<Vec<(RunName, u64)>>,
+    /// Release seals met and not yet taken by the caller.
+    released: Mutex<Vec<ReleasedRun>>,
     /// The process is shutting down: releases wait for the run's release seal.
     closing: std::sync::atomic::AtomicBool,
 }
@@ -250,21 +263,26 @@ impl Issuer {
     }
 
     /// The release seals of other processes' runs that this issuer's claims took orgs at
-    /// since the last call (K2.6): run and seal slot, each run once in the issuer's life.
-    /// The caller may learn the run's other orgs ([`crate::Replica::released_run_orgs`])
-    /// and open them before their requests arrive.
-    pub fn take_released(&self) -> Vec<(RunName, u64)> {
+    /// since the last call (K2.6), each run once in the issuer's life. The caller may learn
+    /// the run's other orgs ([`crate::Replica::released_run_orgs`]) and open them before
+    /// their requests arrive.
+    pub fn take_released(&self) -> Vec<ReleasedRun> {
         std::mem::take(&mut *lock(&self.shared.released))
     }
 
-    /// Notes that a claim took an org free at `run`'s release seal in `slot`: kept for
-    /// [`Issuer::take_released`] the first time `run` is met, unless it is this process's.
-    pub(crate) fn note_released(&self, run: &RunName, slot: u64) {
+    /// Notes that a claim took an org free at `run`'s release seal in `slot`, which the
+    /// store stamped `sealed_at_ms`: kept for [`Issuer::take_released`] the first time `run`
+    /// is met, unless it is this process's.
+    pub(crate) fn note_released(&self, run: &RunName, slot: u64, sealed_at_ms: u64) {
         if run.instance() == self.run_name().instance() {
             return;
         }
         if lock(&self.shared.released_runs).insert(run.clone()) {
-            lock(&self.shared.released).push((run.clone(), slot));
+            lock(&self.shared.released).push(ReleasedRun {
+                run: run.clone(),
+                seal: slot,
+                sealed_at_ms,
+            });
         }
     }
 

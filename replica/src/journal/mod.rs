@@ -47,7 +47,7 @@ pub use claim::{ClaimPlan, FreeClaim, JournalTenure, MAX_FREE_CLAIM_ATTEMPTS, Pl
 pub use claim_held::{HeldClaim, MAX_HELD_CLAIM_ATTEMPTS};
 pub use entries::{Checkpoint, CheckpointHeader, EntryCreated, JournalClaim};
 pub use io::{Created, Listed, RunListing};
-pub use issuer::{Issuer, IssuerSettings, SectionAcked};
+pub use issuer::{Issuer, IssuerSettings, ReleasedRun, SectionAcked};
 pub use org_walk::{OrgEnd, OrgWalk, WalkState};
 pub use place::{Adoption, Excluded, Placement};
 pub use retain::RunRetention;
