@@ -89,68 +89,107 @@ async fn a_writes(
     Ok(keys)
 }
 
-/// B's claim PUT is held after B's walk and install began; C takes the org, writes and
-/// (if `release`) shuts down; then B's claim goes on. B must serve C's writes too.
-async fn claim_held_while_another_writes(release: bool) -> R {
+/// A fresh store where A served acme with k1..k3 and released it: the directory, the
+/// store, the keys and acme.
+async fn after_a() -> Result<(tempfile::TempDir, Arc<dyn ObjectStore>, Vec<String>, OrgId), BoxErr>
+{
     let dir = tempfile::tempdir()?;
     let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let mut keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
+    let keys = a_writes(mem.clone(), dir.path()).await?;
+    Ok((dir, mem, keys, OrgId::new("acme")?))
+}
+
+/// How C's tenure ends in [`claim_held_while_another_writes`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CEnds {
+    /// C shuts down (a release seal) before B's claim goes on.
+    Releases,
+    /// C still holds the org when B's claim goes on, and shuts down later.
+    Holds,
+    /// C is dropped without a release (a crash): B adopts its run once its lease lapses.
+    Crashes,
+}
+
+/// B's claim PUT is held after B's walk (free) and install began; C takes the org,
+/// acknowledges k4 and k5, and ends as `ends` says; then B's claim goes on and loses. B
+/// must never serve its installed file: it serves k1..k5 once C is gone, and adds k6.
+async fn claim_held_while_another_writes(ends: CEnds) -> R {
+    let (dir, mem, mut keys, acme) = after_a().await?;
     let (rb, fb) = faulty(mem.clone()).await?;
-    let b = registry(&dir.path().join("b"), rb.clone(), "wb", settings(64 << 10))?;
+    let bdir = dir.path().join("b");
+    // Small sections, so C's writes reach checkpoints too.
+    let section_bytes = if ends == CEnds::Crashes {
+        1 << 10
+    } else {
+        64 << 10
+    };
+    let b = registry(&bdir, rb.clone(), "wb", settings(section_bytes))?;
     // B's run and lease exist first, as in steady state.
     first(&b, &OrgId::new("other")?, "o").await?;
     let paused = fb.pause_next(Op::Put, "orgs/acme/log/");
-    let b2 = b.clone();
-    let acme2 = acme.clone();
+    let (b2, acme2) = (b.clone(), acme.clone());
     let by_b = tokio::spawn(async move { b2.acquire(&acme2).await.map(|_| ()) });
     paused.reached.await?;
     let rc = replica_with_lease(mem.clone(), LEASE_MS).await?;
-    let c = registry(&dir.path().join("c"), rc, "wc", settings(64 << 10))?;
+    let c = registry(&dir.path().join("c"), rc, "wc", settings(section_bytes))?;
     replays(&c, &acme, &keys).await?;
     for k in ["k4", "k5"] {
         first(&c, &acme, k).await?;
         keys.push(k.to_owned());
     }
-    if release {
-        shut(&c).await?;
-    }
+    let holding = match ends {
+        CEnds::Releases => {
+            shut(&c).await?;
+            None
+        }
+        CEnds::Crashes => {
+            drop(c);
+            None
+        }
+        CEnds::Holds => Some(c),
+    };
     let _ = paused.resume.send(());
     let got = by_b.await?;
-    if release {
-        got.map_err(|e| format!("B after C released: {e}"))?;
-    } else {
-        assert!(got.is_err(), "B took an org C holds: {got:?}");
-        no_orphans(&dir.path().join("b"), &acme);
-        let left = files(&dir.path().join("b"), &acme);
-        assert!(left.is_empty(), "B left {left:?}");
-        shut(&c).await?;
+    match (ends, holding) {
+        (CEnds::Releases, _) => got.map_err(|e| format!("B after C released: {e}"))?,
+        (_, Some(c)) => {
+            assert!(got.is_err(), "B took an org C holds: {got:?}");
+            let left = files(&bdir, &acme);
+            assert!(left.is_empty(), "B left {left:?}");
+            shut(&c).await?;
+        }
+        // Refused while C's lease lives, or (on a host stalled past it) adopted: either is
+        // correct; what B serves is checked below.
+        _ => {}
     }
+    no_orphans(&bdir, &acme);
     replays(&b, &acme, &keys).await?;
     first(&b, &acme, "k6").await?;
     keys.push("k6".into());
     shut(&b).await?;
-    no_orphans(&dir.path().join("b"), &acme);
+    no_orphans(&bdir, &acme);
     in_store(&rb, &dir.path().join("check"), &acme, &keys, &[]).await?;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_held_while_another_process_writes_and_releases() -> R {
-    claim_held_while_another_writes(true).await
+    claim_held_while_another_writes(CEnds::Releases).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_held_while_another_process_writes_and_holds() -> R {
-    claim_held_while_another_writes(false).await
+    claim_held_while_another_writes(CEnds::Holds).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_held_while_another_process_writes_and_crashes() -> R {
+    claim_held_while_another_writes(CEnds::Crashes).await
 }
 
 /// The install's snapshot read fails `fails` times while the claim lands.
 async fn install_fails(fails: u64) -> R {
-    let dir = tempfile::tempdir()?;
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let mut keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
+    let (dir, mem, mut keys, acme) = after_a().await?;
     let (rb, fb) = faulty(mem.clone()).await?;
     let bdir = dir.path().join("b");
     let b = registry(&bdir, rb.clone(), "wb", settings(64 << 10))?;
@@ -183,23 +222,31 @@ async fn an_install_failing_twice_then_k4() -> R {
     install_fails(2).await
 }
 
+/// B on a store answering every request in 3 ms, serving another org first (its run and
+/// lease exist, as in steady state), with data directory `bdir`.
+async fn b_slow(
+    mem: &Arc<dyn ObjectStore>,
+    bdir: &std::path::Path,
+    other_key: &str,
+) -> Result<(Registry, Replica), BoxErr> {
+    let (rb, fb) = faulty(mem.clone()).await?;
+    fb.set_latency(Duration::from_millis(3));
+    let b = registry(bdir, rb.clone(), "wb", settings(64 << 10))?;
+    first(&b, &OrgId::new("other")?, other_key).await?;
+    Ok((b, rb))
+}
+
 /// Acquires dropped after `d` (the caller went away), at many points of the walk, claim,
 /// install and attach; each followed by a retry in the same registry, and by a new
 /// registry on the same data directory. No file may be left that no cleanup can find,
 /// and every acknowledged key replays once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_acquires_leave_nothing_unreachable() -> R {
-    let dir = tempfile::tempdir()?;
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let mut keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
+    let (dir, mem, mut keys, acme) = after_a().await?;
     let bdir = dir.path().join("b");
     let mut last = None;
     for i in 0..14u64 {
-        let (rb, fb) = faulty(mem.clone()).await?;
-        fb.set_latency(Duration::from_millis(3));
-        let b = registry(&bdir, rb.clone(), "wb", settings(64 << 10))?;
-        first(&b, &OrgId::new("other")?, &format!("o{i}")).await?;
+        let (b, rb) = b_slow(&mem, &bdir, &format!("o{i}")).await?;
         let d = Duration::from_millis(1 + i * 3);
         let key = format!("d{i}");
         let _ = tokio::time::timeout(d, b.once(&acme, &key, effect("acme", &key))).await;
@@ -223,15 +270,9 @@ async fn dropped_acquires_leave_nothing_unreachable() -> R {
 /// left unreachable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_dropped_acquires_on_one_registry() -> R {
-    let dir = tempfile::tempdir()?;
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
+    let (dir, mem, keys, acme) = after_a().await?;
     let bdir = dir.path().join("b");
-    let (rb, fb) = faulty(mem.clone()).await?;
-    fb.set_latency(Duration::from_millis(3));
-    let b = registry(&bdir, rb.clone(), "wb", settings(64 << 10))?;
-    first(&b, &OrgId::new("other")?, "o").await?;
+    let (b, rb) = b_slow(&mem, &bdir, "o").await?;
     for i in 0..20u64 {
         let d = Duration::from_millis(1 + i * 2);
         let t = tokio::time::timeout(d, b.acquire(&acme)).await;
@@ -252,10 +293,7 @@ async fn repeated_dropped_acquires_on_one_registry() -> R {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_attempts_download_nothing() -> R {
     use idem_replica::latency::{LatencyStore, Shape, Shapes};
-    let dir = tempfile::tempdir()?;
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
+    let (dir, mem, keys, acme) = after_a().await?;
     let rc = replica_with_lease(mem.clone(), LEASE_MS).await?;
     let c = registry(&dir.path().join("c"), rc, "wc", settings(64 << 10))?;
     replays(&c, &acme, &keys).await?;
@@ -291,10 +329,7 @@ async fn refused_attempts_download_nothing() -> R {
 /// other replays. Neither's cleanup deletes the other's live files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_registries_sharing_a_data_dir_race_for_a_free_org() -> R {
-    let dir = tempfile::tempdir()?;
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let mut keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
+    let (dir, mem, mut keys, acme) = after_a().await?;
     let shared = dir.path().join("shared");
     for seed in 0..6u64 {
         let sb = common::journal::slow_store(Duration::from_millis(1 + seed % 3), seed);
@@ -349,48 +384,5 @@ async fn two_registries_sharing_a_data_dir_race_for_a_free_org() -> R {
         )
         .await?;
     }
-    Ok(())
-}
-
-/// B's claim PUT is held after its walk (free) and its install; C claims, acknowledges
-/// k4, k5 and crashes (no release). B's claim loses, B is refused while C's lease lives,
-/// then adopts C's run (K2) and attaches (K4): it must serve k1..k5.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_held_while_another_process_writes_and_crashes() -> R {
-    let dir = tempfile::tempdir()?;
-    let mem: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let mut keys = a_writes(mem.clone(), dir.path()).await?;
-    let acme = OrgId::new("acme")?;
-    let (rb, fb) = faulty(mem.clone()).await?;
-    let bdir = dir.path().join("b");
-    let b = registry(&bdir, rb.clone(), "wb", settings(1 << 10))?;
-    first(&b, &OrgId::new("other")?, "o").await?;
-    let paused = fb.pause_next(Op::Put, "orgs/acme/log/");
-    let b2 = b.clone();
-    let acme2 = acme.clone();
-    let by_b = tokio::spawn(async move { b2.acquire(&acme2).await.map(|_| ()) });
-    paused.reached.await?;
-    {
-        let rc = replica_with_lease(mem.clone(), LEASE_MS).await?;
-        let c = registry(&dir.path().join("c"), rc.clone(), "wc", settings(1 << 10))?;
-        replays(&c, &acme, &keys).await?;
-        for k in ["k4", "k5"] {
-            first(&c, &acme, k).await?;
-            keys.push(k.to_owned());
-        }
-        drop(c);
-        drop(rc);
-    }
-    let _ = paused.resume.send(());
-    // Refused while C's lease lives, or (on a host stalled past it) adopted: either is
-    // correct; what B serves afterwards is checked below.
-    let _held = by_b.await?;
-    no_orphans(&bdir, &acme);
-    replays(&b, &acme, &keys).await?;
-    first(&b, &acme, "k6").await?;
-    keys.push("k6".into());
-    shut(&b).await?;
-    no_orphans(&bdir, &acme);
-    in_store(&rb, &dir.path().join("check"), &acme, &keys, &[]).await?;
     Ok(())
 }
