@@ -14,11 +14,10 @@ use std::time::Duration;
 use common::journal::{LEASE_MS, in_store, replays, replays_within, settings};
 use common::outside::outside;
 use common::parked::{
-    acme, acme_db, active, keys, parked_acme, world_with, world_with_writing_hook,
+    acme, acme_db, active, keys, park_acme, parked_acme, world_with, world_with_writing_hook,
 };
 use common::{R, effect, registry, replica_with_lease};
 use idem_org::{Error, ErrorKind};
-use idem_replica::OrgId;
 
 /// A parked journal org's first request reopens it from its own file with no store read
 /// (no GET: nothing is hydrated), replays from it, and the org goes on committing in the
@@ -38,9 +37,7 @@ async fn a_parked_journal_org_serves_its_next_request_from_its_own_file() -> R {
     // A new key after the unpark is captured from the reopened file.
     assert!(org.once("k3", effect("acme", "k3")).await?.applied);
     // Park and unpark again: the state after k3 is what the proof compares against.
-    let other = OrgId::new("other")?;
-    assert!(w.reg.once(&other, "y", effect("other", "y")).await?.applied);
-    assert!(org.is_parked());
+    park_acme(&w, &org).await?;
     assert!(!org.once("k3", effect("acme", "ran-again")).await?.applied);
     assert_eq!(org.stats().unparks, 2);
     let results = w.reg.shutdown().await;
@@ -136,17 +133,15 @@ async fn releasing_a_parked_journal_org_frees_it_for_a_successor_at_once() -> R 
 async fn a_hook_that_writes_at_every_open_ships_before_a_journal_org_parks_again() -> R {
     let w = world_with_writing_hook().await?;
     let (dir, replica, reg) = (&w.dir, &w.replica, &w.reg);
-    let (acme, other) = (acme()?, OrgId::new("other")?);
+    let acme = acme()?;
     assert!(reg.once(&acme, "k0", effect("acme", "k0")).await?.applied);
+    let handle = reg.acquire(&acme).await?;
     for round in 0..3 {
         // Parks acme (other takes the slot); acme's replay unparks it, and other parks.
-        reg.once(&other, "x", effect("other", "x")).await?;
-        let handle = reg.acquire(&acme).await?;
-        assert!(handle.is_parked(), "round {round}");
+        park_acme(&w, &handle).await?;
         let out = reg.once(&acme, "k0", effect("acme", "ran-again")).await?;
         assert!(!out.applied, "round {round}");
     }
-    let handle = reg.acquire(&acme).await?;
     assert!(handle.is_serving());
     assert_eq!(handle.stats().parks, 3);
     assert_eq!(handle.stats().unparks, 3);

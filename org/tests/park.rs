@@ -185,25 +185,13 @@ async fn a_parked_file_replaced_by_an_older_copy_is_never_served() -> R {
     let acme = w.reg.acquire(&id("acme")?).await?;
     assert!(acme.once("k1", effect("acme", "k1")).await?.applied);
     // Park once to get a closed file holding k1, and keep a copy of it.
-    assert!(
-        w.reg
-            .once(&id("other")?, "x", effect("other", "x"))
-            .await?
-            .applied
-    );
-    assert!(acme.is_parked());
+    common::parked::park_through(&w.reg, &acme, &id("other")?).await?;
     let db = acme_db(&w.dir.path().join("data"))?;
     let old = w.dir.path().join("old-copy.db");
     std::fs::copy(&db, &old)?;
     // k2 on the same claim, then park again.
     assert!(acme.once("k2", effect("acme", "k2")).await?.applied);
-    assert!(
-        !w.reg
-            .once(&id("other")?, "x", effect("other", "x"))
-            .await?
-            .applied
-    );
-    assert!(acme.is_parked());
+    common::parked::park_through(&w.reg, &acme, &id("other")?).await?;
     std::fs::rename(&old, &db)?;
     refused_then_store_state(&w, &acme, &["k1", "k2"]).await
 }
@@ -323,8 +311,8 @@ async fn a_hook_that_writes_at_every_open_ships_before_the_org_parks_again() -> 
         assert!(reg.once(&acme, &key, effect("acme", &key)).await?.applied);
         acked.push(key);
         // Parks acme (other takes the slot), then other parks as acme comes back.
-        reg.once(&other, "x", effect("other", "x")).await?;
-        assert!(reg.acquire(&acme).await?.is_parked());
+        let handle = reg.acquire(&acme).await?;
+        common::parked::park_through(&reg, &handle, &other).await?;
     }
     let handle = reg.acquire(&acme).await?;
     assert_eq!(handle.stats().parks, 3);

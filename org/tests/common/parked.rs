@@ -84,29 +84,31 @@ pub fn acme_db(w: &World) -> Result<PathBuf, BoxErr> {
 /// Numbers `other`'s keys, so every request of [`park_acme`] is a first run.
 static PARK_KEYS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Parks `acme` (idle) by first runs on `other`, which takes the one active slot. A park is
-/// skipped while a pool worker has not yet let go of acme after its last reply
-/// (`park::a_park_never_waits_for_a_worker_running_an_abandoned_job`), so this asks again
-/// until acme is parked: a wait for a state, at most 50 requests.
+/// Parks `acme` (idle) by first runs on `other`, which takes the one active slot
+/// ([`park_through`]).
 pub async fn park_acme(w: &World, a_org: &Org) -> R {
-    assert!(!a_org.is_parked());
-    let parks = a_org.stats().parks;
-    let other = OrgId::new("other")?;
+    park_through(&w.reg, a_org, &OrgId::new("other")?).await
+}
+
+/// Parks `org` (idle) by first runs on `other` through `reg`, with one active slot. A park
+/// is skipped while a pool worker has not yet let go of `org` after its last reply
+/// (`park::a_park_never_waits_for_a_worker_running_an_abandoned_job`), so this asks again
+/// until `org` is parked: a wait for a state, at most 50 requests. Fails when `org` was
+/// parked already, or never parks, or parked more than once.
+pub async fn park_through(reg: &Registry, org: &Org, other: &OrgId) -> R {
+    assert!(!org.is_parked());
+    let parks = org.stats().parks;
     for i in 0..50 {
         let n = PARK_KEYS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let key = format!("x{parks}-{i}-{n}");
-        assert!(
-            w.reg
-                .once(&other, &key, effect("other", &key))
-                .await?
-                .applied
-        );
-        if a_org.is_parked() {
-            assert_eq!(a_org.stats().parks, parks + 1);
+        let out = reg.once(other, &key, effect(other.as_str(), &key)).await?;
+        assert!(out.applied);
+        if org.is_parked() {
+            assert_eq!(org.stats().parks, parks + 1);
             return Ok(());
         }
     }
-    Err("acme never parked".into())
+    Err(format!("{} never parked", org.id()).into())
 }
 
 /// `acme` served `names`, then parked ([`park_acme`]).
