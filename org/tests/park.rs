@@ -296,13 +296,7 @@ async fn a_hook_that_writes_at_every_open_ships_before_the_org_parks_again() -> 
             max_active_orgs: 1,
             ..RegistrySettings::default()
         })
-        .on_open(|c| {
-            c.execute_batch(common::LEDGER)?;
-            c.execute_batch(
-                "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
-                 INSERT INTO opens DEFAULT VALUES;",
-            )
-        })
+        .on_open(common::parked::writing_hook)
         .build()?;
     let (acme, other) = (id("acme")?, id("other")?);
     let mut acked = Vec::new();

@@ -42,6 +42,16 @@ pub async fn world_with(s: RegistrySettings) -> Result<World, BoxErr> {
     })
 }
 
+/// An application hook that writes at every open: the ledger's schema, then a row in
+/// `opens`, outside any request's commit.
+pub fn writing_hook(c: &rusqlite::Connection) -> rusqlite::Result<()> {
+    c.execute_batch(super::LEDGER)?;
+    c.execute_batch(
+        "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
+         INSERT INTO opens DEFAULT VALUES;",
+    )
+}
+
 /// A [`World`] with [`active`]`(1)` whose application hook writes at every open (a row in
 /// `opens`), outside any request's commit.
 pub async fn world_with_writing_hook() -> Result<World, BoxErr> {
@@ -50,13 +60,7 @@ pub async fn world_with_writing_hook() -> Result<World, BoxErr> {
     let replica = replica_with_lease(store.clone(), LEASE_MS).await?;
     let reg = Registry::builder(dir.path().join("data"), replica.clone(), "wa")
         .settings(active(1))
-        .on_open(|c| {
-            c.execute_batch(super::LEDGER)?;
-            c.execute_batch(
-                "CREATE TABLE IF NOT EXISTS opens (n INTEGER PRIMARY KEY);
-                 INSERT INTO opens DEFAULT VALUES;",
-            )
-        })
+        .on_open(writing_hook)
         .build()?;
     Ok(World {
         dir,
