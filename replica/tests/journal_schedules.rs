@@ -578,7 +578,7 @@ async fn crafted_headers_are_typed_errors() {
         .unwrap();
     assert!(matches!(r.land_batch(&b).await, BatchLanding::Landed));
     let real = r.list_run(&run, 1).await.unwrap();
-    let listed = real.objects[&1].clone();
+    let listed = real.objects.get(&1).expect("slot 1 listed").clone();
     let JournalObject::Batch(batch) = &listed.header.object else {
         panic!()
     };
@@ -821,7 +821,12 @@ async fn a_refused_release_seal_blocks_a_self_seal_until_placed_again() -> R {
     );
     assert_eq!(h.seal_release(&mut run, 1).await?, 2);
     let listing = h.list_run(&run1, 1).await?;
-    let seal = &listing.objects[&2].header.object;
+    let seal = &listing
+        .objects
+        .get(&2)
+        .expect("slot 2 listed")
+        .header
+        .object;
     assert!(
         matches!(
             seal,

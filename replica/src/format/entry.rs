@@ -420,12 +420,10 @@ impl LogEntry {
         expected_seq: Option<u64>,
         journal: bool,
     ) -> Result<LogEntry, Error> {
-        let mut value: serde_json::Value =
-            serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
-        let map = value
-            .as_object_mut()
-            .ok_or_else(|| Error::corrupt(object, "not a json object"))?;
-        let version = match map.remove("v").and_then(|v| v.as_u64()) {
+        // The keys the format checks come first, read without building the entry: an
+        // inline body is skipped over, not copied (every walk of a takeover reads entries).
+        let probe: Probe = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
+        let version = match probe.v.as_ref().and_then(serde_json::Value::as_u64) {
             Some(
                 v @ (ENTRY_VERSION
                 | INLINE_ENTRY_VERSION
@@ -447,9 +445,9 @@ impl LogEntry {
                 });
             }
         };
-        if ["blob", "inline", "manifest"]
+        if [probe.blob, probe.inline, probe.manifest]
             .iter()
-            .filter(|k| map.contains_key(**k))
+            .filter(|present| **present)
             .count()
             > 1
         {
@@ -458,14 +456,18 @@ impl LogEntry {
                 "entry names more than one of a blob, a body and a manifest",
             ));
         }
-        let kind = map.get("kind").and_then(|k| k.as_str()).unwrap_or("");
+        let kind = probe
+            .kind
+            .as_ref()
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("");
         if !KINDS.contains(&kind) {
             return Err(Error::UnknownFormat {
                 object: object.into(),
                 detail: format!("entry kind {kind:?}"),
             });
         }
-        if let Some(mark) = map.get("journal") {
+        if let Some(mark) = &probe.journal {
             let role = mark.get("role").and_then(|r| r.as_str()).unwrap_or("");
             if !["claim", "checkpoint"].contains(&role) {
                 return Err(Error::UnknownFormat {
@@ -475,7 +477,7 @@ impl LogEntry {
             }
         }
         let entry: LogEntry =
-            serde_json::from_value(value).map_err(|e| Error::corrupt(object, e))?;
+            serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
         if let Some(seq) = expected_seq
             && entry.seq() != seq
         {
@@ -538,6 +540,35 @@ impl LogEntry {
         }
         Ok(entry)
     }
+}
+
+/// The keys of an entry [`LogEntry::decode`] checks before it reads the entry: small values
+/// are kept, and the body keys only noted as present (any value, `null` included).
+#[derive(Deserialize)]
+struct Probe {
+    #[serde(default)]
+    v: Option<serde_json::Value>,
+    #[serde(default)]
+    kind: Option<serde_json::Value>,
+    /// `Some` for any value, `null` included (not a mark this build reads).
+    #[serde(default, deserialize_with = "some")]
+    journal: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
+    blob: bool,
+    #[serde(default, deserialize_with = "present")]
+    inline: bool,
+    #[serde(default, deserialize_with = "present")]
+    manifest: bool,
+}
+
+/// Any value, `null` included, as `Some`.
+fn some<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+/// True for any value: the key is there.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
 }
 
 /// A blob name is one path segment: digits, dash, lowercase hex, ending `.db.zst`

@@ -11,6 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{GetOptions, GetRange, ObjectStoreExt, PutMode, PutPayload};
 use tracing::debug;
 
+use super::slots::Slots;
 use crate::format::journal::{
     self, JournalHeader, JournalObject, PREFIX, RunName, SectionIndex, parse_slot_name,
 };
@@ -51,6 +52,23 @@ impl Eq for Listed {}
 const LINEAR_SECTIONS: usize = 16;
 
 impl Listed {
+    /// A listed object: `header` of `header_len` bytes, in an object of `size` bytes
+    /// the store last modified at `last_modified_ms` (ms since the Unix epoch).
+    pub(crate) fn new(
+        header: JournalHeader,
+        header_len: usize,
+        size: u64,
+        last_modified_ms: u64,
+    ) -> Listed {
+        Listed {
+            header,
+            header_len,
+            size,
+            last_modified_ms,
+            by_org: OnceLock::new(),
+        }
+    }
+
     /// The sections of `org` in this batch, in index order (none for other objects).
     pub fn sections_of<'a>(&'a self, org: &'a str) -> impl Iterator<Item = &'a SectionIndex> {
         let sections: &[SectionIndex] = match &self.header.object {
@@ -87,8 +105,9 @@ pub struct RunListing {
     pub from: u64,
     /// Every object at or above `from`, by slot. Shared with the handle's header cache: a
     /// batch's header indexes every org's section (about 250 KB at 1,000 orgs), and the
-    /// walks of a takeover list the same run once per org.
-    pub objects: BTreeMap<u64, Arc<Listed>>,
+    /// walks of a takeover list the same run once per org; a part of a listing shares its
+    /// map ([`Slots`]).
+    pub objects: Slots,
 }
 
 impl RunListing {
@@ -97,11 +116,7 @@ impl RunListing {
         RunListing {
             run: self.run.clone(),
             from,
-            objects: self
-                .objects
-                .range(slots)
-                .map(|(s, l)| (*s, l.clone()))
-                .collect(),
+            objects: self.objects.part(slots),
         }
     }
 
@@ -252,13 +267,7 @@ impl Replica {
             head.extend_from_slice(&rest);
         }
         let header = journal::parse_header(path.as_ref(), &head, run, slot, size)?;
-        Ok(Some(Listed {
-            header,
-            header_len: len,
-            size,
-            last_modified_ms,
-            by_org: OnceLock::new(),
-        }))
+        Ok(Some(Listed::new(header, len, size, last_modified_ms)))
     }
 
     /// Lists `run` from `from` up (S3's start-after, so the cost follows the objects above
@@ -338,7 +347,7 @@ impl Replica {
         Ok(RunListing {
             run: run.clone(),
             from,
-            objects: reads,
+            objects: Slots::from(reads),
         })
     }
 

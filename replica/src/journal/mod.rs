@@ -33,6 +33,7 @@ mod retain;
 mod roster;
 mod run;
 mod shipper;
+mod slots;
 mod walk;
 
 pub use crate::format::journal::{
@@ -54,6 +55,7 @@ pub use retain::RunRetention;
 pub use roster::RunOrgs;
 pub use run::{BatchLanding, BatchMeta, Commits, IssuedBatch, Run, SectionInput};
 pub use shipper::{Hydrated as JournalHydrated, Installed, JournalLimits, JournalShipper};
+pub use slots::Slots;
 pub use walk::{MAX_WALK_HOPS, Scan, ScanEnd, Walk, WalkTenure, scan};
 
 /// The database checksum of a canonical SQLite image (`Snapshot::take`'s bytes), 16 lowercase

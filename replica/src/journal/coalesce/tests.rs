@@ -1,6 +1,5 @@
 //! A walk reads a shared listing only when its LIST began after the walk did.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,7 +23,7 @@ fn lister(
         std::future::ready(Ok(RunListing {
             run: run(),
             from,
-            objects: BTreeMap::new(),
+            objects: Default::default(),
         }))
     }
 }
@@ -106,7 +105,7 @@ async fn walks_arriving_during_a_list_share_the_next_one() {
                     Ok(RunListing {
                         run: run(),
                         from,
-                        objects: BTreeMap::new(),
+                        objects: Default::default(),
                     })
                 })
                 .await
@@ -125,7 +124,7 @@ async fn walks_arriving_during_a_list_share_the_next_one() {
                     std::future::ready(Ok(RunListing {
                         run: run(),
                         from,
-                        objects: BTreeMap::new(),
+                        objects: Default::default(),
                     }))
                 })
                 .await
