@@ -335,7 +335,7 @@ async fn one_cell(
 
 /// This process's user and system CPU seconds so far, every thread (`/proc/self/stat`, in
 /// clock ticks of 10 ms, Linux's `USER_HZ`); zeros where it cannot be read.
-fn cpu_seconds() -> (f64, f64) {
+pub(crate) fn cpu_seconds() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     // Fields after the command name (which may hold spaces) start at the state, field 3;
     // utime and stime are fields 14 and 15.

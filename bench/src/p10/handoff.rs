@@ -163,14 +163,41 @@ struct Seen {
     first_b: Instant,
 }
 
+/// What a handoff row saw: the event's instant, each org's [`Seen`], and the process's CPU
+/// seconds (user + system, every thread: A, B and the clients) from `mark` after the event
+/// to the last org's first ack on B.
+struct Handoff {
+    at: Instant,
+    seen: Vec<Seen>,
+    cpu_s: f64,
+    wall: Duration,
+}
+
+impl Handoff {
+    /// CPU per org (core-ms) and the share of the host's cores it kept busy, from the mark
+    /// to the last first ack on B: the handoff's cost, which the host's noise moves less
+    /// than its wall time.
+    fn cpu_cell(&self) -> String {
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get()) as f64;
+        let wall = self.wall.as_secs_f64().max(1e-9);
+        format!(
+            "{:.2} core-ms per org; {:.0}% of {cores} cores over {}",
+            self.cpu_s * 1e3 / self.seen.len().max(1) as f64,
+            100.0 * self.cpu_s / (wall * cores),
+            ms(self.wall)
+        )
+    }
+}
+
 /// Runs every org's client on A, fires `event` after [`ON_A`] (the clients move to B at that
-/// instant), and returns the event's instant and each org's [`Seen`].
+/// instant), and returns what it saw, with the CPU counted from `mark` after the event.
 async fn handoff<E, F>(
     a: &Registry,
     b: &Registry,
     n: usize,
+    mark: Duration,
     event: E,
-) -> BenchResult<(Instant, Vec<Seen>)>
+) -> BenchResult<Handoff>
 where
     E: FnOnce() -> F,
     F: std::future::Future<Output = ()> + Send + 'static,
@@ -230,6 +257,12 @@ where
     let _ = event_at.set(at);
     moved.store(true, Ordering::SeqCst);
     let fired = tokio::spawn(fired);
+    // The CPU reading at the mark, taken by its own task so the clients' awaits never delay
+    // it (a crash row's mark falls while every client still waits for B).
+    let marked = tokio::spawn(async move {
+        tokio::time::sleep_until((at + mark).into()).await;
+        (Instant::now(), crate::p9c::cpu_seconds())
+    });
     let mut seen = Vec::new();
     let all = async {
         for c in clients {
@@ -241,7 +274,14 @@ where
         .await
         .map_err(|_| format!("B did not acknowledge every org within {GIVE_UP:?}"))??;
     fired.await?;
-    Ok((at, seen))
+    let ((from, (user0, sys0)), (user1, sys1)) = (marked.await?, crate::p9c::cpu_seconds());
+    let last = seen.iter().map(|s| s.first_b).max().unwrap_or(from);
+    Ok(Handoff {
+        at,
+        seen,
+        cpu_s: (user1 + sys1 - user0 - sys0).max(0.0),
+        wall: last.saturating_duration_since(from),
+    })
 }
 
 /// Gaps from each org's last ack on A (the event when it had none) to its first on B.
@@ -258,7 +298,7 @@ fn gaps(at: Instant, seen: &[Seen]) -> Vec<Duration> {
 /// over the same store, takes the clients.
 pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
     let (mut gap_cells, mut after_cells, mut shutdown_cells) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut setup_cells, mut warm_cells) = (Vec::new(), Vec::new());
+    let (mut setup_cells, mut warm_cells, mut cpu_cells) = (Vec::new(), Vec::new(), Vec::new());
     for (c, column) in columns.iter().enumerate() {
         let work = dir.join(format!("p10-rolling-{c}"));
         let store = column.store(&work.join("store"), 20)?;
@@ -275,12 +315,14 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
         setup_cells.push(setup(&a, n).await?);
         let took_us = Arc::new(AtomicU64::new(0));
         let (stopping, took_in) = (a.clone(), took_us.clone());
-        let (at, seen) = handoff(&a, &b, n, move || async move {
+        let seen = handoff(&a, &b, n, Duration::ZERO, move || async move {
             let began = Instant::now();
             stopping.shutdown().await;
             took_in.store(began.elapsed().as_micros() as u64, Ordering::SeqCst);
         })
         .await?;
+        cpu_cells.push(seen.cpu_cell());
+        let Handoff { at, seen, .. } = seen;
         let mut after: Vec<Duration> = seen.iter().map(|s| s.first_b.duration_since(at)).collect();
         after.sort_unstable();
         gap_cells.push(spread(&gaps(at, &seen)));
@@ -305,6 +347,11 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
     );
     row("rolling upgrade: A's shutdown took", &shutdown_cells, "");
     row(
+        "rolling upgrade: process CPU (A, B, clients) from A's shutdown to the last first ack on B",
+        &cpu_cells,
+        "",
+    );
+    row(
         "rolling upgrade: orgs B's watcher claimed before a request opened them",
         &warm_cells,
         "",
@@ -321,7 +368,7 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
 /// reaches the store: as after kill -9), the clients move to B.
 pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
     let (mut lapse_cells, mut gap_cells) = (Vec::new(), Vec::new());
-    let (mut setup_cells, mut warm_cells) = (Vec::new(), Vec::new());
+    let (mut setup_cells, mut warm_cells, mut cpu_cells) = (Vec::new(), Vec::new(), Vec::new());
     let lease = Duration::from_millis(CRASH_LEASE_MS);
     for (c, column) in columns.iter().enumerate() {
         let work = dir.join(format!("p10-crash-{c}"));
@@ -332,13 +379,15 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
         let b = registry(store, &work.join("b"), "b", CRASH_LEASE_MS, true).await?;
         setup_cells.push(setup(&a, n).await?);
         let kill = severed.clone();
-        let (at, seen) = handoff(&a, &b, n, move || {
+        let seen = handoff(&a, &b, n, lease, move || {
             for op in [Op::Put, Op::Get, Op::Delete, Op::List] {
                 kill.inject_times(op, "", 1, u64::MAX, Fault::FailBefore);
             }
             async {}
         })
         .await?;
+        cpu_cells.push(seen.cpu_cell());
+        let Handoff { at, seen, .. } = seen;
         let lapsed = at + lease;
         let mut after: Vec<Duration> = seen
             .iter()
@@ -367,6 +416,11 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
         "crash takeover: gap from last ack on A to first on B p50 / p99 / max",
         &gap_cells,
         "lease + 1 s plus the request spacing",
+    );
+    row(
+        "crash takeover: process CPU (A, B, clients) from the lease's lapse to the last first ack on B",
+        &cpu_cells,
+        "",
     );
     row(
         "crash takeover: orgs B claimed in the background (remembered refusals)",
