@@ -386,7 +386,8 @@ impl LogEntry {
     /// # Errors
     /// [`Error::JournalRequired`] for an entry of format 5 (a journal mark, K3);
     /// [`Error::UnknownFormat`] for an unknown `v` or `kind`; [`Error::Corrupt`] for anything
-    /// that is not a well-formed entry, whose `seq` differs from `expected_seq`, whose
+    /// that is not a well-formed entry (a key given twice included: no encoder writes one,
+    /// and parsers disagree on which to take), whose `seq` differs from `expected_seq`, whose
     /// blob name is not one safe path segment (I12), or whose version does not match its
     /// body (version 2 is exactly the entries with an inline body). An inline body that is
     /// not base64 or not the packed bytes the entry describes is found when it is read
@@ -422,6 +423,10 @@ impl LogEntry {
     ) -> Result<LogEntry, Error> {
         // The keys the format checks come first, read without building the entry: an
         // inline body is skipped over, not copied (every walk of a takeover reads entries).
+        // A derived struct also reads a JSON array, field by field: only an object is one.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(Error::corrupt(object, "not a json object"));
+        }
         let probe: Probe = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(object, e))?;
         let version = match probe.v.as_ref().and_then(serde_json::Value::as_u64) {
             Some(
@@ -613,6 +618,30 @@ mod tests {
         );
         assert_eq!(entry.encode()?, homed.to_vec());
         Ok(())
+    }
+
+    #[test]
+    fn an_array_or_a_key_given_twice_is_corrupt_whatever_it_holds() {
+        let claim =
+            r#"{"at_ms":1,"kind":"claim","nonce":"n","round":2,"seq":3,"v":1,"writer":"w"}"#;
+        assert!(LogEntry::decode("x", claim.as_bytes(), Some(3)).is_ok());
+        for bytes in [
+            "[5]",
+            " [1]",
+            "[]",
+            "[99]",
+            "5",
+            r#"{"at_ms":1,"kind":"claim","nonce":"n","round":2,"seq":3,"v":1,"v":1,"writer":"w"}"#,
+            r#"{"at_ms":1,"kind":"claim","nonce":"n","round":2,"seq":3,"seq":3,"v":1,"writer":"w"}"#,
+        ] {
+            for journal in [false, true] {
+                let got = LogEntry::decode_as("x", bytes.as_bytes(), None, journal);
+                assert!(
+                    matches!(&got, Err(Error::Corrupt { .. })),
+                    "{bytes} (journal reader: {journal}): {got:?}"
+                );
+            }
+        }
     }
 
     const RUN: &str = "0123456789abcdef0123456789abcdef-00000000000000000001";

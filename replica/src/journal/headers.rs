@@ -114,7 +114,8 @@ impl SealedListings {
         while from > listing.from && listing.objects.contains_key(&(from - 1)) {
             from -= 1;
         }
-        let kept = listing.part(from, from..=seal);
+        // Its own map: a view would keep the whole listing alive, counted as its part.
+        let kept = listing.part(from, from..=seal).detached();
         let weight = kept.header_bytes();
         let mut sealed = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, old)) = sealed.by_run.get(&listing.run) {
@@ -135,5 +136,65 @@ impl SealedListings {
                 sealed.bytes = sealed.bytes.saturating_sub(old.header_bytes());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use super::SealedListings;
+    use crate::format::journal::{Batch, JournalHeader, JournalObject, RunName, Seal, SealKind};
+    use crate::journal::io::{Listed, RunListing};
+
+    fn run() -> RunName {
+        RunName::new("0123456789abcdef0123456789abcdef", 1).expect("a valid run name")
+    }
+
+    fn listed(slot: u64, object: JournalObject) -> Arc<Listed> {
+        let header = JournalHeader {
+            run: run(),
+            slot,
+            nonce: "n".into(),
+            floor: 0,
+            object,
+        };
+        Arc::new(Listed::new(header, 100, 100, 0))
+    }
+
+    #[test]
+    fn a_kept_part_holds_only_its_own_slots() {
+        // Slots 1-4 and 6, a seal at 7, slots 8-9 past it: slot 5 is empty, so only 6..=7
+        // is kept, and nothing else of the listing may stay alive uncounted.
+        let mut objects = BTreeMap::new();
+        for slot in [1, 2, 3, 4, 6, 8, 9] {
+            objects.insert(slot, listed(slot, JournalObject::Batch(Batch::default())));
+        }
+        let seal = Seal {
+            by: "w".into(),
+            instance: "i".into(),
+            seal: SealKind::Release,
+            continued: None,
+            from: 0,
+            retain_below: 0,
+        };
+        objects.insert(7, listed(7, JournalObject::Seal(seal)));
+        let listing = RunListing {
+            run: run(),
+            from: 1,
+            objects: objects.into(),
+        };
+        let cache = SealedListings::default();
+        cache.insert(&listing);
+        let kept = cache.get(&run(), 6).expect("the part from 6 is kept");
+        let slots: Vec<u64> = kept.objects.keys().copied().collect();
+        assert_eq!(slots, [6, 7]);
+        assert_eq!(
+            kept.objects.held(),
+            2,
+            "the cache holds the listing's other slots"
+        );
+        assert!(cache.get(&run(), 5).is_none());
     }
 }

@@ -120,6 +120,15 @@ impl RunListing {
         }
     }
 
+    /// This listing in a slot map of its own ([`Slots::detached`]).
+    pub(crate) fn detached(&self) -> RunListing {
+        RunListing {
+            run: self.run.clone(),
+            from: self.from,
+            objects: self.objects.detached(),
+        }
+    }
+
     /// Header bytes the listing holds (at least one per object): what keeping it costs.
     pub(crate) fn header_bytes(&self) -> usize {
         self.objects.values().map(|l| l.header_len.max(1)).sum()

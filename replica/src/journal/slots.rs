@@ -99,6 +99,22 @@ impl Slots {
         self.get(slot).is_some()
     }
 
+    /// This view in a map of its own: a part kept for long (the sealed listings' cache)
+    /// must not keep the rest of the shared map alive, which its weight does not count.
+    pub(crate) fn detached(&self) -> Slots {
+        Slots::from(
+            self.iter()
+                .map(|(s, l)| (*s, l.clone()))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    }
+
+    /// Objects the shared map holds, in this view or not: what keeping this view keeps.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.map.len()
+    }
+
     /// The part of this view in `slots`, sharing the same map.
     pub(crate) fn part(&self, slots: impl RangeBounds<u64>) -> Slots {
         let (lo, hi) = match inclusive(&slots) {
@@ -164,6 +180,10 @@ mod tests {
         assert_eq!(keys(&inner), [3, 5, 8]);
         assert_eq!(inner, Slots::from(map(&[3, 5, 8])));
         assert_ne!(inner, part);
+        assert_eq!(inner.held(), 6, "a part shares the whole map");
+        let own = inner.detached();
+        assert_eq!((own.held(), keys(&own)), (3, vec![3, 5, 8]));
+        assert_eq!(own, inner);
     }
 
     #[test]
