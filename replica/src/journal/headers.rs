@@ -142,26 +142,11 @@ impl SealedListings {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::sync::Arc;
 
     use super::SealedListings;
-    use crate::format::journal::{Batch, JournalHeader, JournalObject, RunName, Seal, SealKind};
-    use crate::journal::io::{Listed, RunListing};
-
-    fn run() -> RunName {
-        RunName::new("0123456789abcdef0123456789abcdef", 1).expect("a valid run name")
-    }
-
-    fn listed(slot: u64, object: JournalObject) -> Arc<Listed> {
-        let header = JournalHeader {
-            run: run(),
-            slot,
-            nonce: "n".into(),
-            floor: 0,
-            object,
-        };
-        Arc::new(Listed::new(header, 100, 100, 0))
-    }
+    use crate::format::journal::{Batch, JournalObject, RunName};
+    use crate::journal::io::RunListing;
+    use crate::journal::slots::tests::{listed, release_seal};
 
     #[test]
     fn a_kept_part_holds_only_its_own_slots() {
@@ -171,23 +156,16 @@ mod tests {
         for slot in [1, 2, 3, 4, 6, 8, 9] {
             objects.insert(slot, listed(slot, JournalObject::Batch(Batch::default())));
         }
-        let seal = Seal {
-            by: "w".into(),
-            instance: "i".into(),
-            seal: SealKind::Release,
-            continued: None,
-            from: 0,
-            retain_below: 0,
-        };
-        objects.insert(7, listed(7, JournalObject::Seal(seal)));
+        objects.insert(7, listed(7, release_seal()));
+        let run = RunName::new("0123456789abcdef0123456789abcdef", 1).expect("a valid run name");
         let listing = RunListing {
-            run: run(),
+            run: run.clone(),
             from: 1,
             objects: objects.into(),
         };
         let cache = SealedListings::default();
         cache.insert(&listing);
-        let kept = cache.get(&run(), 6).expect("the part from 6 is kept");
+        let kept = cache.get(&run, 6).expect("the part from 6 is kept");
         let slots: Vec<u64> = kept.objects.keys().copied().collect();
         assert_eq!(slots, [6, 7]);
         assert_eq!(
@@ -195,6 +173,6 @@ mod tests {
             2,
             "the cache holds the listing's other slots"
         );
-        assert!(cache.get(&run(), 5).is_none());
+        assert!(cache.get(&run, 5).is_none());
     }
 }

@@ -130,32 +130,39 @@ impl Slots {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::format::journal::{JournalHeader, JournalObject, RunName, Seal, SealKind};
 
     fn map(slots: &[u64]) -> BTreeMap<u64, Arc<Listed>> {
         slots
             .iter()
-            .map(|&s| (s, Arc::new(Listed::new(seal_header(s), 1, 1, 0))))
+            .map(|&s| (s, listed(s, release_seal())))
             .collect()
     }
 
-    fn seal_header(slot: u64) -> JournalHeader {
-        JournalHeader {
+    /// A listed object of a test run at `slot`.
+    pub(crate) fn listed(slot: u64, object: JournalObject) -> Arc<Listed> {
+        let header = JournalHeader {
             run: RunName::new("0123456789abcdef0123456789abcdef", 1).expect("a valid run name"),
             slot,
             nonce: "n".into(),
             floor: 0,
-            object: JournalObject::Seal(Seal {
-                by: "w".into(),
-                instance: "i".into(),
-                seal: SealKind::Release,
-                continued: None,
-                from: 0,
-                retain_below: 0,
-            }),
-        }
+            object,
+        };
+        Arc::new(Listed::new(header, 100, 100, 0))
+    }
+
+    /// A release seal.
+    pub(crate) fn release_seal() -> JournalObject {
+        JournalObject::Seal(Seal {
+            by: "w".into(),
+            instance: "i".into(),
+            seal: SealKind::Release,
+            continued: None,
+            from: 0,
+            retain_below: 0,
+        })
     }
 
     fn keys(s: &Slots) -> Vec<u64> {
