@@ -306,9 +306,9 @@ impl Registry {
         self.inner.warm.as_ref().map_or(0, |w| w.claimed())
     }
 
-    /// Released journal runs of other processes that the warm takeover judged (K2.6):
-    /// followed ([`Registry::warm_runs_followed`]), too old, or not learned. 0 without the
-    /// watcher.
+    /// Released journal runs of other processes that the warm takeover took up (K2.6):
+    /// followed ([`Registry::warm_runs_followed`]), too old, not learned, or passed over
+    /// while shutting down or without room. 0 without the watcher.
     pub fn warm_runs_met(&self) -> u64 {
         self.inner.warm.as_ref().map_or(0, |w| w.runs_met())
     }

@@ -61,7 +61,7 @@ pub(crate) struct Warm {
     /// `processes/` at its next wake instead of at its next poll (at most once per
     /// `settings.retry_ms`).
     pub(crate) look_now: std::sync::atomic::AtomicBool,
-    /// Released journal runs judged (K2.6), and of those, the runs followed.
+    /// Released journal runs taken up (K2.6), and of those, the runs followed.
     runs_met: AtomicU64,
     runs_followed: AtomicU64,
 }
@@ -146,7 +146,8 @@ impl Warm {
         self.runs_followed.load(Ordering::Relaxed)
     }
 
-    /// Released journal runs judged so far (K2.6): followed, too old, or not learned.
+    /// Released journal runs taken up so far (K2.6): followed, too old, not learned, or
+    /// passed over because the registry was shutting down or had no room.
     pub(crate) fn runs_met(&self) -> u64 {
         self.runs_met.load(Ordering::Relaxed)
     }
