@@ -284,7 +284,10 @@ impl Replica {
     }
 
     /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
-    /// and taken as absent.
+    /// and taken as absent. One GET, which is also an observation for this handle's claims
+    /// (I15, [`Replica::lease_hold`]): a watcher that reads a holder's renewals as they come
+    /// has its last one's watch start at that read, so a claim after the holder's crash
+    /// waits what remains of a watch since then, not a whole watch from its own first look.
     ///
     /// # Errors
     /// [`Error::Store`].
@@ -338,9 +341,10 @@ impl Replica {
     /// counts as a state) for the holder's term (`lease.term_ms`, at most
     /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, else this handle's
     /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
-    /// waits a whole watch, and a process lease already watched for another org's sake
-    /// answers at once. A lease naming an instance this crate could not have made names no
-    /// object and proves nothing. Never reads a wall clock. One GET.
+    /// waits a whole watch, and a process lease already watched for another org's sake, or
+    /// read by [`Replica::process_lease`], counts from that earlier read. A lease naming an
+    /// instance this crate could not have made names no object and proves nothing. Never
+    /// reads a wall clock. One GET.
     ///
     /// # Errors
     /// [`Error::Store`].

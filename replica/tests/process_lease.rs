@@ -216,6 +216,45 @@ async fn a_claimant_with_a_shorter_lease_watches_for_the_holders_term() -> R {
     Ok(())
 }
 
+/// Every read of a process lease is an observation (I15), a watcher's as much as a claim's:
+/// the watch of a holder's last renewal runs from the first read that returned it. B reads
+/// A's lease as a warm-takeover watcher does, before and after a renewal; A stops; B's first
+/// claim attempt then waits only what remains of a watch since its read of the renewal (a
+/// whole watch without the fix), and the read of the bytes that renewal replaced shortens
+/// nothing.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_watchers_read_of_a_process_lease_starts_the_watch_of_what_it_read() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = open(&store, &clock, None).await?;
+    let acme = OrgId::new("acme")?;
+    let claim = a.claim(&acme, "a", false).await?;
+    let instance = a.instance().to_owned();
+    let b = open(&store, &clock, None).await?;
+
+    let first = b
+        .process_lease(&instance)
+        .await?
+        .ok_or("no process lease")?;
+    live_for(&clock, LEASE_MS / 3 + 100).await;
+    let last = b
+        .process_lease(&instance)
+        .await?
+        .ok_or("no process lease")?;
+    assert!(last.renewals > first.renewals, "{first:?} {last:?}");
+    // A stops right after its renewal was read.
+    drop(claim);
+    drop(a);
+    live_for(&clock, WATCH_MS - 500).await;
+    match b.claim(&acme, "b", false).await {
+        Err(Error::LeaseHeld { retry_after_ms, .. }) => assert_eq!(retry_after_ms, 500),
+        other => return Err(format!("not judged from the renewal's read: {other:?}").into()),
+    }
+    live_for(&clock, 500).await;
+    assert_eq!(b.claim(&acme, "b", false).await?.round(), 2);
+    Ok(())
+}
+
 /// Regression: the watch ran only when the org lease was of the log's newest round.
 /// A claim entry lands before its claimer writes the org lease, so a third claimant whose
 /// create collided with it re-read a head newer than the lease (the releaser's) and claimed

@@ -32,6 +32,13 @@ const ON_A: Duration = Duration::from_secs(2);
 /// The lease of the crash row, in ms: short, so the row waits seconds, not the default 30.
 const CRASH_LEASE_MS: u64 = 2_000;
 
+/// The warm watcher's poll on the crash row's B, in ms: the default poll (1 s) scaled with
+/// the lease as the default lease (30 s) is, so B reads A's renewals as often per term as a
+/// default deployment does (66 ms). The judgement of a dead holder counts from the first read
+/// of its last renewal (`docs/design.md` 3, I15); at the default poll and this short lease B
+/// would read only every third renewal or so, which no default deployment does.
+const CRASH_POLL_MS: u64 = CRASH_LEASE_MS * idem_org::WARM_POLL_MS / 30_000;
+
 /// The row gives up when B has not acknowledged every org by then.
 const GIVE_UP: Duration = Duration::from_secs(300);
 
@@ -68,7 +75,7 @@ pub(crate) async fn acquire(dir: &Path, columns: &[Column], n: usize) -> BenchRe
             &work.join("a"),
             "a",
             default_lease_ms(),
-            false,
+            None,
         )
         .await?;
         for key in ["r1", "r2", "r3"] {
@@ -80,7 +87,7 @@ pub(crate) async fn acquire(dir: &Path, columns: &[Column], n: usize) -> BenchRe
             &work.join("b"),
             "b",
             default_lease_ms(),
-            false,
+            None,
         )
         .await?;
         // B's own process lease is written by its first claim: one org is acquired first so
@@ -308,10 +315,17 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
             &work.join("a"),
             "a",
             default_lease_ms(),
-            true,
+            Some(idem_org::WARM_POLL_MS),
         )
         .await?;
-        let b = registry(store, &work.join("b"), "b", default_lease_ms(), true).await?;
+        let b = registry(
+            store,
+            &work.join("b"),
+            "b",
+            default_lease_ms(),
+            Some(idem_org::WARM_POLL_MS),
+        )
+        .await?;
         setup_cells.push(setup(&a, n).await?);
         let took_us = Arc::new(AtomicU64::new(0));
         let (stopping, took_in) = (a.clone(), took_us.clone());
@@ -375,8 +389,15 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
         let store = column.store(&work.join("store"), 30)?;
         let severed = Arc::new(FaultStore::new(store.clone()));
         // A's watcher is off: once severed it could only log failed LISTs.
-        let a = registry(severed.clone(), &work.join("a"), "a", CRASH_LEASE_MS, false).await?;
-        let b = registry(store, &work.join("b"), "b", CRASH_LEASE_MS, true).await?;
+        let a = registry(severed.clone(), &work.join("a"), "a", CRASH_LEASE_MS, None).await?;
+        let b = registry(
+            store,
+            &work.join("b"),
+            "b",
+            CRASH_LEASE_MS,
+            Some(CRASH_POLL_MS),
+        )
+        .await?;
         setup_cells.push(setup(&a, n).await?);
         let kill = severed.clone();
         let seen = handoff(&a, &b, n, lease, move || {
@@ -405,7 +426,7 @@ pub(crate) async fn crash(dir: &Path, columns: &[Column], n: usize) -> BenchResu
     }
     row(
         &format!(
-            "crash takeover of {n} orgs{} (A stops reaching the store, lease {}): from the lease's lapse (kill + lease) to each org's first ack on B p50 / p99 / max",
+            "crash takeover of {n} orgs{} (A stops reaching the store, lease {}, B's watcher polls every {CRASH_POLL_MS} ms): from the lease's lapse (kill + lease) to each org's first ack on B p50 / p99 / max",
             path_label(),
             ms(lease)
         ),

@@ -185,14 +185,14 @@ fn under(dir: &Path) -> BenchResult<Arc<dyn ObjectStore>> {
 }
 
 /// A registry named `writer` over `store` (a `Replica` of its own: its own process lease),
-/// with its data in `data` and a lease of `lease_ms`; with `warm`, the warm takeover on with
-/// its default settings, as `idem serve` runs it.
+/// with its data in `data` and a lease of `lease_ms`; with `warm` = `Some(poll_ms)`, the warm
+/// takeover on with its default settings but that poll, as `idem serve` runs it.
 pub(crate) async fn registry(
     store: Arc<dyn ObjectStore>,
     data: &Path,
     writer: &str,
     lease_ms: u64,
-    warm: bool,
+    warm: Option<u64>,
 ) -> BenchResult<Registry> {
     let settings = replica::Settings {
         lease_ms,
@@ -203,7 +203,8 @@ pub(crate) async fn registry(
     let settings = RegistrySettings {
         max_open_orgs: 20_000,
         warm: idem_org::WarmSettings {
-            enabled: warm,
+            enabled: warm.is_some(),
+            poll_ms: warm.unwrap_or(idem_org::WARM_POLL_MS),
             ..idem_org::WarmSettings::default()
         },
         journal: idem_org::JournalSettings {
@@ -299,7 +300,7 @@ async fn one_org(dir: &Path, columns: &[Column], time: Duration) -> BenchResult<
                 &work.join("data"),
                 "p10",
                 default_lease_ms(),
-                false,
+                None,
             )
             .await?;
             let org = reg.acquire(&OrgId::new("acme")?).await?;
@@ -362,7 +363,7 @@ async fn spread(dir: &Path, columns: &[Column], wide: usize, time: Duration) -> 
         for (c, column) in columns.iter().enumerate() {
             let work = dir.join(format!("p10-spread-{orgs}-{c}"));
             let store = column.store(&work.join("store"), orgs as u64)?;
-            let reg = registry(store, &work.join("data"), "p10", default_lease_ms(), false).await?;
+            let reg = registry(store, &work.join("data"), "p10", default_lease_ms(), None).await?;
             let (rps, p50, p99, per_ack) =
                 crate::orgs::load(reg.replica(), &reg, orgs, time, 64).await?;
             reg.shutdown().await;

@@ -252,6 +252,18 @@ pub(crate) struct Leases {
     retired: std::sync::atomic::AtomicBool,
 }
 
+/// One read of a liveness object ([`Leases::read_liveness`]).
+struct Liveness {
+    /// What the watch records: the object's bytes, `None` when absent, or for an object
+    /// over [`MAX_LEASE_BYTES`] the refusal's text.
+    bytes: Option<Bytes>,
+    /// True when `bytes` is that refusal's text, not the object's.
+    over_cap: bool,
+    /// Monotonic ms when the GET was sent, and when it returned.
+    asked_ms: u64,
+    read_ms: u64,
+}
+
 impl Leases {
     /// The leases over `store` of the process `instance`, with `settings`' term and address.
     pub(crate) fn new(
@@ -298,7 +310,10 @@ impl Leases {
     }
 
     /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
-    /// and taken as absent.
+    /// and taken as absent. The read is an observation like any other (I15): it goes into
+    /// this handle's watch, so a watcher that reads a holder's renewals as they come
+    /// ([`crate::Replica::process_lease`]) starts the watch of its final one at its first
+    /// read, not at the first claim that finds it silent.
     ///
     /// # Errors
     /// [`Error::Store`].
@@ -310,15 +325,53 @@ impl Leases {
             return Ok(None);
         }
         let path = self.store.layout.process(instance);
-        let bytes = match self.store.get_bytes(&path, MAX_LEASE_BYTES).await {
-            Ok(bytes) => bytes,
+        let read = self.read_liveness(&path).await?;
+        let lease = match (&read.bytes, read.over_cap) {
+            (Some(b), false) => parse_process_lease(path.as_ref(), instance, b),
+            _ => None,
+        };
+        let term_ms = self.holders_term(lease.as_ref().map_or(0, |l| l.term_ms));
+        self.watch.saw(
+            path.as_ref(),
+            read.bytes,
+            read.asked_ms,
+            read.read_ms,
+            watch_ms(term_ms),
+        );
+        Ok(lease)
+    }
+
+    /// One GET of the liveness object at `path`, timed on this handle's monotonic clock,
+    /// with what the watch records of it. An object over its cap is still a state to
+    /// watch: what the refusal says (its size included) stands for its bytes, so a dead
+    /// holder's oversized lease lapses after a watch like any other, and one that keeps
+    /// changing keeps its holder alive.
+    async fn read_liveness(&self, path: &object_store::path::Path) -> Result<Liveness, Error> {
+        let asked_ms = self.clock.monotonic_ms();
+        let (bytes, over_cap) = match self.store.get_bytes(path, MAX_LEASE_BYTES).await {
+            Ok(bytes) => (bytes, false),
             Err(Error::Corrupt { reason, .. }) => {
-                tracing::warn!(path = %path, reason, "process lease unreadable: taken as absent");
-                None
+                tracing::warn!(%path, reason, "lease over its cap: watched by its size, taken as absent");
+                (Some(Bytes::from(format!("oversized: {reason}"))), true)
             }
             Err(e) => return Err(e),
         };
-        Ok(bytes.and_then(|b| parse_process_lease(path.as_ref(), instance, &b)))
+        Ok(Liveness {
+            bytes,
+            over_cap,
+            asked_ms,
+            read_ms: self.clock.monotonic_ms(),
+        })
+    }
+
+    /// The term a holder that states `holders` ms is judged by: at most
+    /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, and this handle's own
+    /// term when it states none (0, leases of older versions).
+    fn holders_term(&self, holders: u64) -> u64 {
+        match holders {
+            0 => self.lease_ms,
+            holders => holders.min(crate::settings::max_holder_term_ms(self.lease_ms)),
+        }
     }
 
     /// What a claim by this handle makes of `lease` (on `org`) now, by observation (I15):
@@ -345,33 +398,19 @@ impl Leases {
                 process: None,
             });
         };
-        let clock = &self.clock;
-        let asked_ms = clock.monotonic_ms();
-        // An object over the cap is still a state to watch: what the refusal says (its size
-        // included) stands for its bytes, so a dead holder's oversized lease lapses after a
-        // watch like any other, and one that keeps changing keeps its holder alive.
-        let bytes = match self.store.get_bytes(&path, MAX_LEASE_BYTES).await {
-            Ok(bytes) => bytes,
-            Err(Error::Corrupt { reason, .. }) => {
-                tracing::warn!(path = %path, reason, "lease over its cap: watched by its size");
-                Some(Bytes::from(format!("oversized: {reason}")))
-            }
-            Err(e) => return Err(e),
-        };
-        let read_ms = clock.monotonic_ms();
-        let own_ms = self.lease_ms;
-        let term_ms = match lease.term_ms {
-            0 => own_ms,
-            holders => holders.min(crate::settings::max_holder_term_ms(own_ms)),
-        };
-        let watch_ms = watch_ms(term_ms);
-        let process = match (&bytes, lease.process) {
-            (Some(b), true) => parse_process_lease(path.as_ref(), &lease.instance, b),
+        let read = self.read_liveness(&path).await?;
+        let watch_ms = watch_ms(self.holders_term(lease.term_ms));
+        let process = match (&read.bytes, read.over_cap, lease.process) {
+            (Some(b), false, true) => parse_process_lease(path.as_ref(), &lease.instance, b),
             _ => None,
         };
-        let unchanged_ms = self
-            .watch
-            .saw(path.as_ref(), bytes, asked_ms, read_ms, watch_ms);
+        let unchanged_ms = self.watch.saw(
+            path.as_ref(),
+            read.bytes,
+            read.asked_ms,
+            read.read_ms,
+            watch_ms,
+        );
         Ok(Hold {
             wait_ms: watch_ms.saturating_sub(unchanged_ms),
             process,
