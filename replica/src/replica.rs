@@ -274,7 +274,9 @@ impl Replica {
     /// claim's process, home and term, and the address and expiry (the holder's clock, for
     /// people) of its process lease; for a log whose newest claim is of an older version,
     /// the org lease that version wrote. A `Release` at the head still names the releaser:
-    /// the caller sees the release in the log. Advisory: the log fences (I7).
+    /// the caller sees the release in the log. Advisory: the log fences (I7). A read for
+    /// people: it does not count as an observation for this handle's claims (I15, unlike
+    /// [`Replica::process_lease`]).
     ///
     /// # Errors
     /// [`Error::Store`]; [`Error::Corrupt`]/[`Error::UnknownFormat`] for an unreadable lease
@@ -292,7 +294,7 @@ impl Replica {
     /// # Errors
     /// [`Error::Store`].
     pub async fn process_lease(&self, instance: &str) -> Result<Option<ProcessLease>, Error> {
-        self.inner.leases.process_lease(instance).await
+        self.inner.leases.process_lease(instance, true).await
     }
 
     /// Every process lease in the store (`processes/<instance>.json`), by instance and a
@@ -322,8 +324,10 @@ impl Replica {
     /// Deletes this process's lease (`processes/<instance>.json`) and stops renewing it: call
     /// it once this handle serves no org, after [`Replica::drain`] and every release, so a
     /// drained process leaves nothing for watchers to list. A later claim through this
-    /// handle writes the lease again. Returns true when the delete landed; false, deleting
-    /// nothing, when this handle never wrote a lease, or when the delete failed (logged:
+    /// handle writes the lease again, and is made only once that write has landed (an
+    /// observer may have read the unrenewed lease long before). Returns true when the
+    /// delete landed; false, deleting nothing, when this handle never wrote a lease, or
+    /// when the delete failed (logged:
     /// the lease then stays unrenewed, which claimants read as an exited process). The
     /// handle must serve no org that is not released: one it still held would be claimable
     /// after a watch, as if the process had died.

@@ -255,6 +255,50 @@ async fn a_watchers_read_of_a_process_lease_starts_the_watch_of_what_it_read() -
     Ok(())
 }
 
+/// A retired process is alive but renews nothing, so an observer's old read of its lease,
+/// or of its absence, must not judge a claim it makes later. A's retire leaves its last
+/// renewal in place (the delete fails), or deletes it and B reads it gone; a watch later A
+/// claims again while its lease write fails. The claim must fail rather than be published beside a stale lease that B
+/// would take for a whole watch of silence; the retried claim writes the lease first, and
+/// B, who saw it change, waits a whole watch.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_claim_after_a_retire_is_made_only_once_its_lease_has_landed() -> R {
+    for delete_fails in [true, false] {
+        let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let faults = Arc::new(FaultStore::new(memory.clone()));
+        let a_store: Arc<dyn ObjectStore> = faults.clone();
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let a = open(&a_store, &clock, None).await?;
+        let b = open(&memory, &clock, None).await?;
+        let (acme, beta) = (OrgId::new("acme")?, OrgId::new("beta")?);
+        let mut held = a.claim(&acme, "a", false).await?;
+        a.release(&mut held).await?;
+        if delete_fails {
+            faults.inject(Op::Delete, "processes/", 1, Fault::FailBefore);
+            assert!(!a.retire().await, "the delete was to fail");
+            // A watcher reads the lease A no longer renews.
+            assert!(b.process_lease(a.instance()).await?.is_some());
+        } else {
+            assert!(a.retire().await);
+            // A watcher reads it gone.
+            assert!(b.process_lease(a.instance()).await?.is_none());
+        }
+        live_for(&clock, WATCH_MS + 100).await;
+        faults.inject(Op::Put, "processes/", 1, Fault::FailBefore);
+        match a.claim(&beta, "a", false).await {
+            Err(Error::Store { .. }) => {}
+            other => return Err(format!("claimed beside a stale lease: {other:?}").into()),
+        }
+        let claim = a.claim(&beta, "a", false).await?;
+        match b.claim(&beta, "b", false).await {
+            Err(Error::LeaseHeld { retry_after_ms, .. }) => assert_eq!(retry_after_ms, WATCH_MS),
+            other => return Err(format!("a live holder's new claim was taken: {other:?}").into()),
+        }
+        drop(claim);
+    }
+    Ok(())
+}
+
 /// Regression: the watch ran only when the org lease was of the log's newest round.
 /// A claim entry lands before its claimer writes the org lease, so a third claimant whose
 /// create collided with it re-read a head newer than the lease (the releaser's) and claimed

@@ -605,6 +605,8 @@ impl Replica {
         // The claim entry names the process lease, which a claimant watches from the
         // moment the entry lands; an absent one counts as unchanged only for a whole
         // watch, which the renewal task's next write ends, so both PUTs go out together.
+        // After a retire the lease's write lands first (`Leases::ready_to_claim`).
+        self.inner.leases.ready_to_claim().await?;
         let (published, ()) = futures::future::join(
             self.inner.log.publish(org, entry),
             self.inner.leases.ensure_process_lease(),

@@ -310,16 +310,19 @@ impl Leases {
     }
 
     /// The process lease of `instance`, if it exists and reads; an unreadable one is logged
-    /// and taken as absent. The read is an observation like any other (I15): it goes into
-    /// this handle's watch, so a watcher that reads a holder's renewals as they come
-    /// ([`crate::Replica::process_lease`]) starts the watch of its final one at its first
-    /// read, not at the first claim that finds it silent.
+    /// and taken as absent. With `watching`, the read is an observation like a claim's
+    /// (I15) and goes into this handle's watch, so a watcher that reads a holder's renewals
+    /// as they come ([`crate::Replica::process_lease`]) starts the watch of its last one at
+    /// its first read, not at the first claim that finds it silent. Reads for people
+    /// ([`crate::Replica::lease`]) do not watch: what they report of a claim's wait stays
+    /// what a claim from a process that never looked would wait.
     ///
     /// # Errors
     /// [`Error::Store`].
     pub(crate) async fn process_lease(
         &self,
         instance: &str,
+        watching: bool,
     ) -> Result<Option<ProcessLease>, Error> {
         if !valid_instance(instance) {
             return Ok(None);
@@ -330,14 +333,16 @@ impl Leases {
             (Some(b), false) => parse_process_lease(path.as_ref(), instance, b),
             _ => None,
         };
-        let term_ms = self.holders_term(lease.as_ref().map_or(0, |l| l.term_ms));
-        self.watch.saw(
-            path.as_ref(),
-            read.bytes,
-            read.asked_ms,
-            read.read_ms,
-            watch_ms(term_ms),
-        );
+        if watching {
+            let term_ms = self.holders_term(lease.as_ref().map_or(0, |l| l.term_ms));
+            self.watch.saw(
+                path.as_ref(),
+                read.bytes,
+                read.asked_ms,
+                read.read_ms,
+                watch_ms(term_ms),
+            );
+        }
         Ok(lease)
     }
 
@@ -381,9 +386,10 @@ impl Leases {
     /// counts as a state) for the holder's term (`lease.term_ms`, at most
     /// [`crate::max_holder_term_ms`] of this handle's `lease_ms`, else this handle's
     /// `lease_ms`) plus a tenth of this handle's monotonic clock; a first sighting therefore
-    /// waits a whole watch, and a process lease already watched for another org's sake
-    /// answers at once. A lease naming an instance this crate could not have made names no
-    /// object and proves nothing. Never reads a wall clock. One GET.
+    /// waits a whole watch, and a process lease already watched for another org's sake, or
+    /// read by [`crate::Replica::process_lease`], counts from that earlier read. A lease
+    /// naming an instance this crate could not have made names no object and proves
+    /// nothing. Never reads a wall clock. One GET.
     ///
     /// # Errors
     /// [`Error::Store`].
@@ -457,9 +463,42 @@ impl Leases {
             })
             .await;
         // A claim after a retire: the lease is written again now, and the renewals resume.
-        if self.retired.swap(false, Ordering::SeqCst) {
-            self.put_process_lease().await;
+        if self.retired.load(Ordering::SeqCst) {
+            let _ = self.unretire().await;
         }
+    }
+
+    /// Makes sure a claim about to name this process may do so: after a [`Leases::retire`],
+    /// the lease is written again and that write has **landed** before this returns, where
+    /// otherwise it goes out beside the claim's create. Any read of the process lease is an
+    /// observation (I15), and a retired lease is not renewed while its process lives: an
+    /// observer that read it (or its absence) long ago would otherwise judge the new claim's
+    /// holder dead at once, before the write beside the claim lands. With the write first,
+    /// every read a claimant makes after reading the claim returns the new bytes, a change.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the write failed: the handle stays retired and the claim must
+    /// not be made. [`Error::Encode`] if the lease could not be encoded.
+    pub(crate) async fn ready_to_claim(&self) -> Result<(), Error> {
+        if !self.retired.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.unretire().await
+    }
+
+    /// Writes the lease of a retired handle again and resumes its renewals; the handle
+    /// stays retired when the write fails.
+    async fn unretire(&self) -> Result<(), Error> {
+        let _writing = self.writing.lock().await;
+        if !self.retired.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.retired.store(false, Ordering::SeqCst);
+        let written = self.put_locked().await;
+        if written.is_err() {
+            self.retired.store(true, Ordering::SeqCst);
+        }
+        written
     }
 
     /// Deletes this process's lease and stops its renewals (the task keeps its timer and
@@ -472,8 +511,9 @@ impl Leases {
     /// Safe for every org (I7, I15): an org this process released has its Release entry at
     /// the head and moves without any liveness check; an org it still held looks absent or
     /// unchanged, which a claimant takes for dead only after a whole watch of its own
-    /// monotonic clock. A later claim through this handle writes the lease again before the
-    /// first watch could end.
+    /// monotonic clock. A later claim through this handle (or adopt seal) is made only once
+    /// the lease's new write has landed ([`Leases::ready_to_claim`]): an observer may have
+    /// read the unrenewed lease, or its absence, long before, and must see a change.
     pub(crate) async fn retire(&self) -> bool {
         if !self.started() {
             return false;
@@ -527,12 +567,18 @@ impl Leases {
     }
 
     /// Writes this process's lease for another `lease_ms`; false (logged) when the write
-    /// fails.
+    /// fails or the handle is retired.
     async fn put_process_lease(&self) -> bool {
         let _writing = self.writing.lock().await;
         if self.retired.load(Ordering::SeqCst) {
             return false;
         }
+        self.put_locked().await.is_ok()
+    }
+
+    /// [`Leases::put_process_lease`]'s write, with `writing` held by the caller; the error
+    /// is logged too.
+    async fn put_locked(&self) -> Result<(), Error> {
         let releasing = idem_base::lock(&self.draining).clone();
         let lease = ProcessLease {
             instance: self.instance.clone(),
@@ -544,21 +590,22 @@ impl Leases {
             releasing: releasing.unwrap_or_default(),
         };
         let path = self.store.layout.process(&lease.instance);
-        let body = match serde_json::to_vec(&ProcessWire {
+        let body = serde_json::to_vec(&ProcessWire {
             v: ENTRY_VERSION,
             lease,
-        }) {
-            Ok(b) => b,
-            Err(_) => return false,
-        };
+        })
+        .map_err(|source| Error::Encode {
+            what: "process lease",
+            source,
+        })?;
         match self.store.object.put(&path, PutPayload::from(body)).await {
             Ok(_) => {
                 metrics::counter!(crate::metrics::LEASE_RENEWALS).increment(1);
-                true
+                Ok(())
             }
             Err(e) => {
                 warn!(%path, error = %e, "could not write the process lease");
-                false
+                Err(Error::store("put", &path, e))
             }
         }
     }

@@ -6,6 +6,7 @@
 
 use crate::format::journal::{RunName, Via};
 use crate::format::mark::FreePoint;
+use crate::journal::adopting::Turn;
 use crate::journal::claim::{JournalTenure, MAX_FREE_CLAIM_ATTEMPTS};
 use crate::journal::entries::{EntryCreated, JournalClaim};
 use crate::journal::issuer::Issuer;
@@ -199,6 +200,20 @@ impl Issuer {
                         replica
                             .judge_run_holder(org, &walk, &holder, tenure.round)
                             .await?;
+                    }
+                    // One adopt seal fences every org of the run: one acquire places it,
+                    // the others meeting the run meanwhile walk again once it is done
+                    // (`adopting.rs`). The judgement above stays each acquire's own, so a
+                    // live holder's refusals are never queued behind one another.
+                    let _lead = match self.adoption_turn(&holder) {
+                        Turn::Lead(lead) => lead,
+                        Turn::Wait(waiting) => {
+                            waiting.ended().await;
+                            continue;
+                        }
+                    };
+                    if self.adopted_run(&holder) {
+                        continue;
                     }
                     let from = self.floor();
                     match replica

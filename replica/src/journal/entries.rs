@@ -117,7 +117,8 @@ impl Replica {
         });
         // The claim names this process, which a claimant watches from the moment the
         // entry lands (C3): its lease goes out beside the claim's create, as a per-org
-        // claim's does.
+        // claim's does; after a retire it lands first (`Leases::ready_to_claim`).
+        self.inner.leases.ready_to_claim().await?;
         let (created, ()) = futures::future::join(
             self.create_marked(
                 org,

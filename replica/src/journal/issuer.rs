@@ -133,6 +133,8 @@ struct Shared {
     /// Runs this issuer's adopt seal ended: a walk that listed one before the seal landed
     /// walks again rather than judging its writer and adopting it once more.
     adopted_runs: Mutex<BTreeSet<RunName>>,
+    /// Runs an acquire of this issuer is adopting now: one attempt per run at a time.
+    adopting: crate::journal::adopting::Adopting,
     /// Release seals of other processes' runs that a claim of this issuer took an org at
     /// (K1b), each run once: the first is kept in `released` for the caller (K2.6).
     released_runs: Mutex<BTreeSet<RunName>>,
@@ -194,6 +196,7 @@ impl Issuer {
             lag_tx: Mutex::new(None),
             adopted: Mutex::new(BTreeSet::new()),
             adopted_runs: Mutex::new(BTreeSet::new()),
+            adopting: Default::default(),
             released_runs: Mutex::new(BTreeSet::new()),
             released: Mutex::new(Vec::new()),
             closing: std::sync::atomic::AtomicBool::new(false),
@@ -294,6 +297,11 @@ impl Issuer {
     /// True when this issuer's adopt seal ended `run`.
     pub(crate) fn adopted_run(&self, run: &RunName) -> bool {
         lock(&self.shared.adopted_runs).contains(run)
+    }
+
+    /// An acquire's turn at adopting `run`: lead the one attempt, or wait for it.
+    pub(crate) fn adoption_turn(&self, run: &RunName) -> crate::journal::adopting::Turn<'_> {
+        self.shared.adopting.turn(run)
     }
 
     /// J4 for every org: from now on a tenure's release only drains it (its last section

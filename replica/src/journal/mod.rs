@@ -17,6 +17,7 @@
 //! registry uses when `RegistrySettings::journal` enables it.
 
 mod acquire;
+mod adopting;
 mod checkpoint;
 mod claim;
 mod claim_held;

@@ -238,6 +238,8 @@ impl Replica {
         from: u64,
     ) -> Result<Adoption, Error> {
         crate::org_id::check_writer(by)?;
+        // The seal hands the run's orgs to `continued`, judged by this process's lease.
+        self.inner.leases.ready_to_claim().await?;
         let seal = JournalObject::Seal(Seal {
             by: by.to_owned(),
             instance: continued.instance().to_owned(),

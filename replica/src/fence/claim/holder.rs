@@ -113,7 +113,11 @@ impl Replica {
         };
         match self.newest_claimer(org, &window, top).await? {
             Some((holder, claimer)) if !claimer.instance.is_empty() => {
-                let process = self.inner.leases.process_lease(&claimer.instance).await?;
+                let process = self
+                    .inner
+                    .leases
+                    .process_lease(&claimer.instance, false)
+                    .await?;
                 let mut lease = claimer_lease(holder, top.round(), claimer);
                 if let Some(p) = process {
                     lease.expires_at_ms = p.expires_at_ms;
@@ -201,7 +205,11 @@ impl Replica {
             Some((w, crate::format::entry::EntryBody::Claim(c))) => (w.clone(), c.term_ms),
             _ => (String::new(), 0),
         };
-        let process = self.inner.leases.process_lease(run.instance()).await?;
+        let process = self
+            .inner
+            .leases
+            .process_lease(run.instance(), false)
+            .await?;
         Ok(Some(Lease {
             writer,
             round: tenure.round,
