@@ -349,8 +349,10 @@ impl Leases {
     /// One GET of the liveness object at `path`, timed on this handle's monotonic clock,
     /// with what the watch records of it. An object over its cap is still a state to
     /// watch: what the refusal says (its size included) stands for its bytes, so a dead
-    /// holder's oversized lease lapses after a watch like any other, and one that keeps
-    /// changing keeps its holder alive.
+    /// holder's oversized lease lapses after a watch like any other, and one whose size
+    /// keeps changing keeps its holder alive (one rewritten at the same size over its cap
+    /// reads as unchanged: such a holder is taken for dead after a watch, which fencing
+    /// keeps safe, I7).
     async fn read_liveness(&self, path: &object_store::path::Path) -> Result<Liveness, Error> {
         let asked_ms = self.clock.monotonic_ms();
         let (bytes, over_cap) = match self.store.get_bytes(path, MAX_LEASE_BYTES).await {
