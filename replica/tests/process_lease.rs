@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use idem_replica::conformance::test_snapshot;
 use idem_replica::fault::{Fault, FaultStore, Op};
+use idem_replica::latency::{LatencyStore, Shape, Shapes};
 use idem_replica::{Error, ManualClock, OrgId, Replica, Settings};
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -296,6 +297,47 @@ async fn a_claim_after_a_retire_is_made_only_once_its_lease_has_landed() -> R {
         }
         drop(claim);
     }
+    Ok(())
+}
+
+/// Regression (review): two claims after a retire, made together while the first lease
+/// write is slow and fails. The handle counted as unretired from the moment that write was
+/// sent, so the second claim went out at once beside it and landed with no lease written,
+/// which B, who had read the lease gone a watch before, took at once. Each claim now waits
+/// for a write that landed: the first fails, the second writes the lease itself.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn two_claims_after_a_retire_each_wait_for_a_landed_lease() -> R {
+    let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faults = Arc::new(FaultStore::new(memory.clone()));
+    let slow: Arc<dyn ObjectStore> = Arc::new(LatencyStore::new(
+        faults.clone(),
+        Shapes::all(Shape::Constant(Duration::from_millis(20))),
+        2,
+    ));
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = open(&slow, &clock, None).await?;
+    let b = open(&memory, &clock, None).await?;
+    let (acme, beta, gamma) = (
+        OrgId::new("acme")?,
+        OrgId::new("beta")?,
+        OrgId::new("gamma")?,
+    );
+    let mut held = a.claim(&acme, "a", false).await?;
+    a.release(&mut held).await?;
+    assert!(a.retire().await);
+    assert!(b.process_lease(a.instance()).await?.is_none());
+    live_for(&clock, WATCH_MS + 100).await;
+    faults.inject(Op::Put, "processes/", 1, Fault::FailBefore);
+    let (first, second) =
+        futures::future::join(a.claim(&beta, "a", false), a.claim(&gamma, "a", false)).await;
+    assert!(matches!(first, Err(Error::Store { .. })), "{first:?}");
+    let second = second?;
+    assert!(b.process_lease(a.instance()).await?.is_some());
+    match b.claim(&gamma, "b", false).await {
+        Err(Error::LeaseHeld { retry_after_ms, .. }) => assert_eq!(retry_after_ms, WATCH_MS),
+        other => return Err(format!("a live holder's new claim was taken: {other:?}").into()),
+    }
+    drop(second);
     Ok(())
 }
 

@@ -489,18 +489,18 @@ impl Leases {
     }
 
     /// Writes the lease of a retired handle again and resumes its renewals; the handle
-    /// stays retired when the write fails.
+    /// stays retired when the write fails. The handle reads as retired until the write has
+    /// landed, and the write holds `writing`: a second claim meanwhile queues here and
+    /// finds the lease written, or writes it itself, never publishing beside a write in
+    /// flight (nor beside one an abandoned claim left half done).
     async fn unretire(&self) -> Result<(), Error> {
         let _writing = self.writing.lock().await;
         if !self.retired.load(Ordering::SeqCst) {
             return Ok(());
         }
+        self.put_locked().await?;
         self.retired.store(false, Ordering::SeqCst);
-        let written = self.put_locked().await;
-        if written.is_err() {
-            self.retired.store(true, Ordering::SeqCst);
-        }
-        written
+        Ok(())
     }
 
     /// Deletes this process's lease and stops its renewals (the task keeps its timer and

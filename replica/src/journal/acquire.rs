@@ -202,24 +202,26 @@ impl Issuer {
                             .await?;
                     }
                     // One adopt seal fences every org of the run: one acquire places it,
-                    // the others meeting the run meanwhile walk again once it is done
-                    // (`adopting.rs`). The judgement above stays each acquire's own, so a
-                    // live holder's refusals are never queued behind one another.
-                    let _lead = match self.adoption_turn(&holder) {
-                        Turn::Lead(lead) => lead,
+                    // the others meeting the run meanwhile walk again once it settled, or
+                    // adopt on their own if it did not (`adopting.rs`). The judgement above
+                    // stays each acquire's own, so a live holder's refusals never queue.
+                    let mut lead = match self.adoption_turn(&holder) {
+                        Turn::Lead(lead) => Some(lead),
                         Turn::Wait(waiting) => {
-                            waiting.ended().await;
-                            continue;
+                            if waiting.ended().await {
+                                continue;
+                            }
+                            None
                         }
                     };
                     if self.adopted_run(&holder) {
                         continue;
                     }
                     let from = self.floor();
-                    match replica
+                    let adoption = replica
                         .adopt_run(&holder, self.writer(), &ours, from)
-                        .await?
-                    {
+                        .await?;
+                    match adoption {
                         Adoption::Sealed { run, slot, listing } => {
                             tracing::info!(%org, %run, slot, "adopted a dead writer's journal run (K2)");
                             self.hold(from);
@@ -236,6 +238,9 @@ impl Issuer {
                             }
                         }
                         Adoption::Released { .. } | Adoption::AdoptedBy { .. } => {}
+                    }
+                    if let Some(lead) = lead.as_mut() {
+                        lead.settle();
                     }
                 }
                 OrgEnd::HeldPerOrg { .. } => {

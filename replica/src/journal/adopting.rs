@@ -8,10 +8,15 @@
 //!
 //! The gate orders requests of this process only; it decides nothing. A waiter walks again
 //! and applies the same rules to what it reads (I7: the seal in the store is what fences,
-//! whoever placed it). The leader's attempt ending in any way — adopted, found released or
-//! adopted by another process, an error, or its acquire dropped — releases the waiters, so
-//! a failure is never waited on twice: each waiter's own next walk meets whatever the store
-//! says now.
+//! whoever placed it). The leader's attempt ending in any way releases the waiters, and
+//! they learn whether it settled: adopted (the seal placed, the run's orgs learned) or
+//! found the run released or adopted by another process. An attempt that did not settle —
+//! an error, or its acquire dropped, perhaps after its seal landed — leaves the waiters to
+//! adopt on their own, as every acquire did before the gate: a walk after our seal cannot
+//! tell a finished adoption from one cut short, so an unsettled one must be finished by a
+//! caller that does what `adopt_run` does after the seal (its hole fill, the floor held
+//! for the seal, the run's orgs learned), and concurrently, so a failing store is never
+//! waited on in turn.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -24,13 +29,14 @@ use crate::format::journal::RunName;
 /// holds.
 #[derive(Debug, Default)]
 pub(crate) struct Adopting {
-    gates: Mutex<HashMap<RunName, Arc<AsyncMutex<()>>>>,
+    gates: Mutex<HashMap<RunName, Arc<AsyncMutex<bool>>>>,
 }
 
 /// An acquire's turn at adopting a run.
 pub(crate) enum Turn<'a> {
     /// Adopt it: no other acquire of this process is adopting it. Dropping the lead (at
-    /// the attempt's end, whatever it came to) releases the waiters.
+    /// the attempt's end, whatever it came to) releases the waiters; [`Lead::settle`]
+    /// first tells them it came to an outcome.
     Lead(Lead<'a>),
     /// Another acquire is adopting it: wait for its attempt to end ([`Waiting::ended`]),
     /// then walk again.
@@ -38,12 +44,13 @@ pub(crate) enum Turn<'a> {
 }
 
 /// A waiter's view of the leader's gate.
-pub(crate) struct Waiting(Arc<AsyncMutex<()>>);
+pub(crate) struct Waiting(Arc<AsyncMutex<bool>>);
 
 impl Waiting {
-    /// Returns once the leader's attempt has ended.
-    pub(crate) async fn ended(self) {
-        drop(self.0.lock().await);
+    /// Returns once the leader's attempt has ended: true when it settled (walk again),
+    /// false when it did not (adopt without the gate).
+    pub(crate) async fn ended(self) -> bool {
+        *self.0.lock().await
     }
 }
 
@@ -51,7 +58,15 @@ impl Waiting {
 pub(crate) struct Lead<'a> {
     adopting: &'a Adopting,
     run: RunName,
-    _held: OwnedMutexGuard<()>,
+    held: OwnedMutexGuard<bool>,
+}
+
+impl Lead<'_> {
+    /// The attempt came to an outcome: the run adopted by this acquire, or found released
+    /// or adopted by another process. Waiters then walk again.
+    pub(crate) fn settle(&mut self) {
+        *self.held = true;
+    }
 }
 
 impl Drop for Lead<'_> {
@@ -69,14 +84,14 @@ impl Adopting {
         if let Some(gate) = gates.get(run) {
             return Turn::Wait(Waiting(gate.clone()));
         }
-        let gate = Arc::new(AsyncMutex::new(()));
+        let gate = Arc::new(AsyncMutex::new(false));
         match gate.clone().try_lock_owned() {
             Ok(held) => {
                 gates.insert(run.clone(), gate);
                 Turn::Lead(Lead {
                     adopting: self,
                     run: run.clone(),
-                    _held: held,
+                    held,
                 })
             }
             // A gate nobody else has seen is never locked; were it, waiting on it is safe.
@@ -104,7 +119,7 @@ mod tests {
     -> Result<(), crate::Error> {
         let adopting = Adopting::default();
         let (a, b) = (run(1)?, run(2)?);
-        let lead = match adopting.turn(&a) {
+        let mut lead = match adopting.turn(&a) {
             Turn::Lead(l) => l,
             Turn::Wait(_) => panic!("the first acquire waited"),
         };
@@ -115,11 +130,23 @@ mod tests {
         };
         let mut waiting = Box::pin(waiting.ended());
         assert!(futures::poll!(waiting.as_mut()).is_pending());
+        lead.settle();
         drop(lead);
-        assert!(futures::poll!(waiting.as_mut()).is_ready());
-        // The attempt ended: the next acquire leads one of its own.
+        assert_eq!(
+            futures::poll!(waiting.as_mut()),
+            std::task::Poll::Ready(true)
+        );
+        // The attempt ended: the next acquire leads one of its own. One that ends without
+        // settling (an error, a dropped acquire) tells its waiters so.
         assert_eq!(adopting.len(), 0);
-        assert!(matches!(adopting.turn(&a), Turn::Lead(_)));
+        let Turn::Lead(unsettled) = adopting.turn(&a) else {
+            panic!("no leader after the first attempt ended");
+        };
+        let Turn::Wait(waiting) = adopting.turn(&a) else {
+            panic!("a second leader of one run");
+        };
+        drop(unsettled);
+        assert!(!waiting.ended().await);
         Ok(())
     }
 }
