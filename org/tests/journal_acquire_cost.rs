@@ -14,10 +14,12 @@ use std::time::Duration;
 use common::journal::{LEASE_MS, in_store, settings};
 use common::{R, effect, registry, replica_with_lease};
 use idem_org::Registry;
+use idem_replica::fault::{Fault, FaultStore, Op as FaultOp};
 use idem_replica::latency::{LatencyStore, Op, Recorded, Shape, Shapes};
-use idem_replica::{ManualClock, OrgId, Replica};
+use idem_replica::{FailPoint, Failpoints, ManualClock, OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
+use tokio::sync::{Mutex, oneshot};
 
 /// The delay every request takes.
 const DELAY: Duration = Duration::from_millis(100);
@@ -120,40 +122,34 @@ async fn a_lost_claim_leaves_no_installed_file_behind() -> R {
     Ok(())
 }
 
-/// A crash takeover's acquires meet the dead writer's run together. One adopt seal fences
-/// every org of it (K2), so one acquire adopts the run and the others wait for that and walk
-/// again: the dead run is listed a few times in all, not once or more per org, and it is
-/// adopted once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquires_of_a_dead_writers_orgs_together_adopt_its_run_once() -> R {
-    const ORGS: usize = 16;
-    let dir = tempfile::tempdir()?;
-    let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let ra = replica_with_lease(memory.clone(), LEASE_MS).await?;
+/// A writer (A) that served `n` orgs and crashed (no release, no seal), and B over `b_store`
+/// (which must reach A's store) with a clock past the watch of A's process lease (I15):
+/// B's next acquire of A's orgs adopts A's run. Returns B's registry, its replica, the orgs
+/// and the path part naming A's runs.
+async fn crashed_writer_and_successor(
+    memory: Arc<dyn ObjectStore>,
+    b_store: Arc<dyn ObjectStore>,
+    b_failpoints: Option<Arc<dyn Failpoints>>,
+    dir: &std::path::Path,
+    n: usize,
+) -> Result<(Registry, Replica, Vec<OrgId>, String), common::BoxErr> {
+    let ra = replica_with_lease(memory, LEASE_MS).await?;
     let dead_run = format!("/journals/{}-", ra.instance());
-    let a = registry(&dir.path().join("a"), ra.clone(), "wa", settings(64 << 10))?;
-    let orgs: Vec<OrgId> = (0..ORGS).map(common::journal::org).collect();
+    let a = registry(&dir.join("a"), ra.clone(), "wa", settings(64 << 10))?;
+    let orgs: Vec<OrgId> = (0..n).map(common::journal::org).collect();
     for o in &orgs {
         assert!(a.once(o, "k", effect(o.as_str(), "k")).await?.applied);
     }
-    // A crash: no release, no seal; the process lease stops being renewed with the last
-    // clone of A's replica.
+    // The process lease stops being renewed with the last clone of A's replica.
     drop(a);
     drop(ra);
-
-    // B's clock drives its watch of A's process lease (I15).
-    let store = Arc::new(LatencyStore::new(
-        memory,
-        Shapes::all(Shape::Constant(Duration::from_millis(20))),
-        2,
-    ));
     let clock = Arc::new(ManualClock::new(1_000_000));
     let b_settings = idem_replica::Settings {
         lease_ms: LEASE_MS,
         ..idem_replica::Settings::default()
     };
-    let rb = Replica::open_with(store.clone(), "t", b_settings, clock.clone(), None).await?;
-    let b = Registry::builder(dir.path().join("b"), rb.clone(), "wb")
+    let rb = Replica::open_with(b_store, "t", b_settings, clock.clone(), b_failpoints).await?;
+    let b = Registry::builder(dir.join("b"), rb.clone(), "wb")
         .settings(settings(64 << 10))
         .clock(clock.clone())
         .on_open(|c| c.execute_batch(common::LEDGER))
@@ -161,6 +157,24 @@ async fn acquires_of_a_dead_writers_orgs_together_adopt_its_run_once() -> R {
     let first = b.acquire(&orgs[0]).await;
     assert!(first.is_err_and(|e| e.retry_after().is_some()));
     clock.advance(LEASE_MS + LEASE_MS / 10);
+    Ok((b, rb, orgs, dead_run))
+}
+
+/// A crash takeover's acquires meet the dead writer's run together. One adopt seal fences
+/// every org of it (K2), so one acquire adopts the run and the others wait for that and walk
+/// again: the dead run is listed a few times in all, not once or more per org, and it is
+/// adopted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_of_a_dead_writers_orgs_together_adopt_its_run_once() -> R {
+    let dir = tempfile::tempdir()?;
+    let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let store = Arc::new(LatencyStore::new(
+        memory.clone(),
+        Shapes::all(Shape::Constant(Duration::from_millis(20))),
+        2,
+    ));
+    let (b, _rb, orgs, dead_run) =
+        crashed_writer_and_successor(memory, store.clone(), None, dir.path(), 16).await?;
 
     let trace = store.trace();
     let acquired = futures::future::join_all(orgs.iter().map(|o| b.acquire(o))).await;
@@ -184,6 +198,61 @@ async fn acquires_of_a_dead_writers_orgs_together_adopt_its_run_once() -> R {
         of_dead(Op::List)
     );
     assert_eq!(of_dead(Op::Put), 1, "{:#?}", recorded.requests);
+    for o in &orgs {
+        assert!(!b.once(o, "k", effect(o.as_str(), "never")).await?.applied);
+    }
+    b.shutdown().await;
+    Ok(())
+}
+
+/// Signals once an acquire is about to wait for another's adoption.
+#[derive(Debug, Default)]
+struct Awaited(Mutex<Option<oneshot::Sender<()>>>);
+
+#[async_trait::async_trait]
+impl Failpoints for Awaited {
+    async fn hit(&self, point: FailPoint, _org: &OrgId) -> Result<(), String> {
+        if point == FailPoint::AdoptionAwaited
+            && let Some(tx) = self.0.lock().await.take()
+        {
+            let _ = tx.send(());
+        }
+        Ok(())
+    }
+}
+
+/// Regression (review): the adopting acquire fails after its seal landed (its second
+/// listing of the run errs). Its waiter must not just walk again, meeting our seal and
+/// attaching as if the adoption were done: nothing would hold the floor for the seal or
+/// learn the run's other orgs, which then never open before their requests (K2.5). It
+/// adopts on its own, meets our seal, and finishes the adoption. Ordered without sleeps:
+/// the leader is held at its seal's PUT until the waiter is about to wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_cut_short_after_its_seal_is_finished_by_a_waiter() -> R {
+    let dir = tempfile::tempdir()?;
+    let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faults = Arc::new(FaultStore::new(memory.clone()));
+    let awaited = Arc::new(Awaited::default());
+    let (b, _rb, orgs, dead_run) =
+        crashed_writer_and_successor(memory, faults.clone(), Some(awaited.clone()), dir.path(), 4)
+            .await?;
+
+    let seal = faults.pause_next(FaultOp::Put, &dead_run);
+    let (waiting_tx, waiting) = oneshot::channel();
+    *awaited.0.lock().await = Some(waiting_tx);
+    let (b0, o0) = (b.clone(), orgs[0].clone());
+    let leader = tokio::spawn(async move { b0.acquire(&o0).await.map(|_| ()) });
+    seal.reached.await?;
+    let (b1, o1) = (b.clone(), orgs[1].clone());
+    let waiter = tokio::spawn(async move { b1.acquire(&o1).await.map(|_| ()) });
+    waiting.await?;
+    // The seal lands; the adopter's next listing of the run fails.
+    faults.inject(FaultOp::List, &dead_run, 1, Fault::FailBefore);
+    let _ = seal.resume.send(());
+    let led = leader.await?;
+    assert!(led.is_err(), "the adopter was to fail: {led:?}");
+    waiter.await??;
+    common::until(|| orgs[2..].iter().all(|o| b.serving(o).is_some())).await?;
     for o in &orgs {
         assert!(!b.once(o, "k", effect(o.as_str(), "never")).await?.applied);
     }

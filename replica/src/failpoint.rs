@@ -29,6 +29,9 @@ pub enum FailPoint {
     /// Clone: the clone references are written, the source snapshot's entry not yet read
     /// again (fires for the clone's org).
     CloneAfterReferences,
+    /// Journal acquire: another acquire of this process is adopting the dead run the org's
+    /// walk ended in, and this one is about to wait for that attempt to end (K2).
+    AdoptionAwaited,
 }
 
 /// Hook called at every [`FailPoint`].

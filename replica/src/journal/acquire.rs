@@ -12,7 +12,7 @@ use crate::journal::entries::{EntryCreated, JournalClaim};
 use crate::journal::issuer::Issuer;
 use crate::journal::org_walk::{OrgEnd, OrgWalk, WalkState};
 use crate::journal::place::Adoption;
-use crate::{Error, OrgId};
+use crate::{Error, FailPoint, OrgId};
 
 /// A tenure acquired on the journal, before its state is installed.
 #[derive(Clone, Debug)]
@@ -208,6 +208,7 @@ impl Issuer {
                     let mut lead = match self.adoption_turn(&holder) {
                         Turn::Lead(lead) => Some(lead),
                         Turn::Wait(waiting) => {
+                            replica.failpoint(FailPoint::AdoptionAwaited, org).await?;
                             if waiting.ended().await {
                                 continue;
                             }
