@@ -472,11 +472,12 @@ impl Leases {
 
     /// Makes sure a claim about to name this process may do so: after a [`Leases::retire`],
     /// the lease is written again and that write has **landed** before this returns, where
-    /// otherwise it goes out beside the claim's create. Any read of the process lease is an
-    /// observation (I15), and a retired lease is not renewed while its process lives: an
-    /// observer that read it (or its absence) long ago would otherwise judge the new claim's
-    /// holder dead at once, before the write beside the claim lands. With the write first,
-    /// every read a claimant makes after reading the claim returns the new bytes, a change.
+    /// otherwise it goes out beside the claim's create. A watcher's read of the process
+    /// lease is an observation (I15), and a retired lease is not renewed while its process
+    /// lives: an observer that read it (or its absence) long ago would otherwise judge the
+    /// new claim's holder dead at once, before the write beside the claim lands. With the
+    /// write first, every read a claimant makes after reading the claim returns the new
+    /// bytes, a change.
     ///
     /// # Errors
     /// [`Error::Store`] when the write failed: the handle stays retired and the claim must
