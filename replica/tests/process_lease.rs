@@ -341,6 +341,47 @@ async fn two_claims_after_a_retire_each_wait_for_a_landed_lease() -> R {
     Ok(())
 }
 
+/// The journal's ways of naming this process after a retire wait for the lease too: a
+/// K1b claim (its claim entry names the run, judged by this process's lease) and an adopt
+/// seal (it hands a dead run's orgs to this process's run). With the lease's write failing,
+/// each fails and publishes nothing that names the process; retried, the claim is made once
+/// the lease has landed.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn journal_claims_and_adopt_seals_after_a_retire_wait_for_the_lease() -> R {
+    let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faults = Arc::new(FaultStore::new(memory.clone()));
+    let store: Arc<dyn ObjectStore> = faults.clone();
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = open(&store, &clock, None).await?;
+    let mut run = a.start_run("a", 4).await?;
+    assert!(a.retire().await);
+    let acme = OrgId::new("acme")?;
+    let lease_path = Path::from(format!("t/processes/{}.json", a.instance()));
+    let lease = || memory.head(&lease_path);
+
+    faults.inject(Op::Put, "processes/", 1, Fault::FailBefore);
+    match a.claim_free(&acme, &mut run).await {
+        Err(Error::Store { .. }) => {}
+        other => return Err(format!("a K1b claim beside no lease: {other:?}").into()),
+    }
+    assert!(
+        a.history(&acme).await?.is_empty(),
+        "a claim entry was published"
+    );
+    faults.inject(Op::Put, "processes/", 1, Fault::FailBefore);
+    let dead = idem_replica::journal::RunName::new("0123456789abcdef0123456789abcdef", 1)?;
+    match a.adopt_run(&dead, "a", run.name(), 1).await {
+        Err(Error::Store { .. }) => {}
+        other => return Err(format!("an adopt seal beside no lease: {other:?}").into()),
+    }
+    assert!(lease().await.is_err(), "the lease was written after all");
+
+    let tenure = a.claim_free(&acme, &mut run).await?;
+    assert!(tenure.is_ok(), "{tenure:?}");
+    assert!(lease().await.is_ok(), "claimed with no lease in the store");
+    Ok(())
+}
+
 /// Regression: the watch ran only when the org lease was of the log's newest round.
 /// A claim entry lands before its claimer writes the org lease, so a third claimant whose
 /// create collided with it re-read a head newer than the lease (the releaser's) and claimed
