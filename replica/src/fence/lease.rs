@@ -464,10 +464,9 @@ impl Leases {
                 });
             })
             .await;
-        // A claim after a retire: the lease is written again now, and the renewals resume.
-        if self.retired.load(Ordering::SeqCst) {
-            let _ = self.unretire().await;
-        }
+        // A claim after a retire: the lease is written again now, and the renewals resume
+        // (a failed write is logged; the claim paths check it first, `ready_to_claim`).
+        let _ = self.ready_to_claim().await;
     }
 
     /// Makes sure a claim about to name this process may do so: after a [`Leases::retire`],
