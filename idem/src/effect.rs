@@ -77,7 +77,8 @@ mod state;
 mod write;
 
 pub use admin::{
-    Reconcile, Resolution, get, get_with, list, list_with, reconcile, resolve, resolve_with,
+    Reconcile, Resolution, get, get_with, list, list_open, list_with, reconcile, resolve,
+    resolve_with,
 };
 pub use history::{Transition, history};
 pub use options::{DEFAULT_LEASE_MS, LapseFn, Options, WriteHook};

@@ -51,6 +51,15 @@ pub fn list(conn: &Connection, state: Option<State>) -> Result<Vec<Effect>, Erro
     row::list(conn, state)
 }
 
+/// Every RESERVED and AMBIGUOUS row, in key order, as stored: one read through the partial
+/// index of open rows (what a registry counts at an org's open). Reads only.
+///
+/// # Errors
+/// [`Error::Sqlite`].
+pub fn list_open(conn: &Connection) -> Result<Vec<Effect>, Error> {
+    row::list_open(conn)
+}
+
 /// [`get`] as `opts` judges the row now: a RESERVED row whose lease lapsed
 /// ([`Options::lapse`]) reads as AMBIGUOUS ([`Effect::as_judged`]). Reads only.
 ///

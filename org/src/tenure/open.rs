@@ -214,18 +214,31 @@ async fn open_journal(
         }
     };
     let installed = async {
-        let hydrated = match installed {
-            Some(i) => JournalShipper::hydrate_installed(&issuer, &mut start, &files.db, i).await,
-            None => JournalShipper::hydrate(&issuer, &mut start, &files.db).await,
-        }
-        .map_err(|e| Error::replica(&org, e))?;
+        let installed = match installed {
+            Some(i) => i,
+            None => JournalShipper::install(issuer.replica(), &org, &start.tenure.walk, &files.db)
+                .await
+                .map_err(|e| Error::replica(&org, e))?,
+        };
+        let image = installed.image().map(str::to_owned);
+        let hydrated = JournalShipper::hydrate_installed(&issuer, &mut start, &files.db, installed)
+            .await
+            .map_err(|e| Error::replica(&org, e))?;
         let (busy, cache_kib) = (
             Duration::from_millis(opening.settings.busy_timeout_ms),
             opening.cache_kib,
         );
         let init = opening.init.clone();
-        let (owned, in_file) =
-            open_writer(&org, &files.db, busy, cache_kib, init, Volatile).await?;
+        let (owned, in_file) = open_writer(
+            &org,
+            &files.db,
+            busy,
+            cache_kib,
+            init,
+            Volatile,
+            image.as_deref(),
+        )
+        .await?;
         if let Some(h) = &hydrated
             && h.commit != in_file
         {
@@ -389,11 +402,21 @@ async fn open_writer(
     cache_kib: u64,
     init: Option<InitFn>,
     durability: Durability,
+    installed: Option<&str>,
 ) -> Result<(Owned, u64), Error> {
     let (org2, path) = (org.clone(), path.to_owned());
+    let installed = installed.map(str::to_owned);
     tokio::task::spawn_blocking(move || {
-        let opened = writer::open(&path, busy, cache_kib, init.as_ref(), durability);
+        let opened = writer::open(
+            &path,
+            busy,
+            cache_kib,
+            init.as_ref(),
+            durability,
+            installed.as_deref(),
+        );
         let owned = opened.map_err(|e| match e {
+            OpenError::Own(OwnError::Corrupt(source)) => Error::replica(&org2, *source),
             OpenError::Idem(source) => Error::from_idem(&org2, source),
             OpenError::Own(source) => Error::Writer {
                 org: org2.clone(),
@@ -456,7 +479,7 @@ async fn open_files(
         }
     };
     let busy = Duration::from_millis(settings.busy_timeout_ms);
-    let opened = open_writer(&org, &files.db, busy, cache_kib, init, Synced).await;
+    let opened = open_writer(&org, &files.db, busy, cache_kib, init, Synced, None).await;
     let (owned, in_file) = opened?;
     if in_file != commit {
         return Err(Error::CommitMismatch {

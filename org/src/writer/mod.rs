@@ -54,15 +54,21 @@ impl From<rusqlite::Error> for OpenError {
 /// runs the application's hook, sizes SQLite's page cache to `cache_kib` KiB (after the hook,
 /// so the registry's memory budget holds whatever the hook set), then takes the descriptors
 /// the shipper reads through. `durability` is the file's: `Volatile` for a journal tenure's,
-/// which is never kept or resumed.
+/// which is never kept or resumed. `installed`: the name of an image an install left
+/// unchecked, whose `quick_check` is then this connection's first access
+/// (`idem_replica::sqlite::open_installed`).
 pub(crate) fn open(
     path: &std::path::Path,
     busy: Duration,
     cache_kib: u64,
     init: Option<&InitFn>,
     durability: sqlite::Durability,
+    installed: Option<&str>,
 ) -> Result<Owned, OpenError> {
-    let conn = sqlite::open_exclusive(path, busy, durability)?;
+    let conn = match installed {
+        Some(image) => sqlite::open_installed(path, busy, durability, image)?,
+        None => sqlite::open_exclusive(path, busy, durability)?,
+    };
     prepare(conn, path, busy, cache_kib, init)
 }
 

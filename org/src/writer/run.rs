@@ -5,7 +5,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use idem::effect::{self, State, WriteHook};
+use idem::effect::{self, WriteHook};
 use idem_replica::sqlite::{self, CaptureError, Owned, OwnedFiles, ReopenError};
 use rusqlite::Connection;
 
@@ -294,8 +294,6 @@ fn refresh(conn: &Connection, holder: &Holder, wrote: bool) {
 
 /// Reloads `holder`'s open rows from the database (RESERVED and AMBIGUOUS, as stored).
 fn tally(conn: &Connection, holder: &Holder) -> Result<(), idem::Error> {
-    let mut open = effect::list(conn, Some(State::Reserved))?;
-    open.extend(effect::list(conn, Some(State::Ambiguous))?);
-    *lock(&holder.open) = open;
+    *lock(&holder.open) = effect::list_open(conn)?;
     Ok(())
 }

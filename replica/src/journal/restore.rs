@@ -14,7 +14,7 @@ use std::path::Path;
 
 use crate::chain::{self, Chain};
 use crate::format::body::DeltaBody;
-use crate::format::checksum::checksum_hex;
+use crate::format::checksum::{PageHashes, checksum_hex};
 use crate::format::layout::new_nonce;
 use crate::journal::SectionIndex;
 use crate::journal::io::Listed;
@@ -49,9 +49,10 @@ impl Replica {
     /// [`Replica::restore_walk`] for a writer's own file that lives only as long as this
     /// process ([`Durability::Volatile`], a journal tenure's): nothing is fsynced and page 1
     /// says WAL mode, so installing and opening it cost no flush of the disk. Returns the
-    /// commit counter installed (`None`: nothing, the org was never written) and, when the
-    /// walk's state is a section, the section's verified delta body, so the tenure's first
-    /// checkpoint needs no second read of it.
+    /// commit counter installed (`None`: nothing, the org was never written) and what the
+    /// install computed on the way ([`InstalledImage`]), so the tenure's first checkpoint
+    /// needs no second read of the section nor of the file. The image is not
+    /// `quick_check`ed here: the writer's connection does it ([`crate::sqlite::open_installed`]).
     ///
     /// # Errors
     /// As [`Replica::restore_walk`].
@@ -60,7 +61,7 @@ impl Replica {
         org: &OrgId,
         walk: &OrgWalk,
         dest: &Path,
-    ) -> Result<(Option<u64>, Option<Vec<u8>>), Error> {
+    ) -> Result<(Option<u64>, InstalledImage), Error> {
         let (installed, body) = self
             .install_walk(org, walk, dest, Durability::Volatile)
             .await?;
@@ -186,7 +187,7 @@ impl Replica {
         walk: &OrgWalk,
         dest: &Path,
         durability: Durability,
-    ) -> Result<(Hydrated, Option<Vec<u8>>), Error> {
+    ) -> Result<(Hydrated, InstalledImage), Error> {
         let log = Some(&walk.log);
         match &walk.state {
             WalkState::Empty => Ok((
@@ -196,7 +197,7 @@ impl Replica {
                     position: None,
                     deltas: 0,
                 },
-                None,
+                InstalledImage::default(),
             )),
             WalkState::Entry { seq } => {
                 self.install_linked(org, *seq, log, dest, None, durability)
@@ -224,7 +225,7 @@ impl Replica {
         dest: &Path,
         section: Option<(&Listed, &SectionIndex)>,
         durability: Durability,
-    ) -> Result<(Hydrated, Option<Vec<u8>>), Error> {
+    ) -> Result<(Hydrated, InstalledImage), Error> {
         if let Some((listed, s)) = section
             && s.org != org.as_str()
         {
@@ -286,7 +287,11 @@ impl Replica {
                         r.image.finish(durability)?;
                         let object = format!("orgs/{org_id}/log/{base:020}.json");
                         install_file(&object, &t, &dest_buf, durability)?;
-                        return Ok((commit, None));
+                        let image = InstalledImage {
+                            section_body: None,
+                            hashes: Some(r.hashes),
+                        };
+                        return Ok((commit, image));
                     };
                     let before = checksum_hex(r.hashes.sum());
                     if before != section.base.checksum {
@@ -313,7 +318,11 @@ impl Replica {
                     }
                     r.image.finish(durability)?;
                     install_file(&object, &t, &dest_buf, durability)?;
-                    Ok((section.commit, Some(body)))
+                    let image = InstalledImage {
+                        section_body: Some(body),
+                        hashes: Some(r.hashes),
+                    };
+                    Ok((section.commit, image))
                 })
                 .await
             }
@@ -336,4 +345,15 @@ impl Replica {
             (hydrated, body_out)
         })
     }
+}
+
+/// What an install of a journal state computed beside the [`Hydrated`] it reports.
+#[derive(Debug, Default)]
+pub(crate) struct InstalledImage {
+    /// The section's delta body, checked by its digest and applied, when the state is a
+    /// section.
+    pub(crate) section_body: Option<Vec<u8>>,
+    /// The installed image's page hashes, page 1 canonical (as the chain and the section
+    /// name them); `None` when nothing was installed.
+    pub(crate) hashes: Option<PageHashes>,
 }

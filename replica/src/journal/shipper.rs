@@ -119,6 +119,18 @@ impl std::fmt::Debug for JournalShipper {
 pub struct Installed {
     commit: Option<u64>,
     section_body: Option<Vec<u8>>,
+    hashes: Option<PageHashes>,
+    image: String,
+}
+
+impl Installed {
+    /// What the installed image is called in errors (the log entry or the section whose
+    /// state it holds), for its `quick_check` on the writer's connection
+    /// ([`crate::sqlite::open_installed`]); `None` when nothing was installed (the org was
+    /// never written: the writer creates its file).
+    pub fn image(&self) -> Option<&str> {
+        self.commit.map(|_| self.image.as_str())
+    }
 }
 
 /// The state an org's tenure starts from, read before the writer opens the file.
@@ -167,10 +179,20 @@ impl JournalShipper {
         walk: &crate::journal::OrgWalk,
         dest: &std::path::Path,
     ) -> Result<Installed, Error> {
-        let (commit, section_body) = replica.restore_walk_volatile(org, walk, dest).await?;
+        let (commit, installed) = replica.restore_walk_volatile(org, walk, dest).await?;
+        let image = match &walk.state {
+            WalkState::Section { batch, .. } => format!(
+                "journals/{}/{:020}.jnl#{org}",
+                batch.header.run, batch.header.slot
+            ),
+            WalkState::Entry { seq } => format!("orgs/{org}/log/{seq:020}.json"),
+            WalkState::Empty => String::new(),
+        };
         Ok(Installed {
             commit,
-            section_body,
+            section_body: installed.section_body,
+            hashes: installed.hashes,
+            image,
         })
     }
 
@@ -189,16 +211,32 @@ impl JournalShipper {
         let Installed {
             commit: installed,
             section_body,
+            hashes,
+            ..
         } = installed;
         let Some(commit) = installed else {
             return Ok(None);
         };
-        let image = tokio::fs::read(dest).await.map_err(|source| Error::Io {
-            path: dest.display().to_string(),
-            source,
-        })?;
-        let snapshot = Snapshot::from_bytes(image, commit);
-        let hashes = PageHashes::of_image(&dest.display().to_string(), snapshot.bytes())?;
+        // The install's own hashes of the image it wrote: the file is read again only for a
+        // snapshot checkpoint of it (or by an install that kept none).
+        let read = || async {
+            let image = tokio::fs::read(dest).await.map_err(|source| Error::Io {
+                path: dest.display().to_string(),
+                source,
+            })?;
+            Ok::<_, Error>(Snapshot::from_bytes(image, commit))
+        };
+        let hashes = match hashes {
+            Some(h) => h,
+            None => {
+                let snapshot = read().await?;
+                PageHashes::of_image(&dest.display().to_string(), snapshot.bytes())?
+            }
+        };
+        if cfg!(debug_assertions) {
+            let file = PageHashes::of_image(&dest.display().to_string(), read().await?.bytes())?;
+            debug_assert_eq!(file, hashes, "the install's hashes are not its file's");
+        }
         let checksum = checksum_hex(hashes.sum());
         let log = &start.tenure.walk.log;
         let (base, chain) = match start.base_entry() {
@@ -211,6 +249,7 @@ impl JournalShipper {
                     (Base { seq, checksum }, chain)
                 }
                 None => {
+                    let snapshot = read().await?;
                     let seq = first_checkpoint(issuer, start, snapshot).await?;
                     (Base { seq, checksum }, 0)
                 }

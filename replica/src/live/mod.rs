@@ -42,6 +42,10 @@ pub enum OwnError {
     /// Opening the descriptors or reading the files' state failed.
     #[error("the writer's files")]
     Io(#[from] std::io::Error),
+    /// An installed image failed `quick_check` ([`open_installed`]): nothing was written to
+    /// it, and it must not be served.
+    #[error("the installed image")]
+    Corrupt(#[source] Box<crate::Error>),
 }
 
 /// How much of a writer's local file must survive the host (not the process): the store is
@@ -78,7 +82,36 @@ pub fn open_exclusive(
     busy: Duration,
     durability: Durability,
 ) -> Result<Connection, OwnError> {
-    exclusive(Connection::open(path)?, busy, durability)
+    exclusive(Connection::open(path)?, busy, durability, None)
+}
+
+/// [`open_exclusive`] on an image a hydrate installed without checking it (a
+/// [`Durability::Volatile`] install, [`crate::journal::JournalShipper::install`]): the
+/// connection runs `quick_check` once it holds the file exclusively and before anything
+/// writes to it (the switch to WAL included), so the check is the install's own (I10) on
+/// the connection that serves the file, not on one opened only for it. `what` names the
+/// image in the error.
+///
+/// # Errors
+/// [`OwnError::Corrupt`] ([`crate::Error::Corrupt`] inside) when `quick_check` finds
+/// anything, the file then unchanged; as [`open_exclusive`].
+pub fn open_installed(
+    path: &std::path::Path,
+    busy: Duration,
+    durability: Durability,
+    what: &str,
+) -> Result<Connection, OwnError> {
+    use rusqlite::OpenFlags;
+    // No CREATE flag: the install put the file there; a missing one is an error.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    exclusive(
+        Connection::open_with_flags(path, flags)?,
+        busy,
+        durability,
+        Some(what),
+    )
 }
 
 /// Reopens the closed database at `path` as its one writer, as [`open_exclusive`] does,
@@ -113,7 +146,7 @@ pub fn reopen_exclusive(
         }
         Err(e) => return Err(ReopenError::Own(e.into())),
     };
-    let conn = exclusive(conn, busy, durability).map_err(ReopenError::Own)?;
+    let conn = exclusive(conn, busy, durability, None).map_err(ReopenError::Own)?;
     match std::fs::metadata(owned::wal_path(path)) {
         Ok(m) if m.len() > 0 => Err(ReopenError::Foreign(Foreign(format!(
             "a WAL of {} bytes appeared beside the parked database file",
@@ -135,10 +168,12 @@ pub enum ReopenError {
     Own(#[source] OwnError),
 }
 
+/// `check`: run `quick_check` (naming the image so) as the first access to the file.
 fn exclusive(
     conn: Connection,
     busy: Duration,
     durability: Durability,
+    check: Option<&str>,
 ) -> Result<Connection, OwnError> {
     conn.busy_timeout(busy)?;
     let synchronous = match durability {
@@ -148,9 +183,14 @@ fn exclusive(
     // Exclusive locking before anything else: a first access in shared mode opens a `-shm`
     // index beside a file already in WAL mode (a reopened parked file), and keeps its
     // descriptor. Then `synchronous`, before the switch to WAL, which writes page 1 through
-    // a rollback journal when the file is in rollback mode.
+    // a rollback journal when the file is in rollback mode. An install's check is the
+    // first access: it only reads, and nothing has written yet.
     let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
     conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))?;
+    if let Some(what) = check {
+        crate::rebuild::check::sqlite_check(&conn, "quick_check", what)
+            .map_err(|e| OwnError::Corrupt(Box::new(e)))?;
+    }
     let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     check_mode(&locking, &journal)?;
     conn.execute_batch("PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;")?;
@@ -267,6 +307,63 @@ mod tests {
                 "{durability:?}: a -shm index beside {path:?}"
             );
         }
+        Ok(())
+    }
+
+    /// An image installed unchecked (a volatile install) is checked by the writer's own
+    /// connection before anything writes to it: a structurally damaged one is a typed
+    /// `Corrupt` error, and the file is left byte for byte as installed, with no WAL.
+    #[test]
+    fn an_installed_image_is_checked_before_anything_writes_it()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("db");
+        {
+            let conn = Connection::open(&path)?;
+            conn.execute_batch(
+                "PRAGMA page_size = 4096; CREATE TABLE t(x);
+                 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 300)
+                 INSERT INTO t SELECT randomblob(200) FROM n;",
+            )?;
+        }
+        // Page 1 in WAL mode, as a volatile install leaves it.
+        let mut image = std::fs::read(&path)?;
+        image[18] = 2;
+        image[19] = 2;
+        std::fs::write(&path, &image)?;
+        let busy = Duration::from_millis(100);
+        let good = open_installed(&path, busy, Durability::Volatile, "the good image")?;
+        let n: i64 = good.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
+        assert_eq!(n, 300);
+        drop(good);
+        for s in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(dir.path().join(format!("db{s}")));
+        }
+        // Page 2 is t's root: its cell pointers now point past the page.
+        let mut damaged = std::fs::read(&path)?;
+        for b in &mut damaged[4096 + 12..4096 + 64] {
+            *b = 0xff;
+        }
+        std::fs::write(&path, &damaged)?;
+        match open_installed(&path, busy, Durability::Volatile, "the damaged image") {
+            Err(OwnError::Corrupt(e)) => {
+                assert!(
+                    matches!(*e, crate::Error::Corrupt { ref path, .. } if path == "the damaged image"),
+                    "{e:?}"
+                );
+            }
+            other => panic!("expected a Corrupt error, got {:?}", other.map(|_| ())),
+        }
+        assert_eq!(
+            std::fs::read(&path)?,
+            damaged,
+            "the damaged file was written"
+        );
+        let wal = dir.path().join("db-wal");
+        assert!(
+            !wal.exists() || std::fs::metadata(&wal)?.len() == 0,
+            "a WAL with frames beside the damaged file"
+        );
         Ok(())
     }
 }

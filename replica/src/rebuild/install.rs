@@ -85,10 +85,13 @@ pub(crate) fn discard(tmp: &Path) {
 /// A [`Durability::Volatile`] install is a writer's cache for this process's lifetime: no
 /// fsync, and page 1 says WAL mode (bytes 18–19 = 2), so the writer's switch to WAL writes
 /// nothing and creates no rollback journal. The image's pages, as hashed and shipped,
-/// keep page 1 canonical ([`crate::format::pages::canonical_page1`]).
+/// keep page 1 canonical ([`crate::format::pages::canonical_page1`]). Its `quick_check` is
+/// the writer's first access ([`crate::sqlite::open_installed`], the only way such a file
+/// is opened): one SQLite open and schema parse per acquire instead of two, and nothing
+/// serves or writes the file before the check passed.
 ///
 /// # Errors
-/// [`Error::Corrupt`] when the file fails `quick_check`; [`Error::Io`].
+/// [`Error::Corrupt`] when a synced file fails `quick_check`; [`Error::Io`].
 pub(crate) fn install_file(
     object: &str,
     tmp: &Path,
@@ -96,13 +99,14 @@ pub(crate) fn install_file(
     durability: Durability,
 ) -> Result<(), Error> {
     let result = (|| {
-        {
-            let conn = Connection::open_with_flags(tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
-            sqlite_check(&conn, "quick_check", object)?;
-        }
-        if durability == Durability::Volatile {
-            wal_header(tmp)?;
+        match durability {
+            Durability::Synced => {
+                let conn =
+                    Connection::open_with_flags(tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                        .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
+                sqlite_check(&conn, "quick_check", object)?;
+            }
+            Durability::Volatile => wal_header(tmp)?,
         }
         for s in sidecars(tmp) {
             remove_if_exists(&s)?;

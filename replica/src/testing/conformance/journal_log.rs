@@ -93,10 +93,21 @@ async fn restored(r: &Replica, o: &OrgId, dest: &Path) -> R<Vec<u8>> {
     match &walk.state {
         crate::journal::WalkState::Section { batch, section } => {
             let read = r.read_journal_section(batch, section).await?;
-            assert_eq!(body.as_deref(), Some(&read[..]), "the section's body");
+            assert_eq!(
+                body.section_body.as_deref(),
+                Some(&read[..]),
+                "the section's body"
+            );
         }
-        _ => assert!(body.is_none(), "a body with no section"),
+        _ => assert!(body.section_body.is_none(), "a body with no section"),
     }
+    // The hashes the install kept are the restored image's (page 1 canonical).
+    let hashes = crate::format::checksum::PageHashes::of_image("restored", &image)?;
+    assert_eq!(
+        body.hashes.as_ref(),
+        Some(&hashes),
+        "the install's page hashes"
+    );
     let mut written = std::fs::read(&volatile)?;
     assert_eq!((image[18], image[19]), (1, 1), "a restore is canonical");
     assert_eq!(
