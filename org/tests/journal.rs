@@ -426,3 +426,50 @@ async fn verify_checks_a_journal_org_and_reports_a_damaged_checkpoint() -> R {
     );
     Ok(())
 }
+
+/// J4 for every org: the release seal a shutdown places counts the entries of the orgs it
+/// frees (their walks read their newest sections, then meet it), so the run's retention
+/// after the shutdown deletes none of those sections and every acknowledged key survives
+/// (T3, I11). A seal whose `retain_below` was its own slot let retention delete them: a
+/// successor then served the org's last checkpoint and ran acknowledged keys again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_after_a_shutdowns_release_seal_keeps_the_sections_its_orgs_walks_read() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    // No size-triggered checkpoints: the acknowledged state lives in the run's sections.
+    let a = registry(
+        &dir.path().join("a"),
+        ra.clone(),
+        "wa",
+        common::journal::settings(u64::MAX),
+    )?;
+    let o = org(0);
+    let acked = keys(3);
+    for k in &acked {
+        assert!(a.once(&o, k, effect(o.as_str(), k)).await?.applied);
+    }
+    let results = a.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    let mut runs = std::collections::BTreeSet::new();
+    let mut listed = store.list(Some(&object_store::path::Path::from("t/journals")));
+    while let Some(meta) = listed.next().await {
+        let meta = meta?;
+        let mut parts = meta.location.parts().skip(2);
+        if let Some(run) = parts.next() {
+            runs.insert(idem_replica::journal::RunName::parse(run.as_ref())?);
+        }
+    }
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    for run in &runs {
+        let retained = ra.retain_run(run, 0).await?;
+        eprintln!("{run}: {retained:?}");
+    }
+    in_store(&ra, dir.path(), &o, &acked, &[]).await?;
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let b = registry(&dir.path().join("b"), rb, "wb", journal())?;
+    replays_within(Duration::ZERO, &b, &o, &acked).await?;
+    let results = b.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    Ok(())
+}

@@ -951,7 +951,10 @@ impl Task {
         let result = match &self.dead {
             Some(e) => Err(dup(e)),
             None if release && self.run.is_open() => {
-                let below = self.run.floor();
+                // J4 for every org: the tenures the seal frees stay attached, and their
+                // walks read their newest sections before they meet it, so the seal keeps
+                // the lowest entry left (T3), never just its own slot.
+                let below = self.retain_below();
                 self.replica
                     .seal_release(&mut self.run, below)
                     .await
