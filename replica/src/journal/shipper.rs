@@ -146,30 +146,14 @@ pub struct Hydrated {
 }
 
 impl JournalShipper {
-    /// Installs `start`'s walk state at `dest` (nothing when the org was never written) as
-    /// a file of this process's lifetime ([`crate::sqlite::Durability::Volatile`]: open its
-    /// writer so too; a journal tenure's file is never kept or resumed) and, when that state is not a log entry (a section read in a run), writes the
-    /// tenure's first checkpoint of it through `start.through` (J5), so sections have a
-    /// base. Call before the writer opens the file: the open path's own writes (schema,
-    /// WAL mode) ride in the first section.
-    ///
-    /// # Errors
-    /// As [`crate::Replica::restore_walk`] and [`crate::Replica::checkpoint`];
-    /// [`Error::Io`] reading the installed file.
-    pub async fn hydrate(
-        issuer: &Issuer,
-        start: &mut JournalStart,
-        dest: &std::path::Path,
-    ) -> Result<Option<Hydrated>, Error> {
-        let installed =
-            Self::install(issuer.replica(), &start.org, &start.tenure.walk, dest).await?;
-        Self::hydrate_installed(issuer, start, dest, installed).await
-    }
-
-    /// The first half of [`JournalShipper::hydrate`]: installs `walk`'s state of `org` at
-    /// `dest` and reads nothing else. It depends on the walk alone, so an acquire may run it
-    /// beside its claim ([`Issuer::acquire_walked`]); the result serves only a tenure that
-    /// came from this same walk.
+    /// A tenure's hydrate, first half: installs `walk`'s state of `org` at `dest` (nothing
+    /// when the org was never written) as a file of this process's lifetime
+    /// ([`crate::sqlite::Durability::Volatile`]: a journal tenure's file is never kept or
+    /// resumed) and reads nothing else. It depends on the walk alone, so an acquire may run
+    /// it beside its claim ([`Issuer::acquire_walked`]); the result serves only a tenure that
+    /// came from this same walk. The image is not `quick_check`ed: open the writer on it with
+    /// [`crate::sqlite::open_installed`] naming [`Installed::image`], which checks it before
+    /// anything writes to it (I10).
     ///
     /// # Errors
     /// As [`crate::Replica::restore_walk`].
@@ -196,12 +180,17 @@ impl JournalShipper {
         })
     }
 
-    /// The second half of [`JournalShipper::hydrate`], on what [`JournalShipper::install`]
-    /// put at `dest` from `start`'s own walk: the installed file's page hashes and, when the
-    /// walk's state is a section, the tenure's first checkpoint of it (J5).
+    /// A tenure's hydrate, second half, on what [`JournalShipper::install`] put at `dest`
+    /// from `start`'s own walk: the installed image's page hashes and, when the walk's state
+    /// is a section, the tenure's first checkpoint of it through `start.through` (J5), so
+    /// sections have a base. Call before the writer opens the file: the open path's own
+    /// writes (schema, WAL mode) ride in the first section, and a read of the file after the
+    /// writer took its lock would release that lock when it closes (POSIX locks are per
+    /// process).
     ///
     /// # Errors
-    /// As [`JournalShipper::hydrate`].
+    /// As [`crate::Replica::restore_walk`] and [`crate::Replica::checkpoint`];
+    /// [`Error::Io`] reading the installed file.
     pub async fn hydrate_installed(
         issuer: &Issuer,
         start: &mut JournalStart,
