@@ -115,3 +115,106 @@ async fn a_torn_file_a_crash_left_is_never_served_and_is_deleted() -> R {
     assert_eq!(effects.len(), ROUNDS, "{effects:?}");
     Ok(())
 }
+
+/// Damages every database file in `data`'s directory of an org the first time a journal
+/// acquire installed its state there (`FailPoint::JournalInstalled`, before the writer opens
+/// it): page 2's b-tree header is overwritten, which `quick_check` finds.
+#[derive(Debug)]
+struct DamageOnce {
+    data: PathBuf,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl idem_replica::Failpoints for DamageOnce {
+    async fn hit(
+        &self,
+        point: idem_replica::FailPoint,
+        org: &idem_replica::OrgId,
+    ) -> Result<(), String> {
+        use std::os::unix::fs::FileExt;
+        if point != idem_replica::FailPoint::JournalInstalled
+            || !self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        for db in db_files(&self.data, org.as_str()) {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&db)
+                .map_err(|e| e.to_string())?;
+            file.write_all_at(&[0xff; 8], 4096)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+/// A volatile install is checked by the writer's own connection (`sqlite::open_installed`)
+/// before anything serves or writes it: a file damaged between the install and the open is
+/// a typed `Corrupt` error, its files are removed and nothing is answered; the next request
+/// acquires again and replays every acknowledged key from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_damaged_before_the_writer_opens_it_is_never_served() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let a = registry(
+        &dir.path().join("a"),
+        ra,
+        "wa",
+        common::journal::settings(64 << 10),
+    )?;
+    let o = org(0);
+    let acked = keys(3);
+    for k in &acked {
+        assert!(a.once(&o, k, effect(o.as_str(), k)).await?.applied);
+    }
+    let results = a.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+
+    let data = dir.path().join("b");
+    let damage = Arc::new(DamageOnce {
+        data: data.clone(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+    });
+    let rb = idem_replica::Replica::open_with(
+        store.clone(),
+        "t",
+        idem_replica::Settings {
+            lease_ms: LEASE_MS,
+            ..idem_replica::Settings::default()
+        },
+        Arc::new(idem_replica::SystemClock),
+        Some(damage.clone()),
+    )
+    .await?;
+    let b = registry(&data, rb.clone(), "wb", common::journal::settings(64 << 10))?;
+    let err = b
+        .once(&o, &acked[0], effect(o.as_str(), "ran-again"))
+        .await
+        .expect_err("a damaged install must not be served");
+    assert_eq!(err.kind(), idem_org::ErrorKind::Corrupt, "{err:?}");
+    assert!(
+        !damage.armed.load(std::sync::atomic::Ordering::SeqCst),
+        "the failpoint never fired"
+    );
+    assert!(
+        db_files(&data, o.as_str()).is_empty(),
+        "the damaged file was left: {:?}",
+        db_files(&data, o.as_str())
+    );
+    // Undamaged, the next acquire serves the store's state.
+    replays_within(std::time::Duration::from_secs(10), &b, &o, &acked).await?;
+    assert!(
+        b.once(&o, "after", effect(o.as_str(), "after"))
+            .await?
+            .applied
+    );
+    let results = b.shutdown().await;
+    assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
+    let mut all = acked.clone();
+    all.push("after".into());
+    in_store(&rb, dir.path(), &o, &all, &["ran-again"]).await?;
+    Ok(())
+}

@@ -32,6 +32,9 @@ pub enum FailPoint {
     /// Journal acquire: another acquire of this process is adopting the dead run the org's
     /// walk ended in, and this one is about to wait for that attempt to end (K2).
     AdoptionAwaited,
+    /// Journal acquire: the walk's state is installed in the tenure's local file (and its
+    /// first checkpoint written, when it needs one); the writer has not opened the file.
+    JournalInstalled,
 }
 
 /// Hook called at every [`FailPoint`].

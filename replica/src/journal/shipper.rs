@@ -43,7 +43,9 @@ use crate::journal::org_walk::WalkState;
 use crate::journal::run::SectionInput;
 use crate::live::shipper::{WalState, proved_frames};
 use crate::live::{self, CaptureError, CaptureRequest, Checkpoint as WalCheckpoint, OwnedFiles};
-use crate::{CaptureSource, Delta, Error, LogEntry, OrgId, ShipKind, ShipReport, Snapshot};
+use crate::{
+    CaptureSource, Delta, Error, FailPoint, LogEntry, OrgId, ShipKind, ShipReport, Snapshot,
+};
 
 /// Submits of one ship whose batch was not acknowledged (its slot taken, the run sealed
 /// below it) before the ship fails, retryably.
@@ -114,7 +116,9 @@ impl std::fmt::Debug for JournalShipper {
 
 /// A walk's state installed in a local file ([`JournalShipper::install`]), before the
 /// tenure's first checkpoint: the installed commit counter (`None`: the org was never
-/// written, nothing installed) and the section body the install checked and applied.
+/// written, nothing installed), the section body the install checked and applied, the
+/// installed image's page hashes, and its name for the writer's `quick_check`
+/// ([`Installed::image`]).
 #[derive(Debug)]
 pub struct Installed {
     commit: Option<u64>,
@@ -238,12 +242,26 @@ impl JournalShipper {
                     (Base { seq, checksum }, chain)
                 }
                 None => {
+                    // The file's bytes go to the store here, before the writer's
+                    // `quick_check`: they must be the image the install verified, page for
+                    // page, so the checkpoint records only a state the store already holds.
                     let snapshot = read().await?;
+                    let what = dest.display().to_string();
+                    if PageHashes::of_image(&what, snapshot.bytes())? != hashes {
+                        return Err(Error::corrupt(
+                            &what,
+                            "the installed file differs from the image the install verified",
+                        ));
+                    }
                     let seq = first_checkpoint(issuer, start, snapshot).await?;
                     (Base { seq, checksum }, 0)
                 }
             },
         };
+        issuer
+            .replica()
+            .failpoint(FailPoint::JournalInstalled, &start.org)
+            .await?;
         Ok(Some(Hydrated {
             commit,
             image_hashes: hashes,

@@ -188,13 +188,32 @@ fn exclusive(
     let locking: String = conn.query_row("PRAGMA locking_mode = EXCLUSIVE", [], |r| r.get(0))?;
     conn.execute_batch(&format!("PRAGMA synchronous = {synchronous}"))?;
     if let Some(what) = check {
-        crate::rebuild::check::sqlite_check(&conn, "quick_check", what)
-            .map_err(|e| OwnError::Corrupt(Box::new(e)))?;
+        quick_check(&conn, what)?;
     }
     let journal: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     check_mode(&locking, &journal)?;
     conn.execute_batch("PRAGMA wal_autocheckpoint = 0; BEGIN IMMEDIATE; COMMIT;")?;
     Ok(conn)
+}
+
+/// `quick_check` on a connection that holds the file exclusively: a finding, or an error
+/// SQLite gives for a damaged file (`SQLITE_CORRUPT`, `SQLITE_NOTADB`, at the schema read
+/// or the check), is [`OwnError::Corrupt`] naming `what`; any other error (a lock held
+/// elsewhere, I/O, memory) is [`OwnError::Sqlite`], as on any other step of the open.
+fn quick_check(conn: &Connection, what: &str) -> Result<(), OwnError> {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    let corrupt = |reason: String| OwnError::Corrupt(Box::new(crate::Error::corrupt(what, reason)));
+    let rows: rusqlite::Result<Vec<String>> = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut stmt| stmt.query_map([], |r| r.get(0))?.collect());
+    match rows {
+        Ok(rows) if rows.len() == 1 && rows[0] == "ok" => Ok(()),
+        Ok(rows) => Err(corrupt(format!("quick_check: {}", rows.join("; ")))),
+        Err(e) if matches!(e.sqlite_error_code(), Some(DatabaseCorrupt | NotADatabase)) => {
+            Err(corrupt(format!("quick_check: {e}")))
+        }
+        Err(e) => Err(OwnError::Sqlite(e)),
+    }
 }
 
 fn check_mode(locking: &str, journal: &str) -> Result<(), OwnError> {
@@ -336,9 +355,11 @@ mod tests {
         let n: i64 = good.query_row("SELECT count(*) FROM t", [], |r| r.get(0))?;
         assert_eq!(n, 300);
         drop(good);
-        for s in ["-wal", "-shm"] {
-            let _ = std::fs::remove_file(dir.path().join(format!("db{s}")));
-        }
+        assert!(
+            !dir.path().join("db-shm").exists(),
+            "a -shm index beside a checked open"
+        );
+        let _ = std::fs::remove_file(dir.path().join("db-wal"));
         // Page 2 is t's root: its cell pointers now point past the page.
         let mut damaged = std::fs::read(&path)?;
         for b in &mut damaged[4096 + 12..4096 + 64] {

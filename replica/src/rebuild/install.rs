@@ -79,7 +79,8 @@ pub(crate) fn discard(tmp: &Path) {
 
 /// Atomically installs the verified image written (and, when `durability` is
 /// [`Durability::Synced`], synced) at `tmp` (from [`temp_beside`]) at `dest`: `quick_check`
-/// on the temp file, remove stale sidecars, rename, fsync the directory. `object` names the
+/// on the temp file (a synced install; see below for a volatile one), remove stale
+/// sidecars, rename, fsync the directory. `object` names the
 /// image in errors. On any failure nothing is installed and the temp file is removed (I10).
 ///
 /// A [`Durability::Volatile`] install is a writer's cache for this process's lifetime: no
@@ -127,8 +128,8 @@ pub(crate) fn install_file(
 }
 
 /// Marks the database at `path` as in WAL mode (page 1 bytes 18–19 = 2, as SQLite leaves a
-/// WAL database it closed); a file too short to hold a header is left alone (`quick_check`
-/// passed, so it is an empty database).
+/// WAL database it closed); a file too short to hold a header is left alone (no database
+/// image is that short; the writer's `quick_check` judges it).
 fn wal_header(path: &Path) -> Result<(), Error> {
     use std::os::unix::fs::FileExt;
     let file = std::fs::OpenOptions::new()
