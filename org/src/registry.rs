@@ -156,16 +156,17 @@ impl RegistryBuilder {
             budget.ship_cache_pages,
         );
         let pool = Pool::new(settings.writer_threads);
-        let warm = warm.then(|| {
-            Arc::new(crate::warm::Warm::new(
-                settings.warm.clone(),
-                self.clock.clone(),
-            ))
-        });
         let poll_ms = match settings.warm.poll_ms {
             0 => (self.replica.settings().lease_ms / 3).max(1),
             ms => ms,
         };
+        let warm = warm.then(|| {
+            Arc::new(crate::warm::Warm::new(
+                settings.warm.clone(),
+                poll_ms,
+                self.clock.clone(),
+            ))
+        });
         let registry = Registry {
             inner: Arc::new(RegistryInner {
                 data_dir: self.data_dir,
@@ -619,7 +620,10 @@ impl Registry {
     /// entry (a few store round trips), so hundreds of orgs move to their successors in
     /// seconds instead of one after another. Once every release landed, the process lease
     /// is deleted ([`idem_replica::Replica::retire`]): the registry must be the replica
-    /// handle's only user.
+    /// handle's only user. With the warm takeover on, the delete waits until the drain was
+    /// said two of its watcher's polls ago ([`crate::WarmSettings::poll_ms`]; 2 s by default,
+    /// 5 s at most): a successor polling as often then lists the drain at least once,
+    /// however short it was.
     pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
         use futures::StreamExt;
         self.inner
@@ -635,9 +639,13 @@ impl Registry {
             issuer.begin_close();
         }
         let slots: Vec<(OrgId, Slot)> = lock(&self.inner.orgs).drain().collect();
+        // When the drain was said: its lease stays listed a while from then (below).
+        let mut announced = None;
         if !slots.is_empty() {
             let ids: Vec<OrgId> = slots.iter().map(|(id, _)| id.clone()).collect();
-            if !self.inner.replica.drain(&ids).await {
+            if self.inner.replica.drain(&ids).await {
+                announced = Some(idem_base::Stopwatch::start());
+            } else {
                 tracing::info!(
                     orgs = ids.len(),
                     "draining not said in the process lease: successors claim at their next requests"
@@ -672,7 +680,15 @@ impl Registry {
         // Every org released: the process holds nothing, and its lease would only be listed
         // by every watcher ever after. An org whose release failed keeps it (renewed while
         // this handle lives), so its successor judges it as it judges any holder (I15).
-        if released.iter().all(|(_, r)| r.is_ok()) && self.inner.replica.retire().await {
+        if !released.iter().all(|(_, r)| r.is_ok()) {
+            return released;
+        }
+        // A drain shorter than a watcher's poll would otherwise come and go between two
+        // LISTs, and no successor would claim in the background (docs/design.md 3f).
+        if let (Some(since), Some(warm)) = (announced, &self.inner.warm) {
+            tokio::time::sleep(warm.drain_linger().saturating_sub(since.elapsed())).await;
+        }
+        if self.inner.replica.retire().await {
             tracing::info!(orgs = released.len(), "drained: process lease deleted");
         }
         released

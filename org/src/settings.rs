@@ -149,7 +149,9 @@ pub struct WarmSettings {
     /// Its own period, not the lease's: default [`WARM_POLL_MS`] (1 s, 3 600 LISTs an hour);
     /// 0 = the replica's renewal period, `lease_ms / 3`. Each poll is one LIST, plus one GET
     /// per other process whose lease changed since the last (each renews once per its own
-    /// renewal period, however often this lists).
+    /// renewal period, however often this lists). A draining process keeps its lease listed
+    /// for two of its own polls, 5 s at most ([`crate::Registry::shutdown`]): a fleet runs one
+    /// setting.
     pub poll_ms: u64,
     /// Ms before a background claim of an org a draining process lists, refused because
     /// its Release entry is not at the head yet, is tried again. Default 200.

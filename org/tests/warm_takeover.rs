@@ -11,7 +11,9 @@
 //! `processes/` once a second whatever the lease term, and no more often; (5) a client
 //! retrying a refused org in a tight loop making a claim (store requests) per retry: within
 //! `retry_ms` of B's clock after a refusal, B refuses again from memory. Each of (1)-(3)
-//! ends with the exactly-once oracle on every org.
+//! ends with the exactly-once oracle on every org; (6) a drain shorter than the successor's
+//! poll coming and going between two of its LISTs: the drained process keeps its lease
+//! listed for two of its own polls.
 
 mod common;
 
@@ -109,7 +111,8 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = open(store.clone(), Arc::new(SystemClock)).await?;
-    let a = registry(&dir.path().join("a"), ra, "wa", RegistrySettings::default())?;
+    // A watches too, as every `idem serve` does: its drain stays listed for two of its polls.
+    let a = registry(&dir.path().join("a"), ra, "wa", warm())?;
     let mut acked = serve(&a, "a", 3).await?;
     let rb = open(store.clone(), Arc::new(SystemClock)).await?;
     let b = registry(&dir.path().join("b"), rb.clone(), "wb", warm())?;
@@ -165,6 +168,65 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
         let out = b.once(&id, "b-0", effect(org, "b-0")).await?;
         assert!(out.applied);
         keys.push("b-0".into());
+    }
+    oracle(&b, &rb, &acked, dir.path()).await
+}
+
+/// The poll of both registries in the short-drain test, ms: far longer than A's whole drain
+/// (a dozen releases on an in-memory store).
+const SLOW_POLL_MS: u64 = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_shorter_than_the_successors_poll_is_still_seen() -> R {
+    let slow = || RegistrySettings {
+        warm: WarmSettings {
+            enabled: true,
+            poll_ms: SLOW_POLL_MS,
+            retry_ms: 20,
+            ..WarmSettings::default()
+        },
+        ..RegistrySettings::default()
+    };
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let ra = open(store.clone(), Arc::new(SystemClock)).await?;
+    let a = registry(&dir.path().join("a"), ra, "wa", slow())?;
+    let mut acked = serve(&a, "a", 1).await?;
+    let rb = open(store.clone(), Arc::new(SystemClock)).await?;
+    let b = registry(&dir.path().join("b"), rb.clone(), "wb", slow())?;
+    // Right after one of B's LISTs (B does nothing else): A's drain, its releases and the
+    // delete of its lease all land before B's next LIST a poll later, unless A keeps the
+    // draining lease listed.
+    let lists = rb.store_requests().list;
+    assert!(
+        within(20, || rb.store_requests().list > lists).await,
+        "B's watcher did not list"
+    );
+    for (org, r) in a.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    assert!(
+        within(20, || b.open_orgs().len() == ORGS).await,
+        "B opened {} of {ORGS} orgs: it never listed A's drain",
+        b.open_orgs().len()
+    );
+    assert_eq!(
+        b.warm_claims(),
+        ORGS as u64,
+        "every org claimed by the watcher"
+    );
+    // The linger ends in the delete: a drained process leaves nothing listed.
+    let leases = rb.process_leases().await?;
+    assert!(
+        leases.iter().all(|l| l.instance != a.replica().instance()),
+        "A's lease still listed after its shutdown: {leases:?}"
+    );
+    for (org, keys) in orgs().iter().zip(&mut acked) {
+        let id = OrgId::new(org)?;
+        for key in keys.iter() {
+            let out = b.once(&id, key, effect(org, key)).await?;
+            assert!(!out.applied, "{org}/{key} replayed, not run again");
+        }
     }
     oracle(&b, &rb, &acked, dir.path()).await
 }

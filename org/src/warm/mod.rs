@@ -8,8 +8,9 @@
 //! lease unchanged for a whole watch) the org is claimed with every other such org at once.
 //! On the journal a third: a claim that took an org free at a recent release seal of
 //! another process names that drained run, whose other orgs are then learned from its
-//! roster and claimed (K2.6, [`Warm::follow_released`]): a fast drain deletes its process
-//! lease before the watcher's next poll.
+//! roster and claimed (K2.6, [`Warm::follow_released`]): a drain is listed for two of its
+//! process's own polls ([`Warm::drain_linger`]), which a slower watcher, or one started
+//! after it, can still miss.
 //!
 //! Every claim is the normal one through [`crate::Registry`]: never forced, so it passes
 //! only when the org's Release entry is at the head or its holder's process lease was seen
@@ -22,6 +23,7 @@ mod watcher;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use idem_replica::OrgId;
 use tokio::sync::{Notify, Semaphore};
@@ -42,9 +44,19 @@ const REFUSED_TRIES: u32 = 3;
 /// them or died, and a claim then waits for the normal watch like any other.
 const DRAINING_TERMS: u64 = 3;
 
+/// The longest a draining process keeps its lease listed for watchers ([`Warm::drain_linger`]),
+/// ms: a shutdown must end well inside a SIGTERM's usual grace period (30 s), releases
+/// included. Polls up to half of it are covered whatever their phase; a slower watcher sees
+/// a short drain with a chance of this over its poll (and on the journal follows the run's
+/// release seal at its first claim, K2.6).
+pub(crate) const DRAIN_LINGER_MAX_MS: u64 = 5_000;
+
 /// The warm takeover's state in a registry: see the module docs.
 pub(crate) struct Warm {
     settings: WarmSettings,
+    /// The watcher's period between LISTs, ms (`settings.poll_ms`, or the replica's renewal
+    /// period for 0).
+    poll_ms: u64,
     clock: Arc<dyn idem::Clock>,
     /// Orgs refused with a held lease, to claim again once the wait the refusal named has
     /// passed (at most `settings.remember`).
@@ -121,10 +133,11 @@ fn held(e: &Error) -> Option<(u64, &str, Option<&str>)> {
 }
 
 impl Warm {
-    pub(crate) fn new(settings: WarmSettings, clock: Arc<dyn idem::Clock>) -> Warm {
+    pub(crate) fn new(settings: WarmSettings, poll_ms: u64, clock: Arc<dyn idem::Clock>) -> Warm {
         Warm {
             permits: Arc::new(Semaphore::new(settings.concurrency.max(1))),
             settings,
+            poll_ms,
             clock,
             refused: std::sync::Mutex::new(HashMap::new()),
             claiming: std::sync::Mutex::new(HashSet::new()),
@@ -150,6 +163,17 @@ impl Warm {
     /// passed over because the registry was shutting down or had no room.
     pub(crate) fn runs_met(&self) -> u64 {
         self.runs_met.load(Ordering::Relaxed)
+    }
+
+    /// How long a draining process keeps its lease listed after the write that announced
+    /// the drain landed, before [`crate::Registry::shutdown`] deletes it: two of this
+    /// watcher's polls, so a successor polling as often lists it at least once whatever
+    /// the phase of its polls, a LIST of up to a poll's length included (`docs/design.md`
+    /// 3f); at most [`DRAIN_LINGER_MAX_MS`]. A fleet runs one configuration: a process that
+    /// watches at this period expects its successors to. Whether one is there cannot be
+    /// known from here: a successor that holds nothing yet has no process lease to list.
+    pub(crate) fn drain_linger(&self) -> Duration {
+        Duration::from_millis(self.poll_ms.saturating_mul(2).min(DRAIN_LINGER_MAX_MS))
     }
 
     /// Background claims under way (each org once), waiting for a permit or running.
@@ -430,5 +454,27 @@ impl Warm {
         self.clock
             .monotonic_ms()
             .saturating_add(term_ms.max(1_000).saturating_mul(DRAINING_TERMS))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn linger(poll_ms: u64) -> Duration {
+        let clock: Arc<dyn idem::Clock> = Arc::new(idem::SystemClock);
+        Warm::new(WarmSettings::default(), poll_ms, clock).drain_linger()
+    }
+
+    #[test]
+    fn a_drain_stays_listed_two_polls_and_never_past_the_cap() {
+        assert_eq!(linger(50), Duration::from_millis(100));
+        assert_eq!(linger(crate::WARM_POLL_MS), Duration::from_secs(2));
+        assert_eq!(linger(2_500), Duration::from_millis(DRAIN_LINGER_MAX_MS));
+        assert_eq!(
+            linger(3_600_000),
+            Duration::from_millis(DRAIN_LINGER_MAX_MS)
+        );
+        assert_eq!(linger(u64::MAX), Duration::from_millis(DRAIN_LINGER_MAX_MS));
     }
 }
