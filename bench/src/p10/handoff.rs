@@ -4,7 +4,7 @@
 //! its orgs when its lease lapses).
 //!
 //! In the handoff rows every org has a client sending it one request a second (the orgs'
-//! phases spread over the second); at the event the clients move to B, retrying a refused
+//! phases spread over the second, none at the instant of the event); at the event the clients move to B, retrying a refused
 //! request every [`RETRY`] until B acknowledges it.
 
 use std::path::Path;
@@ -215,7 +215,9 @@ where
     let mut clients = Vec::new();
     for i in 0..n {
         let (a, b, moved, event_at) = (a.clone(), b.clone(), moved.clone(), event_at.clone());
-        let phase = SPACING.mul_f64(i as f64 / n.max(1) as f64);
+        // Half a slot off the whole seconds: no org's request is due at the very instant
+        // of the event (ON_A after the start), where which registry got it was a race.
+        let phase = SPACING.mul_f64((i as f64 + 0.5) / n.max(1) as f64);
         clients.push(tokio::spawn(async move {
             let id = org(i)?;
             let mut last_a = None;
