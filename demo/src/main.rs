@@ -1,9 +1,10 @@
 //! `idem-demo`: the rolling-upgrade demo over real OS processes.
 //!
 //! Replica A serves; clients send transfers. A third of the way in, replica B starts, the
-//! clients are routed to it and A gets SIGTERM (it releases every org). Two thirds in (once A
-//! has exited), replica C starts, the clients move to it and B is killed with SIGKILL (C waits out B's
-//! lease). Then the store is audited: every acknowledged request applied exactly once.
+//! clients are routed to it and A gets SIGTERM (it releases every org). Two thirds in, once
+//! A has exited, replica C starts, the clients move to it and B is killed with SIGKILL (C
+//! waits out B's lease). Then the store is audited: every acknowledged request applied
+//! exactly once.
 #![forbid(unsafe_code)]
 // A tool measures the host's real time (latencies, deadlines, gaps between events), so it
 // reads `Instant` itself; clippy.toml's rule keeps time injected where decisions are made,
