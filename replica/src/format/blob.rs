@@ -51,7 +51,16 @@ pub(crate) fn frame<'a>(object: &str, blob: &'a [u8]) -> Result<&'a [u8], Error>
 /// holds at most about 16 MiB.
 static CONTEXTS: Mutex<Vec<Compressor<'static>>> = Mutex::new(Vec::new());
 
-/// Most compression contexts [`CONTEXTS`] keeps.
+/// Decompression contexts kept between blobs, at most [`KEPT_CONTEXTS`]. A fresh context
+/// allocates and initializes its entropy tables (about 160 KiB) before its first frame,
+/// which for a section or delta of a few pages costs more than the decompression itself (2%
+/// of a 1,000-org takeover's CPU in `BENCHMARKS.md`); a kept one is reset and reused. Each
+/// keeps the window buffers of the largest frame it read, so one goes back only after a frame
+/// of at most [`KEPT_INPUT_BYTES`] read without error: the pool holds a few MiB at most.
+static DCONTEXTS: Mutex<Vec<zstd::zstd_safe::DCtx<'static>>> = Mutex::new(Vec::new());
+
+/// Most compression contexts [`CONTEXTS`] keeps, and most decompression contexts
+/// [`DCONTEXTS`] keeps.
 const KEPT_CONTEXTS: usize = 8;
 
 /// A context goes back to [`CONTEXTS`] only after an input of at most this many bytes at a
@@ -170,13 +179,34 @@ pub(crate) fn unpack(
     // would abort the process (allocation failure is not a panic). Preallocate at most what a
     // generous compression ratio allows; the copy below grows as needed up to `bytes + 1`.
     let mut out = Vec::with_capacity(cap.min(frame.len().saturating_mul(16)));
-    let mut dec = zstd::stream::read::Decoder::new(frame).map_err(|e| Error::corrupt(object, e))?;
+    // A poisoned pool only means a panic elsewhere mid-push: a fresh context is as good.
+    let kept = DCONTEXTS.lock().ok().and_then(|mut kept| kept.pop());
+    let mut context = kept.or_else(zstd::zstd_safe::DCtx::try_create);
     // Read at most one byte more than expected so a bloated blob cannot exhaust memory.
-    std::io::copy(
-        &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
-        &mut out,
-    )
-    .map_err(|e| Error::corrupt(object, format!("zstd: {e}")))?;
+    let read = match context.as_mut() {
+        Some(context) => {
+            let input = std::io::BufReader::with_capacity(zstd::zstd_safe::DCtx::in_size(), frame);
+            let mut dec = zstd::stream::read::Decoder::with_context(input, context);
+            std::io::copy(
+                &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
+                &mut out,
+            )
+        }
+        None => zstd::stream::read::Decoder::new(frame).and_then(|mut dec| {
+            std::io::copy(
+                &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
+                &mut out,
+            )
+        }),
+    };
+    read.map_err(|e| Error::corrupt(object, format!("zstd: {e}")))?;
+    if let Some(context) = context
+        && out.len() <= KEPT_INPUT_BYTES
+        && let Ok(mut kept) = DCONTEXTS.lock()
+        && kept.len() < KEPT_CONTEXTS
+    {
+        kept.push(context);
+    }
     if out.len() as u64 != bytes {
         return Err(Error::corrupt(
             object,
@@ -238,6 +268,38 @@ mod tests {
             unpack("x", &packed.blob, packed.bytes, "00"),
             Err(Error::Corrupt { .. })
         ));
+        Ok(())
+    }
+
+    /// Kept decompression contexts carry nothing from one blob to the next: blobs of
+    /// different sizes, with damaged, truncated and bloated ones between them (whose
+    /// contexts fail mid-frame), each unpack to their own bytes, on one thread so the same
+    /// few contexts are reused.
+    #[test]
+    fn kept_decompression_contexts_carry_nothing_between_blobs() -> Result<(), Error> {
+        let big: Vec<u8> = (0..400_000u32).map(|i| (i * 13 % 241) as u8).collect();
+        let sizes = [10usize, 4096, 300_000, 1, 70_000];
+        for round in 0..3 {
+            for (i, n) in sizes.iter().enumerate() {
+                let bytes = &big[i..i + n + round];
+                let packed = pack("acme", "section", bytes, 3)?;
+                let mut damaged = packed.blob.clone();
+                let at = damaged.len() / 2;
+                damaged[at] ^= 0x5a;
+                let truncated = &packed.blob[..packed.blob.len() - 3];
+                for bad in [&damaged[..], truncated] {
+                    assert!(unpack("x", bad, packed.bytes, &packed.sha256).is_err());
+                }
+                // Claims fewer bytes than the frame holds: stops one byte past the claim.
+                let short = packed.bytes.saturating_sub(2);
+                assert!(unpack("x", &packed.blob, short, &packed.sha256).is_err());
+                assert_eq!(
+                    unpack("x", &packed.blob, packed.bytes, &packed.sha256)?,
+                    bytes,
+                    "round {round}, blob {i}"
+                );
+            }
+        }
         Ok(())
     }
 
