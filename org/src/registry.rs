@@ -622,8 +622,10 @@ impl Registry {
     /// is deleted ([`idem_replica::Replica::retire`]): the registry must be the replica
     /// handle's only user. With the warm takeover on, the delete waits until the drain was
     /// said two of its watcher's polls ago ([`crate::WarmSettings::poll_ms`]; 2 s by default,
-    /// 5 s at most): a successor polling as often then lists the drain at least once,
-    /// however short it was.
+    /// 5 s at most): a successor polling as often then reads the drain at least once,
+    /// however short it was. A caller that drops this future during that wait (a timeout
+    /// of 2 s or less) leaves the lease saying draining, renewed while the replica handle
+    /// lives and listed after the process exits, as after an exit without `shutdown`.
     pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
         use futures::StreamExt;
         self.inner
