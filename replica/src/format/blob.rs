@@ -51,13 +51,62 @@ pub(crate) fn frame<'a>(object: &str, blob: &'a [u8]) -> Result<&'a [u8], Error>
 /// holds at most about 16 MiB.
 static CONTEXTS: Mutex<Vec<Compressor<'static>>> = Mutex::new(Vec::new());
 
-/// Decompression contexts kept between blobs, at most [`KEPT_CONTEXTS`]. A fresh context
+/// Decompression contexts kept between frames, at most [`KEPT_CONTEXTS`]. A fresh context
 /// allocates and initializes its entropy tables (about 160 KiB) before its first frame,
 /// which for a section or delta of a few pages costs more than the decompression itself (2%
 /// of a 1,000-org takeover's CPU in `BENCHMARKS.md`); a kept one is reset and reused. Each
 /// keeps the window buffers of the largest frame it read, so one goes back only after a frame
-/// of at most [`KEPT_INPUT_BYTES`] read without error: the pool holds a few MiB at most.
+/// of at most [`KEPT_INPUT_BYTES`] read without error ([`DCtx::keep`]): the pool holds a few
+/// MiB at most.
 static DCONTEXTS: Mutex<Vec<zstd::zstd_safe::DCtx<'static>>> = Mutex::new(Vec::new());
+
+/// A decompression context from [`DCONTEXTS`], or a fresh one; `None` only when zstd cannot
+/// allocate one.
+pub(crate) struct DCtx(Option<zstd::zstd_safe::DCtx<'static>>);
+
+impl DCtx {
+    /// A kept context when one is free, else a fresh one.
+    pub(crate) fn take() -> DCtx {
+        // A poisoned pool only means a panic elsewhere mid-push: a fresh context is as good.
+        let kept = DCONTEXTS.lock().ok().and_then(|mut kept| kept.pop());
+        DCtx(kept.or_else(zstd::zstd_safe::DCtx::try_create))
+    }
+
+    /// The context, `None` when zstd could not allocate one.
+    pub(crate) fn get(&mut self) -> Option<&mut zstd::zstd_safe::DCtx<'static>> {
+        self.0.as_mut()
+    }
+
+    /// One zstd frame decompressed into at most `cap` bytes (its whole content; a frame
+    /// larger than `cap` is an error, and `cap` is allocated up front: bound it first).
+    pub(crate) fn decompress(&mut self, frame: &[u8], cap: usize) -> std::io::Result<Vec<u8>> {
+        let Some(context) = self.0.as_mut() else {
+            return zstd::bulk::decompress(frame, cap);
+        };
+        let mut out = Vec::with_capacity(cap);
+        context
+            .decompress(&mut out, frame)
+            .map_err(|code| std::io::Error::other(zstd::zstd_safe::get_error_name(code)))?;
+        Ok(out)
+    }
+
+    /// Puts the context back for the next frame, after a frame of at most `read` bytes read
+    /// without error; a larger one's buffers are dropped with it.
+    pub(crate) fn keep(self, read: usize) {
+        if let Some(mut context) = self.0
+            && read <= KEPT_INPUT_BYTES
+            // Whatever a user set (a dictionary a one-shot call referenced included) goes:
+            // the next user gets a context as fresh as a new one.
+            && context
+                .reset(zstd::zstd_safe::ResetDirective::SessionAndParameters)
+                .is_ok()
+            && let Ok(mut kept) = DCONTEXTS.lock()
+            && kept.len() < KEPT_CONTEXTS
+        {
+            kept.push(context);
+        }
+    }
+}
 
 /// Most compression contexts [`CONTEXTS`] keeps, and most decompression contexts
 /// [`DCONTEXTS`] keeps.
@@ -179,11 +228,9 @@ pub(crate) fn unpack(
     // would abort the process (allocation failure is not a panic). Preallocate at most what a
     // generous compression ratio allows; the copy below grows as needed up to `bytes + 1`.
     let mut out = Vec::with_capacity(cap.min(frame.len().saturating_mul(16)));
-    // A poisoned pool only means a panic elsewhere mid-push: a fresh context is as good.
-    let kept = DCONTEXTS.lock().ok().and_then(|mut kept| kept.pop());
-    let mut context = kept.or_else(zstd::zstd_safe::DCtx::try_create);
+    let mut context = DCtx::take();
     // Read at most one byte more than expected so a bloated blob cannot exhaust memory.
-    let read = match context.as_mut() {
+    let read = match context.get() {
         Some(context) => {
             let input = std::io::BufReader::with_capacity(zstd::zstd_safe::DCtx::in_size(), frame);
             let mut dec = zstd::stream::read::Decoder::with_context(input, context);
@@ -200,13 +247,7 @@ pub(crate) fn unpack(
         }),
     };
     read.map_err(|e| Error::corrupt(object, format!("zstd: {e}")))?;
-    if let Some(context) = context
-        && out.len() <= KEPT_INPUT_BYTES
-        && let Ok(mut kept) = DCONTEXTS.lock()
-        && kept.len() < KEPT_CONTEXTS
-    {
-        kept.push(context);
-    }
+    context.keep(out.len());
     if out.len() as u64 != bytes {
         return Err(Error::corrupt(
             object,
@@ -298,6 +339,29 @@ mod tests {
                     bytes,
                     "round {round}, blob {i}"
                 );
+                // A one-shot frame (a journal section) and a patch against a dictionary (a
+                // delta's page) on kept contexts, which go back afterwards.
+                let frame = zstd::bulk::compress(bytes, 3).map_err(|e| Error::corrupt("x", e))?;
+                let mut context = DCtx::take();
+                let body = context
+                    .decompress(&frame, bytes.len())
+                    .map_err(|e| Error::corrupt("x", e))?;
+                assert_eq!(body, bytes);
+                assert!(context.decompress(&frame, bytes.len() / 2).is_err() || bytes.len() < 2);
+                context.keep(bytes.len());
+                let dict = &big[..4096];
+                let mut patch = Vec::with_capacity(4096);
+                zstd::zstd_safe::CCtx::create()
+                    .compress_using_dict(&mut patch, &big[7..4103], dict, 3)
+                    .map_err(|c| Error::corrupt("x", zstd::zstd_safe::get_error_name(c)))?;
+                let mut context = DCtx::take();
+                let mut page = Vec::with_capacity(4096);
+                let got = context
+                    .get()
+                    .map(|d| d.decompress_using_dict(&mut page, &patch, dict));
+                assert!(matches!(got, Some(Ok(4096))), "{got:?}");
+                assert_eq!(page, &big[7..4103]);
+                context.keep(4096);
             }
         }
         Ok(())

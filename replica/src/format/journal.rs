@@ -474,8 +474,11 @@ pub(crate) fn section_body(
     }
     let cap = usize::try_from(index.bytes.min(MAX_SECTION_BYTES))
         .map_err(|_| bad("section size".into()))?;
-    let body = zstd::bulk::decompress(frame, cap)
+    let mut context = super::blob::DCtx::take();
+    let body = context
+        .decompress(frame, cap)
         .map_err(|e| bad(format!("section of {} does not decompress: {e}", index.org)))?;
+    context.keep(body.len());
     if body.len() as u64 != index.bytes {
         return Err(bad(format!("section of {} has the wrong size", index.org)));
     }

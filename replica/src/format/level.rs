@@ -233,8 +233,11 @@ impl LevelFile {
         let at = self.frames_at + s.offset as usize;
         let frame = &self.bytes[at..at + s.len as usize];
         let cap = usize::try_from(s.bytes).map_err(|_| bad("section size".into()))?;
-        let body = zstd::bulk::decompress(frame, cap)
+        let mut context = super::blob::DCtx::take();
+        let body = context
+            .decompress(frame, cap)
             .map_err(|e| bad(format!("section {} does not decompress: {e}", s.seq)))?;
+        context.keep(body.len());
         if body.len() as u64 != s.bytes || hex::encode(Sha256::digest(&body)) != s.sha256 {
             return Err(bad(format!("section {} size or sha256 mismatch", s.seq)));
         }

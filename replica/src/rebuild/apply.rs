@@ -66,7 +66,8 @@ impl DeltaBody<'_> {
         let new = self.db_pages as usize;
         hashes.resize(new);
         image.set_len(new as u64 * ps as u64)?;
-        let mut dctx = zstd::zstd_safe::DCtx::create();
+        // Taken at the first patch: most deltas have none.
+        let mut dctx: Option<crate::format::blob::DCtx> = None;
         let mut scratch = Vec::with_capacity(ps);
         let mut buf = vec![0u8; ps];
         for (pgno, encoding, bytes) in self.records() {
@@ -92,7 +93,9 @@ impl DeltaBody<'_> {
                         && zstd::zstd_safe::find_frame_compressed_size(bytes).ok()
                             == Some(bytes.len());
                     let decoded = if one_frame {
-                        dctx.decompress_using_dict(&mut scratch, bytes, page).ok()
+                        dctx.get_or_insert_with(crate::format::blob::DCtx::take)
+                            .get()
+                            .and_then(|d| d.decompress_using_dict(&mut scratch, bytes, page).ok())
                     } else {
                         None
                     };
@@ -108,6 +111,9 @@ impl DeltaBody<'_> {
             }
             image.write_at(self.object, at, page)?;
             hashes.set(pgno, page_hash(pgno, page));
+        }
+        if let Some(dctx) = dctx {
+            dctx.keep(ps);
         }
         Ok(())
     }
