@@ -90,6 +90,24 @@ async fn serve(
     Ok(acked)
 }
 
+/// Shuts `a` down (every release must land), then waits until `b` holds every org, each
+/// opened by its watcher: a slot is open before its background claim is counted (the
+/// claim's eviction and park checks come between), so both are waited for.
+async fn drain_and_wait(a: &Registry, b: &Registry) -> R {
+    for (org, r) in a.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    assert!(
+        within(20, || b.open_orgs().len() == ORGS
+            && b.warm_claims() == ORGS as u64)
+        .await,
+        "B opened {} of {ORGS} orgs, {} by its watcher: it never read A's drain",
+        b.open_orgs().len(),
+        b.warm_claims()
+    );
+    Ok(())
+}
+
 /// Shuts `reg` down, then checks every org exactly once against `acked`.
 async fn oracle(
     reg: &Registry,
@@ -119,19 +137,7 @@ async fn after_a_drain_the_successor_holds_every_released_org_without_a_request(
     // A handle A keeps past its shutdown: whatever it is asked after B's claim is refused.
     let kept = a.acquire(&OrgId::new("org00")?).await?;
 
-    for (org, r) in a.shutdown().await {
-        r.map_err(|e| format!("{org}: {e}"))?;
-    }
-    // A slot is open before its background claim is counted (the claim's eviction and
-    // park checks come between): wait for both.
-    assert!(
-        within(20, || b.open_orgs().len() == ORGS
-            && b.warm_claims() == ORGS as u64)
-        .await,
-        "B opened {} of {ORGS} orgs, {} by the watcher",
-        b.open_orgs().len(),
-        b.warm_claims()
-    );
+    drain_and_wait(&a, &b).await?;
     assert!(b.open_orgs().iter().all(|o| o.is_serving()));
 
     // Fencing: A acknowledges nothing after B's claim, through its handle or its registry.
@@ -202,17 +208,7 @@ async fn a_drain_shorter_than_the_successors_poll_is_still_seen() -> R {
         within(20, || rb.store_requests().list > lists).await,
         "B's watcher did not list"
     );
-    for (org, r) in a.shutdown().await {
-        r.map_err(|e| format!("{org}: {e}"))?;
-    }
-    assert!(
-        within(20, || b.open_orgs().len() == ORGS
-            && b.warm_claims() == ORGS as u64)
-        .await,
-        "B opened {} of {ORGS} orgs, {} by the watcher: it never read A's drain",
-        b.open_orgs().len(),
-        b.warm_claims()
-    );
+    drain_and_wait(&a, &b).await?;
     // The linger ends in the delete: a drained process leaves nothing listed.
     let leases = rb.process_leases().await?;
     assert!(
