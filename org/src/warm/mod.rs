@@ -169,9 +169,10 @@ impl Warm {
     /// the drain landed, before [`crate::Registry::shutdown`] deletes it: two of this
     /// watcher's polls, so a successor polling as often reads it at least once whatever
     /// the phase of its polls, as long as a poll's LIST and the GETs after it take less
-    /// than a poll (`docs/design.md` 3f); at most [`DRAIN_LINGER_MAX_MS`]. A fleet runs one configuration: a process that
-    /// watches at this period expects its successors to. Whether one is there cannot be
-    /// known from here: a successor that holds nothing yet has no process lease to list.
+    /// than a poll (`docs/design.md` 3f); at most [`DRAIN_LINGER_MAX_MS`]. A fleet runs one
+    /// configuration: a process that watches at this period expects its successors to.
+    /// Whether one is there cannot be known from here: a successor that holds nothing yet
+    /// has no process lease to list.
     pub(crate) fn drain_linger(&self) -> Duration {
         Duration::from_millis(self.poll_ms.saturating_mul(2).min(DRAIN_LINGER_MAX_MS))
     }
