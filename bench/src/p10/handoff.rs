@@ -4,8 +4,8 @@
 //! its orgs when its lease lapses).
 //!
 //! In the handoff rows every org has a client sending it one request a second (the orgs'
-//! phases spread over the second, none at the instant of the event); at the event the clients move to B, retrying a refused
-//! request every [`RETRY`] until B acknowledges it.
+//! phases spread over the second, none at the instant of the event); at the event the
+//! clients move to B, retrying a refused request every [`RETRY`] until B acknowledges it.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -60,31 +60,28 @@ static CONTEXTS: Mutex<Vec<Compressor<'static>>> = Mutex::new(Vec::new());
 /// MiB at most.
 static DCONTEXTS: Mutex<Vec<zstd::zstd_safe::DCtx<'static>>> = Mutex::new(Vec::new());
 
-/// A decompression context from [`DCONTEXTS`], or a fresh one; `None` only when zstd cannot
-/// allocate one.
-pub(crate) struct DCtx(Option<zstd::zstd_safe::DCtx<'static>>);
+/// A decompression context from [`DCONTEXTS`], or a fresh one.
+pub(crate) struct DCtx(zstd::zstd_safe::DCtx<'static>);
 
 impl DCtx {
-    /// A kept context when one is free, else a fresh one.
+    /// A kept context when one is free, else a fresh one (zstd panics only when it cannot
+    /// allocate one, as an allocation in Rust aborts).
     pub(crate) fn take() -> DCtx {
         // A poisoned pool only means a panic elsewhere mid-push: a fresh context is as good.
         let kept = DCONTEXTS.lock().ok().and_then(|mut kept| kept.pop());
-        DCtx(kept.or_else(zstd::zstd_safe::DCtx::try_create))
+        DCtx(kept.unwrap_or_else(zstd::zstd_safe::DCtx::create))
     }
 
-    /// The context, `None` when zstd could not allocate one.
-    pub(crate) fn get(&mut self) -> Option<&mut zstd::zstd_safe::DCtx<'static>> {
-        self.0.as_mut()
+    /// The context itself, for a streaming decoder or a dictionary patch.
+    pub(crate) fn get(&mut self) -> &mut zstd::zstd_safe::DCtx<'static> {
+        &mut self.0
     }
 
     /// One zstd frame decompressed into at most `cap` bytes (its whole content; a frame
     /// larger than `cap` is an error, and `cap` is allocated up front: bound it first).
     pub(crate) fn decompress(&mut self, frame: &[u8], cap: usize) -> std::io::Result<Vec<u8>> {
-        let Some(context) = self.0.as_mut() else {
-            return zstd::bulk::decompress(frame, cap);
-        };
         let mut out = Vec::with_capacity(cap);
-        context
+        self.0
             .decompress(&mut out, frame)
             .map_err(|code| std::io::Error::other(zstd::zstd_safe::get_error_name(code)))?;
         Ok(out)
@@ -92,18 +89,18 @@ impl DCtx {
 
     /// Puts the context back for the next frame, after a frame of at most `read` bytes read
     /// without error; a larger one's buffers are dropped with it.
-    pub(crate) fn keep(self, read: usize) {
-        if let Some(mut context) = self.0
-            && read <= KEPT_INPUT_BYTES
+    pub(crate) fn keep(mut self, read: usize) {
+        if read <= KEPT_INPUT_BYTES
             // Whatever a user set (a dictionary a one-shot call referenced included) goes:
             // the next user gets a context as fresh as a new one.
-            && context
+            && self
+                .0
                 .reset(zstd::zstd_safe::ResetDirective::SessionAndParameters)
                 .is_ok()
             && let Ok(mut kept) = DCONTEXTS.lock()
             && kept.len() < KEPT_CONTEXTS
         {
-            kept.push(context);
+            kept.push(self.0);
         }
     }
 }
@@ -229,23 +226,14 @@ pub(crate) fn unpack(
     // generous compression ratio allows; the copy below grows as needed up to `bytes + 1`.
     let mut out = Vec::with_capacity(cap.min(frame.len().saturating_mul(16)));
     let mut context = DCtx::take();
+    let input = std::io::BufReader::with_capacity(zstd::zstd_safe::DCtx::in_size(), frame);
+    let mut dec = zstd::stream::read::Decoder::with_context(input, context.get());
     // Read at most one byte more than expected so a bloated blob cannot exhaust memory.
-    let read = match context.get() {
-        Some(context) => {
-            let input = std::io::BufReader::with_capacity(zstd::zstd_safe::DCtx::in_size(), frame);
-            let mut dec = zstd::stream::read::Decoder::with_context(input, context);
-            std::io::copy(
-                &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
-                &mut out,
-            )
-        }
-        None => zstd::stream::read::Decoder::new(frame).and_then(|mut dec| {
-            std::io::copy(
-                &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
-                &mut out,
-            )
-        }),
-    };
+    let read = std::io::copy(
+        &mut std::io::Read::take(&mut dec, bytes.saturating_add(1)),
+        &mut out,
+    );
+    drop(dec);
     read.map_err(|e| Error::corrupt(object, format!("zstd: {e}")))?;
     context.keep(out.len());
     if out.len() as u64 != bytes {
@@ -356,10 +344,8 @@ mod tests {
                     .map_err(|c| Error::corrupt("x", zstd::zstd_safe::get_error_name(c)))?;
                 let mut context = DCtx::take();
                 let mut page = Vec::with_capacity(4096);
-                let got = context
-                    .get()
-                    .map(|d| d.decompress_using_dict(&mut page, &patch, dict));
-                assert!(matches!(got, Some(Ok(4096))), "{got:?}");
+                let got = context.get().decompress_using_dict(&mut page, &patch, dict);
+                assert!(matches!(got, Ok(4096)), "{got:?}");
                 assert_eq!(page, &big[7..4103]);
                 context.keep(4096);
             }

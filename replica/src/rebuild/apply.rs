@@ -95,7 +95,8 @@ impl DeltaBody<'_> {
                     let decoded = if one_frame {
                         dctx.get_or_insert_with(crate::format::blob::DCtx::take)
                             .get()
-                            .and_then(|d| d.decompress_using_dict(&mut scratch, bytes, page).ok())
+                            .decompress_using_dict(&mut scratch, bytes, page)
+                            .ok()
                     } else {
                         None
                     };
