@@ -181,6 +181,7 @@ impl RegistryBuilder {
                 home: Arc::new(home),
                 orgs: Mutex::new(HashMap::new()),
                 shutting_down: std::sync::atomic::AtomicBool::new(false),
+                shut_down: tokio::sync::Mutex::new(false),
                 warm: warm.clone(),
                 journal: tokio::sync::Mutex::new(None),
             }),
@@ -222,6 +223,11 @@ pub(crate) struct RegistryInner {
     orgs: Mutex<HashMap<OrgId, Slot>>,
     /// Set by [`Registry::shutdown`]: no org opens any more.
     shutting_down: std::sync::atomic::AtomicBool,
+    /// Held by the one [`Registry::shutdown`] running; true once one ran to its end. A
+    /// second call that ran beside the first would find no org left, skip the drain's
+    /// linger, seal the journal run and delete the process lease while the first was still
+    /// shipping its orgs' final sections.
+    shut_down: tokio::sync::Mutex<bool>,
     /// The warm takeover, when [`RegistrySettings::warm`] enables it.
     warm: Option<Arc<crate::warm::Warm>>,
     /// The journal's issuer, started at the first acquire when
@@ -626,14 +632,30 @@ impl Registry {
     /// however short it was. A caller that drops this future during that wait (a timeout
     /// of 2 s or less) leaves the lease saying draining, renewed while the replica handle
     /// lives and listed after the process exits, as after an exit without `shutdown`.
+    ///
+    /// One call does the work. A call made while another runs waits for it to end, and a
+    /// call after one that ended returns at once; both return an empty list, since the
+    /// orgs were released (and reported) by that one. After a dropped call the next one
+    /// releases whatever is left.
     pub async fn shutdown(&self) -> Vec<(OrgId, Result<(), Error>)> {
-        use futures::StreamExt;
         self.inner
             .shutting_down
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(warm) = &self.inner.warm {
             warm.wake.notify_one();
         }
+        let mut ran = self.inner.shut_down.lock().await;
+        if *ran {
+            return Vec::new();
+        }
+        let released = self.release_all().await;
+        *ran = true;
+        released
+    }
+
+    /// The work of [`Registry::shutdown`], run once.
+    async fn release_all(&self) -> Vec<(OrgId, Result<(), Error>)> {
+        use futures::StreamExt;
         // J4 for every journal org: each release only drains it, and one release seal
         // frees them all once every final ship is acknowledged.
         let journal = self.inner.journal.lock().await.clone();

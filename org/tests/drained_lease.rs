@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::{R, effect, registry, replica_with_lease, until, witness, witness_puts};
 use idem_org::RegistrySettings;
+use idem_replica::fault::{FaultStore, Op};
 use idem_replica::{OrgId, Replica};
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -94,5 +95,70 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
             r.map_err(|e| format!("{org}: {e}"))?;
         }
     }
+    Ok(())
+}
+
+/// Regression: a second `shutdown` called while the first still released orgs found none,
+/// skipped the drain's linger and deleted the process lease at once, so the process said
+/// it held nothing while an org's release was still on its way to the store. Now it waits
+/// for the first and returns nothing; a call after both returns at once.
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_shutdown_waits_for_the_first_to_release_every_org() -> R {
+    let dir = tempfile::tempdir()?;
+    let faults = Arc::new(FaultStore::new(Arc::new(InMemory::new())));
+    let ra = replica_with_lease(faults.clone(), LEASE_MS).await?;
+    let a = registry(
+        &dir.path().join("a"),
+        ra.clone(),
+        "wa",
+        RegistrySettings::default(),
+    )?;
+    for org in ["org0", "org1"] {
+        assert!(
+            a.once(&OrgId::new(org)?, "k", effect(org, "k"))
+                .await?
+                .applied
+        );
+    }
+    // org1's release is held at its Release entry.
+    let held = faults.pause_next(Op::Put, "orgs/org1/log/");
+    let first = tokio::spawn({
+        let a = a.clone();
+        async move { a.shutdown().await }
+    });
+    held.reached.await?;
+    // This runtime has one thread: between two polls of the second call, every task that
+    // can move (the first call's other release included) runs until it waits. A second
+    // call that does not wait for the first has nothing to wait for but this store.
+    let mut second = std::pin::pin!(a.shutdown());
+    for _ in 0..64 {
+        assert!(
+            futures::poll!(second.as_mut()).is_pending(),
+            "a second shutdown returned while org1's release was held"
+        );
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        listed(&ra, ra.instance()).await?,
+        "the process lease was deleted while org1's release was held"
+    );
+    let _ = held.resume.send(());
+    let released = first.await?;
+    let mut orgs: Vec<String> = Vec::new();
+    for (org, r) in released {
+        r.map_err(|e| format!("{org}: {e}"))?;
+        orgs.push(org.to_string());
+    }
+    orgs.sort();
+    assert_eq!(orgs, ["org0", "org1"]);
+    assert!(
+        second.await.is_empty(),
+        "the first call reported the releases"
+    );
+    assert!(
+        !listed(&ra, ra.instance()).await?,
+        "the lease outlived both calls"
+    );
+    assert!(a.shutdown().await.is_empty());
     Ok(())
 }
