@@ -164,10 +164,12 @@ impl Traced {
     }
 }
 
-/// What one org's client saw: its last ack on A before the event, its first ack on B.
+/// What one org's client saw: its last ack on A before the event, its first ack on B, and
+/// when it first sent that request (to A or to B: from then on it waits for the handoff).
 struct Seen {
     last_a: Option<Instant>,
     first_b: Instant,
+    sent_b: Instant,
 }
 
 /// What a handoff row saw: the event's instant, each org's [`Seen`], and the process's CPU
@@ -226,6 +228,7 @@ where
                 tokio::time::sleep_until(next).await;
                 next += SPACING;
                 let key = format!("h{tick}");
+                let sent_b = Instant::now();
                 if !moved.load(Ordering::SeqCst) {
                     let k = key.clone();
                     if a.once(&id, &key, move |tx| write(tx, &k)).await.is_ok() {
@@ -246,6 +249,7 @@ where
                             return Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Seen {
                                 last_a,
                                 first_b,
+                                sent_b,
                             });
                         }
                         Err(e)
@@ -308,6 +312,7 @@ fn gaps(at: Instant, seen: &[Seen]) -> Vec<Duration> {
 pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchResult<()> {
     let (mut gap_cells, mut after_cells, mut shutdown_cells) = (Vec::new(), Vec::new(), Vec::new());
     let (mut setup_cells, mut warm_cells, mut cpu_cells) = (Vec::new(), Vec::new(), Vec::new());
+    let mut wait_cells = Vec::new();
     for (c, column) in columns.iter().enumerate() {
         let work = dir.join(format!("p10-rolling-{c}"));
         let store = column.store(&work.join("store"), 20)?;
@@ -341,6 +346,12 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
         let Handoff { at, seen, .. } = seen;
         let mut after: Vec<Duration> = seen.iter().map(|s| s.first_b.duration_since(at)).collect();
         after.sort_unstable();
+        let mut waits: Vec<Duration> = seen
+            .iter()
+            .map(|s| s.first_b.duration_since(s.sent_b))
+            .collect();
+        waits.sort_unstable();
+        wait_cells.push(spread(&waits));
         gap_cells.push(spread(&gaps(at, &seen)));
         after_cells.push(spread(&after));
         shutdown_cells.push(ms(Duration::from_micros(took_us.load(Ordering::SeqCst))));
@@ -360,6 +371,11 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
         "rolling upgrade: from A's shutdown to each org's first ack on B p50 / p99 / max",
         &after_cells,
         "p99 ≤ 1 s",
+    );
+    row(
+        "rolling upgrade: each org's first request answered by B, from its send to its ack (what its client waited) p50 / p99 / max",
+        &wait_cells,
+        "",
     );
     row("rolling upgrade: A's shutdown took", &shutdown_cells, "");
     row(
