@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{R, effect, registry, replica_with_lease, until, witness, witness_puts};
-use idem_org::RegistrySettings;
+use idem_org::{Registry, RegistrySettings};
 use idem_replica::fault::{FaultStore, Op};
 use idem_replica::{OrgId, Replica};
 use object_store::ObjectStore;
@@ -27,17 +27,26 @@ async fn listed(replica: &Replica, instance: &str) -> Result<bool, common::BoxEr
         .any(|l| l.instance == instance))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
-    let dir = tempfile::tempdir()?;
-    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
+/// Process A: its replica (lease term [`LEASE_MS`]) and registry, under `dir/a`.
+async fn process_a(
+    dir: &std::path::Path,
+    store: Arc<dyn ObjectStore>,
+) -> Result<(Replica, Registry), common::BoxErr> {
+    let ra = replica_with_lease(store, LEASE_MS).await?;
     let a = registry(
-        &dir.path().join("a"),
+        &dir.join("a"),
         ra.clone(),
         "wa",
         RegistrySettings::default(),
     )?;
+    Ok((ra, a))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (ra, a) = process_a(dir.path(), store.clone()).await?;
     let mut acked = Vec::new();
     for org in ["org0", "org1", "org2"] {
         let out = a.once(&OrgId::new(org)?, "k", effect(org, "k")).await?;
@@ -106,13 +115,7 @@ async fn a_drained_process_deletes_its_lease_and_renews_it_no_more() -> R {
 async fn a_second_shutdown_waits_for_the_first_to_release_every_org() -> R {
     let dir = tempfile::tempdir()?;
     let faults = Arc::new(FaultStore::new(Arc::new(InMemory::new())));
-    let ra = replica_with_lease(faults.clone(), LEASE_MS).await?;
-    let a = registry(
-        &dir.path().join("a"),
-        ra.clone(),
-        "wa",
-        RegistrySettings::default(),
-    )?;
+    let (ra, a) = process_a(dir.path(), faults.clone()).await?;
     for org in ["org0", "org1"] {
         assert!(
             a.once(&OrgId::new(org)?, "k", effect(org, "k"))
