@@ -16,6 +16,7 @@
 //! ```
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,6 +54,12 @@ const FIRST_LANDING_MS: f64 = 30.0;
 /// a landing lets the next one go, so a commit that just missed a batch waits at most about
 /// half a round trip for its own, and at most about two batches fly per round trip.
 const LATE_FRACTION: f64 = 0.5;
+
+/// The longest wait between two attempts at a self-seal the store refused (J3.2). The
+/// first retry waits one [`Task::late`] (a landing's share), and each refusal doubles it up
+/// to this: a store that is down gets one attempt a second, and a store that comes back
+/// sees the seal within about a second, with or without traffic.
+const SEAL_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// How an [`Issuer`] issues.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,6 +231,8 @@ impl Issuer {
             landing_ms: FIRST_LANDING_MS,
             dead: None,
             closing: None,
+            seal_retry: None,
+            seal_refusals: 0,
         };
         tokio::spawn(task.run(rx));
         Issuer { shared }
@@ -483,6 +492,10 @@ struct Task {
     /// The run was fenced: every request gets this.
     dead: Option<Error>,
     closing: Option<(bool, Reply<()>)>,
+    /// After the store refused a self-seal: the wait before the next attempt, and how many
+    /// attempts in a row it refused (J3.2, [`SEAL_RETRY_MAX`]).
+    seal_retry: Option<Pin<Box<tokio::time::Sleep>>>,
+    seal_refusals: u32,
 }
 
 impl Task {
@@ -491,7 +504,7 @@ impl Task {
         loop {
             if self.dead.is_none() {
                 self.issue().await;
-                if self.run.needs_seal() && self.flying.is_empty() {
+                if self.run.needs_seal() && self.flying.is_empty() && self.seal_retry.is_none() {
                     self.seal().await;
                     // What was queued while the seal was placed goes now, in the continued
                     // run: no message may ever come to wake the select below.
@@ -507,13 +520,23 @@ impl Task {
             let late = self.late_at();
             tokio::select! {
                 msg = rx.recv(), if open => match msg {
-                    Some(m) => self.take(m),
+                    Some(m) => {
+                        self.take(m);
+                        // Waiting to retry a refused seal: answer at once, as the refusal
+                        // answered those before (J3), not after the wait.
+                        if self.seal_retry.is_some() {
+                            self.not_acknowledged();
+                        }
+                    }
                     None => open = false,
                 },
                 Some((batch, landing, at)) = self.flying.next(), if !self.flying.is_empty() => {
                     self.settle(batch, landing, at);
                 }
                 () = sleep_for(late), if late.is_some() => {}
+                () = wait_retry(&mut self.seal_retry), if self.seal_retry.is_some() => {
+                    self.seal_retry = None;
+                }
             }
         }
     }
@@ -525,6 +548,13 @@ impl Task {
 
     fn due(&self) -> bool {
         !self.queued.is_empty() || !self.confirms.is_empty() || !self.announces.is_empty()
+    }
+
+    /// The wait before retrying a self-seal the store refused `seal_refusals` times in a
+    /// row: one [`Task::late`], doubled per earlier refusal, at most [`SEAL_RETRY_MAX`].
+    fn seal_wait(&self) -> Duration {
+        let doubled = 2u32.saturating_pow(self.seal_refusals.min(16));
+        self.late().saturating_mul(doubled).min(SEAL_RETRY_MAX)
     }
 
     fn late(&self) -> Duration {
@@ -800,6 +830,7 @@ impl Task {
                     }
                 }
                 self.run = continued;
+                self.seal_refusals = 0;
                 // J3.5: every entry into the sealed run continues at slot 1 of this one.
                 for e in self.entries.values_mut() {
                     *e = 1;
@@ -809,15 +840,18 @@ impl Task {
                 self.newest_at = None;
                 self.publish_now();
             }
-            // The seal's own failure is retried at the same slot by the next call (J3.2);
-            // back off one landing time so a store that is down is not hammered.
+            // The seal's own failure is retried at the same slot (J3.2), after a wait that
+            // doubles with each refusal in a row, so a store that is down is not hammered.
             Err(e @ Error::RunFenced { .. }) => self.die(e),
             Err(e) => {
-                tracing::warn!(run = %self.run.name(), error = %e, "journal self-seal failed; retrying");
+                let wait = self.seal_wait();
+                self.seal_refusals = self.seal_refusals.saturating_add(1);
+                tracing::warn!(run = %self.run.name(), error = %e, refusals = self.seal_refusals,
+                    retry_in_ms = wait.as_millis() as u64, "journal self-seal failed; retrying");
                 // Nobody waits for the store to come back: a retryable answer now, as a
                 // failed per-org ship gives one (sections are cumulative and go again).
                 self.not_acknowledged();
-                tokio::time::sleep(self.late()).await;
+                self.seal_retry = Some(Box::pin(tokio::time::sleep(wait)));
             }
         }
     }
@@ -963,6 +997,14 @@ impl Task {
             None => Ok(()),
         };
         let _ = reply.send(result);
+    }
+}
+
+/// Waits out a pending seal retry (none: never ready; the caller guards the branch).
+async fn wait_retry(retry: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
+    match retry {
+        Some(sleep) => sleep.as_mut().await,
+        None => std::future::pending().await,
     }
 }
 
