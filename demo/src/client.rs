@@ -25,13 +25,24 @@ pub struct Request {
     pub dup: u8,
 }
 
+/// When one acknowledged request was first sent and first acknowledged.
+#[derive(Debug, Clone, Copy)]
+pub struct AckTime {
+    /// Org index.
+    pub org: usize,
+    /// Its first send.
+    pub sent: Instant,
+    /// Its first acknowledgement (before any deliberate duplicate of it).
+    pub acked: Instant,
+}
+
 /// What the clients observed.
 #[derive(Debug, Default)]
 pub struct Stats {
     /// Acknowledged requests: (request, receipt body).
     pub acked: Vec<(Request, Vec<u8>)>,
-    /// Ack instants per org.
-    pub ack_times: Vec<(usize, Instant)>,
+    /// Every acknowledged request's org and its timing.
+    pub ack_times: Vec<AckTime>,
     /// First send to ack, ms.
     pub latencies_ms: Vec<f64>,
     /// HTTP sends, retries and duplicates included.
@@ -218,7 +229,8 @@ async fn run_request(http: &reqwest::Client, sh: &Shared, r: &Request) -> Result
     let Sent::Ack { body, .. } = body else {
         return Err(format!("request {} refused: {}", r.key, status_of(&body)));
     };
-    let latency = start.elapsed().as_secs_f64() * 1000.0;
+    let acked = Instant::now();
+    let latency = acked.duration_since(start).as_secs_f64() * 1000.0;
     match dup_body {
         Some(Sent::Ack { body: b, .. }) if b == body => {}
         Some(other) => {
@@ -260,7 +272,11 @@ async fn run_request(http: &reqwest::Client, sh: &Shared, r: &Request) -> Result
     }
     let mut st = sh.stats();
     st.acked.push((r.clone(), body));
-    st.ack_times.push((r.org, Instant::now()));
+    st.ack_times.push(AckTime {
+        org: r.org,
+        sent: start,
+        acked,
+    });
     st.latencies_ms.push(latency);
     drop(st);
     sh.acked.send_modify(|n| *n += 1);

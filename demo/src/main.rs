@@ -86,7 +86,16 @@ pub struct Handoff {
     pub org_gap_p99_ms: f64,
     /// See `org_gap_p50_ms`.
     pub max_org_gap_ms: f64,
-    /// Orgs acknowledged after the event (those the gaps are of).
+    /// Per org, what the event itself made it wait, ms: the longest first-send-to-ack
+    /// time among its requests in flight at the event and its first request after it
+    /// (`report::org_waits_ms`). The gap is this plus the time until a client sent the org
+    /// a request at all. Median, 99th percentile, longest.
+    pub org_wait_p50_ms: f64,
+    /// See `org_wait_p50_ms`.
+    pub org_wait_p99_ms: f64,
+    /// See `org_wait_p50_ms`.
+    pub max_org_wait_ms: f64,
+    /// Orgs acknowledged after the event (those the gaps and waits are of).
     pub orgs: usize,
 }
 
@@ -229,12 +238,16 @@ pub async fn run(a: DemoArgs) -> Result<ExitCode, String> {
         .map(|(what, t)| {
             let gaps = report::org_gaps_ms(&stats.ack_times, *t);
             let (p50, p99, max) = report::spread(&gaps);
+            let (w50, w99, wmax) = report::spread(&report::org_waits_ms(&stats.ack_times, *t));
             Handoff {
                 what: what.clone(),
                 at_ms: t.duration_since(started).as_secs_f64() * 1000.0,
                 org_gap_p50_ms: p50,
                 org_gap_p99_ms: p99,
                 max_org_gap_ms: max,
+                org_wait_p50_ms: w50,
+                org_wait_p99_ms: w99,
+                max_org_wait_ms: wmax,
                 orgs: gaps.len(),
             }
         })

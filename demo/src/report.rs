@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::audit::Audit;
-use super::client::Stats;
+use super::client::{AckTime, Stats};
 use super::outside::OutsideReads;
 use super::{DemoArgs, Handoff};
 
@@ -163,6 +163,12 @@ impl Summary {
                 h.max_org_gap_ms,
                 h.orgs
             );
+            outln!(
+                "               of which the handoff's own wait per org (its requests in flight then and its first after, send to ack): p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+                h.org_wait_p50_ms,
+                h.org_wait_p99_ms,
+                h.max_org_wait_ms
+            );
         }
         outln!(
             "outside reader {} of {} served database files refused to another process (database is locked)",
@@ -197,16 +203,17 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// Each org's gap across `event`: from its last ack before the event (or the event, for
 /// an org first acknowledged after it) to its first ack after it, ms, sorted ascending.
 /// Orgs with no ack after the event have no gap.
-pub fn org_gaps_ms(acks: &[(usize, Instant)], event: Instant) -> Vec<f64> {
+pub fn org_gaps_ms(acks: &[AckTime], event: Instant) -> Vec<f64> {
     let mut before: HashMap<usize, Instant> = HashMap::new();
     let mut after: HashMap<usize, Instant> = HashMap::new();
-    for (org, t) in acks {
-        if *t <= event {
-            let e = before.entry(*org).or_insert(*t);
-            *e = (*e).max(*t);
+    for a in acks {
+        let t = a.acked;
+        if t <= event {
+            let e = before.entry(a.org).or_insert(t);
+            *e = (*e).max(t);
         } else {
-            let e = after.entry(*org).or_insert(*t);
-            *e = (*e).min(*t);
+            let e = after.entry(a.org).or_insert(t);
+            *e = (*e).min(t);
         }
     }
     let mut gaps: Vec<f64> = after
@@ -220,6 +227,33 @@ pub fn org_gaps_ms(acks: &[(usize, Instant)], event: Instant) -> Vec<f64> {
     gaps
 }
 
+/// Each org's wait on `event`, ms, sorted ascending: the longest first-send-to-ack time
+/// among its requests in flight at the event and the first one it sent after it.
+///
+/// This is the part of the org's gap across the event (`org_gaps_ms`) that the event
+/// caused: the rest of that gap is the time until the org's clients sent it a request at
+/// all, which depends on how often they send, not on the handoff. Orgs with no ack after
+/// the event have no wait, so both lists have the same length.
+pub fn org_waits_ms(acks: &[AckTime], event: Instant) -> Vec<f64> {
+    let mut first_after: HashMap<usize, Instant> = HashMap::new();
+    for a in acks.iter().filter(|a| a.sent > event) {
+        let e = first_after.entry(a.org).or_insert(a.sent);
+        *e = (*e).min(a.sent);
+    }
+    let mut wait: HashMap<usize, f64> = HashMap::new();
+    for a in acks {
+        let in_flight = a.sent <= event && a.acked > event;
+        if in_flight || first_after.get(&a.org) == Some(&a.sent) {
+            let ms = a.acked.duration_since(a.sent).as_secs_f64() * 1000.0;
+            let e = wait.entry(a.org).or_insert(ms);
+            *e = e.max(ms);
+        }
+    }
+    let mut waits: Vec<f64> = wait.into_values().collect();
+    waits.sort_by(f64::total_cmp);
+    waits
+}
+
 /// p50, p99 and max of `sorted` (ascending), 0 when empty.
 pub fn spread(sorted: &[f64]) -> (f64, f64, f64) {
     (
@@ -227,4 +261,42 @@ pub fn spread(sorted: &[f64]) -> (f64, f64, f64) {
         percentile(sorted, 0.99),
         sorted.last().copied().unwrap_or(0.0),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(org: usize, t0: Instant, sent_ms: u64, acked_ms: u64) -> AckTime {
+        AckTime {
+            org,
+            sent: t0 + Duration::from_millis(sent_ms),
+            acked: t0 + Duration::from_millis(acked_ms),
+        }
+    }
+
+    /// The wait counts a request in flight at the event and the org's first one after it,
+    /// not the time before a client sent anything, nor later requests.
+    #[test]
+    fn an_orgs_wait_is_its_in_flight_and_first_later_requests_not_its_spacing() {
+        let t0 = Instant::now();
+        let event = t0 + Duration::from_millis(1_000);
+        let acks = [
+            // org 0: acked before, in flight across the event for 700 ms, then one sent
+            // 2 s after the event that waited 50 ms, then a slow one that is not its first.
+            ack(0, t0, 100, 120),
+            ack(0, t0, 900, 1_600),
+            ack(0, t0, 3_000, 3_050),
+            ack(0, t0, 3_100, 9_000),
+            // org 1: nothing in flight; its first request after the event waited 400 ms
+            // after a quiet 3 s.
+            ack(1, t0, 500, 510),
+            ack(1, t0, 4_000, 4_400),
+            // org 2: only before the event: no gap, no wait.
+            ack(2, t0, 200, 230),
+        ];
+        assert_eq!(org_waits_ms(&acks, event), vec![400.0, 700.0]);
+        // Its gaps are the spacing plus the wait: 1,600 - 120 and 4,400 - 510.
+        assert_eq!(org_gaps_ms(&acks, event), vec![1_480.0, 3_890.0]);
+    }
 }

@@ -36,7 +36,14 @@ fn demo_passes_its_exactly_once_audit() -> TestResult {
     assert_eq!(summary["acknowledged"], 60);
     assert_eq!(summary["violations"], serde_json::json!([]));
     assert!(summary["ships"].as_u64().unwrap_or(0) > 0);
-    assert_eq!(summary["handoffs"].as_array().map(Vec::len), Some(2));
+    let handoffs = summary["handoffs"].as_array().ok_or("no handoffs")?;
+    assert_eq!(handoffs.len(), 2);
+    // Each handoff reports what it made the orgs wait, apart from their request spacing.
+    for h in handoffs {
+        let wait = h["org_wait_p99_ms"].as_f64().ok_or("no wait")?;
+        let longest_wait = h["max_org_wait_ms"].as_f64().ok_or("no max wait")?;
+        assert!(0.0 < wait && wait <= longest_wait, "{h}");
+    }
     // Every org ends at round 3 or more: A, then B, then C each claimed it.
     for (_, round) in summary["final_rounds"].as_object().ok_or("no rounds")? {
         assert!(round.as_u64().unwrap_or(0) >= 3, "{summary}");
