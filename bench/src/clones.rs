@@ -49,7 +49,7 @@ impl Cost {
 
 /// Prints the P11b table.
 pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
-    let sizes: &[u64] = if quick { &[4, 16] } else { &[4, 64] };
+    let sizes: &[u64] = if quick { &[4, 8] } else { &[4, 64] };
     outln!(
         "\nP11b cloning a tenant at its newest position (a snapshot and 10 deltas after it) on S3-shaped latency (p50 28 ms a request)"
     );

@@ -36,13 +36,22 @@ struct Outcome {
 
 /// Prints the P11 table: `hours` simulated hours of one write every `gap_ms`.
 pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
-    let (hours, gap_ms) = if quick { (3, 30_000) } else { (24, 10_000) };
-    let with = simulate(dir, "levels", hours, gap_ms, Retention::default()).await?;
+    // Quick: a shorter history and fewer restores, each still of a moment older than an hour.
+    let (hours, gap_ms, restores) = if quick {
+        (3, 30_000, 8)
+    } else {
+        (24, 10_000, 30)
+    };
+    let history = History {
+        hours,
+        gap_ms,
+        restores,
+    };
+    let with = simulate(dir, "levels", &history, Retention::default()).await?;
     let without = simulate(
         dir,
         "no-levels",
-        hours,
-        gap_ms,
+        &history,
         Retention {
             level_ms: 0,
             ..Retention::default()
@@ -145,15 +154,23 @@ pub async fn run(dir: &Path, quick: bool) -> BenchResult<()> {
     Ok(())
 }
 
+/// What [`simulate`] writes and reads: `hours` simulated hours of one write every `gap_ms`,
+/// then `restores` restores.
+struct History {
+    hours: u64,
+    gap_ms: u64,
+    restores: usize,
+}
+
 /// Writes the history on a fresh store under `dir/<name>`, compacts, thins with `policy`
-/// at the real time, and restores 30 random moments older than an hour.
+/// at the real time, and restores `history.restores` random moments older than an hour.
 async fn simulate(
     dir: &Path,
     name: &str,
-    hours: u64,
-    gap_ms: u64,
+    history: &History,
     policy: Retention,
 ) -> BenchResult<Outcome> {
+    let (hours, gap_ms) = (history.hours, history.gap_ms);
     let work = dir.join(format!("p11-{name}"));
     let _ = std::fs::remove_dir_all(&work);
     let store: Arc<dyn ObjectStore> = Arc::new(idem_org::object_store::memory::InMemory::new());
@@ -243,7 +260,7 @@ async fn simulate(
         .copied()
         .filter(|m| *m + HOUR < clock.now_ms())
         .collect::<Vec<_>>();
-    for i in 0..30 {
+    for i in 0..history.restores {
         let Some(at) = old.get((next_rand() as usize) % old.len().max(1)).copied() else {
             break;
         };
