@@ -139,7 +139,12 @@ async fn two_thousand_orgs_with_a_low_open_limit_stay_bounded_and_correct() -> R
             .once(&idem_replica::OrgId::new(&org)?, "k", effect(&org, "k"))
             .await?;
         assert!(out.applied);
-        peak = peak.max(idem_org::testing::open_claims(&data));
+        // Counting reads every org's directory, so it runs every 7th org (and the last): 7
+        // is prime to the limit, so the counts fall at every phase of the evictions' cycle,
+        // and a leaked claim stays to be counted.
+        if i % 7 == 0 || i == orgs - 1 {
+            peak = peak.max(idem_org::testing::open_claims(&data));
+        }
     }
     assert!(peak <= 17, "local claims peaked at {peak}");
     assert!(reg.open_orgs().len() <= 16);
