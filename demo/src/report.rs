@@ -230,9 +230,10 @@ pub fn org_gaps_ms(acks: &[AckTime], event: Instant) -> Vec<f64> {
 /// Each org's wait on `event`, ms, sorted ascending: the longest first-send-to-ack time
 /// among its requests in flight at the event and the first one it sent after it.
 ///
-/// This is the part of the org's gap across the event (`org_gaps_ms`) that the event
-/// caused: the rest of that gap is the time until the org's clients sent it a request at
-/// all, which depends on how often they send, not on the handoff. Orgs with no ack after
+/// This is the part of the org's gap across the event (`org_gaps_ms`) spent waiting on a
+/// request, the event's delay plus one ordinary ack: the rest of that gap is the time until
+/// the org's clients sent it a request at all, which depends on how often they send, not
+/// on the handoff. Orgs with no ack after
 /// the event have no wait, so both lists have the same length.
 pub fn org_waits_ms(acks: &[AckTime], event: Instant) -> Vec<f64> {
     let mut first_after: HashMap<usize, Instant> = HashMap::new();
