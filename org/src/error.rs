@@ -254,16 +254,25 @@ impl Error {
     /// How long a client should wait before retrying, when this error knows: while another
     /// writer's advisory lease holds the org, how long this replica still has to see it
     /// unchanged before it may claim (at least one second). Measured on this replica's own
-    /// monotonic clock; no wall clock, and nothing the holder wrote, enters it (I15).
+    /// monotonic clock; no wall clock, and nothing the holder wrote, enters it (I15). One
+    /// second when the holder is draining and releasing the org (a rolling upgrade, 3f): the
+    /// org is claimable here as soon as its release lands, usually well within that second,
+    /// where the watch would send a client away for the whole lease term.
     /// `None` for every other error (retry soon; HTTP answers `Retry-After: 1`).
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         let Error::Replica { source, .. } = self else {
             return None;
         };
-        let idem_replica::Error::LeaseHeld { retry_after_ms, .. } = **source else {
+        let idem_replica::Error::LeaseHeld {
+            retry_after_ms,
+            draining,
+            ..
+        } = **source
+        else {
             return None;
         };
-        Some(std::time::Duration::from_millis(retry_after_ms.max(1_000)))
+        let ms = if draining { 1_000 } else { retry_after_ms };
+        Some(std::time::Duration::from_millis(ms.max(1_000)))
     }
 
     /// Where the writer holding the org's lease says its clients reach it, when this error

@@ -165,3 +165,58 @@ async fn a_second_shutdown_waits_for_the_first_to_release_every_org() -> R {
     assert!(a.shutdown().await.is_empty());
     Ok(())
 }
+
+/// While a holder drains, a successor's refusal sends clients back in a second (what its
+/// HTTP answer's `Retry-After` says, `org/src/http/status.rs`), not after the watch a dead
+/// holder would need, for the orgs the drain releases; once the release lands, the
+/// successor takes the org. A refusal repeated from the successor's memory of the last one
+/// (a request within `retry_ms` of it) says the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_holders_orgs_are_worth_asking_again_in_a_second() -> R {
+    let dir = tempfile::tempdir()?;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let (ra, a) = process_a(dir.path(), store.clone()).await?;
+    let (acme, beta) = (OrgId::new("acme")?, OrgId::new("beta")?);
+    assert!(a.once(&acme, "k", effect("acme", "k")).await?.applied);
+    assert!(a.once(&beta, "k", effect("beta", "k")).await?.applied);
+    let rb = replica_with_lease(store.clone(), LEASE_MS).await?;
+    let settings = RegistrySettings {
+        warm: idem_org::WarmSettings {
+            enabled: true,
+            ..idem_org::WarmSettings::default()
+        },
+        ..RegistrySettings::default()
+    };
+    let b = registry(&dir.path().join("b"), rb, "wb", settings)?;
+    let wait = |r: Result<idem_org::Org, idem_org::Error>| match r {
+        Err(e) => e.retry_after().ok_or_else(|| format!("no wait in {e}")),
+        Ok(_) => Err("an org taken from its live holder".to_owned()),
+    };
+    // A says it drains acme alone (its shutdown lists every org), and has not released it.
+    assert!(ra.drain(std::slice::from_ref(&acme)).await);
+    for _ in 0..2 {
+        assert_eq!(
+            wait(b.acquire(&acme).await)?,
+            std::time::Duration::from_secs(1)
+        );
+    }
+    // An org the drain does not list: the whole watch (a term and a tenth).
+    let beta_wait = wait(b.acquire(&beta).await)?;
+    assert!(
+        beta_wait > std::time::Duration::from_millis(LEASE_MS),
+        "{beta_wait:?}"
+    );
+    for (org, r) in a.shutdown().await {
+        r.map_err(|e| format!("{org}: {e}"))?;
+    }
+    // Released: B takes it at a request, or its watcher already did.
+    let waited = idem_base::Stopwatch::start();
+    while b.acquire(&acme).await.is_err() {
+        if waited.elapsed() > std::time::Duration::from_secs(20) {
+            return Err("acme not taken within 20 s of its release".into());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    b.shutdown().await;
+    Ok(())
+}

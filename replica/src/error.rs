@@ -139,10 +139,7 @@ pub enum Error {
     },
     /// Another writer holds the advisory lease and was seen renewing it within a watch (or
     /// not watched long enough yet, I15); claim again later or with `force`.
-    #[error(
-        "org {org} is leased by writer {holder}: claimable after {} without a renewal",
-        humantime::format_duration(std::time::Duration::from_millis(*retry_after_ms))
-    )]
+    #[error("org {org} is leased by writer {holder}: {}", held_text(*retry_after_ms, *draining))]
     LeaseHeld {
         /// The org.
         org: String,
@@ -154,6 +151,11 @@ pub enum Error {
         retry_after_ms: u64,
         /// Where the holder's clients reach it, if it advertised an address.
         holder_addr: Option<String>,
+        /// The holder's process lease says it is draining and lists this org (a graceful
+        /// shutdown, `docs/design.md` 3f): its release is on the way, and a claim passes as
+        /// soon as that lands, long before `retry_after_ms` (the bound should the holder die
+        /// before it releases).
+        draining: bool,
     },
     /// Every claim attempt collided with a concurrent claimer.
     #[error("org {org}: claim lost the race {attempts} times")]
@@ -557,6 +559,18 @@ fn kept_around(before: Option<u64>, after: Option<u64>) -> String {
     }
 }
 
+/// What a [`Error::LeaseHeld`] says of the wait.
+fn held_text(retry_after_ms: u64, draining: bool) -> String {
+    let watch = humantime::format_duration(std::time::Duration::from_millis(retry_after_ms));
+    if draining {
+        format!(
+            "it is draining: claimable once its release lands, or after {watch} without a renewal"
+        )
+    } else {
+        format!("claimable after {watch} without a renewal")
+    }
+}
+
 #[cfg(test)]
 mod message_tests {
     use super::Error;
@@ -568,10 +582,22 @@ mod message_tests {
             holder: "w".into(),
             retry_after_ms: 33_000,
             holder_addr: None,
+            draining: false,
         };
         assert_eq!(
             e.to_string(),
             "org acme is leased by writer w: claimable after 33s without a renewal"
+        );
+        let e = Error::LeaseHeld {
+            org: "acme".into(),
+            holder: "w".into(),
+            retry_after_ms: 33_000,
+            holder_addr: None,
+            draining: true,
+        };
+        assert_eq!(
+            e.to_string(),
+            "org acme is leased by writer w: it is draining: claimable once its release lands, or after 33s without a renewal"
         );
     }
 

@@ -87,6 +87,41 @@ async fn a_live_process_holds_its_claims_and_a_dead_one_lets_them_go() -> R {
     Ok(())
 }
 
+/// A refusal says when the holder is draining and releasing the org (its HTTP answer then
+/// sends clients back in a second, not after the watch), and only then: not before the
+/// drain, nor for an org the drain does not list. The watch itself is unchanged.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_refusal_names_a_draining_holder_for_the_orgs_it_releases() -> R {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let a = open(&store, &clock, None).await?;
+    let (acme, beta) = (OrgId::new("acme")?, OrgId::new("beta")?);
+    let _claims = (
+        a.claim(&acme, "a", false).await?,
+        a.claim(&beta, "a", false).await?,
+    );
+    let b = open(&store, &clock, None).await?;
+    let refusal = |r: Result<idem_replica::Claim, Error>| match r {
+        Err(Error::LeaseHeld {
+            draining,
+            retry_after_ms,
+            ..
+        }) => Ok((draining, retry_after_ms)),
+        other => Err(format!("not refused as held: {other:?}")),
+    };
+    assert!(!refusal(b.claim(&acme, "b", false).await)?.0);
+    assert!(a.drain(std::slice::from_ref(&acme)).await, "drain not said");
+    let (draining, wait_ms) = refusal(b.claim(&acme, "b", false).await)?;
+    assert!(draining, "a draining holder's refusal");
+    // The drain's write changed the process lease: a whole watch from now, as before.
+    assert!(wait_ms > LEASE_MS, "{wait_ms}");
+    let (draining, _) = refusal(b.claim(&beta, "b", false).await)?;
+    assert!(!draining, "beta is not among the orgs the drain releases");
+    let e = b.claim(&acme, "b", false).await.err().ok_or("claimed")?;
+    assert!(e.to_string().contains("it is draining"), "{e}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_crafted_or_unreadable_process_lease_is_no_proof_of_life() -> R {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());

@@ -438,15 +438,17 @@ mod tests {
     #[test]
     fn a_held_lease_says_when_to_retry() -> Result<(), Box<dyn std::error::Error>> {
         let acme = OrgId::new("acme")?;
-        let held = |retry_after_ms| Error::Replica {
+        let held_draining = |retry_after_ms, draining| Error::Replica {
             org: acme.clone(),
             source: Box::new(idem_replica::Error::LeaseHeld {
                 org: "acme".into(),
                 holder: "replica-a".into(),
                 retry_after_ms,
                 holder_addr: None,
+                draining,
             }),
         };
+        let held = |retry_after_ms| held_draining(retry_after_ms, false);
         let (status, retry, kind) = answer(held(29_500))?;
         assert_eq!(
             (status, kind.as_str()),
@@ -456,6 +458,12 @@ mod tests {
         assert_eq!(retry.as_deref(), Some("30"));
         // Almost through the watch: retry in a second, never 0.
         assert_eq!(answer(held(5))?.1.as_deref(), Some("1"));
+        // A draining holder releases the org any moment: a second, not the watch's 30.
+        let (status, retry, kind) = answer(held_draining(29_500, true))?;
+        assert_eq!(
+            (status, retry.as_deref(), kind.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("1"), "retry")
+        );
         Ok(())
     }
 }

@@ -89,6 +89,8 @@ struct Refusal {
     at_ms: u64,
     holder: String,
     holder_addr: Option<String>,
+    /// The refusal said the holder is draining (its Retry-After is then a second).
+    draining: bool,
 }
 
 /// Why a background claim runs, and so what a refusal with a held lease means.
@@ -113,19 +115,26 @@ pub(crate) enum Why {
 
 /// The wait, in ms of this registry's monotonic clock, a held-lease refusal names.
 pub(crate) fn held_ms(e: &Error) -> Option<u64> {
-    held(e).map(|(ms, _, _)| ms)
+    held(e).map(|(ms, _)| ms)
 }
 
-/// A held-lease refusal's wait (ms), holder and holder's address.
-fn held(e: &Error) -> Option<(u64, &str, Option<&str>)> {
+/// Who a held-lease refusal named: the holder, its address, and whether it was draining.
+type Named = (String, Option<String>, bool);
+
+/// A held-lease refusal's wait (ms), and the holder it named.
+fn held(e: &Error) -> Option<(u64, Named)> {
     match e {
         Error::Replica { source, .. } => match &**source {
             idem_replica::Error::LeaseHeld {
                 retry_after_ms,
                 holder,
                 holder_addr,
+                draining,
                 ..
-            } => Some((*retry_after_ms, holder, holder_addr.as_deref())),
+            } => Some((
+                *retry_after_ms,
+                (holder.clone(), holder_addr.clone(), *draining),
+            )),
             _ => None,
         },
         _ => None,
@@ -267,9 +276,8 @@ impl Warm {
                 lock(&self.refused).remove(org);
             }
             Err(e) => {
-                if let Some((wait_ms, holder, addr)) = held(e) {
+                if let Some((wait_ms, named)) = held(e) {
                     self.look_now.store(true, Ordering::Relaxed);
-                    let named = (holder.to_owned(), addr.map(str::to_owned));
                     self.remember(org, wait_ms, 0, Some(named));
                 }
             }
@@ -297,6 +305,7 @@ impl Warm {
                 holder: r.holder.clone(),
                 retry_after_ms: r.due_ms.saturating_sub(now).max(1),
                 holder_addr: r.holder_addr.clone(),
+                draining: r.draining,
             }),
         })
     }
@@ -304,16 +313,10 @@ impl Warm {
     /// Remembers `org` to claim `wait_ms` from now, unless the bound is reached; `named`,
     /// the holder and its address a request's refusal named, lets later requests within
     /// `retry_ms` get that refusal again ([`Warm::recent_refusal`]).
-    fn remember(
-        &self,
-        org: &OrgId,
-        wait_ms: u64,
-        tries: u32,
-        named: Option<(String, Option<String>)>,
-    ) {
+    fn remember(&self, org: &OrgId, wait_ms: u64, tries: u32, named: Option<Named>) {
         let at_ms = self.clock.monotonic_ms();
         let due_ms = at_ms.saturating_add(wait_ms);
-        let (holder, holder_addr) = named.unwrap_or_default();
+        let (holder, holder_addr, draining) = named.unwrap_or_default();
         {
             let mut refused = lock(&self.refused);
             if refused.len() >= self.settings.remember && !refused.contains_key(org) {
@@ -328,6 +331,7 @@ impl Warm {
                     at_ms,
                     holder,
                     holder_addr,
+                    draining,
                 },
             );
         }

@@ -174,6 +174,16 @@ pub struct Hold {
     pub process: Option<ProcessLease>,
 }
 
+impl Hold {
+    /// True when the holder's process lease, as read, says it is draining and lists `org`
+    /// among the orgs it releases: a graceful shutdown whose release of `org` is on the way.
+    pub fn drains(&self, org: &OrgId) -> bool {
+        self.process
+            .as_ref()
+            .is_some_and(|p| p.draining && p.releasing.iter().any(|o| o == org.as_ref()))
+    }
+}
+
 /// `bytes` of the process lease at `path` as a [`ProcessLease`] of `instance`; `None`
 /// (logged) for one of another version or instance, or unreadable.
 fn parse_process_lease(path: &str, instance: &str, bytes: &Bytes) -> Option<ProcessLease> {

@@ -162,6 +162,7 @@ impl Replica {
                 org: org.to_string(),
                 holder: lease.writer,
                 retry_after_ms: hold.wait_ms,
+                draining: hold.drains(org),
                 holder_addr: hold.process.and_then(|p| p.addr),
             });
         }
