@@ -311,8 +311,8 @@ impl Warm {
     }
 
     /// Remembers `org` to claim `wait_ms` from now, unless the bound is reached; `named`,
-    /// the holder and its address a request's refusal named, lets later requests within
-    /// `retry_ms` get that refusal again ([`Warm::recent_refusal`]).
+    /// the holder, its address and its draining a request's refusal named, lets later
+    /// requests within `retry_ms` get that refusal again ([`Warm::recent_refusal`]).
     fn remember(&self, org: &OrgId, wait_ms: u64, tries: u32, named: Option<Named>) {
         let at_ms = self.clock.monotonic_ms();
         let due_ms = at_ms.saturating_add(wait_ms);
