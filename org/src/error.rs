@@ -277,11 +277,16 @@ impl Error {
 
     /// Where the writer holding the org's lease says its clients reach it, when this error
     /// is that lease and the holder advertised an address (`idem_replica::Settings::advertise`):
-    /// a client can retry there instead of waiting.
+    /// a client can retry there instead of waiting. `None` while the holder drains: it takes
+    /// no new request, and the org is claimable here once its release lands.
     pub fn holder_addr(&self) -> Option<&str> {
         match self {
             Error::Replica { source, .. } => match &**source {
-                idem_replica::Error::LeaseHeld { holder_addr, .. } => holder_addr.as_deref(),
+                idem_replica::Error::LeaseHeld {
+                    holder_addr,
+                    draining: false,
+                    ..
+                } => holder_addr.as_deref(),
                 _ => None,
             },
             _ => None,

@@ -458,6 +458,25 @@ mod tests {
         assert_eq!(retry.as_deref(), Some("30"));
         // Almost through the watch: retry in a second, never 0.
         assert_eq!(answer(held(5))?.1.as_deref(), Some("1"));
+        // A draining holder is not named as where to go: it takes no new request.
+        let named = |draining| Error::Replica {
+            org: acme.clone(),
+            source: Box::new(idem_replica::Error::LeaseHeld {
+                org: "acme".into(),
+                holder: "replica-a".into(),
+                retry_after_ms: 29_500,
+                holder_addr: Some("http://a:8080".into()),
+                draining,
+            }),
+        };
+        let holder = |e: Error| -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+            let json: serde_json::Value =
+                serde_json::from_slice(&futures_body(error_response(&e))?)?;
+            Ok(json["holder"].clone())
+        };
+        assert_eq!(holder(named(false))?, "http://a:8080");
+        assert_eq!(holder(named(true))?, serde_json::Value::Null);
+        assert_eq!(named(true).holder_addr(), None);
         // A draining holder releases the org any moment: a second, not the watch's 30.
         let (status, retry, kind) = answer(held_draining(29_500, true))?;
         assert_eq!(
