@@ -41,10 +41,8 @@ pub struct AckTime {
 pub struct Stats {
     /// Acknowledged requests: (request, receipt body).
     pub acked: Vec<(Request, Vec<u8>)>,
-    /// Every acknowledged request's org and its timing.
+    /// Every acknowledged request's org and its timing (its latency is `acked - sent`).
     pub ack_times: Vec<AckTime>,
-    /// First send to ack, ms.
-    pub latencies_ms: Vec<f64>,
     /// HTTP sends, retries and duplicates included.
     pub sends: u64,
     /// Duplicate sends made on purpose.
@@ -230,7 +228,6 @@ async fn run_request(http: &reqwest::Client, sh: &Shared, r: &Request) -> Result
         return Err(format!("request {} refused: {}", r.key, status_of(&body)));
     };
     let acked = Instant::now();
-    let latency = acked.duration_since(start).as_secs_f64() * 1000.0;
     match dup_body {
         Some(Sent::Ack { body: b, .. }) if b == body => {}
         Some(other) => {
@@ -277,7 +274,6 @@ async fn run_request(http: &reqwest::Client, sh: &Shared, r: &Request) -> Result
         sent: start,
         acked,
     });
-    st.latencies_ms.push(latency);
     drop(st);
     sh.acked.send_modify(|n| *n += 1);
     Ok(())

@@ -86,9 +86,9 @@ pub struct Handoff {
     pub org_gap_p99_ms: f64,
     /// See `org_gap_p50_ms`.
     pub max_org_gap_ms: f64,
-    /// Per org, what the event itself made it wait, ms: the longest first-send-to-ack
-    /// time among its requests in flight at the event and its first request after it
-    /// (`report::org_waits_ms`). The gap is this plus the time until a client sent the org
+    /// Per org, what it waited on requests across the event, ms (the event's delay plus one
+    /// ordinary ack): the longest first-send-to-ack time among its requests in flight at
+    /// the event and its first request after it (`report::org_waits_ms`). The gap is this plus the time until a client sent the org
     /// a request at all. Median, 99th percentile, longest.
     pub org_wait_p50_ms: f64,
     /// See `org_wait_p50_ms`.

@@ -45,7 +45,7 @@ impl Summary {
         handoffs: Vec<Handoff>,
         wall: Duration,
     ) -> Summary {
-        let mut lat = s.latencies_ms.clone();
+        let mut lat: Vec<f64> = s.ack_times.iter().map(AckTime::latency_ms).collect();
         lat.sort_by(f64::total_cmp);
         let mut violations = s.violations.clone();
         violations.extend(audit.violations.iter().cloned());
@@ -227,6 +227,13 @@ pub fn org_gaps_ms(acks: &[AckTime], event: Instant) -> Vec<f64> {
     gaps
 }
 
+impl AckTime {
+    /// First send to first ack, ms, retries included.
+    fn latency_ms(&self) -> f64 {
+        self.acked.duration_since(self.sent).as_secs_f64() * 1000.0
+    }
+}
+
 /// Each org's wait on `event`, ms, sorted ascending: the longest first-send-to-ack time
 /// among its requests in flight at the event and the first one it sent after it.
 ///
@@ -245,7 +252,7 @@ pub fn org_waits_ms(acks: &[AckTime], event: Instant) -> Vec<f64> {
     for a in acks {
         let in_flight = a.sent <= event && a.acked > event;
         if in_flight || first_after.get(&a.org) == Some(&a.sent) {
-            let ms = a.acked.duration_since(a.sent).as_secs_f64() * 1000.0;
+            let ms = a.latency_ms();
             let e = wait.entry(a.org).or_insert(ms);
             *e = e.max(ms);
         }
