@@ -116,9 +116,10 @@ async fn a_torn_file_a_crash_left_is_never_served_and_is_deleted() -> R {
     Ok(())
 }
 
-/// Damages every database file in `data`'s directory of an org the first time a journal
-/// acquire installed its state there (`FailPoint::JournalInstalled`, before the writer opens
-/// it): page 2's b-tree header is overwritten, which `quick_check` finds.
+/// Damages every database file in `data`'s directory of an org the first time an acquire
+/// installed its state there (`FailPoint::JournalInstalled` on the journal,
+/// `FailPoint::HydrateInstalled` per org; before the writer opens it): page 2's b-tree
+/// header is overwritten, which `quick_check` finds.
 #[derive(Debug)]
 struct DamageOnce {
     data: PathBuf,
@@ -132,8 +133,9 @@ impl idem_replica::Failpoints for DamageOnce {
         point: idem_replica::FailPoint,
         org: &idem_replica::OrgId,
     ) -> Result<(), String> {
+        use idem_replica::FailPoint::{HydrateInstalled, JournalInstalled};
         use std::os::unix::fs::FileExt;
-        if point != idem_replica::FailPoint::JournalInstalled
+        if !matches!(point, JournalInstalled | HydrateInstalled)
             || !self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
         {
             return Ok(());
@@ -156,15 +158,22 @@ impl idem_replica::Failpoints for DamageOnce {
 /// acquires again and replays every acknowledged key from the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_install_damaged_before_the_writer_opens_it_is_never_served() -> R {
+    damaged_install_is_never_served(common::journal::settings(64 << 10)).await
+}
+
+/// The same for a per-org tenure's synced install (`Replica::hydrate_for_writer`): its
+/// `quick_check` is the writer's first access too, and a file that fails it is removed, so
+/// it is never served nor kept for a later resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_org_install_damaged_before_the_writer_opens_it_is_never_served() -> R {
+    damaged_install_is_never_served(RegistrySettings::default()).await
+}
+
+async fn damaged_install_is_never_served(settings: RegistrySettings) -> R {
     let dir = tempfile::tempdir()?;
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
     let ra = replica_with_lease(store.clone(), LEASE_MS).await?;
-    let a = registry(
-        &dir.path().join("a"),
-        ra,
-        "wa",
-        common::journal::settings(64 << 10),
-    )?;
+    let a = registry(&dir.path().join("a"), ra, "wa", settings.clone())?;
     let o = org(0);
     let acked = keys(3);
     for k in &acked {
@@ -189,7 +198,7 @@ async fn an_install_damaged_before_the_writer_opens_it_is_never_served() -> R {
         Some(damage.clone()),
     )
     .await?;
-    let b = registry(&data, rb.clone(), "wb", common::journal::settings(64 << 10))?;
+    let b = registry(&data, rb.clone(), "wb", settings)?;
     let err = b
         .once(&o, &acked[0], effect(o.as_str(), "ran-again"))
         .await

@@ -35,6 +35,9 @@ pub enum FailPoint {
     /// Journal acquire: the walk's state is installed in the tenure's local file (and its
     /// first checkpoint written, when it needs one); the writer has not opened the file.
     JournalInstalled,
+    /// Per-org acquire ([`crate::Replica::hydrate_for_writer`]): the claim's state is
+    /// installed in the local file, unchecked; the writer has not opened the file.
+    HydrateInstalled,
 }
 
 /// Hook called at every [`FailPoint`].

@@ -458,7 +458,7 @@ async fn open_files(
             .map_err(|e| Error::replica(&org, e))?,
         _ => None,
     };
-    let commit = match resumed {
+    let (commit, image) = match resumed {
         Some(r) => {
             metrics::counter!(crate::metrics::RESUMES).increment(1);
             tracing::debug!(
@@ -466,20 +466,24 @@ async fn open_files(
                 commit_seq = r.commit,
                 "reused the local file"
             );
-            r.commit
+            (r.commit, None)
         }
         // A hydrate replaces whatever file is there (a kept one the store did not confirm).
+        // Its `quick_check` is the writer's first access (I10): on a finding the open fails
+        // and the caller removes the files, so the image is never served nor kept.
         None => {
             let span = tracing::info_span!("hydrate", org = %org, round = claim.round());
-            let hydrated = tracing::Instrument::instrument(replica.hydrate(claim, &files.db), span)
+            let hydrating = replica.hydrate_for_writer(claim, &files.db);
+            let (hydrated, image) = tracing::Instrument::instrument(hydrating, span)
                 .await
                 .map_err(|e| Error::replica(&org, e))?;
             tracing::debug!(position = ?hydrated.position, deltas = hydrated.deltas, commit_seq = hydrated.commit, "hydrated");
-            hydrated.commit
+            (hydrated.commit, image)
         }
     };
     let busy = Duration::from_millis(settings.busy_timeout_ms);
-    let opened = open_writer(&org, &files.db, busy, cache_kib, init, Synced, None).await;
+    let installed = image.as_deref();
+    let opened = open_writer(&org, &files.db, busy, cache_kib, init, Synced, installed).await;
     let (owned, in_file) = opened?;
     if in_file != commit {
         return Err(Error::CommitMismatch {

@@ -21,7 +21,7 @@ use crate::journal::io::Listed;
 use crate::journal::org_walk::{OrgWalk, WalkState};
 use crate::live::Durability;
 use crate::rebuild::image::FileImage;
-use crate::rebuild::install::{discard, install_file, temp_beside};
+use crate::rebuild::install::{Check, discard, install_file, temp_beside};
 use crate::replica::blocking;
 use crate::{Error, Hydrated, LogEntry, OrgId, Replica};
 
@@ -280,13 +280,18 @@ impl Replica {
             .commit()
             .unwrap_or(0);
         let (org_id, dest_buf, t) = (org.clone(), dest.to_path_buf(), tmp.clone());
+        // A restore's file is for anyone; a tenure's volatile file is checked by its writer.
+        let check = match durability {
+            Durability::Synced => Check::Now,
+            Durability::Volatile => Check::ByWriter,
+        };
         let applied = match rebuilt {
             Ok(mut r) => {
                 blocking("applying a journal section", move || {
                     let Some((object, section, body)) = section else {
                         r.image.finish(durability)?;
                         let object = format!("orgs/{org_id}/log/{base:020}.json");
-                        install_file(&object, &t, &dest_buf, durability)?;
+                        install_file(&object, &t, &dest_buf, durability, check)?;
                         let image = InstalledImage {
                             section_body: None,
                             hashes: Some(r.hashes),
@@ -317,7 +322,7 @@ impl Replica {
                         ));
                     }
                     r.image.finish(durability)?;
-                    install_file(&object, &t, &dest_buf, durability)?;
+                    install_file(&object, &t, &dest_buf, durability, check)?;
                     let image = InstalledImage {
                         section_body: Some(body),
                         hashes: Some(r.hashes),

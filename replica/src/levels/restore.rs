@@ -9,7 +9,7 @@ use crate::format::level::LevelFile;
 use crate::live::Durability;
 use crate::rebuild::hydrate::Hydrated;
 use crate::rebuild::image::FileImage;
-use crate::rebuild::install::{discard, install_file, temp_beside};
+use crate::rebuild::install::{Check, discard, install_file, temp_beside};
 use crate::replica::blocking;
 use crate::{Error, LogEntry, OrgId, Replica};
 
@@ -158,7 +158,7 @@ impl Replica {
             let (t, d) = (tmp.clone(), dest.to_path_buf());
             blocking("installing a restored position", move || {
                 image.sync()?;
-                install_file(&object, &t, &d, Durability::Synced)
+                install_file(&object, &t, &d, Durability::Synced, Check::Now)
             })
             .await
         }

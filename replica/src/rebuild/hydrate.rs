@@ -18,7 +18,7 @@ use crate::format::layout::new_nonce;
 use crate::live::Durability;
 use crate::publish::ship::Shipped;
 use crate::rebuild::image::{FileImage, PageImage};
-use crate::rebuild::install::{discard, install_file, remove_db, temp_beside};
+use crate::rebuild::install::{Check, discard, install_file, remove_db, temp_beside};
 use crate::replica::blocking;
 use crate::{BlobRef, Claim, Error, FailPoint, LogEntry, OrgId, Replica};
 
@@ -81,6 +81,38 @@ impl Replica {
     /// state cannot be rebuilt exactly; never falls back to an older one (I10).
     /// [`Error::Store`], [`Error::Io`].
     pub async fn hydrate(&self, claim: &mut Claim, dest: &Path) -> Result<Hydrated, Error> {
+        self.hydrate_as(claim, dest, Check::Now).await
+    }
+
+    /// [`Replica::hydrate`] for a file its writer opens next, and only with
+    /// [`crate::sqlite::open_installed`], passing the name returned beside (`None` when
+    /// nothing was installed): the image's `quick_check` is that connection's first access,
+    /// not a connection of its own, and page 1 already says WAL, so the writer's open costs
+    /// no second schema parse and no rollback journal. The file is synced as
+    /// [`Replica::hydrate`]'s is.
+    ///
+    /// # Errors
+    /// As [`Replica::hydrate`], except that a damaged SQLite image is reported by
+    /// [`crate::sqlite::open_installed`] ([`crate::sqlite::OwnError::Corrupt`]); the caller
+    /// must then remove the file (I10).
+    pub async fn hydrate_for_writer(
+        &self,
+        claim: &mut Claim,
+        dest: &Path,
+    ) -> Result<(Hydrated, Option<String>), Error> {
+        let hydrated = self.hydrate_as(claim, dest, Check::ByWriter).await?;
+        self.failpoint(FailPoint::HydrateInstalled, claim.org())
+            .await?;
+        let image = hydrated.position.map(|p| image_name(claim.org(), p));
+        Ok((hydrated, image))
+    }
+
+    async fn hydrate_as(
+        &self,
+        claim: &mut Claim,
+        dest: &Path,
+        check: Check,
+    ) -> Result<Hydrated, Error> {
         // The claim's own listing and reads of the log below it (`fence/log/window.rs`):
         // nothing is listed twice, and no entry read twice.
         let below = claim.take_below();
@@ -91,8 +123,8 @@ impl Replica {
         // this hydrate finds below the claim; any other is dropped and the chain downloaded.
         let held = prefetched.filter(|p| chain.as_ref().is_some_and(|c| p.holds(c)));
         let (hydrated, tip) = match held {
-            Some(p) => self.install_held(claim.org(), p, dest).await?,
-            None => self.install_chain(claim.org(), chain, dest).await?,
+            Some(p) => self.install_held(claim.org(), p, dest, check).await?,
+            None => self.install_chain(claim.org(), chain, dest, check).await?,
         };
         if let Some((tip, inherited, manifest)) = tip {
             claim.inherit(tip, inherited, manifest.map(Arc::new));
@@ -140,7 +172,7 @@ impl Replica {
                 attempt += 1;
                 let log = self.tail(org, u64::MAX).await?;
                 let chain = chain::newest(org, &log, u64::MAX)?;
-                match self.install_chain(org, chain, dest).await {
+                match self.install_chain(org, chain, dest, Check::Now).await {
                     Err(Error::MissingObject { .. }) if attempt < 4 => continue,
                     other => return other.map(|(h, _)| h),
                 }
@@ -191,7 +223,7 @@ impl Replica {
                 "delta is not on the chain of any snapshot",
             ));
         }
-        Ok(self.install_chain(org, chain, dest).await?.0)
+        Ok(self.install_chain(org, chain, dest, Check::Now).await?.0)
     }
 
     /// [`Replica::restore`], reporting into `progress` as it goes: the chain's total
@@ -467,20 +499,22 @@ impl Replica {
         }
         Ok(Rebuilt {
             image: state.0,
-            object: format!("{org}@{}", chain.position()),
+            object: image_name(org, chain.position()),
             hashes: state.1,
             manifest,
         })
     }
 
-    /// Rebuilds `chain` and installs it at `dest`, or, with no chain (nothing published),
-    /// removes `dest` and its sidecars. Returns what was installed and, for a chain, its
-    /// tip (position and page hashes) and what the chain weighs.
+    /// Rebuilds `chain` and installs it at `dest` (checked as `check` says), or, with no
+    /// chain (nothing published), removes `dest` and its sidecars. Returns what was
+    /// installed and, for a chain, its tip (position and page hashes) and what the chain
+    /// weighs.
     async fn install_chain(
         &self,
         org: &OrgId,
         chain: Option<Chain>,
         dest: &Path,
+        check: Check,
     ) -> Result<(Hydrated, Option<Installed>), Error> {
         let dest_buf = dest.to_path_buf();
         let Some(chain) = chain else {
@@ -508,11 +542,12 @@ impl Replica {
         let tmp = temp_beside(dest, &nonce)?;
         let file = FileImage::create(&tmp)?;
         let rebuilt = self.rebuild(org, &chain, file).await;
-        self.install_rebuilt(org, chain, rebuilt, tmp, dest).await
+        self.install_rebuilt(org, chain, rebuilt, tmp, dest, check)
+            .await
     }
 
-    /// Syncs the image `rebuilt` built at `tmp`, checks it and renames it over `dest`, or
-    /// removes `tmp` on any failure (I10).
+    /// Syncs the image `rebuilt` built at `tmp`, checks it (as `check` says) and renames it
+    /// over `dest`, or removes `tmp` on any failure (I10).
     pub(crate) async fn install_rebuilt(
         &self,
         org: &OrgId,
@@ -520,6 +555,7 @@ impl Replica {
         rebuilt: Result<Rebuilt<FileImage>, Error>,
         tmp: std::path::PathBuf,
         dest: &Path,
+        check: Check,
     ) -> Result<(Hydrated, Option<Installed>), Error> {
         let dest_buf = dest.to_path_buf();
         let t = tmp.clone();
@@ -527,7 +563,7 @@ impl Replica {
             Ok(mut r) => {
                 blocking("installing a snapshot", move || {
                     r.image.sync()?;
-                    install_file(&r.object, &t, &dest_buf, Durability::Synced)?;
+                    install_file(&r.object, &t, &dest_buf, Durability::Synced, check)?;
                     Ok((r.hashes, r.manifest))
                 })
                 .await
@@ -563,6 +599,12 @@ impl Replica {
         };
         Ok((hydrated, Some((tip, inherited, manifest))))
     }
+}
+
+/// What errors and [`crate::sqlite::open_installed`] call the image of `org`'s state at log
+/// position `position`.
+fn image_name(org: &OrgId, position: u64) -> String {
+    format!("{org}@{position}")
 }
 
 /// Counts `bytes` downloaded into the progress of the restore running in this task, if any.

@@ -77,37 +77,50 @@ pub(crate) fn discard(tmp: &Path) {
     }
 }
 
+/// Who runs an installed image's `quick_check` (I10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// The install, on the temp file before the rename: the file may then be opened by
+    /// anyone (a restore, [`crate::Replica::hydrate`]).
+    Now,
+    /// The writer's connection, as its first access ([`crate::sqlite::open_installed`], the
+    /// only way such a file is opened): one SQLite open and schema parse per acquire instead
+    /// of two, and nothing serves or writes the file before the check passed. Page 1 is
+    /// marked WAL (bytes 18–19 = 2), so the writer's switch to WAL writes nothing and
+    /// creates no rollback journal; the image's pages, as hashed and shipped, keep page 1
+    /// canonical ([`crate::format::pages::canonical_page1`]).
+    ByWriter,
+}
+
 /// Atomically installs the verified image written (and, when `durability` is
-/// [`Durability::Synced`], synced) at `tmp` (from [`temp_beside`]) at `dest`: `quick_check`
-/// on the temp file (a synced install; see below for a volatile one), remove stale
-/// sidecars, rename, fsync the directory. `object` names the
-/// image in errors. On any failure nothing is installed and the temp file is removed (I10).
+/// [`Durability::Synced`], synced) at `tmp` (from [`temp_beside`]) at `dest`: the check
+/// `check` names, remove stale sidecars, rename, and for a synced install fsync the
+/// directory. `object` names the image in errors. On any failure nothing is installed and
+/// the temp file is removed (I10).
 ///
-/// A [`Durability::Volatile`] install is a writer's cache for this process's lifetime: no
-/// fsync, and page 1 says WAL mode (bytes 18–19 = 2), so the writer's switch to WAL writes
-/// nothing and creates no rollback journal. The image's pages, as hashed and shipped,
-/// keep page 1 canonical ([`crate::format::pages::canonical_page1`]). Its `quick_check` is
-/// the writer's first access ([`crate::sqlite::open_installed`], the only way such a file
-/// is opened): one SQLite open and schema parse per acquire instead of two, and nothing
-/// serves or writes the file before the check passed.
+/// A [`Durability::Volatile`] install is a writer's cache for this process's lifetime (no
+/// fsync), always [`Check::ByWriter`]. A synced [`Check::ByWriter`] install is a per-org
+/// tenure's file: the file is only kept for a later resume once the writer that checked it
+/// released it, so an unchecked file never outlives a crash as a resumable one.
 ///
 /// # Errors
-/// [`Error::Corrupt`] when a synced file fails `quick_check`; [`Error::Io`].
+/// [`Error::Corrupt`] when a [`Check::Now`] file fails `quick_check`; [`Error::Io`].
 pub(crate) fn install_file(
     object: &str,
     tmp: &Path,
     dest: &Path,
     durability: Durability,
+    check: Check,
 ) -> Result<(), Error> {
     let result = (|| {
-        match durability {
-            Durability::Synced => {
+        match check {
+            Check::Now => {
                 let conn =
                     Connection::open_with_flags(tmp, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
                         .map_err(|e| Error::corrupt(object, format!("open: {e}")))?;
                 sqlite_check(&conn, "quick_check", object)?;
             }
-            Durability::Volatile => wal_header(tmp)?,
+            Check::ByWriter => wal_header(tmp)?,
         }
         for s in sidecars(tmp) {
             remove_if_exists(&s)?;

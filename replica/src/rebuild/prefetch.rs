@@ -15,7 +15,7 @@ use crate::fence::log::Window;
 use crate::format::layout::new_nonce;
 use crate::rebuild::hydrate::{Hydrated, Installed, Rebuilt};
 use crate::rebuild::image::{FileImage, PageImage};
-use crate::rebuild::install::temp_beside;
+use crate::rebuild::install::{Check, temp_beside};
 use crate::replica::blocking;
 use crate::{Error, OrgId, Replica};
 
@@ -83,13 +83,14 @@ impl Replica {
     }
 
     /// Installs at `dest` an image [`Replica::claim_to_hydrate`] rebuilt and verified in
-    /// memory: written into a temp file beside `dest`, then checked and renamed as a
-    /// downloaded one is. Returns what a hydrate installed.
+    /// memory: written into a temp file beside `dest`, then checked (as `check` says) and
+    /// renamed as a downloaded one is. Returns what a hydrate installed.
     pub(crate) async fn install_held(
         &self,
         org: &OrgId,
         held: Prefetched,
         dest: &Path,
+        check: Check,
     ) -> Result<(Hydrated, Option<Installed>), Error> {
         let Prefetched { chain, rebuilt } = held;
         let nonce = new_nonce()?;
@@ -108,6 +109,7 @@ impl Replica {
             })
         })
         .await;
-        self.install_rebuilt(org, chain, written, tmp, dest).await
+        self.install_rebuilt(org, chain, written, tmp, dest, check)
+            .await
     }
 }
