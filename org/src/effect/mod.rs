@@ -216,13 +216,4 @@ impl Org {
         self.wait_confirmed(commit_seq).await?;
         Ok(rows)
     }
-
-    /// Loads the open rows the effects gauge counts, right after the org opens (a failure is
-    /// logged: the gauge then counts from the next effect write).
-    pub(crate) async fn load_effect_tally(&self) {
-        let loaded = self.effect_job(|reply| Work::Tally { reply }).await;
-        if let Err(e) = loaded {
-            tracing::warn!(org = %self.id(), error = %idem_base::ErrorChain::new(&e), "could not count the open effects");
-        }
-    }
 }

@@ -83,16 +83,16 @@ impl Org {
         let mut files = LocalFiles::create(opening.data_dir, &org, claim.round(), claim.nonce())?;
         let (cache_kib, init) = (opening.cache_kib, opening.init.clone());
         let opened = open_files(replica, &mut claim, &mut files, settings, cache_kib, init).await;
-        let (owned, commit_seq) = match opened {
+        let opened = match opened {
             Ok(v) => v,
             Err(e) => {
                 files.remove();
                 return Err(e);
             }
         };
-        let owned_files = owned.files().clone();
+        let (owned_files, commit_seq) = (opened.owned.files().clone(), opened.commit_seq);
         let (round, seq) = (claim.round(), claim.seq());
-        let serving = Serving::start(&opening, &org, round, files, owned, commit_seq, Synced)?;
+        let serving = Serving::start(&opening, &org, round, files, opened, Synced)?;
         metrics::histogram!(crate::metrics::HYDRATE_SECONDS)
             .record(crate::metrics::seconds(began.elapsed()));
         tracing::info!(org = %org, round, seq, commit_seq, "acquired");
@@ -229,7 +229,7 @@ async fn open_journal(
             opening.cache_kib,
         );
         let init = opening.init.clone();
-        let (owned, in_file) = open_writer(
+        let opened = open_writer(
             &org,
             &files.db,
             busy,
@@ -240,18 +240,18 @@ async fn open_journal(
         )
         .await?;
         if let Some(h) = &hydrated
-            && h.commit != in_file
+            && h.commit != opened.commit_seq
         {
             return Err(Error::CommitMismatch {
                 org: org.clone(),
                 hydrated: h.commit,
-                in_file,
+                in_file: opened.commit_seq,
             });
         }
-        Ok((hydrated, owned, in_file))
+        Ok((hydrated, opened))
     }
     .await;
-    let (hydrated, owned, commit_seq) = match installed {
+    let (hydrated, opened) = match installed {
         Ok(v) => v,
         Err(e) => {
             issuer.detach(&org);
@@ -259,8 +259,8 @@ async fn open_journal(
             return Err(e);
         }
     };
-    let owned_files = owned.files().clone();
-    let serving = Serving::start(&opening, &org, round, files, owned, commit_seq, Volatile)?;
+    let (owned_files, commit_seq) = (opened.owned.files().clone(), opened.commit_seq);
+    let serving = Serving::start(&opening, &org, round, files, opened, Volatile)?;
     let shipper = JournalShipper::start(
         issuer.clone(),
         start,
@@ -299,17 +299,21 @@ struct Serving {
 }
 
 impl Serving {
-    /// Starts the writer on `owned` (the installed file, holding `commit_seq`, opened with
-    /// `durability`, which a reopen keeps).
+    /// Starts the writer on `opened` (the installed file, opened with `durability`, which a
+    /// reopen keeps).
     fn start(
         opening: &Opening<'_>,
         org: &OrgId,
         round: u64,
         files: LocalFiles,
-        owned: Owned,
-        commit_seq: u64,
+        opened: Opened,
         durability: Durability,
     ) -> Result<Serving, Error> {
+        let Opened {
+            owned,
+            commit_seq,
+            open_effects,
+        } = opened;
         let acks = Arc::new(Acks {
             org: org.clone(),
             round,
@@ -327,6 +331,7 @@ impl Serving {
             round,
             opening.clock.clone(),
         ));
+        *crate::sync::lock(&effects.open) = open_effects;
         let reopen = writer::Reopen {
             path: files.db.clone(),
             busy: Duration::from_millis(opening.settings.busy_timeout_ms),
@@ -387,14 +392,23 @@ impl Serving {
         });
         inner.active.insert(&inner);
         tokio::spawn(crate::shipper::run(inner.clone()));
-        let org = Org::from_inner(inner);
-        org.load_effect_tally().await;
-        Ok(org)
+        Ok(Org::from_inner(inner))
     }
 }
 
+/// A writer connection opened on a tenure's file, with what the open read through it.
+struct Opened {
+    owned: Owned,
+    /// The commit sequence the file holds.
+    commit_seq: u64,
+    /// The open effect rows (RESERVED and AMBIGUOUS) the effects gauge counts, read on the
+    /// opening thread so the tenure's first job is its first request's.
+    open_effects: Vec<idem::effect::Effect>,
+}
+
 /// Opens the writer on `path` (a file of `durability`) and reads the commit sequence the
-/// file holds.
+/// file holds and its open effect rows (a failure to read those is logged: the gauge then
+/// counts from the next effect write).
 async fn open_writer(
     org: &OrgId,
     path: &std::path::Path,
@@ -403,7 +417,7 @@ async fn open_writer(
     init: Option<InitFn>,
     durability: Durability,
     installed: Option<&str>,
-) -> Result<(Owned, u64), Error> {
+) -> Result<Opened, Error> {
     let (org2, path) = (org.clone(), path.to_owned());
     let installed = installed.map(str::to_owned);
     tokio::task::spawn_blocking(move || {
@@ -424,11 +438,19 @@ async fn open_writer(
                 source,
             },
         })?;
-        let in_file = commit::read(&owned.conn).map_err(|source| Error::Sqlite {
+        let commit_seq = commit::read(&owned.conn).map_err(|source| Error::Sqlite {
             org: org2.clone(),
             source,
         })?;
-        Ok::<_, Error>((owned, in_file))
+        let open_effects = idem::effect::list_open(&owned.conn).unwrap_or_else(|e| {
+            tracing::warn!(org = %org2, error = %idem_base::ErrorChain::new(&e), "could not count the open effects");
+            Vec::new()
+        });
+        Ok::<_, Error>(Opened {
+            owned,
+            commit_seq,
+            open_effects,
+        })
     })
     .await
     .map_err(|source| Error::Task {
@@ -449,7 +471,7 @@ async fn open_files(
     settings: &RegistrySettings,
     cache_kib: u64,
     init: Option<InitFn>,
-) -> Result<(Owned, u64), Error> {
+) -> Result<Opened, Error> {
     let org = claim.org().clone();
     let resumed = match files.cached.take() {
         Some(point) if settings.reuse_released_files => replica
@@ -484,15 +506,15 @@ async fn open_files(
     let busy = Duration::from_millis(settings.busy_timeout_ms);
     let installed = image.as_deref();
     let opened = open_writer(&org, &files.db, busy, cache_kib, init, Synced, installed).await;
-    let (owned, in_file) = opened?;
-    if in_file != commit {
+    let opened = opened?;
+    if opened.commit_seq != commit {
         return Err(Error::CommitMismatch {
             org,
             hydrated: commit,
-            in_file,
+            in_file: opened.commit_seq,
         });
     }
-    Ok((owned, in_file))
+    Ok(opened)
 }
 
 impl From<OwnError> for OpenError {

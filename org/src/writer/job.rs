@@ -117,6 +117,4 @@ pub(crate) enum Work {
         key: String,
         reply: Reply<Vec<Transition>>,
     },
-    /// Reloads the open rows the gauge counts (`Holder::open_counts`).
-    Tally { reply: Reply<()> },
 }

@@ -278,10 +278,6 @@ fn run_effect(conn: &mut Connection, seq: &CommitSeq, job: EffectJob) {
             let out = effect::history(conn, &key);
             let _ = reply.send(answered(conn, seq, out));
         }
-        Work::Tally { reply } => {
-            let out = tally(conn, &holder);
-            let _ = reply.send(answered(conn, seq, out));
-        }
     }
 }
 

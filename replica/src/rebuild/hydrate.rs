@@ -542,34 +542,31 @@ impl Replica {
         let tmp = temp_beside(dest, &nonce)?;
         let file = FileImage::create(&tmp)?;
         let rebuilt = self.rebuild(org, &chain, file).await;
-        self.install_rebuilt(org, chain, rebuilt, tmp, dest, check)
+        self.install_rebuilt(org, chain, move || rebuilt, tmp, dest, check)
             .await
     }
 
-    /// Syncs the image `rebuilt` built at `tmp`, checks it (as `check` says) and renames it
-    /// over `dest`, or removes `tmp` on any failure (I10).
+    /// Finishes the image at `tmp` (`finish`, on the same blocking thread as the rest: a
+    /// held image is written there, a downloaded one returned as it is), syncs it, checks it
+    /// (as `check` says) and renames it over `dest`, or removes `tmp` on any failure (I10).
     pub(crate) async fn install_rebuilt(
         &self,
         org: &OrgId,
         chain: Chain,
-        rebuilt: Result<Rebuilt<FileImage>, Error>,
+        finish: impl FnOnce() -> Result<Rebuilt<FileImage>, Error> + Send + 'static,
         tmp: std::path::PathBuf,
         dest: &Path,
         check: Check,
     ) -> Result<(Hydrated, Option<Installed>), Error> {
         let dest_buf = dest.to_path_buf();
         let t = tmp.clone();
-        let installed = match rebuilt {
-            Ok(mut r) => {
-                blocking("installing a snapshot", move || {
-                    r.image.sync()?;
-                    install_file(&r.object, &t, &dest_buf, Durability::Synced, check)?;
-                    Ok((r.hashes, r.manifest))
-                })
-                .await
-            }
-            Err(e) => Err(e),
-        };
+        let installed = blocking("installing a snapshot", move || {
+            let mut r = finish()?;
+            r.image.sync()?;
+            install_file(&r.object, &t, &dest_buf, Durability::Synced, check)?;
+            Ok((r.hashes, r.manifest))
+        })
+        .await;
         let (hashes, manifest) = match installed {
             Ok(h) => h,
             Err(e) => {

@@ -16,7 +16,6 @@ use crate::format::layout::new_nonce;
 use crate::rebuild::hydrate::{Hydrated, Installed, Rebuilt};
 use crate::rebuild::image::{FileImage, PageImage};
 use crate::rebuild::install::{Check, temp_beside};
-use crate::replica::blocking;
 use crate::{Error, OrgId, Replica};
 
 /// A chain rebuilt and verified in memory before its claim landed.
@@ -96,7 +95,7 @@ impl Replica {
         let nonce = new_nonce()?;
         let tmp = temp_beside(dest, &nonce)?;
         let t = tmp.clone();
-        let written = blocking("writing a prefetched image", move || {
+        let write = move || {
             let mut file = FileImage::create(&t)?;
             let object = rebuilt.object.clone();
             file.set_len(rebuilt.image.len() as u64)?;
@@ -107,9 +106,8 @@ impl Replica {
                 hashes: rebuilt.hashes,
                 manifest: rebuilt.manifest,
             })
-        })
-        .await;
-        self.install_rebuilt(org, chain, written, tmp, dest, check)
+        };
+        self.install_rebuilt(org, chain, write, tmp, dest, check)
             .await
     }
 }
