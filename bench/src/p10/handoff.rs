@@ -367,15 +367,18 @@ pub(crate) async fn rolling(dir: &Path, columns: &[Column], n: usize) -> BenchRe
         &gap_cells,
         "p99 ≤ 1 s plus the request spacing (1 s)",
     );
+    // Each client sends once a second, so an org's first request after the shutdown goes
+    // out up to a second after it: this row's floor is the spacing plus one ack, wherever
+    // B stands. The handoff's own delay is what the next row's clients waited.
     row(
         "rolling upgrade: from A's shutdown to each org's first ack on B p50 / p99 / max",
         &after_cells,
-        "p99 ≤ 1 s",
+        "p99 ≤ 1 s plus the request spacing (1 s)",
     );
     row(
         "rolling upgrade: each org's first request answered by B, from its send to its ack (what its client waited) p50 / p99 / max",
         &wait_cells,
-        "",
+        "p99 ≤ 1 s",
     );
     row("rolling upgrade: A's shutdown took", &shutdown_cells, "");
     row(
