@@ -451,7 +451,7 @@ struct Waiters {
     landed: bool,
 }
 
-type Landing = BoxFuture<'static, (IssuedBatch, BatchLanding, Stopwatch)>;
+type Landing = BoxFuture<'static, Result<(IssuedBatch, BatchLanding, Stopwatch), Error>>;
 
 /// Per org, its newest queued section and who waits for it (with the commit each needs).
 type Queued = BTreeMap<OrgId, (Box<SectionInput>, Vec<(u64, Reply<SectionAcked>)>)>;
@@ -530,9 +530,12 @@ impl Task {
                     }
                     None => open = false,
                 },
-                Some((batch, landing, at)) = self.flying.next(), if !self.flying.is_empty() => {
-                    self.settle(batch, landing, at);
-                }
+                Some(landed) = self.flying.next(), if !self.flying.is_empty() => match landed {
+                    Ok((batch, landing, at)) => self.settle(batch, landing, at),
+                    // Its slot's outcome is unknown and stays unresolved: nothing at or
+                    // above it is acknowledged (J1).
+                    Err(e) => self.die(e),
+                },
                 () = sleep_for(late), if late.is_some() => {}
                 () = wait_retry(&mut self.seal_retry), if self.seal_retry.is_some() => {
                     self.seal_retry = None;
@@ -714,9 +717,23 @@ impl Task {
                 let replica = self.replica.clone();
                 let at = Stopwatch::start();
                 self.newest_at = Some(at);
-                self.flying.push(Box::pin(async move {
+                // The put runs on a task of its own: it makes progress while this task
+                // issues the next batch or waits for the runtime, and the landing's time
+                // is the store's, not the issuer's. A put this task no longer awaits (the
+                // issuer ended) may still land: an unsettled slot acknowledges nothing,
+                // and a seal meets it as any late batch (J3).
+                let landing = tokio::spawn(async move {
                     let landing = replica.land_batch(&batch).await;
-                    (batch, landing, at)
+                    (batch, landing)
+                });
+                self.flying.push(Box::pin(async move {
+                    landing
+                        .await
+                        .map(|(batch, landing)| (batch, landing, at))
+                        .map_err(|source| Error::Task {
+                            op: "landing a journal batch",
+                            source,
+                        })
                 }));
             }
             Err(e) => {

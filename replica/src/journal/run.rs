@@ -33,6 +33,10 @@ use crate::{Delta, Error, OrgId, Replica};
 /// error; the next call retries the same body at the same slot (J3.2).
 const SEAL_TRIES: u32 = 3;
 
+/// Page bytes of a batch up to which its sections are compressed on the issuer's own task
+/// rather than on a blocking thread: 256 KiB, a fraction of a millisecond of zstd.
+const INLINE_COMPRESS_BYTES: usize = 256 << 10;
+
 /// What a slot of the run holds, as far as its writer knows.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Slot {
@@ -568,39 +572,12 @@ impl Replica {
             inputs.push((s, tenure.round));
         }
         let level = run.level;
-        let frames = crate::replica::blocking("journal batch", move || {
-            inputs
-                .into_iter()
-                .map(|(s, round)| {
-                    let body = s.pages.body();
-                    let frame = crate::format::blob::compress(&body, level).map_err(|source| {
-                        Error::Compress {
-                            org: s.org.to_string(),
-                            what: "journal section",
-                            source,
-                        }
-                    })?;
-                    Ok(SectionFrame {
-                        index: SectionIndex {
-                            org: s.org.to_string(),
-                            round,
-                            via: s.via,
-                            base: s.base,
-                            checksum: s.checksum,
-                            commit: s.pages.commit(),
-                            released: s.released,
-                            offset: 0,
-                            len: 0,
-                            bytes: 0,
-                            sha256: String::new(),
-                        },
-                        frame,
-                        bytes: body.len() as u64,
-                    })
-                })
-                .collect::<Result<Vec<_>, Error>>()
-        })
-        .await?;
+        let bytes: usize = inputs
+            .iter()
+            .flat_map(|(s, _)| s.pages.pages().values())
+            .map(Vec::len)
+            .sum();
+        let frames = compress_sections(inputs, level, bytes).await?;
         let header = JournalHeader {
             run: run.name.clone(),
             slot: run.next,
@@ -781,4 +758,62 @@ impl Replica {
             }
         }
     }
+}
+
+/// The compressed frame of each section of a batch, in order, without a trip through the
+/// blocking pool where the runtime allows: the issuer's task would wait for a worker after
+/// that trip (woken from outside the runtime, behind every ready task of a busy one, tens of
+/// ms when a thousand orgs are opening at once), and every batch after it waits on the
+/// issuer. A small batch (the usual one: a few pages per org, well under a millisecond of
+/// zstd) compresses on the task itself; a larger one hands the worker's other tasks off for
+/// the while (`block_in_place`), or goes to the blocking pool on a current-thread runtime.
+async fn compress_sections(
+    inputs: Vec<(SectionInput, u64)>,
+    level: i32,
+    page_bytes: usize,
+) -> Result<Vec<SectionFrame>, Error> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    if page_bytes <= INLINE_COMPRESS_BYTES {
+        return section_frames(inputs, level);
+    }
+    if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        return tokio::task::block_in_place(|| section_frames(inputs, level));
+    }
+    crate::replica::blocking("journal batch", move || section_frames(inputs, level)).await
+}
+
+/// The compressed frame of each section of a batch, in order.
+fn section_frames(
+    inputs: Vec<(SectionInput, u64)>,
+    level: i32,
+) -> Result<Vec<SectionFrame>, Error> {
+    inputs
+        .into_iter()
+        .map(|(s, round)| {
+            let body = s.pages.body();
+            let frame =
+                crate::format::blob::compress(&body, level).map_err(|source| Error::Compress {
+                    org: s.org.to_string(),
+                    what: "journal section",
+                    source,
+                })?;
+            Ok(SectionFrame {
+                index: SectionIndex {
+                    org: s.org.to_string(),
+                    round,
+                    via: s.via,
+                    base: s.base,
+                    checksum: s.checksum,
+                    commit: s.pages.commit(),
+                    released: s.released,
+                    offset: 0,
+                    len: 0,
+                    bytes: 0,
+                    sha256: String::new(),
+                },
+                frame,
+                bytes: body.len() as u64,
+            })
+        })
+        .collect()
 }
