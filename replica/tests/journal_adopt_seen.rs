@@ -5,25 +5,37 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::journal::{batch, run_of, section, writer};
 use common::{R, memory, open, org};
-use idem_replica::journal::{Adoption, JournalObject, SealKind, Via};
+use idem_replica::journal::{Adoption, JournalObject, Run, SealKind, Via};
 use idem_replica::{OrgId, Replica};
+use object_store::ObjectStore;
 
-/// A dead writer's run with batches in slots 1 and 2, and its writer and org, so a test
-/// can land a late batch of it.
-async fn dead_run(h: &Replica) -> R<(idem_replica::journal::Run, OrgId)> {
+/// A store holding a dead writer's run (`run_of(1)`) with batches in slots 1 and 2, and
+/// that writer's replica, run and org, so a test can land a late batch of it.
+struct Dead {
+    store: Arc<dyn ObjectStore>,
+    h: Replica,
+    w: Run,
+    acme: OrgId,
+}
+
+async fn dead_run() -> Dead {
+    let store = memory();
+    let h = open(store.clone()).await;
     let acme = org("acme");
     let mut w = writer(&run_of(1), "h", 1, &[&acme]);
     for commit in [1, 2] {
         batch(
-            h,
+            &h,
             &mut w,
             vec![section(&acme, Via::Claim { seq: 1 }, commit)],
         )
         .await;
     }
-    Ok((w, acme))
+    Dead { store, h, w, acme }
 }
 
 /// The seal's kind and its adopter at `slot` of `run`, read back from the store.
@@ -47,9 +59,7 @@ async fn seal_at(
 /// `adopt_run` lists it twice, and the seal lands at the first free slot.
 #[tokio::test]
 async fn a_fresh_listing_seen_saves_the_adopters_first_list() -> R {
-    let mem = memory();
-    let h = open(mem.clone()).await;
-    dead_run(&h).await?;
+    let Dead { store: mem, .. } = dead_run().await;
     let run1 = run_of(1);
 
     let d = open(mem.clone()).await;
@@ -70,10 +80,7 @@ async fn a_fresh_listing_seen_saves_the_adopters_first_list() -> R {
     assert_eq!(seal_at(&d, &run1, 3).await?, (SealKind::Adopt, "d".into()));
 
     // The same adoption without one lists the run before its seal as well.
-    let mem2 = memory();
-    let h2 = open(mem2.clone()).await;
-    dead_run(&h2).await?;
-    let e = open(mem2).await;
+    let e = open(dead_run().await.store).await;
     let before = e.store_requests();
     e.adopt_run(&run1, "e", &run_of(0xe1), 1).await?;
     assert_eq!(e.store_requests().since(&before).list, 2);
@@ -85,9 +92,7 @@ async fn a_fresh_listing_seen_saves_the_adopters_first_list() -> R {
 /// the run is listed as without one.
 #[tokio::test]
 async fn a_listing_from_above_the_runs_floor_is_not_used() -> R {
-    let mem = memory();
-    let h = open(mem.clone()).await;
-    dead_run(&h).await?;
+    let Dead { store: mem, .. } = dead_run().await;
     let run1 = run_of(1);
 
     let d = open(mem).await;
@@ -109,9 +114,12 @@ async fn a_listing_from_above_the_runs_floor_is_not_used() -> R {
 /// above that batch, as an adoption with a listing of its own would have placed it.
 #[tokio::test]
 async fn a_batch_landed_since_the_listing_moves_the_seal_up() -> R {
-    let mem = memory();
-    let h = open(mem.clone()).await;
-    let (mut w, acme) = dead_run(&h).await?;
+    let Dead {
+        store: mem,
+        h,
+        mut w,
+        acme,
+    } = dead_run().await;
     let run1 = run_of(1);
 
     let d = open(mem.clone()).await;
@@ -137,9 +145,7 @@ async fn a_batch_landed_since_the_listing_moves_the_seal_up() -> R {
 /// and the run is that process's adoption, not ours; nothing of ours lands in the run.
 #[tokio::test]
 async fn a_seal_placed_since_the_listing_is_met_not_passed() -> R {
-    let mem = memory();
-    let h = open(mem.clone()).await;
-    dead_run(&h).await?;
+    let Dead { store: mem, .. } = dead_run().await;
     let run1 = run_of(1);
 
     let d = open(mem.clone()).await;
@@ -174,9 +180,7 @@ async fn a_seal_placed_since_the_listing_is_met_not_passed() -> R {
 /// writer. Without the check of the met seal, this call returned `AdoptedBy { by: "d" }`.
 #[tokio::test]
 async fn our_own_seal_landed_since_the_listing_is_our_adoption() -> R {
-    let mem = memory();
-    let h = open(mem.clone()).await;
-    dead_run(&h).await?;
+    let Dead { store: mem, .. } = dead_run().await;
     let run1 = run_of(1);
     let ours = run_of(0xd1);
 
