@@ -205,45 +205,6 @@ async fn acquires_of_a_dead_writers_orgs_together_adopt_its_run_once() -> R {
     Ok(())
 }
 
-/// The acquire that adopts a dead run places its seal at the slot its own walk's listing
-/// shows free (`adopt_run_seen`): the run is listed once before the seal's PUT, by the walk,
-/// not again by the adoption.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_adopter_seals_at_its_walks_listing_without_listing_again() -> R {
-    let dir = tempfile::tempdir()?;
-    let memory: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let store = Arc::new(LatencyStore::new(
-        memory.clone(),
-        Shapes::all(Shape::Constant(Duration::from_millis(5))),
-        3,
-    ));
-    let (b, _rb, orgs, dead_run) =
-        crashed_writer_and_successor(memory, store.clone(), None, dir.path(), 1).await?;
-
-    let trace = store.trace();
-    b.acquire(&orgs[0]).await?;
-    let recorded = trace.finish();
-    let of_dead: Vec<Op> = recorded
-        .requests
-        .iter()
-        .filter(|r| r.path.contains(&dead_run))
-        .map(|r| r.op)
-        .collect();
-    let seal = of_dead
-        .iter()
-        .position(|op| *op == Op::Put)
-        .ok_or_else(|| format!("no seal PUT in {of_dead:?}"))?;
-    let lists_before = of_dead[..seal].iter().filter(|op| **op == Op::List).count();
-    assert_eq!(lists_before, 1, "{of_dead:?}");
-    assert!(
-        !b.once(&orgs[0], "k", effect(orgs[0].as_str(), "never"))
-            .await?
-            .applied
-    );
-    b.shutdown().await;
-    Ok(())
-}
-
 /// Signals once an acquire is about to wait for another's adoption.
 #[derive(Debug, Default)]
 struct Awaited(Mutex<Option<oneshot::Sender<()>>>);

@@ -219,15 +219,8 @@ impl Issuer {
                         continue;
                     }
                     let from = self.floor();
-                    // The walk's own listing of the run, taken after the walk began, picks
-                    // the seal's first slot (`adopt_run_seen`).
-                    let seen = walk
-                        .runs
-                        .last()
-                        .and_then(|w| w.visited.last())
-                        .map(|(_, listing)| listing);
                     let adoption = replica
-                        .adopt_run_seen(&holder, self.writer(), &ours, from, seen)
+                        .adopt_run(&holder, self.writer(), &ours, from)
                         .await?;
                     match adoption {
                         Adoption::Sealed { run, slot, listing } => {

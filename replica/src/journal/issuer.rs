@@ -451,7 +451,7 @@ struct Waiters {
     landed: bool,
 }
 
-type Landing = BoxFuture<'static, Result<(IssuedBatch, BatchLanding, Stopwatch), Error>>;
+type Landing = BoxFuture<'static, (IssuedBatch, BatchLanding, Stopwatch)>;
 
 /// Per org, its newest queued section and who waits for it (with the commit each needs).
 type Queued = BTreeMap<OrgId, (Box<SectionInput>, Vec<(u64, Reply<SectionAcked>)>)>;
@@ -530,12 +530,9 @@ impl Task {
                     }
                     None => open = false,
                 },
-                Some(landed) = self.flying.next(), if !self.flying.is_empty() => match landed {
-                    Ok((batch, landing, at)) => self.settle(batch, landing, at),
-                    // Its slot's outcome is unknown and stays unresolved: nothing at or
-                    // above it is acknowledged (J1).
-                    Err(e) => self.die(e),
-                },
+                Some((batch, landing, at)) = self.flying.next(), if !self.flying.is_empty() => {
+                    self.settle(batch, landing, at);
+                }
                 () = sleep_for(late), if late.is_some() => {}
                 () = wait_retry(&mut self.seal_retry), if self.seal_retry.is_some() => {
                     self.seal_retry = None;
@@ -714,26 +711,24 @@ impl Task {
                 self.retain_now();
                 self.check_lag(batch.slot());
                 self.issued.insert(batch.slot(), waiters);
-                let replica = self.replica.clone();
                 let at = Stopwatch::start();
                 self.newest_at = Some(at);
-                // The put runs on a task of its own: it makes progress while this task
+                // The create runs on a task of its own: it makes progress while this task
                 // issues the next batch or waits for the runtime, and the landing's time
-                // is the store's, not the issuer's. A put this task no longer awaits (the
-                // issuer ended) may still land: an unsettled slot acknowledges nothing,
-                // and a seal meets it as any late batch (J3).
-                let landing = tokio::spawn(async move {
-                    let landing = replica.land_batch(&batch).await;
-                    (batch, landing)
-                });
+                // is the store's, not the issuer's. A create this task no longer awaits
+                // (the issuer ended) may still land: an unsettled slot acknowledges
+                // nothing, and a seal meets it as any late batch (J3). A create whose task
+                // failed (a panic) has an unknown outcome, as a failed put (I9): J3 seals
+                // the run at its slot.
+                let create = tokio::spawn(self.replica.landing(&batch));
                 self.flying.push(Box::pin(async move {
-                    landing
-                        .await
-                        .map(|(batch, landing)| (batch, landing, at))
-                        .map_err(|source| Error::Task {
+                    let landing = create.await.unwrap_or_else(|source| {
+                        BatchLanding::Failed(Error::Task {
                             op: "landing a journal batch",
                             source,
                         })
+                    });
+                    (batch, landing, at)
                 }));
             }
             Err(e) => {

@@ -237,32 +237,6 @@ impl Replica {
         continued: &RunName,
         from: u64,
     ) -> Result<Adoption, Error> {
-        self.adopt_run_seen(run, by, continued, from, None).await
-    }
-
-    /// [`Replica::adopt_run`] whose first listing of `run` is `seen`, a listing the caller
-    /// already holds (the walk that judged the writer dead listed the run), when it covers
-    /// the run from its highest floor up: the seal's first slot is then chosen without a
-    /// LIST of its own, one round trip fewer on every crash takeover. A listing of another
-    /// run, or one that starts above its highest floor, is ignored and the run is listed.
-    ///
-    /// The first listing only picks the slot the seal is first tried at; what the seal
-    /// decides rests on the create and the second listing, as in P. A stale `seen` costs
-    /// collisions, never safety: the create is create-only, so an object that landed since
-    /// takes the slot and the seal moves up (or meets a seal there), and the second listing
-    /// (from slot 1, never `seen`) finds every hole below the seal and every other seal
-    /// below it, whatever `seen` showed.
-    ///
-    /// # Errors
-    /// As [`Replica::adopt_run`].
-    pub async fn adopt_run_seen(
-        &self,
-        run: &RunName,
-        by: &str,
-        continued: &RunName,
-        from: u64,
-        seen: Option<&RunListing>,
-    ) -> Result<Adoption, Error> {
         crate::org_id::check_writer(by)?;
         // The seal hands the run's orgs to `continued`, judged by this process's lease.
         self.inner.leases.ready_to_claim().await?;
@@ -275,12 +249,8 @@ impl Replica {
             retain_below: 0,
         });
         let mut run = run.clone();
-        let mut seen = seen.filter(|l| l.run == run && l.from <= l.highest_floor().max(1));
         for _ in 0..=crate::journal::MAX_WALK_HOPS {
-            let listing = match seen.take() {
-                Some(l) => l.clone(),
-                None => self.list_run(&run, 1).await?,
-            };
+            let listing = self.list_run(&run, 1).await?;
             // A seal already in the listing ends the run before any slot we could take.
             let met = listing
                 .objects
@@ -301,8 +271,8 @@ impl Replica {
                 },
                 None => self.place_fence(&listing, 1, seal.clone()).await?,
             };
-            // A create that met our own adopt seal (an earlier call's, landed after the
-            // listing was taken) goes on from that seal's second listing, as when the
+            // A create that met our own adopt seal (an earlier call's, landed after this
+            // call's listing) goes on from that seal's second listing, as when the
             // listing shows it: never read as another's adoption, which would leave the
             // run's orgs with no writer. Each such seal met lies at a hole below the last,
             // so this ends.

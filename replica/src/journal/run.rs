@@ -614,13 +614,23 @@ impl Replica {
     /// Creates `batch` in its slot (create-only, settled by re-reading, I9). Borrows no run,
     /// so several batches of one run land at once.
     pub async fn land_batch(&self, batch: &IssuedBatch) -> BatchLanding {
-        match self
-            .journal_create(&batch.header, batch.bytes.clone())
-            .await
-        {
-            Ok(Created::Landed) => BatchLanding::Landed,
-            Ok(Created::Taken(theirs)) => BatchLanding::Taken(theirs),
-            Err(e) => BatchLanding::Failed(e),
+        self.landing(batch).await
+    }
+
+    /// [`Replica::land_batch`] as a future that owns what it creates (the header and the
+    /// body, shared), so it can run on a task of its own while the batch stays with its
+    /// issuer for [`Run::settle`].
+    pub(crate) fn landing(
+        &self,
+        batch: &IssuedBatch,
+    ) -> impl std::future::Future<Output = BatchLanding> + Send + 'static {
+        let (replica, header, bytes) = (self.clone(), batch.header.clone(), batch.bytes.clone());
+        async move {
+            match replica.journal_create(&header, bytes).await {
+                Ok(Created::Landed) => BatchLanding::Landed,
+                Ok(Created::Taken(theirs)) => BatchLanding::Taken(theirs),
+                Err(e) => BatchLanding::Failed(e),
+            }
         }
     }
 
